@@ -1,0 +1,145 @@
+"""Addresses: the standard name of one captured tensor, e.g. ``resid_post.10`` or ``z.3.head-2``.
+
+Grammar: ``name[.layer][.head-H][.stream-S]``. Parsing checks everything that can be checked without
+a model (name, scope, which coordinates a point accepts); ranges are checked against a model's
+facts by :meth:`Address.check`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from . import points as _points
+from .errors import AddressError
+from .points import Scope
+
+if TYPE_CHECKING:
+    from .arch.config_facts import ArchFacts
+
+_HEAD = re.compile(r"head-(\d+)")
+_STREAM = re.compile(r"stream-(\d+)")
+
+
+@dataclass(frozen=True, order=True)
+class Address:
+    name: str
+    layer: int | None = None
+    head: int | None = None
+    stream: int | None = None
+
+    def __post_init__(self) -> None:
+        point = _points.get(self.name)  # raises with a suggestion for unknown names
+        for coord in ("layer", "head", "stream"):
+            value = getattr(self, coord)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise AddressError(f"{self.name}: {coord} must be a non-negative integer, got {value!r}.")
+        if point.scope is Scope.TRUNK and self.layer is not None:
+            raise AddressError(
+                f"{self.name!r} is a trunk point (one per forward), so it takes no layer: write {self.name!r}, "
+                f"not '{self.name}.{self.layer}'."
+            )
+        if point.scope is Scope.LAYER and self.layer is None:
+            raise AddressError(
+                f"{self.name!r} exists once per layer: add the layer, e.g. '{self.name}.0'."
+            )
+        if self.head is not None and not point.head_axis:
+            head_points = ", ".join(p.name for p in _points.all_points() if p.head_axis)
+            raise AddressError(
+                f"{self.name!r} is {point.width.value} wide and has no head axis, so '.head-{self.head}' cannot "
+                f"select anything. Head coordinates apply to: {head_points}."
+            )
+        if self.stream is not None and not (point.per_stream or point.multi_stream_only):
+            stream_points = ", ".join(p.name for p in _points.all_points() if p.per_stream)
+            raise AddressError(
+                f"{self.name!r} has no stream coordinate; '.stream-S' applies to {stream_points} on trunks "
+                "with several residual streams."
+            )
+
+    @property
+    def point(self) -> _points.Point:
+        return _points.REGISTRY[self.name]
+
+    @classmethod
+    def parse(cls, text: Union[str, "Address"]) -> "Address":
+        if isinstance(text, Address):
+            return text
+        if not isinstance(text, str):
+            raise AddressError(f"an address is a string like 'resid_post.3', got {type(text).__name__}.")
+        raw = text.strip()
+        if not raw:
+            raise AddressError("empty address; write e.g. 'resid_post.3' or 'embeddings'.")
+        parts = raw.split(".")
+        name, rest = parts[0], parts[1:]
+        _points.get(name)  # unknown name: error with suggestion before looking at coordinates
+        layer = head = stream = None
+        i = 0
+        if i < len(rest) and rest[i].isdigit():
+            layer = int(rest[i])
+            i += 1
+        if i < len(rest) and (m := _HEAD.fullmatch(rest[i])):
+            head = int(m.group(1))
+            i += 1
+        if i < len(rest) and (m := _STREAM.fullmatch(rest[i])):
+            stream = int(m.group(1))
+            i += 1
+        if i < len(rest):
+            bad = rest[i]
+            hint = ""
+            if bad.lstrip("-").isdigit():
+                hint = " Layers are non-negative integers."
+            elif bad.startswith("head") or bad.startswith("stream"):
+                hint = f" Write it as '{bad.split('-')[0].rstrip('0123456789')}-N' (e.g. 'head-2'), after the layer."
+            raise AddressError(
+                f"cannot read {bad!r} in address {raw!r}: expected name[.layer][.head-H][.stream-S], "
+                f"e.g. 'resid_post.3', 'z.3.head-2', 'embeddings'.{hint}"
+            )
+        return cls(name, layer, head, stream)
+
+    def __str__(self) -> str:
+        out = self.name
+        if self.layer is not None:
+            out += f".{self.layer}"
+        if self.head is not None:
+            out += f".head-{self.head}"
+        if self.stream is not None:
+            out += f".stream-{self.stream}"
+        return out
+
+    def __repr__(self) -> str:
+        return f"Address('{self}')"
+
+    def _repr_html_(self) -> str:
+        p = self.point
+        return f"<code>{self}</code> <small>({p.width.value}) — {p.definition}</small>"
+
+    def without_head(self) -> "Address":
+        return Address(self.name, self.layer, None, self.stream)
+
+    def check(self, facts: "ArchFacts") -> "Address":
+        """Check coordinate ranges against a model's facts; returns self for chaining."""
+        if self.layer is not None and self.layer >= facts.n_layers:
+            raise AddressError(
+                f"layer {self.layer} is out of range in {str(self)!r}: this model has {facts.n_layers} layers "
+                f"(0..{facts.n_layers - 1}). Negative layers are not accepted; write {facts.n_layers - 1} for the last."
+            )
+        if self.head is not None:
+            n = facts.n_kv_heads if self.point.width is _points.Width.KV_HEADS else facts.n_heads
+            kind = "key/value heads" if self.point.width is _points.Width.KV_HEADS else "heads"
+            if self.head >= n:
+                raise AddressError(
+                    f"head {self.head} is out of range in {str(self)!r}: {self.name} has {n} {kind} (0..{n - 1})."
+                )
+        if self.stream is not None and self.stream >= facts.n_streams:
+            raise AddressError(
+                f"stream {self.stream} is out of range in {str(self)!r}: this trunk has {facts.n_streams} residual stream(s)."
+            )
+        return self
+
+
+AddressLike = Union[str, Address]
+
+
+def as_address(a: AddressLike) -> Address:
+    return Address.parse(a)

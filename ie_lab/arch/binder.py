@@ -1,0 +1,517 @@
+"""The binder: finds each structural role on a live HF module tree.
+
+Names only nominate candidates (short vocabularies of attribute spellings). What a module *is* —
+a pre-norm or a post-norm, a parallel block, a gate or an up branch, a residual multiplier, a fused
+QKV layout — is decided by a probe forward on the real model, comparing the tensors that actually
+flow between modules. If the measured structure does not add up (the residual identities fail),
+the model is refused with a StructureError rather than served with plausible-but-wrong tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import StructureError
+from .config_facts import ArchFacts
+
+ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
+MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
+Q_NAMES = ("q_proj", "query", "wq")
+K_NAMES = ("k_proj", "key", "wk")
+V_NAMES = ("v_proj", "value", "wv")
+O_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "wo")
+FUSED_QKV_NAMES = ("c_attn", "query_key_value", "qkv_proj", "Wqkv", "qkv")
+Q_NORM_NAMES = ("q_norm", "q_layernorm", "query_layernorm")
+K_NORM_NAMES = ("k_norm", "k_layernorm", "key_layernorm")
+GATE_NAMES = ("gate_proj", "w1")
+UP_NAMES = ("up_proj", "w3", "c_fc", "fc_in", "fc1", "dense_h_to_4h")
+DOWN_NAMES = ("down_proj", "w2", "c_proj", "fc_out", "fc2", "dense_4h_to_h")
+FUSED_GATE_UP_NAMES = ("gate_up_proj",)
+ACT_NAMES = ("act_fn", "act", "activation_fn", "gelu_impl", "activation")
+ROUTER_NAMES = ("gate", "router")
+EXPERTS_NAMES = ("experts",)
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "ln_final")
+
+PROBE_LEN = 7  # distinct from every head count we meet, so [.., heads, seq, ..] layouts are unambiguous
+
+
+def _child(module: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] | None:
+    for n in names:
+        m = getattr(module, n, None)
+        if isinstance(m, nn.Module):
+            return n, m
+    return None
+
+
+def _is_norm(m: nn.Module) -> bool:
+    return "norm" in type(m).__name__.lower()
+
+
+def first_tensor(x: Any) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (tuple, list)):
+        for item in x:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+def hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The hidden-states input of a module call, whether passed by position or keyword."""
+    if "hidden_states" in kwargs and isinstance(kwargs["hidden_states"], torch.Tensor):
+        return kwargs["hidden_states"]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+    for key in ("x", "input", "hidden"):
+        if isinstance(kwargs.get(key), torch.Tensor):
+            return kwargs[key]
+    return None
+
+
+def _close(a: torch.Tensor | None, b: torch.Tensor | None, tol: float = 1e-5) -> bool:
+    if a is None or b is None:
+        return False
+    if a.shape != b.shape:
+        # Some layers flatten [b, s, d] to [b*s, d] around their MLP (OPT); compare the same numbers.
+        if a.numel() != b.numel() or a.shape[-1] != b.shape[-1]:
+            return False
+        a = a.reshape(b.shape)
+    scale = max(float(b.abs().max()), 1e-6)
+    return float((a.float() - b.float()).abs().max()) <= tol * scale + 1e-7
+
+
+@dataclass
+class LayerBinding:
+    index: int
+    layer: nn.Module
+    attn: nn.Module
+    o_proj: nn.Module
+    mlp: nn.Module | None  # None when the MLP's linears sit directly on the layer (OPT)
+    mlp_in_module: nn.Module  # its input is mlp_in
+    mlp_out_module: nn.Module  # its output is mlp_out
+    input_norm: nn.Module | None = None
+    post_attn_norm: nn.Module | None = None
+    pre_mlp_norm: nn.Module | None = None
+    post_mlp_norm: nn.Module | None = None
+    parallel: bool = False
+    attn_multiplier: float | None = None
+    mlp_multiplier: float | None = None
+    q_norm: nn.Module | None = None
+    k_norm: nn.Module | None = None
+    qk_norm_layout: str = "flat"  # "flat" [b,s,h*d] | "bshd" | "bhsd"
+    value_source: str = "interface"  # "interface" | "v_proj" | "fused"
+    v_proj: nn.Module | None = None
+    fused_qkv: nn.Module | None = None
+    fused_qkv_layout: str | None = None  # "contiguous" | "per_head" | "grouped"
+    uses_attention_interface: bool = False
+    gate_proj: nn.Module | None = None
+    up_proj: nn.Module | None = None
+    fused_gate_up: nn.Module | None = None
+    fused_gate_first: bool = True
+    down_proj: nn.Module | None = None
+    sparse_moe: bool = False
+    router: nn.Module | None = None
+    experts: nn.Module | None = None
+    attn_gate: nn.Module | None = None
+    names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.fused_gate_up is not None or self.gate_proj is not None
+
+    @property
+    def has_resid_mid(self) -> bool:
+        return not self.parallel
+
+
+@dataclass
+class Binding:
+    facts: ArchFacts
+    embed: nn.Module
+    final_norm: nn.Module | None
+    lm_head: nn.Module
+    layers: list[LayerBinding]
+    layers_path: str
+    family: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def structure(self) -> dict[str, Any]:
+        """Measured structure flags, comparable with ArchFacts' config-derived ones."""
+        first = self.layers[0]
+        return {
+            "parallel_block": first.parallel,
+            "sandwich_norms": first.post_attn_norm is not None,
+            "pre_norms": first.input_norm is not None,
+            "gated_mlp": any(lb.gated_mlp for lb in self.layers if not lb.sparse_moe) if any(
+                not lb.sparse_moe for lb in self.layers) else None,
+            "qk_norm": first.q_norm is not None,
+            "moe_layers": tuple(lb.index for lb in self.layers if lb.sparse_moe),
+        }
+
+
+def _find_layers(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList]:
+    best: tuple[str, nn.ModuleList] | None = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) == n_layers and n_layers > 0:
+            if best is None or name.count(".") < best[0].count("."):
+                best = (name, m)
+    if best is None:
+        raise StructureError(
+            f"could not find the decoder layers: no ModuleList of length {n_layers} (the config's layer count)."
+        )
+    return best
+
+
+def _find_final_norm(model: nn.Module, layers_path: str) -> tuple[str, nn.Module] | None:
+    trunk_path = layers_path.rsplit(".", 1)[0] if "." in layers_path else ""
+    trunk = model.get_submodule(trunk_path) if trunk_path else model
+    found = _child(trunk, FINAL_NORM_NAMES)
+    if found and _is_norm(found[1]):
+        return (f"{trunk_path}.{found[0]}" if trunk_path else found[0]), found[1]
+    return None
+
+
+class _Recorder:
+    """Records each watched module's hidden input and first output during the probe forward."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, Any] = {}
+        self.handles: list[Any] = []
+
+    def watch(self, m: nn.Module | None) -> None:
+        if m is None or id(m) in self.inputs:
+            return
+
+        def pre(mod, args, kwargs):
+            t = hidden_arg(args, kwargs)
+            if t is not None and id(mod) not in self.inputs:
+                self.inputs[id(mod)] = t.detach().clone()
+                self.args[id(mod)] = (args, kwargs)
+
+        def post(mod, args, kwargs, out):
+            if id(mod) not in self.outputs:
+                # Clone: some families update a module's output in place afterwards (Falcon's mlp += attn).
+                if isinstance(out, torch.Tensor):
+                    out = out.detach().clone()
+                elif isinstance(out, (tuple, list)):
+                    out = type(out)(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in out)
+                self.outputs[id(mod)] = out
+
+        self.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+        self.handles.append(m.register_forward_hook(post, with_kwargs=True))
+
+    args: dict[int, Any]
+
+    def __enter__(self) -> "_Recorder":
+        self.args = {}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def inp(self, m: nn.Module | None) -> torch.Tensor | None:
+        return None if m is None else self.inputs.get(id(m))
+
+    def out(self, m: nn.Module | None) -> torch.Tensor | None:
+        if m is None:
+            return None
+        o = first_tensor(self.outputs.get(id(m)))
+        return None if o is None else o.detach()
+
+
+def split_fused_qkv(x: torch.Tensor, layout: str, n_heads: int, n_kv: int, head_dim: int) -> torch.Tensor:
+    """The value slice of a fused QKV projection output, flattened to [.., n_kv*head_dim]."""
+    lead = x.shape[:-1]
+    if layout == "contiguous":
+        return x[..., (n_heads + n_kv) * head_dim:(n_heads + 2 * n_kv) * head_dim]
+    if layout == "per_head":
+        return x.reshape(*lead, n_heads, 3, head_dim)[..., 2, :].reshape(*lead, n_heads * head_dim)
+    if layout == "grouped":
+        per = n_heads // n_kv
+        return x.reshape(*lead, n_kv, per + 2, head_dim)[..., -1, :].reshape(*lead, n_kv * head_dim)
+    raise ValueError(layout)
+
+
+def _measure_fused_layout(
+    qkv_out: torch.Tensor, z: torch.Tensor, probs: torch.Tensor | None, facts: ArchFacts
+) -> str | None:
+    """Which slicing of the fused QKV output, mixed by the measured probabilities, reproduces z."""
+    if probs is None:
+        return None
+    H, KV, d = facts.n_heads, facts.n_kv_heads, facts.head_dim
+    b, s, _ = z.shape
+    for layout in ("contiguous", "per_head", "grouped"):
+        try:
+            v = split_fused_qkv(qkv_out, layout, H, KV, d)
+        except RuntimeError:
+            continue
+        if v.shape[-1] != KV * d:
+            continue
+        vh = v.reshape(b, s, KV, d).transpose(1, 2).repeat_interleave(H // KV, dim=1)
+        zz = (probs.float() @ vh.float()).transpose(1, 2).reshape(b, s, H * d)
+        if _close(zz, z, 1e-4):
+            return layout
+    return None
+
+
+def bind(model: nn.Module, facts: ArchFacts | None = None) -> Binding:
+    """Bind roles on a live causal LM, measuring structure with one small probe forward."""
+    facts = facts or ArchFacts.from_config(model.config)
+    family = facts.model_type
+    layers_path, layer_list = _find_layers(model, facts.n_layers)
+    embed = model.get_input_embeddings()
+    lm_head = model.get_output_embeddings()
+    if embed is None or lm_head is None:
+        raise StructureError(f"{family}: the model exposes no input or output embeddings; is it a causal LM?")
+    fn = _find_final_norm(model, layers_path)
+
+    layers: list[LayerBinding] = []
+    for i, layer in enumerate(layer_list):
+        a = _child(layer, ATTN_NAMES)
+        if a is None:
+            raise StructureError(f"{family} layer {i}: no attention module among {ATTN_NAMES}.")
+        attn_name, attn = a
+        o = _child(attn, O_NAMES)
+        if o is None:
+            raise StructureError(f"{family} layer {i}: attention has no output projection among {O_NAMES}.")
+        mlp_found = _child(layer, MLP_NAMES)
+        mlp = mlp_found[1] if mlp_found else None
+        host = mlp if mlp is not None else layer
+        names = {"attn": attn_name, "o_proj": f"{attn_name}.{o[0]}"}
+        lb = LayerBinding(index=i, layer=layer, attn=attn, o_proj=o[1], mlp=mlp,
+                          mlp_in_module=host, mlp_out_module=host, names=names)
+        experts = _child(host, EXPERTS_NAMES)
+        if experts is not None and mlp is not None:
+            lb.sparse_moe = True
+            lb.experts = experts[1]
+            r = _child(mlp, ROUTER_NAMES)
+            lb.router = r[1] if r else None
+            names["mlp"] = mlp_found[0]
+        else:
+            fgu = _child(host, FUSED_GATE_UP_NAMES)
+            gate = _child(host, GATE_NAMES)
+            up = _child(host, UP_NAMES)
+            down = _child(host, DOWN_NAMES)
+            if down is None:
+                raise StructureError(f"{family} layer {i}: MLP has no down projection among {DOWN_NAMES}.")
+            lb.down_proj = down[1]
+            if fgu is not None:
+                lb.fused_gate_up = fgu[1]
+            else:
+                lb.gate_proj = gate[1] if gate else None
+                lb.up_proj = up[1] if up else None
+            if mlp is None:  # linears directly on the layer: mlp_in is the up projection's input
+                lb.mlp_in_module = lb.up_proj or lb.gate_proj or lb.fused_gate_up
+                lb.mlp_out_module = lb.down_proj
+            names["mlp"] = mlp_found[0] if mlp_found else "(on the layer)"
+        qn, kn = _child(attn, Q_NORM_NAMES), _child(attn, K_NORM_NAMES)
+        if qn and kn:
+            lb.q_norm, lb.k_norm = qn[1], kn[1]
+        v = _child(attn, V_NAMES)
+        fused = _child(attn, FUSED_QKV_NAMES)
+        if v is not None and isinstance(v[1], nn.Linear):
+            lb.v_proj = v[1]
+        elif fused is not None:
+            lb.fused_qkv = fused[1]
+        layers.append(lb)
+
+    binding = Binding(facts=facts, embed=embed, final_norm=fn[1] if fn else None, lm_head=lm_head,
+                      layers=layers, layers_path=layers_path, family=family)
+    _measure(model, binding)
+    return binding
+
+
+def _norm_children(layer: nn.Module) -> list[nn.Module]:
+    return [m for _, m in layer.named_children() if _is_norm(m)]
+
+
+def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) -> set[int]:
+    """One small forward with the recorder and the attention tap listening; returns the ids of the
+    attention modules that went through transformers' attention interface."""
+    from ..eager import attention_tap
+
+    facts = binding.facts
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, max(2, facts.vocab_size), (1, PROBE_LEN), generator=gen).to(device)
+    seen: set[int] = set()
+
+    def listener(module, call):
+        seen.add(id(module))
+
+    was_training = model.training
+    model.eval()
+    try:
+        with rec, attention_tap.listening({id(lb.attn): listener for lb in binding.layers}):
+            model(input_ids=ids, use_cache=False, **kwargs)
+    except StructureError:
+        raise
+    except Exception as e:
+        raise StructureError(f"{binding.family}: the probe forward failed ({type(e).__name__}: {e}).") from e
+    finally:
+        model.train(was_training)
+    return seen
+
+
+@torch.no_grad()
+def _measure(model: nn.Module, binding: Binding) -> None:
+    rec = _Recorder()
+    for lb in binding.layers:
+        for m in (lb.layer, lb.attn, lb.o_proj, lb.mlp_in_module, lb.mlp_out_module, lb.q_norm, lb.k_norm,
+                  lb.gate_proj, lb.up_proj, lb.fused_gate_up, lb.down_proj, lb.router, lb.experts,
+                  lb.v_proj, lb.fused_qkv, *_norm_children(lb.layer)):
+            rec.watch(m)
+    seen = _probe(model, binding, rec)
+    legacy = []
+    for lb in binding.layers:
+        lb.uses_attention_interface = id(lb.attn) in seen
+        if lb.uses_attention_interface:
+            lb.value_source = "interface"
+        elif lb.v_proj is not None:
+            lb.value_source = "v_proj"
+        elif lb.fused_qkv is not None:
+            lb.value_source = "fused"
+            legacy.append(lb)
+        else:
+            raise StructureError(f"{binding.family} layer {lb.index}: cannot find the value projection.")
+    for lb in binding.layers:
+        _classify_layer(lb, rec, binding.facts, binding.family)
+    if legacy:
+        # Fused QKV outside the attention interface: learn the value slice from a forward that returns probs.
+        rec2 = _Recorder()
+        for lb in legacy:
+            for m in (lb.attn, lb.o_proj, lb.fused_qkv):
+                rec2.watch(m)
+        _probe(model, binding, rec2, output_attentions=True)
+        for lb in legacy:
+            probs = None
+            full = rec2.outputs.get(id(lb.attn))
+            if isinstance(full, (tuple, list)):
+                probs = next((t for t in full[1:] if isinstance(t, torch.Tensor) and t.dim() == 4), None)
+            layout = _measure_fused_layout(rec2.out(lb.fused_qkv), rec2.inp(lb.o_proj), probs, binding.facts)
+            if layout is None:
+                raise StructureError(
+                    f"{binding.family} layer {lb.index}: could not measure which slice of the fused QKV output is the value."
+                )
+            lb.fused_qkv_layout = layout
+
+
+def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: str) -> None:
+    where = f"{family} layer {lb.index}"
+    X = rec.inp(lb.layer)
+    Y = rec.out(lb.layer)
+    A_in = rec.inp(lb.attn)
+    A_out = rec.out(lb.o_proj)  # the output projection's output is attn_out on every family
+    M_in = rec.inp(lb.mlp_in_module)
+    M_out_module = rec.out(lb.mlp_out_module)
+    if any(t is None for t in (X, Y, A_in, A_out, M_in, M_out_module)):
+        raise StructureError(f"{where}: the probe forward did not pass through every expected module.")
+
+    # Some families' MLP module adds the residual itself (Bloom): then mlp_out is its down projection's output.
+    M_out = M_out_module
+    if lb.down_proj is not None and lb.mlp is not None:
+        D_out = rec.out(lb.down_proj)
+        if D_out is not None and not _close(M_out_module, D_out):
+            # A module output that is not its down projection's is either residual-added or post-processed.
+            lb.mlp_out_module = lb.down_proj
+            M_out = D_out
+
+    norms = _norm_children(lb.layer)
+    for n in norms:
+        n_in, n_out = rec.inp(n), rec.out(n)
+        if n_in is None or n_out is None:
+            continue
+        if _close(n_in, A_out) and lb.post_attn_norm is None:
+            lb.post_attn_norm = n
+        elif _close(n_in, M_out) and lb.post_mlp_norm is None:
+            lb.post_mlp_norm = n
+        elif _close(n_out, A_in) and lb.input_norm is None:
+            lb.input_norm = n
+            if _close(n_out, M_in):  # one norm feeding both sublayers: a parallel block
+                lb.parallel = True
+        elif _close(n_out, M_in) and lb.pre_mlp_norm is None:
+            lb.pre_mlp_norm = n
+    if lb.pre_mlp_norm is not None and lb.input_norm is not None and _close(rec.inp(lb.pre_mlp_norm), X):
+        lb.parallel = True  # two norms both reading the layer input (GPT-NeoX style)
+    if lb.pre_mlp_norm is None and lb.input_norm is not None and not lb.parallel and _close(M_in, A_in):
+        lb.parallel = True
+
+    attn_c = rec.out(lb.post_attn_norm) if lb.post_attn_norm is not None else A_out
+    mlp_c = rec.out(lb.post_mlp_norm) if lb.post_mlp_norm is not None else M_out
+
+    def ratio(delta: torch.Tensor, c: torch.Tensor) -> float:
+        return float((delta.double() * c.double()).sum() / (c.double() * c.double()).sum().clamp_min(1e-30))
+
+    def mult(m: float) -> float | None:
+        if abs(m - 1.0) < 1e-4:
+            return None
+        cfg = facts.residual_multiplier
+        return float(cfg) if cfg is not None and abs(cfg - m) < 1e-3 * max(1.0, abs(cfg)) else m
+
+    if lb.parallel:
+        # Y = X + a*attn_c + b*mlp_c; multipliers on parallel blocks are not expected, verify plain sum.
+        if not _close(X + attn_c + mlp_c, Y, 1e-4):
+            raise StructureError(
+                f"{where}: measured a parallel block, but resid_pre + attention + MLP does not equal the layer "
+                "output, so ie_lab cannot serve faithful sublayer points for this family."
+            )
+    else:
+        R = rec.inp(lb.pre_mlp_norm) if lb.pre_mlp_norm is not None else M_in
+        m_attn = ratio(R - X, attn_c)
+        m_mlp = ratio(Y - R, mlp_c)
+        lb.attn_multiplier, lb.mlp_multiplier = mult(m_attn), mult(m_mlp)
+        a_eff = attn_c * (lb.attn_multiplier or 1.0)
+        m_eff = mlp_c * (lb.mlp_multiplier or 1.0)
+        if not (_close(X + a_eff, R, 1e-4) and _close(R + m_eff, Y, 1e-4)):
+            raise StructureError(
+                f"{where}: the residual identities resid_pre + attn_out_post = resid_mid and resid_mid + "
+                "mlp_out_post = resid_post do not hold for the measured structure, so ie_lab refuses to serve "
+                "sublayer points it cannot stand behind."
+            )
+
+    # QK-norm layout: flat [b,s,h*d], or per head with heads before or after the sequence axis.
+    if lb.q_norm is not None:
+        q_in = rec.inp(lb.q_norm)
+        if q_in is not None and q_in.dim() == 4:
+            lb.qk_norm_layout = "bshd" if q_in.shape[1] == PROBE_LEN else "bhsd"
+        elif q_in is None:
+            lb.q_norm = lb.k_norm = None
+
+    # Gate vs up: check that down's input is act(gate) * up, and learn the fused order.
+    if lb.fused_gate_up is not None:
+        act = _child(lb.mlp_in_module if lb.mlp is None else lb.mlp, ACT_NAMES)
+        fo, d_in = rec.out(lb.fused_gate_up), rec.inp(lb.down_proj)
+        if act is not None and fo is not None and d_in is not None:
+            g, u = fo.chunk(2, dim=-1)
+            if _close(act[1](g) * u, d_in, 1e-4):
+                lb.fused_gate_first = True
+            elif _close(act[1](u) * g, d_in, 1e-4):
+                lb.fused_gate_first = False
+            else:
+                raise StructureError(f"{where}: the fused gate_up projection's halves do not explain the MLP activation.")
+    elif lb.gate_proj is not None and lb.up_proj is not None:
+        act = _child(lb.mlp if lb.mlp is not None else lb.layer, ACT_NAMES)
+        go, uo, d_in = rec.out(lb.gate_proj), rec.out(lb.up_proj), rec.inp(lb.down_proj)
+        if act is not None and go is not None and uo is not None and d_in is not None:
+            if not _close(act[1](go) * uo, d_in, 1e-4) and _close(act[1](uo) * go, d_in, 1e-4):
+                lb.gate_proj, lb.up_proj = lb.up_proj, lb.gate_proj  # the spellings lied; trust the tensors
+
+
+@contextlib.contextmanager
+def no_grad_if(flag: bool):
+    if flag:
+        with torch.no_grad():
+            yield
+    else:
+        yield

@@ -1,0 +1,180 @@
+"""Architecture facts from a config alone: plain arithmetic over config keys, no torch, no weights.
+
+Enough to size memory, draw a block diagram, and range-check addresses for a model that was never
+loaded. Keys differ between families, so each fact is read from a short vocabulary of spellings.
+Structural facts that configs do not state (e.g. sandwich norms) come from the quirks table; on a
+live model the binder measures them instead, and a test checks that both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import quirks
+
+
+def _as_dict(config: Any) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        d = dict(config)
+    elif hasattr(config, "to_dict"):
+        d = config.to_dict()
+        # to_dict drops some attributes that are computed properties on the object
+        for key in ("head_dim", "layer_types", "sliding_window"):
+            if key not in d and hasattr(config, key):
+                try:
+                    d[key] = getattr(config, key)
+                except Exception:  # a property that needs other fields
+                    pass
+    else:
+        raise TypeError(f"expected a transformers config or a dict, got {type(config).__name__}")
+    text = d.get("text_config")
+    if isinstance(text, Mapping) and "model_type" in text:
+        # Multimodal wrappers keep the language model's facts one level down.
+        merged = dict(text)
+        merged.setdefault("architectures", d.get("architectures"))
+        return merged
+    return d
+
+
+def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if d.get(k) is not None:
+            return d[k]
+    return default
+
+
+@dataclass(frozen=True)
+class ArchFacts:
+    model_type: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_mlp: int
+    vocab_size: int
+    max_positions: int | None
+    n_experts: int = 0
+    experts_per_token: int = 0
+    n_streams: int = 1
+    layer_kinds: tuple[str, ...] = ()  # per layer: "global" | "sliding" | "linear"
+    sliding_window: int | None = None
+    parallel_block: bool = False
+    sandwich_norms: bool = False  # a norm on each sublayer's output before the residual add
+    pre_norms: bool = True  # a norm on each sublayer's input
+    gated_mlp: bool = True
+    qk_norm: bool = False
+    moe_layers: tuple[int, ...] = ()
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    residual_multiplier: float | None = None
+    embedding_multiplier: float | None = None
+    logits_scaling: float | None = None
+    tie_word_embeddings: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def q_width(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def n_params_estimate(self) -> int:
+        """Rough parameter count from dimensions (embeddings + attention + MLP + norms)."""
+        attn = self.d_model * (self.q_width + 2 * self.kv_width) + self.q_width * self.d_model
+        mlp_one = (3 if self.gated_mlp else 2) * self.d_model * self.d_mlp
+        n_moe = len(self.moe_layers)
+        mlp = (self.n_layers - n_moe) * mlp_one + n_moe * (self.n_experts * mlp_one + self.d_model * self.n_experts)
+        emb = self.vocab_size * self.d_model * (1 if self.tie_word_embeddings else 2)
+        return self.n_layers * attn + mlp + emb
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ArchFacts":
+        d = _as_dict(config)
+        mt = d.get("model_type", "unknown")
+        d_model = _first(d, "hidden_size", "n_embd", "d_model", "dim")
+        n_layers = _first(d, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+        n_heads = _first(d, "num_attention_heads", "n_head", "num_heads", "n_heads")
+        if d_model is None or n_layers is None or n_heads is None:
+            raise ValueError(
+                f"config of model_type {mt!r} does not state hidden size, layer count and head count under any "
+                "spelling ie_lab knows (hidden_size/n_embd/d_model, num_hidden_layers/n_layer, num_attention_heads/n_head)."
+            )
+        head_dim = _first(d, "head_dim", "attention_head_size") or d_model // n_heads
+        if d.get("multi_query") and not d.get("new_decoder_architecture"):
+            n_kv = 1
+        else:
+            n_kv = _first(d, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads)
+        n_experts = _first(d, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
+        d_mlp = _first(d, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+        if d_mlp is None:
+            d_mlp = 4 * d_model
+        moe_d_mlp = _first(d, "moe_intermediate_size")
+        moe_layers: tuple[int, ...] = ()
+        if n_experts:
+            step = d.get("decoder_sparse_step") or 1
+            only_mlp = set(d.get("mlp_only_layers") or ())
+            first_dense = d.get("first_k_dense_replace") or 0
+            moe_layers = tuple(
+                i for i in range(n_layers)
+                if (i + 1) % step == 0 and i not in only_mlp and i >= first_dense
+            )
+            if moe_d_mlp and not moe_layers:
+                d_mlp = d_mlp
+        window = _first(d, "sliding_window")
+        layer_types = d.get("layer_types")
+        kinds: list[str] = []
+        for i in range(n_layers):
+            if layer_types and i < len(layer_types):
+                t = str(layer_types[i])
+                kinds.append("sliding" if "sliding" in t else "linear" if "linear" in t else "global")
+            elif window and d.get("use_sliding_window", True) and mt not in quirks.WINDOW_KEY_UNUSED:
+                kinds.append("sliding")
+            else:
+                kinds.append("global")
+        if not any(k == "sliding" for k in kinds):
+            window = None
+        parallel = bool(
+            _first(d, "use_parallel_residual", "parallel_attn", "parallel_block", default=False)
+            or mt in quirks.ALWAYS_PARALLEL
+        )
+        if mt == "falcon" and d.get("new_decoder_architecture"):
+            parallel = True
+        structure = quirks.NORM_PLACEMENT.get(mt, "pre")
+        qk = bool(_first(d, "use_qk_norm", "qk_layernorm", "qk_norm", default=False) or mt in quirks.ALWAYS_QK_NORM)
+        return cls(
+            model_type=mt,
+            d_model=int(d_model),
+            n_layers=int(n_layers),
+            n_heads=int(n_heads),
+            n_kv_heads=int(n_kv),
+            head_dim=int(head_dim),
+            d_mlp=int(moe_d_mlp if (n_experts and moe_d_mlp and len(moe_layers) == n_layers) else d_mlp),
+            vocab_size=int(_first(d, "vocab_size", "n_vocab", default=0)),
+            max_positions=_first(d, "max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+            n_experts=int(n_experts),
+            experts_per_token=int(_first(d, "num_experts_per_tok", "top_k", "moe_top_k", default=0) or 0),
+            n_streams=int(_first(d, "hc_mult", "num_residual_streams", default=1) or 1),
+            layer_kinds=tuple(kinds),
+            sliding_window=window,
+            parallel_block=parallel,
+            sandwich_norms=structure in ("sandwich", "post"),
+            pre_norms=structure in ("pre", "sandwich"),
+            gated_mlp=mt not in quirks.UNGATED_MLP,
+            qk_norm=qk,
+            moe_layers=moe_layers,
+            attn_logit_softcap=_first(d, "attn_logit_softcapping"),
+            final_logit_softcap=_first(d, "final_logit_softcapping"),
+            residual_multiplier=_first(d, "residual_multiplier"),
+            embedding_multiplier=_first(d, "embedding_multiplier"),
+            logits_scaling=_first(d, "logits_scaling", "logit_scale"),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            raw=d,
+        )

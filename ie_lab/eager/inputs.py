@@ -1,0 +1,74 @@
+"""Turning what a user passes (text, token lists, tensors) into checked input ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+
+
+def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Return ([batch, seq] long input ids on the model's device, attention mask or None)."""
+    mask = None
+    if isinstance(tokens_or_text, str) or (
+        isinstance(tokens_or_text, (list, tuple)) and tokens_or_text and all(isinstance(t, str) for t in tokens_or_text)
+    ):
+        tok = lm.tokenizer
+        if tok is None:
+            raise InputError("this model was loaded without a tokenizer, so it cannot read text: pass token ids, or "
+                             "load it with tokenizer=AutoTokenizer.from_pretrained(...).")
+        texts = [tokens_or_text] if isinstance(tokens_or_text, str) else list(tokens_or_text)
+        if any(not t for t in texts):
+            raise InputError("empty text: give at least one character to tokenize.")
+        if len(texts) > 1 and tok.pad_token_id is None:
+            raise InputError("batching texts of different lengths needs a pad token, and this tokenizer has none: "
+                             "set tokenizer.pad_token = tokenizer.eos_token, or capture the texts one at a time.")
+        enc = tok(texts, return_tensors="pt", padding=len(texts) > 1)
+        ids = enc["input_ids"]
+        if len(texts) > 1:
+            mask = enc["attention_mask"]
+    elif isinstance(tokens_or_text, torch.Tensor):
+        ids = tokens_or_text
+    elif isinstance(tokens_or_text, (list, tuple)):
+        try:
+            ids = torch.tensor(tokens_or_text)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"could not read the token list ({e}); pass a list of ints, a list of equal-length "
+                             "lists of ints, or a string.") from None
+    else:
+        raise InputError(f"expected text (str or list of str) or token ids (tensor or list of ints), "
+                         f"got {type(tokens_or_text).__name__}.")
+
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise InputError(f"token ids must be integers, got dtype {ids.dtype}: convert with tokens.long() "
+                         "(or pass the text itself).")
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2:
+        raise InputError(f"token ids must be [seq] or [batch, seq], got shape {list(ids.shape)}.")
+    if ids.numel() == 0 or ids.shape[1] == 0:
+        raise InputError("empty input: there are no tokens to run; give at least one token.")
+    vocab = lm.facts.vocab_size
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or (vocab and hi >= vocab):
+        bad = lo if lo < 0 else hi
+        raise InputError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); were these ids made by a "
+                         "different tokenizer?")
+    limit = lm.facts.max_positions
+    if limit and ids.shape[1] > int(limit):
+        raise InputError(f"the input has {ids.shape[1]} tokens but this model's context is {limit}: "
+                         f"truncate it, e.g. tokens[:, -{limit}:].")
+    device = lm.device
+    ids = ids.to(device=device, dtype=torch.long)
+    if mask is not None:
+        mask = mask.to(device)
+    return ids, mask
+
+
+def str_tokens(lm: Any, ids: torch.Tensor) -> list[list[str]]:
+    tok = lm.tokenizer
+    if tok is None:
+        return [[str(int(i)) for i in row] for row in ids]
+    return [tok.convert_ids_to_tokens(row.tolist()) for row in ids.cpu()]

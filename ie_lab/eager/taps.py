@@ -1,0 +1,320 @@
+"""Where each point is read on a bound model, and the hooks that read it.
+
+``resolve`` turns an Address into a Source (which module, which side, which transform) or refuses
+it with the reason the point is absent on this family. ``Taps`` places the hooks for a set of
+sources for the duration of a ``with`` block and collects what they see; every exit path removes
+every hook and the attention-tap listeners.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..address import Address
+from ..arch.binder import LayerBinding, first_tensor, hidden_arg, split_fused_qkv
+from ..errors import CapabilityUnsupported, PointAbsent
+from ..ops.attention import scores_and_probs
+from . import attention_tap
+
+# kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output),
+# "attn" an attention-interface
+# call, "attn_out_full" the attention module's full output tuple (legacy families' probs), "moe_args"
+# the experts module's routing arguments.
+_Kind = str
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: _Kind
+    module: nn.Module
+    transform: Callable[..., torch.Tensor]
+    needs_output_attentions: bool = False
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(*t.shape[:2], -1)
+
+
+def _scaled(m: float | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    if m is None:
+        return lambda t: t
+    return lambda t: t * m
+
+
+def _qk_norm_view(layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if layout == "bhsd":
+        return lambda t: t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
+    if layout == "bshd":
+        return lambda t: t.reshape(t.shape[0], t.shape[1], -1)
+    return lambda t: t
+
+
+def resolve(lm: Any, addr: Address) -> Source:
+    """The source of an address on this model, or a PointAbsent / CapabilityUnsupported saying why not."""
+    b = lm.binding
+    fam = b.family
+    name = addr.name
+    p = addr.point
+    if p.multi_stream_only or addr.stream is not None:
+        if lm.facts.n_streams <= 1:
+            raise PointAbsent(str(addr), fam, "this trunk carries a single residual stream, so there are no "
+                              "per-stream points or stream coordinates.",
+                              "use the plain point, e.g. 'resid_post.3'.")
+        raise CapabilityUnsupported(str(addr), "multi-stream trunks are not bound yet.", "use a single-stream family.")
+    if name == "embeddings":
+        return Source("post", b.embed, lambda t: t)
+    if name == "final_norm":
+        if b.final_norm is None:
+            raise PointAbsent(name, fam, "the trunk has no final norm before the unembedding.", "use the last resid_post.")
+        return Source("post", b.final_norm, lambda t: t)
+    if name == "lm_head":
+        return Source("post", b.lm_head, lambda t: t)
+
+    lb: LayerBinding = b.layers[addr.layer]
+    moe_reason = ("layer {L} is a sparse mixture-of-experts layer: each expert has its own neurons, so there is no "
+                  "single {n} tensor.").format(L=lb.index, n=name)
+    if name == "resid_pre":
+        return Source("pre", lb.layer, lambda t: t)
+    if name == "resid_post":
+        return Source("post", lb.layer, lambda t: t)
+    if name == "attn_in":
+        return Source("pre", lb.attn, lambda t: t)
+    if name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
+        mod = lb.q_norm if name.startswith("q") else lb.k_norm
+        if mod is None:
+            raise PointAbsent(name, fam, "this family has no QK-norm (queries and keys go to RoPE un-normalised).",
+                              "capture attn_in, or value / attn_scores.")
+        return Source("pre" if name.endswith("_in") else "post", mod, _qk_norm_view(lb.qk_norm_layout))
+    if name == "value":
+        if lb.value_source == "interface":
+            return Source("attn", lb.attn, _value_from_call)
+        if lb.value_source == "v_proj":
+            return Source("post", lb.v_proj, lambda t: t)
+        f = lm.facts
+        layout = lb.fused_qkv_layout
+        return Source("post", lb.fused_qkv,
+                      lambda t: split_fused_qkv(t, layout, f.n_heads, f.n_kv_heads, f.head_dim))
+    if name in ("attn_scores", "attn_probs"):
+        if lb.uses_attention_interface:
+            return Source("attn", lb.attn, _scores_from_call if name == "attn_scores" else _probs_from_call)
+        if name == "attn_scores":
+            raise CapabilityUnsupported(
+                f"attn_scores on {fam}",
+                f"{fam} computes attention inside its own module instead of through transformers' attention "
+                "interface, so the pre-softmax matrix never leaves that module and ie_lab will not guess it.",
+                f"capture attn_probs.{addr.layer} (served on this family from the model's own probabilities).",
+            )
+        impl = getattr(lm.hf.config, "_attn_implementation", None)
+        if impl != "eager":
+            raise CapabilityUnsupported(
+                f"attn_probs on {fam} running {impl!r} attention",
+                f"{fam} only returns its probabilities from its eager code path; asking a {impl!r} model for them "
+                "switches it onto a different path mid-forward (on Falcon that path even drops the causal mask), "
+                "so the tensor would not be the one your forward used.",
+                "load the model with attn_implementation='eager' "
+                "(AutoModelForCausalLM.from_pretrained(..., attn_implementation='eager')).",
+            )
+        return Source("attn_out_full", lb.attn, _legacy_probs, needs_output_attentions=True)
+    if name == "z":
+        return Source("pre", lb.o_proj, lambda t: t)
+    if name == "attn_gate":
+        raise PointAbsent(name, fam, "this family's attention has no output gate.", "capture z.")
+    if name == "attn_out":
+        return Source("post", lb.o_proj, lambda t: t)
+    if name == "attn_out_post":
+        if lb.post_attn_norm is not None:
+            return Source("post", lb.post_attn_norm, _scaled(lb.attn_multiplier))
+        return Source("post", lb.o_proj, _scaled(lb.attn_multiplier))
+    if name == "resid_mid":
+        if lb.parallel:
+            raise PointAbsent(name, fam, "this family runs attention and the MLP in parallel on the same layer input, "
+                              "so no residual exists between them.",
+                              "use resid_pre (what both read) or resid_post.")
+        if lb.pre_mlp_norm is not None:
+            return Source("pre", lb.pre_mlp_norm, lambda t: t)
+        return Source("pre", lb.mlp_in_module, lambda t: t)
+    if name == "mlp_in":
+        return Source("pre", lb.mlp_in_module, lambda t: t)
+    if name in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
+        if lb.sparse_moe:
+            raise PointAbsent(name, fam, moe_reason, "capture router_logits / expert_weights, or mlp_out.")
+        if name == "mlp_act":
+            return Source("pre", lb.down_proj, lambda t: t)
+        if lb.fused_gate_up is not None:
+            first = (name == "mlp_pre") == lb.fused_gate_first
+            return Source("post", lb.fused_gate_up, (lambda t: t.chunk(2, -1)[0]) if first else (lambda t: t.chunk(2, -1)[1]))
+        if name == "mlp_pre":
+            mod = lb.gate_proj if lb.gate_proj is not None else lb.up_proj
+            return Source("post", mod, lambda t: t)
+        if lb.gate_proj is None:
+            raise PointAbsent(name, fam, "this family's MLP is not gated (up -> activation -> down), so there is no "
+                              "separate linear branch.", "capture mlp_pre (the pre-activation) or mlp_act.")
+        return Source("post", lb.up_proj, lambda t: t)
+    if name in ("router_logits", "expert_weights", "expert_indices"):
+        if not lb.sparse_moe:
+            raise PointAbsent(name, fam, f"layer {lb.index} is a dense MLP layer with no router.",
+                              f"MoE layers of this model: {list(lm.binding.structure['moe_layers']) or 'none'}.")
+        if name == "router_logits":
+            if lb.router is None:
+                raise CapabilityUnsupported(name, f"no router module was found on {fam}.", "capture expert_weights.")
+            return Source("post_raw", lb.router, _router_logits)
+        return Source("moe_args", lb.experts, _dense_weights if name == "expert_weights" else _dense_indices)
+    if name == "mlp_out":
+        return Source("post", lb.mlp_out_module, lambda t: t)
+    if name == "mlp_out_post":
+        if lb.post_mlp_norm is not None:
+            return Source("post", lb.post_mlp_norm, _scaled(lb.mlp_multiplier))
+        return Source("post", lb.mlp_out_module, _scaled(lb.mlp_multiplier))
+    raise CapabilityUnsupported(name, "the eager backend has no binding for this point yet.", "see ie_lab.points.")
+
+
+# ---- transforms that need more than one tensor ---------------------------------------------------
+
+def _value_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
+    q_len = call.query.shape[2]
+    v = call.value[:, :, -q_len:, :]  # the cache may prepend earlier positions
+    return v.transpose(1, 2).reshape(v.shape[0], q_len, -1)
+
+
+def _recompute(call: attention_tap.AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+    return scores_and_probs(
+        call.query, call.key, scaling=call.scaling, attention_mask=call.attention_mask,
+        softcap=call.kwargs.get("softcap"), sliding_window=call.kwargs.get("sliding_window"),
+        sinks=call.kwargs.get("s_aux", call.kwargs.get("sinks")),
+    )
+
+
+def _scores_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
+    return _recompute(call)[0].to(call.query.dtype)
+
+
+def _probs_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
+    if call.weights is not None and call.weights.dim() == 4:
+        return call.weights  # the eager kernel's own probabilities
+    return _recompute(call)[1].to(call.query.dtype)
+
+
+def _legacy_probs(out: Any, shape: tuple[int, int]) -> torch.Tensor:
+    if isinstance(out, (tuple, list)):
+        for t in out[1:]:
+            if isinstance(t, torch.Tensor) and t.dim() == 4:
+                return t
+    raise CapabilityUnsupported("attn_probs", "the attention module returned no probabilities.", "use attn_scores.")
+
+
+def _router_logits(out: Any, shape: tuple[int, int]) -> torch.Tensor:
+    t = first_tensor(out)
+    return t.reshape(shape[0], shape[1], t.shape[-1])
+
+
+def _routing(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)] + [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    idx = next(t for t in tensors if not t.is_floating_point())
+    w = next(t for t in tensors if t.is_floating_point() and t.shape == idx.shape)
+    return idx, w
+
+
+def _dense(n_experts: int, idx: torch.Tensor, vals: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    dense = torch.zeros(idx.shape[0], n_experts, dtype=vals.dtype, device=vals.device)
+    dense.scatter_(1, idx.long(), vals)
+    return dense.reshape(shape[0], shape[1], n_experts)
+
+
+def _dense_weights(routing: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int], n_experts: int) -> torch.Tensor:
+    idx, w = routing
+    return _dense(n_experts, idx, w.float(), shape).to(w.dtype)
+
+
+def _dense_indices(routing: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int], n_experts: int) -> torch.Tensor:
+    idx, w = routing
+    return _dense(n_experts, idx, torch.ones_like(w, dtype=torch.float32), shape)
+
+
+# ---- placing hooks ---------------------------------------------------------------------------------
+
+class Taps:
+    """Hooks for a set of addresses; ``collected[base]`` lists one tensor per forward that ran."""
+
+    def __init__(self, lm: Any, addresses: list[Address], grad: bool = False):
+        self.lm = lm
+        self.grad = grad
+        self.bases: list[Address] = []
+        self.sources: dict[Address, Source] = {}
+        for a in addresses:
+            base = a.without_head()
+            if base not in self.sources:
+                self.sources[base] = resolve(lm, base)  # refusals happen here, before any hook exists
+                self.bases.append(base)
+        self.collected: dict[Address, list[torch.Tensor]] = defaultdict(list)
+        self.shape: tuple[int, int] = (0, 0)  # (batch, new tokens) of the forward in flight
+        self._handles: list[Any] = []
+        self._stack: contextlib.ExitStack | None = None
+
+    @property
+    def needs_output_attentions(self) -> bool:
+        return any(s.needs_output_attentions for s in self.sources.values())
+
+    def _keep(self, base: Address, t: torch.Tensor) -> None:
+        b, s = self.shape
+        if t.dim() == 2 and b and t.shape[0] == b * s:
+            t = t.reshape(b, s, -1)  # layers that flatten tokens around the MLP (OPT)
+        self.collected[base].append(t if self.grad else t.detach().clone())
+
+    def __enter__(self) -> "Taps":
+        by_module: dict[tuple[int, str], list[tuple[Address, Source]]] = defaultdict(list)
+        for base, src in self.sources.items():
+            by_module[(id(src.module), src.kind)].append((base, src))
+        listeners: dict[int, Callable] = {}
+        n_experts = self.lm.facts.n_experts
+        try:
+            for (_, kind), items in by_module.items():
+                module = items[0][1].module
+                if kind == "pre":
+                    def pre(mod, args, kwargs, items=items):
+                        h = hidden_arg(args, kwargs)
+                        for base, src in items:
+                            self._keep(base, src.transform(h))
+                    self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+                elif kind == "moe_args":
+                    def moe(mod, args, kwargs, items=items):
+                        routing = _routing(args, kwargs)
+                        for base, src in items:
+                            self._keep(base, src.transform(routing, self.shape, n_experts))
+                    self._handles.append(module.register_forward_pre_hook(moe, with_kwargs=True))
+                elif kind in ("post", "post_raw", "attn_out_full"):
+                    def post(mod, args, kwargs, out, items=items, kind=kind):
+                        for base, src in items:
+                            if kind == "post":
+                                self._keep(base, src.transform(first_tensor(out)))
+                            else:  # transforms that need the whole output and the forward's shape
+                                self._keep(base, src.transform(out, self.shape))
+                    self._handles.append(module.register_forward_hook(post, with_kwargs=True))
+                elif kind == "attn":
+                    def listen(mod, call, items=items):
+                        for base, src in items:
+                            self._keep(base, src.transform(call, self.shape))
+                    listeners[id(module)] = listen
+            self._stack = contextlib.ExitStack()
+            if listeners:
+                self._stack.enter_context(attention_tap.listening(listeners))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    def __exit__(self, *exc) -> None:
+        self.close()

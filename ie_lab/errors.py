@@ -1,0 +1,56 @@
+"""Every exception ie_lab raises on purpose.
+
+Each one is a ValueError or RuntimeError subclass so generic handlers still work, and each message
+says what was wrong and what to do instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class IELabError(Exception):
+    """Base class: anything ie_lab refuses on purpose."""
+
+
+class AddressError(IELabError, ValueError):
+    """An address string or coordinate is malformed, unknown or out of range."""
+
+
+class PointAbsent(IELabError, ValueError):
+    """The point is a real ie_lab point, but this model family has no such tensor."""
+
+    def __init__(self, point: str, family: str, why: str, instead: str | None = None):
+        self.point, self.family, self.why, self.instead = point, family, why, instead
+        msg = f"{point!r} does not exist on {family}: {why}"
+        if instead:
+            msg += f" Instead: {instead}"
+        super().__init__(msg)
+
+
+class CapabilityUnsupported(IELabError, RuntimeError):
+    """A backend cannot do what was asked. Raised instead of returning something subtly different."""
+
+    def __init__(self, what: str, why: str, instead: str):
+        self.what, self.why, self.instead = what, why, instead
+        super().__init__(f"{what} is not supported: {why} Instead: {instead}")
+
+
+class InputError(IELabError, ValueError):
+    """Tokens, text or arguments handed to an operation are unusable."""
+
+
+class StructureError(IELabError, RuntimeError):
+    """The binder could not understand a model's module tree well enough to serve it faithfully."""
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The nearest valid spelling, for 'did you mean' hints."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return found[0] if found else None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    best = closest(word, choices)
+    return f" Did you mean {best!r}?" if best else ""

@@ -1,0 +1,374 @@
+"""The point registry: the one place that says what each hook point is.
+
+Docs tables (docs/POINTS.md), the picker's cards, the mappers, the validator and both backends read
+this module. It holds plain data only (no torch) so it can be imported anywhere, including by tools
+that never load a model.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Scope(str, enum.Enum):
+    LAYER = "layer"  # one tensor per decoder layer: addressed as name.L
+    TRUNK = "trunk"  # one tensor per forward: addressed with no layer
+
+
+class Width(str, enum.Enum):
+    """What the last axis of a captured point counts."""
+
+    D_MODEL = "d_model"
+    HEADS = "n_heads*head_dim"
+    KV_HEADS = "n_kv_heads*head_dim"
+    D_MLP = "d_mlp"
+    EXPERTS = "n_experts"
+    VOCAB = "vocab_size"
+    ATTN = "n_heads*q*k"
+    STREAMS = "n_streams"
+
+    @property
+    def head_axis(self) -> bool:
+        """Points whose width splits into heads, so that a head coordinate selects a slice."""
+        return self in (Width.HEADS, Width.KV_HEADS, Width.ATTN)
+
+    @property
+    def tp_sharded(self) -> bool:
+        """Axes a tensor-parallel vLLM engine splits across ranks, so they need a gather."""
+        return self in (Width.HEADS, Width.KV_HEADS, Width.D_MLP, Width.VOCAB, Width.ATTN)
+
+
+class Verdict(str, enum.Enum):
+    SERVED = "served"
+    RECOMPUTE = "served by recompute"
+    UNIMPLEMENTED = "unimplemented"  # the tensor exists at a module boundary; nobody wired it yet
+    UNREACHABLE = "unreachable"  # a fused kernel or missing boundary means no hook can see it
+
+    @property
+    def ok(self) -> bool:
+        return self in (Verdict.SERVED, Verdict.RECOMPUTE)
+
+    @property
+    def symbol(self) -> str:
+        return {"served": "✅", "served by recompute": "♻️", "unimplemented": "❌", "unreachable": "❌"}[self.value]
+
+
+BACKENDS = ("eager", "vllm")
+
+
+@dataclass(frozen=True)
+class BackendVerdict:
+    verdict: Verdict
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    scope: Scope
+    width: Width
+    definition: str
+    eager: BackendVerdict
+    vllm: BackendVerdict
+    # Other engines' names, with {L} standing for the layer. Several spellings are alternatives.
+    tl_legacy: tuple[str, ...] = ()
+    tl_bridge: tuple[str, ...] = ()
+    nnterp: tuple[str, ...] = ()
+    # Points that only exist on trunks with several residual streams (hyper-connections).
+    multi_stream_only: bool = False
+    # Points that exist per residual stream, so an address may carry .stream-S on such trunks.
+    per_stream: bool = False
+    # What to use where this point is absent or refused, in one phrase.
+    note: str = ""
+
+    @property
+    def head_axis(self) -> bool:
+        return self.width.head_axis
+
+    @property
+    def steerable(self) -> bool:
+        """Steering adds a d_model vector, so only d_model-wide per-layer points take it."""
+        return self.width is Width.D_MODEL and self.scope is Scope.LAYER
+
+    def verdict(self, backend: str) -> BackendVerdict:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        return getattr(self, backend)
+
+
+_OK = BackendVerdict(Verdict.SERVED)
+_TP_NOTE = "Sharded across tensor-parallel ranks, so ie_lab gathers the slices before returning it."
+_MHC_EAGER = BackendVerdict(
+    Verdict.SERVED, "Only on trunks that carry several residual streams (hyper-connections)."
+)
+_MHC_VLLM = BackendVerdict(
+    Verdict.UNIMPLEMENTED,
+    "No multi-stream family has been checked against eager on vLLM yet; use backend='eager'.",
+)
+_L, _T = Scope.LAYER, Scope.TRUNK
+
+_POINTS: tuple[Point, ...] = (
+    Point(
+        "embeddings", _T, Width.D_MODEL,
+        "The token-embedding lookup's output, before any positional embedding, scaling or dropout the trunk applies on the way to layer 0.",
+        _OK, _OK,
+        tl_legacy=("hook_embed",), tl_bridge=("embed.hook_out",), nnterp=("embed_tokens.output",),
+        note="Equals resid_pre.0 only on families that neither add positions nor scale the embedding.",
+    ),
+    Point(
+        "resid_pre", _L, Width.D_MODEL,
+        "The residual stream entering decoder layer L (the layer's hidden_states input).",
+        _OK, _OK,
+        tl_legacy=("blocks.{L}.hook_resid_pre",), tl_bridge=("blocks.{L}.hook_in",), nnterp=("layers_input[{L}]",),
+        per_stream=True,
+    ),
+    Point(
+        "attn_in", _L, Width.D_MODEL,
+        "The input of the attention module: the residual after the layer's input norm (the raw residual on families without one).",
+        _OK, _OK,
+        tl_legacy=("blocks.{L}.ln1.hook_normalized",), tl_bridge=("blocks.{L}.attn.hook_in",), nnterp=("attentions_input[{L}]",),
+    ),
+    Point(
+        "q_norm_in", _L, Width.HEADS,
+        "Queries entering the QK-norm (after the query projection, before RoPE), flattened over heads.",
+        _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
+    ),
+    Point(
+        "q_norm_out", _L, Width.HEADS,
+        "Queries leaving the QK-norm (before RoPE), flattened over heads.",
+        _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
+    ),
+    Point(
+        "k_norm_in", _L, Width.KV_HEADS,
+        "Keys entering the QK-norm (after the key projection, before RoPE), flattened over key/value heads.",
+        _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
+    ),
+    Point(
+        "k_norm_out", _L, Width.KV_HEADS,
+        "Keys leaving the QK-norm (before RoPE), flattened over key/value heads.",
+        _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
+    ),
+    Point(
+        "value", _L, Width.KV_HEADS,
+        "The value vectors the attention kernel mixes, one per key/value head (split out of a fused QKV projection where there is one).",
+        _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
+        tl_legacy=("blocks.{L}.attn.hook_v",), tl_bridge=("blocks.{L}.attn.hook_v", "blocks.{L}.attn.v.hook_out"),
+        note="Under grouped-query attention the width counts key/value heads, not query heads.",
+    ),
+    Point(
+        "attn_scores", _L, Width.ATTN,
+        "Pre-softmax attention logits, [batch, heads, query, key]: q·k times the scale, soft-capped where the family caps, with masked entries set to -inf.",
+        BackendVerdict(Verdict.SERVED, "Read inside the attention call; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received."),
+        BackendVerdict(Verdict.RECOMPUTE, "Paged attention never materialises the matrix; rebuilt from captured post-RoPE q and k."),
+        tl_legacy=("blocks.{L}.attn.hook_attn_scores",), tl_bridge=("blocks.{L}.attn.hook_attn_scores",),
+    ),
+    Point(
+        "attn_probs", _L, Width.ATTN,
+        "The attention pattern after softmax, [batch, heads, query, key]; each row sums to 1 except where the family adds attention sinks.",
+        BackendVerdict(Verdict.SERVED, "The eager kernel's own probabilities; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received."),
+        BackendVerdict(Verdict.RECOMPUTE, "Paged attention never materialises the probabilities; rebuilt from captured post-RoPE q and k."),
+        tl_legacy=("blocks.{L}.attn.hook_pattern",), tl_bridge=("blocks.{L}.attn.hook_pattern",),
+        nnterp=("attention_probabilities[{L}]",),
+    ),
+    Point(
+        "z", _L, Width.HEADS,
+        "The per-head attention-weighted values, concatenated over heads: the input of the attention output projection.",
+        _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
+        tl_legacy=("blocks.{L}.attn.hook_z",), tl_bridge=("blocks.{L}.attn.hook_z", "blocks.{L}.attn.o.hook_in"),
+    ),
+    Point(
+        "attn_gate", _L, Width.HEADS,
+        "The sigmoid gate a gated-attention family multiplies into z before the output projection.",
+        _OK,
+        BackendVerdict(Verdict.UNIMPLEMENTED, "The gate is a real module on vLLM's tree but is not wired up yet; use backend='eager'."),
+    ),
+    Point(
+        "attn_out", _L, Width.D_MODEL,
+        "The attention module's output (after the output projection), before any post-attention norm or residual multiplier.",
+        _OK, _OK,
+        tl_bridge=("blocks.{L}.attn.hook_out",), nnterp=("attentions_output[{L}]",),
+        note="TransformerLens' hook_attn_out is this point only on families without a post-attention norm or multiplier.",
+    ),
+    Point(
+        "attn_out_post", _L, Width.D_MODEL,
+        "What attention adds to the residual stream: attn_out after the post-attention norm and residual multiplier where the family has them.",
+        _OK, _OK,
+        tl_legacy=("blocks.{L}.hook_attn_out",),
+    ),
+    Point(
+        "resid_mid", _L, Width.D_MODEL,
+        "The residual stream between the attention and MLP sublayers (after attention's contribution is added).",
+        _OK, BackendVerdict(Verdict.SERVED, "Captured everywhere; on families where vLLM fuses the residual add into the next norm it is rebuilt as h + residual."),
+        tl_legacy=("blocks.{L}.hook_resid_mid",), per_stream=True,
+        note="Absent on parallel blocks, where attention and MLP both read the layer input.",
+    ),
+    Point(
+        "mlp_in", _L, Width.D_MODEL,
+        "The input of the MLP (or MoE) module: the residual after the pre-MLP norm.",
+        _OK, _OK,
+        tl_legacy=("blocks.{L}.ln2.hook_normalized",), tl_bridge=("blocks.{L}.mlp.hook_in",), nnterp=("mlps_input[{L}]",),
+    ),
+    Point(
+        "mlp_pre", _L, Width.D_MLP,
+        "The MLP pre-activation: the gate projection's output on gated MLPs, the up/in projection's output otherwise.",
+        _OK,
+        BackendVerdict(Verdict.UNREACHABLE, "vLLM fuses the gate and up projections into one gate_up_proj, so neither half is a module output. Use backend='eager'."),
+        tl_legacy=("blocks.{L}.mlp.hook_pre",),
+        note="Absent on sparse MoE layers, where every expert has its own.",
+    ),
+    Point(
+        "mlp_pre_linear", _L, Width.D_MLP,
+        "The linear (up) branch of a gated MLP, which is multiplied by the activated gate.",
+        _OK,
+        BackendVerdict(Verdict.UNREACHABLE, "As mlp_pre: the up branch is never a separate module output on vLLM. Use backend='eager'."),
+        tl_legacy=("blocks.{L}.mlp.hook_pre_linear",),
+        note="Gated MLPs only.",
+    ),
+    Point(
+        "mlp_act", _L, Width.D_MLP,
+        "The neuron activations: the input of the MLP's down/out projection (activated gate times up branch on gated MLPs).",
+        _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
+        tl_legacy=("blocks.{L}.mlp.hook_post",), tl_bridge=("blocks.{L}.mlp.out.hook_in",),
+        note="Absent on sparse MoE layers, where each expert has its own neurons.",
+    ),
+    Point(
+        "router_logits", _L, Width.EXPERTS,
+        "The MoE router's logits over experts, before top-k selection.",
+        _OK, BackendVerdict(Verdict.SERVED, "The router is replicated across ranks, so tensor parallelism does not affect it."),
+    ),
+    Point(
+        "expert_weights", _L, Width.EXPERTS,
+        "The routing weights as a dense [.., n_experts] tensor: each selected expert's mixing weight, zero for the rest.",
+        _OK,
+        BackendVerdict(Verdict.UNREACHABLE, "The top-k selection happens inside vLLM's fused MoE kernel and is never materialised. Use backend='eager'."),
+        tl_legacy=("blocks.{L}.mlp.hook_expert_weights",),
+    ),
+    Point(
+        "expert_indices", _L, Width.EXPERTS,
+        "The expert selection as a dense 0/1 mask over experts: 1 where the token was routed.",
+        _OK,
+        BackendVerdict(Verdict.UNREACHABLE, "As expert_weights: the selection lives inside the fused MoE kernel. Use backend='eager'."),
+        tl_legacy=("blocks.{L}.mlp.hook_expert_indices",),
+    ),
+    Point(
+        "mlp_out", _L, Width.D_MODEL,
+        "The MLP (or MoE) module's output, before any post-MLP norm or residual multiplier.",
+        _OK, _OK,
+        tl_bridge=("blocks.{L}.mlp.hook_out",), nnterp=("mlps_output[{L}]",),
+        note="TransformerLens' hook_mlp_out is this point only on families without a post-MLP norm or multiplier.",
+    ),
+    Point(
+        "mlp_out_post", _L, Width.D_MODEL,
+        "What the MLP adds to the residual stream: mlp_out after the post-MLP norm and residual multiplier where the family has them.",
+        _OK, _OK,
+        tl_legacy=("blocks.{L}.hook_mlp_out",),
+    ),
+    Point(
+        "resid_post", _L, Width.D_MODEL,
+        "The residual stream leaving decoder layer L (the layer's output hidden states).",
+        _OK, BackendVerdict(Verdict.SERVED, "vLLM layers defer the residual add to the next layer; ie_lab adds h + residual so it equals the HF layer output."),
+        tl_legacy=("blocks.{L}.hook_resid_post",), tl_bridge=("blocks.{L}.hook_out",), nnterp=("layers_output[{L}]",),
+        per_stream=True,
+    ),
+    Point(
+        "final_norm", _T, Width.D_MODEL,
+        "The output of the trunk's final norm, which the unembedding reads.",
+        _OK, BackendVerdict(Verdict.SERVED, "Computed over every position of the request, not only the decoded ones."),
+        tl_legacy=("ln_final.hook_normalized",), tl_bridge=("ln_final.hook_out",), nnterp=("ln_final.output",),
+    ),
+    Point(
+        "lm_head", _T, Width.VOCAB,
+        "The unembedding's raw output (W_U·x + b), before any logit soft-capping or scaling the family applies afterwards.",
+        _OK,
+        BackendVerdict(Verdict.UNREACHABLE, "vLLM's compute_logits folds scaling and soft-capping into the unembedding, so no hook sees the bare W_U·x. Use the logit lens or backend='eager'."),
+        tl_bridge=("unembed.hook_out",), nnterp=("lm_head.output",),
+    ),
+    # Hyper-connection trunks (several residual streams) only.
+    Point(
+        "resid_streams", _L, Width.STREAMS,
+        "The stack of residual streams entering layer L, one d_model vector per stream.",
+        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+    ),
+    Point(
+        "attn_stream_collapse", _L, Width.D_MODEL,
+        "The single d_model input attention reads, collapsed from the residual streams by learned weights.",
+        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+    ),
+    Point(
+        "mlp_stream_collapse", _L, Width.D_MODEL,
+        "The single d_model input the MLP reads, collapsed from the residual streams by learned weights.",
+        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+    ),
+    Point(
+        "attn_stream_write", _L, Width.STREAMS,
+        "The per-stream weights with which attention's output is written back into each residual stream.",
+        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+    ),
+    Point(
+        "mlp_stream_write", _L, Width.STREAMS,
+        "The per-stream weights with which the MLP's output is written back into each residual stream.",
+        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+    ),
+    Point(
+        "attn_stream_mix", _L, Width.STREAMS,
+        "The stream-to-stream mixing matrix applied around the attention sublayer.",
+        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+    ),
+    Point(
+        "mlp_stream_mix", _L, Width.STREAMS,
+        "The stream-to-stream mixing matrix applied around the MLP sublayer.",
+        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+    ),
+)
+
+REGISTRY: dict[str, Point] = {p.name: p for p in _POINTS}
+NAMES: tuple[str, ...] = tuple(REGISTRY)
+SINGLE_STREAM_NAMES: tuple[str, ...] = tuple(p.name for p in _POINTS if not p.multi_stream_only)
+
+
+def get(name: str) -> Point:
+    """The registry entry for a point name; an AddressError with a suggestion otherwise."""
+    from .errors import AddressError, did_you_mean
+
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise AddressError(
+            f"unknown point name {name!r}.{did_you_mean(name, NAMES)} Valid names: {', '.join(SINGLE_STREAM_NAMES)}"
+            " (and, on multi-stream trunks, " + ", ".join(n for n in NAMES if n not in SINGLE_STREAM_NAMES) + ")."
+        ) from None
+
+
+def all_points() -> tuple[Point, ...]:
+    return _POINTS
+
+
+def served(backend: str) -> tuple[str, ...]:
+    """Names of points the backend serves (by hook or by recompute) on families that have them."""
+    return tuple(p.name for p in _POINTS if p.verdict(backend).verdict.ok)
+
+
+def reason(name: str, backend: str) -> str:
+    """The sentence explaining a backend's verdict on a point (empty when it is simply served)."""
+    return get(name).verdict(backend).reason
+
+
+def markdown_table() -> str:
+    """The points table for docs/POINTS.md, generated so it cannot drift from the code."""
+    rows = [
+        "| point | scope | width | eager | vLLM | definition | TransformerLens | nnterp |",
+        "| --- | --- | --- | :---: | :---: | --- | --- | --- |",
+    ]
+    for p in _POINTS:
+        def cell(v: BackendVerdict) -> str:
+            text = v.verdict.symbol + " " + v.verdict.value
+            return text + (f": {v.reason}" if v.reason else "")
+
+        tl = ", ".join(f"`{n}`" for n in p.tl_legacy + tuple(x for x in p.tl_bridge if x not in p.tl_legacy)) or "—"
+        nn = ", ".join(f"`{n}`" for n in p.nnterp) or "—"
+        definition = p.definition + (f" *{p.note}*" if p.note else "")
+        rows.append(
+            f"| `{p.name}` | {p.scope.value} | `{p.width.value}` | {cell(p.eager)} | {cell(p.vllm)} | {definition} | {tl} | {nn} |"
+        )
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,51 @@
+import functools
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+torch.set_num_threads(1)
+
+from tests.families import FAMILIES, make_model, make_tokenizer  # noqa: E402
+
+# Families the binder refuses on purpose (tested in test_binder.py); everything else must bind.
+UNSUPPORTED = {"qwen3_next": "hybrid linear-attention layers are not bound yet"}
+SUPPORTED = [f for f in FAMILIES if f not in UNSUPPORTED]
+
+
+@functools.lru_cache(maxsize=None)
+def lm_for(family: str, attn_implementation: str | None = None):
+    import ie_lab
+
+    return ie_lab.load(make_model(family, attn_implementation=attn_implementation), make_tokenizer())
+
+
+def hook_count(model: torch.nn.Module) -> int:
+    n = 0
+    for m in model.modules():
+        n += len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+        n += len(getattr(m, "_forward_hooks_with_kwargs", {}))
+    return n
+
+
+def assert_clean(lm) -> None:
+    """No hook registered, attention registry restored: the model is exactly as before."""
+    from ie_lab.eager import attention_tap
+
+    assert hook_count(lm.hf) == 0, "a hook was left registered"
+    assert not attention_tap.is_installed(), "the attention tap was left installed"
+
+
+@pytest.fixture(params=SUPPORTED)
+def family(request):
+    return request.param
+
+
+def ids(batch=2, seq=11, seed=0, vocab=512):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, vocab, (batch, seq), generator=g)

@@ -1,0 +1,163 @@
+"""Identities a wrong-but-plausible tensor cannot satisfy, on every supported family."""
+
+import pytest
+import torch
+
+import ie_lab
+from tests.conftest import assert_clean, ids, lm_for
+
+TOL = dict(atol=2e-4, rtol=1e-4)
+
+
+def _layers(lm):
+    return range(lm.facts.n_layers)
+
+
+def test_residual_identities(family):
+    lm = lm_for(family)
+    x = ids()
+    for L in _layers(lm):
+        lb = lm.binding.layers[L]
+        names = ["resid_pre", "attn_out_post", "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
+        c = ie_lab.capture(lm, x, [f"{n}.{L}" for n in names])
+        if lb.parallel:
+            torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"] + c[f"mlp_out_post.{L}"],
+                                       c[f"resid_post.{L}"], **TOL)
+        else:
+            torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"], c[f"resid_mid.{L}"], **TOL)
+            torch.testing.assert_close(c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"], c[f"resid_post.{L}"], **TOL)
+            if lb.pre_mlp_norm is None:
+                continue  # post-norm-only families (OLMo 2) feed the raw residual to the MLP
+            # The identity is discriminating: the MLP's normalised input is not the residual.
+            mlp_in = ie_lab.capture(lm, x, [f"mlp_in.{L}"])[f"mlp_in.{L}"]
+            assert not torch.allclose(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"], mlp_in, **TOL)
+    assert_clean(lm)
+
+
+def _z_from(probs, value, n_heads, head_dim, interleave=True):
+    b, s, _ = value.shape
+    v = value.reshape(b, s, -1, head_dim).transpose(1, 2)
+    rep = n_heads // v.shape[1]
+    v = v.repeat_interleave(rep, dim=1) if interleave else v.repeat(1, rep, 1, 1)
+    return (probs @ v).transpose(1, 2).reshape(b, s, n_heads * head_dim)
+
+
+def lm_attn(family):
+    """Families that compute attention in their own module serve probs only when running eager."""
+    lm = lm_for(family)
+    return lm if lm.binding.layers[0].uses_attention_interface else lm_for(family, "eager")
+
+
+def test_probs_times_value_is_z(family):
+    lm = lm_attn(family)
+    f = lm.facts
+    x = ids()
+    for L in _layers(lm):
+        c = ie_lab.capture(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}"])
+        z = _z_from(c[f"attn_probs.{L}"], c[f"value.{L}"], f.n_heads, f.head_dim)
+        torch.testing.assert_close(z, c[f"z.{L}"], **TOL)
+        if 1 < f.n_kv_heads < f.n_heads:
+            # The wrong GQA layout (tiling key/value heads instead of grouping them) must fail.
+            wrong = _z_from(c[f"attn_probs.{L}"], c[f"value.{L}"], f.n_heads, f.head_dim, interleave=False)
+            assert not torch.allclose(wrong, c[f"z.{L}"], **TOL)
+        # A neighbouring head's value must not reproduce z either.
+        rolled = torch.roll(c[f"value.{L}"], shifts=f.head_dim, dims=-1)
+        if f.n_kv_heads > 1:
+            assert not torch.allclose(_z_from(c[f"attn_probs.{L}"], rolled, f.n_heads, f.head_dim), c[f"z.{L}"], **TOL)
+    assert_clean(lm)
+
+
+def test_down_proj_of_mlp_act_is_mlp_out(family):
+    lm = lm_for(family)
+    x = ids()
+    checked = 0
+    for lb in lm.binding.layers:
+        if lb.sparse_moe:
+            with pytest.raises(ie_lab.PointAbsent):
+                ie_lab.capture(lm, x, [f"mlp_act.{lb.index}"])
+            continue
+        c = ie_lab.capture(lm, x, [f"mlp_act.{lb.index}", f"mlp_out.{lb.index}"])
+        with torch.no_grad():
+            torch.testing.assert_close(lb.down_proj(c[f"mlp_act.{lb.index}"]), c[f"mlp_out.{lb.index}"], **TOL)
+        checked += 1
+    assert checked or lm.facts.is_moe
+    assert_clean(lm)
+
+
+def test_final_norm_then_unembedding_is_the_logits(family):
+    lm = lm_for(family)
+    f = lm.facts
+    x = ids()
+    c = ie_lab.capture(lm, x, ["final_norm", "lm_head"])
+    with torch.no_grad():
+        torch.testing.assert_close(lm.binding.lm_head(c["final_norm"]), c["lm_head"], **TOL)
+        logits = lm.hf(input_ids=x).logits
+    raw = c["lm_head"]
+    # Families post-process the unembedding: scaling (Cohere, Granite) and soft-capping (Gemma 2).
+    if f.logits_scaling is not None:
+        raw = raw * f.logits_scaling if f.model_type.startswith("cohere") else raw / f.logits_scaling
+    if f.final_logit_softcap:
+        raw = torch.tanh(raw / f.final_logit_softcap) * f.final_logit_softcap
+    torch.testing.assert_close(raw, logits, **TOL)
+
+
+def test_attention_rows_and_scores(family):
+    lm = lm_attn(family)
+    x = ids()
+    for L in _layers(lm):
+        probs = ie_lab.capture(lm, x, [f"attn_probs.{L}"])[f"attn_probs.{L}"]
+        assert probs.shape == (2, lm.facts.n_heads, x.shape[1], x.shape[1])
+        torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]), **TOL)
+        assert torch.all(probs.triu(1) == 0), "causal: no query may attend to a later key"
+        if lm.binding.layers[L].uses_attention_interface:
+            scores = ie_lab.capture(lm, x, [f"attn_scores.{L}"])[f"attn_scores.{L}"]
+            torch.testing.assert_close(torch.softmax(scores, -1), probs, **TOL)
+        else:
+            with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs"):
+                ie_lab.capture(lm, x, [f"attn_scores.{L}"])
+    assert_clean(lm)
+
+
+def test_sandwich_norm_points_differ(family):
+    lm = lm_for(family)
+    x = ids()
+    lb = lm.binding.layers[0]
+    c = ie_lab.capture(lm, x, ["attn_out.0", "attn_out_post.0", "mlp_out.0", "mlp_out_post.0"])
+    if lb.post_attn_norm is not None or lb.attn_multiplier is not None:
+        rel = (c["attn_out.0"] - c["attn_out_post.0"]).norm() / c["attn_out.0"].norm()
+        assert rel > 0.1
+    else:
+        torch.testing.assert_close(c["attn_out.0"], c["attn_out_post.0"])
+    if lb.post_mlp_norm is not None or lb.mlp_multiplier is not None:
+        rel = (c["mlp_out.0"] - c["mlp_out_post.0"]).norm() / c["mlp_out.0"].norm()
+        assert rel > 0.1
+    else:
+        torch.testing.assert_close(c["mlp_out.0"], c["mlp_out_post.0"])
+
+
+@pytest.mark.parametrize("fam", ["gemma2", "gemma3_text", "olmo2"])
+def test_sandwich_families_are_detected(fam):
+    lm = lm_for(fam)
+    assert lm.binding.layers[0].post_attn_norm is not None
+    assert lm.binding.layers[0].post_mlp_norm is not None
+
+
+def test_sdpa_recompute_equals_eager_probabilities(family):
+    lm_sdpa = lm_for(family)
+    if not lm_sdpa.binding.layers[0].uses_attention_interface:
+        pytest.skip(f"{family} computes attention in its own module; its probs come from that module directly")
+    lm_eager = lm_for(family, "eager")
+    x = ids()
+    addrs = [f"attn_probs.{L}" for L in range(lm_sdpa.facts.n_layers)] + ["resid_post.0"]
+    a = ie_lab.capture(lm_sdpa, x, addrs)
+    b = ie_lab.capture(lm_eager, x, addrs)
+    for k in addrs:
+        torch.testing.assert_close(a[k], b[k], **TOL)
+
+
+def test_legacy_family_on_sdpa_refuses_probs_with_the_fix():
+    lm = lm_for("falcon")
+    assert lm.hf.config._attn_implementation != "eager"
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_implementation='eager'"):
+        ie_lab.capture(lm, ids(), ["attn_probs.0"])
+    assert_clean(lm)
