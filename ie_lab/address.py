@@ -131,6 +131,10 @@ class Address:
                 raise AddressError(
                     f"head {self.head} is out of range in {str(self)!r}: {self.name} has {n} {kind} (0..{n - 1})."
                 )
+        if self.stream is not None and facts.n_streams <= 1:
+            raise AddressError(
+                f"{str(self)!r} names a stream, but this trunk carries a single residual stream: drop '.stream-{self.stream}'."
+            )
         if self.stream is not None and self.stream >= facts.n_streams:
             raise AddressError(
                 f"stream {self.stream} is out of range in {str(self)!r}: this trunk has {facts.n_streams} residual stream(s)."

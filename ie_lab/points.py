@@ -111,7 +111,7 @@ _L, _T = Scope.LAYER, Scope.TRUNK
 _POINTS: tuple[Point, ...] = (
     Point(
         "embeddings", _T, Width.D_MODEL,
-        "The token-embedding lookup's output, before any positional embedding, scaling or dropout the trunk applies on the way to layer 0.",
+        "The token-embedding module's output (with any scaling the module itself applies, as on Gemma 3), before the positional embeddings, trunk-level scaling or dropout applied on the way to layer 0.",
         _OK, _OK,
         tl_legacy=("hook_embed",), tl_bridge=("embed.hook_out",), nnterp=("embed_tokens.output",),
         note="Equals resid_pre.0 only on families that neither add positions nor scale the embedding.",

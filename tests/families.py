@@ -210,6 +210,11 @@ def _reinit_discriminating(model: nn.Module, gen: torch.Generator) -> None:
                 if is_norm_module(owner):
                     continue
                 p.copy_(uni(p.shape, 0.02, 0.1) * torch.where(torch.rand(p.shape, generator=gen) < 0.5, -1.0, 1.0))
+        # MoE routing-correction buffers (DeepSeek-V3 ``gate.e_score_correction_bias``): nonzero, so a binder
+        # that ignores them picks different experts
+        for name, buf in model.named_buffers():
+            if name.endswith("correction_bias") and buf.is_floating_point():
+                buf.copy_(uni(buf.shape, -0.05, 0.05))
 
 
 def make_model(family: str, attn_implementation: str | None = None):

@@ -112,3 +112,18 @@ def test_saved_model_dir_roundtrip(family, tmp_path):
     ids = _ids()
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, ref(ids).logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eager_matches_default_attention(family):
+    """The default (usually sdpa) and eager fixtures are the same weights and agree on non-pad positions."""
+    ids = _ids()
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, :3] = 0  # left padding on the second row
+    default, eager = make_model(family), make_model(family, attn_implementation="eager")
+    assert eager.config._attn_implementation == "eager"
+    with torch.no_grad():
+        a = default(ids, attention_mask=mask).logits
+        b = eager(ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(a[keep], b[keep], atol=1e-4, rtol=1e-4)

@@ -20,15 +20,18 @@ NORM_PLACEMENT = {
     "gemma3": "sandwich",
     "olmo2": "post",
     "olmo3": "post",
+    "exaone4": "post",
 }
 
 # Families whose MLP is up -> act -> down with no gate branch.
 UNGATED_MLP = frozenset(
-    {"gpt2", "gpt_neox", "gptj", "bloom", "opt", "falcon", "phi", "starcoder2", "gpt_bigcode", "codegen"}
+    {"gpt2", "gpt_neox", "gptj", "bloom", "opt", "falcon", "phi", "starcoder2", "gpt_bigcode", "codegen",
+     "arcee", "apertus"}
 )
 
 # Families that always normalise queries and keys (others say so with a config key).
-ALWAYS_QK_NORM = frozenset({"qwen3", "qwen3_moe", "olmo2", "olmo3", "olmoe", "gemma3", "gemma3_text"})
+ALWAYS_QK_NORM = frozenset({"qwen3", "qwen3_moe", "olmo2", "olmo3", "olmoe", "gemma3", "gemma3_text", "exaone4",
+                            "apertus", "hunyuan_v1_dense"})
 
 # Families whose config carries a sliding_window key that the attention does not use for every layer
 # (layer_types or use_sliding_window say which layers slide instead).

@@ -1,0 +1,52 @@
+"""What each backend can and cannot do: the table every CapabilityUnsupported is built from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import CapabilityUnsupported
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    eager: str  # "yes", or why not
+    vllm: str
+    instead: str = ""
+
+    def supported(self, backend: str) -> bool:
+        return getattr(self, backend) == "yes"
+
+
+CAPABILITIES: tuple[Capability, ...] = (
+    Capability("capture", "yes", "not in this build: the vLLM backend has not landed yet",
+               "use backend='eager'"),
+    Capability("attn_scores / attn_probs", "yes",
+               "not in this build (planned: rebuilt from captured post-RoPE q/k)", "use backend='eager'"),
+    Capability("gradients", "yes (capture(..., grad=True) keeps tensors on the autograd graph)",
+               "no: vLLM runs inference-only kernels with no autograd graph", "use backend='eager'"),
+    Capability("points absent on a family", "refused with PointAbsent naming the reason and a substitute",
+               "refused the same way", ""),
+    Capability("attn_scores on families that compute attention in their own module (Bloom, Falcon, GPT-J)",
+               "no: the pre-softmax matrix never leaves the module", "no", "capture attn_probs"),
+    Capability("attn_probs on those families running sdpa",
+               "no: their probabilities exist only on the eager code path",
+               "no", "load with attn_implementation='eager'"),
+)
+
+_BY_NAME = {c.name: c for c in CAPABILITIES}
+
+
+def require(name: str, backend: str) -> None:
+    """Raise CapabilityUnsupported unless the backend supports the named capability."""
+    cap = _BY_NAME[name]
+    if not cap.supported(backend):
+        raise CapabilityUnsupported(f"{name} on backend={backend!r}", getattr(cap, backend) + ".",
+                                    cap.instead or "see ie_lab.capabilities.CAPABILITIES")
+
+
+def markdown_table() -> str:
+    rows = ["| capability | eager | vLLM | instead |", "| --- | --- | --- | --- |"]
+    for c in CAPABILITIES:
+        rows.append(f"| {c.name} | {c.eager} | {c.vllm} | {c.instead or '—'} |")
+    return "\n".join(rows) + "\n"

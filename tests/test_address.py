@@ -1,0 +1,84 @@
+import pytest
+from hypothesis import given, strategies as st
+
+import ie_lab
+from ie_lab import Address, AddressError
+from ie_lab.points import REGISTRY, Scope
+
+
+def _valid_addresses():
+    def build(name, layer, head, stream):
+        p = REGISTRY[name]
+        layer = layer if p.scope is Scope.LAYER else None
+        head = head if p.head_axis else None
+        stream = stream if (p.per_stream or p.multi_stream_only) else None
+        return Address(name, layer, head, stream)
+
+    small = st.one_of(st.none(), st.integers(0, 200))
+    return st.builds(build, st.sampled_from(sorted(REGISTRY)), st.integers(0, 200), small, small)
+
+
+@given(_valid_addresses())
+def test_parse_and_str_round_trip(addr):
+    assert Address.parse(str(addr)) == addr
+    assert str(Address.parse(str(addr))) == str(addr)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("resid_post.10", Address("resid_post", 10)),
+    ("z.3.head-2", Address("z", 3, head=2)),
+    ("embeddings", Address("embeddings")),
+    ("resid_post.5.stream-2", Address("resid_post", 5, stream=2)),
+    ("attn_probs.0.head-7", Address("attn_probs", 0, head=7)),
+])
+def test_examples(text, expected):
+    assert Address.parse(text) == expected
+    assert str(expected) == text
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("resid_pots.3", "Did you mean 'resid_post'"),
+    ("resid_post", "exists once per layer"),
+    ("embeddings.0", "trunk point"),
+    ("resid_post.3.head-1", "has no head axis"),
+    ("z.3.hd-1", "expected name[.layer][.head-H][.stream-S]"),
+    ("resid_post.-1", "non-negative"),
+    ("mlp_out.2.stream-1", "has no stream coordinate"),
+    ("", "empty address"),
+])
+def test_errors_name_the_wrong_part(text, fragment):
+    with pytest.raises(AddressError, match=None) as e:
+        Address.parse(text)
+    assert fragment in str(e.value)
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(AddressError) as e:
+        Address.parse("hook_resid_post.3")
+    msg = str(e.value)
+    assert "Valid names:" in msg and "resid_pre" in msg and "mlp_out_post" in msg
+
+
+def test_range_checks_against_a_model():
+    from tests.conftest import lm_for
+
+    lm = lm_for("llama")
+    with pytest.raises(AddressError, match="2 layers"):
+        ie_lab.capture(lm, [5, 6, 7], ["resid_post.2"])
+    with pytest.raises(AddressError, match="4 heads"):
+        ie_lab.capture(lm, [5, 6, 7], ["z.0.head-4"])
+    with pytest.raises(AddressError, match="2 key/value heads"):
+        ie_lab.capture(lm, [5, 6, 7], ["value.0.head-2"])
+
+
+def test_head_slices_are_the_heads_of_the_full_point():
+    import torch
+    from tests.conftest import lm_for
+
+    lm = lm_for("llama")
+    d = lm.facts.head_dim
+    c = ie_lab.capture(lm, [5, 6, 7, 8], ["z.1", "z.1.head-2", "attn_probs.0", "attn_probs.0.head-3", "value.1.head-1"])
+    torch.testing.assert_close(c["z.1.head-2"], c["z.1"][..., 2 * d:3 * d])
+    assert not torch.equal(c["z.1.head-2"], c["z.1"][..., 1 * d:2 * d])
+    torch.testing.assert_close(c["attn_probs.0.head-3"], c["attn_probs.0"][:, 3])
+    assert c["value.1.head-1"].shape == (1, 4, d)
