@@ -88,7 +88,7 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma": ("gemma", dict(_LLAMA_LIKE)),
     "gemma2": ("gemma2", dict(_LLAMA_LIKE, query_pre_attn_scalar=48, sliding_window=SLIDING_WINDOW,
                               layer_types=["sliding_attention", "full_attention"],
-                              final_logit_softcapping=30.0, attn_logit_softcapping=50.0)),
+                              final_logit_softcapping=2.0, attn_logit_softcapping=0.5)),  # small caps that bite
     "gemma3_text": ("gemma3_text", dict(_LLAMA_LIKE, num_hidden_layers=3, query_pre_attn_scalar=48,
                                         sliding_window=SLIDING_WINDOW, layer_types=list(_SW3))),
     "olmo": ("olmo", dict(_LLAMA_LIKE)),
@@ -203,7 +203,8 @@ def _reinit_discriminating(model: nn.Module, gen: torch.Generator) -> None:
                 b = getattr(module, "bias", None)
                 if isinstance(b, nn.Parameter):
                     b.copy_(uni(b.shape, -0.5, 0.5))
-        # every remaining bias (Linear / Conv1D / fused qkv / e_score_correction etc.): random, nonzero
+        # every remaining bias parameter (Linear / Conv1D / FalconLinear / fused qkv; also qwen3_next's
+        # GatedDeltaNet ``dt_bias``): random and nonzero
         for name, p in model.named_parameters():
             if name.endswith("bias") and p.ndim >= 1:
                 owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model

@@ -151,8 +151,36 @@ def test_sdpa_recompute_equals_eager_probabilities(family):
     addrs = [f"attn_probs.{L}" for L in range(lm_sdpa.facts.n_layers)] + ["resid_post.0"]
     a = ie_lab.capture(lm_sdpa, x, addrs)
     b = ie_lab.capture(lm_eager, x, addrs)
+    if lm_sdpa.facts.attn_logit_softcap:
+        # transformers' sdpa kernel ignores the softcap, so the two forwards really differ; each capture must
+        # follow its own kernel (test_probs_times_value_is_z checks that on the sdpa model).
+        assert not torch.allclose(a["attn_probs.0"], b["attn_probs.0"], **TOL)
+        assert not torch.allclose(a["resid_post.0"], b["resid_post.0"], **TOL)
+        return
     for k in addrs:
         torch.testing.assert_close(a[k], b[k], **TOL)
+
+
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v3"]
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_moe_routing_points(family):
+    lm = lm_for(family)
+    k, E = lm.facts.experts_per_token, lm.facts.n_experts
+    x = ids()
+    for L in lm.binding.structure["moe_layers"]:
+        c = ie_lab.capture(lm, x, [f"router_logits.{L}", f"expert_weights.{L}", f"expert_indices.{L}"])
+        logits, w, sel = c[f"router_logits.{L}"], c[f"expert_weights.{L}"], c[f"expert_indices.{L}"]
+        assert logits.shape == w.shape == sel.shape == (2, x.shape[1], E)
+        assert torch.all(sel.sum(-1) == k), "each token routes to exactly k experts"
+        assert torch.all((w != 0) <= (sel == 1)), "weights only on selected experts"
+        if family != "deepseek_v3":  # DeepSeek selects with a bias and expert groups, not by raw logits
+            top = logits.topk(k, dim=-1).indices
+            assert torch.equal(torch.zeros_like(sel).scatter(-1, top, 1.0), sel)
+        # the neighbouring tensor (the router's softmax) is not what expert_weights holds
+        assert not torch.allclose(torch.softmax(logits, -1), w, **TOL)
+    assert_clean(lm)
 
 
 def test_legacy_family_on_sdpa_refuses_probs_with_the_fix():

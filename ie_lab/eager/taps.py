@@ -182,10 +182,15 @@ def _value_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) 
     return v.transpose(1, 2).reshape(v.shape[0], q_len, -1)
 
 
+# Kernels that accept a softcap keyword but do not apply it; the recompute mirrors what actually ran.
+_IGNORES_SOFTCAP = frozenset({"sdpa"})
+
+
 def _recompute(call: attention_tap.AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+    softcap = None if call.implementation in _IGNORES_SOFTCAP else call.kwargs.get("softcap")
     return scores_and_probs(
         call.query, call.key, scaling=call.scaling, attention_mask=call.attention_mask,
-        softcap=call.kwargs.get("softcap"), sliding_window=call.kwargs.get("sliding_window"),
+        softcap=softcap, sliding_window=call.kwargs.get("sliding_window"),
         sinks=call.kwargs.get("s_aux", call.kwargs.get("sinks")),
     )
 
@@ -208,9 +213,16 @@ def _legacy_probs(out: Any, shape: tuple[int, int]) -> torch.Tensor:
     raise CapabilityUnsupported("attn_probs", "the attention module returned no probabilities.", "use attn_scores.")
 
 
-def _router_logits(out: Any, shape: tuple[int, int]) -> torch.Tensor:
-    t = first_tensor(out)
-    return t.reshape(shape[0], shape[1], t.shape[-1])
+def _router_logits(out: Any, shape: tuple[int, int], n_experts: int) -> torch.Tensor:
+    # Routers return logits alone or inside a tuple whose order varies by family (GraniteMoE puts indices
+    # first): take the floating tensor that is n_experts wide.
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    t = next((x for x in items if isinstance(x, torch.Tensor) and x.is_floating_point() and x.shape[-1] == n_experts),
+             None)
+    if t is None:
+        raise CapabilityUnsupported("router_logits", "the router returned no tensor as wide as the expert count.",
+                                    "capture expert_weights.")
+    return t.reshape(shape[0], shape[1], n_experts)
 
 
 def _routing(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,6 +304,8 @@ class Taps:
                         for base, src in items:
                             if kind == "post":
                                 self._keep(base, src.transform(first_tensor(out)))
+                            elif kind == "post_raw":
+                                self._keep(base, src.transform(out, self.shape, n_experts))
                             else:  # transforms that need the whole output and the forward's shape
                                 self._keep(base, src.transform(out, self.shape))
                     self._handles.append(module.register_forward_hook(post, with_kwargs=True))
