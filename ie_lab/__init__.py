@@ -19,6 +19,11 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+import os as _os
+
+#: The small model trained for the tutorials, shipped inside the package (works offline and in Colab).
+DEMO_MODEL = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "demo_model")
+
 _WRAPPED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
@@ -58,5 +63,5 @@ capture.__doc__ = "See ie_lab.eager.capture.capture."
 
 __all__ = [
     "Address", "AddressError", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent",
-    "StructureError", "capture", "load", "points", "__version__",
+    "StructureError", "DEMO_MODEL", "capture", "load", "points", "__version__",
 ]
