@@ -61,7 +61,29 @@ def capture(model: Any, tokens_or_text: Any, addresses: Any, **kwargs: Any) -> C
 
 capture.__doc__ = "See ie_lab.eager.capture.capture."
 
+def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
+    """Generate to the end; see ie_lab.eager.generate.generate_stream for the arguments."""
+    from .eager.generate import generate as _generate
+
+    return _generate(model, prompt, max_new_tokens, **kwargs)
+
+
+def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
+    """Yield one GenStep per token (greedy by default; temperature/top_k/top_p/seed to sample)."""
+    from .eager.generate import generate_stream as _stream
+
+    return _stream(model, prompt, max_new_tokens, **kwargs)
+
+
+def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: Any):
+    """A steering spec: `with ie_lab.steer(lm, "resid_post.3", v, scale=4): ...` or generate(..., steer=spec)."""
+    from .eager.steer import make_spec
+
+    return make_spec(model, address, vector, method=method, **kwargs)
+
+
 __all__ = [
     "Address", "AddressError", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent",
-    "StructureError", "DEMO_MODEL", "capture", "load", "points", "__version__",
+    "StructureError", "DEMO_MODEL", "capture", "generate", "generate_stream", "load", "points", "steer",
+    "__version__",
 ]

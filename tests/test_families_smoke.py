@@ -122,6 +122,8 @@ def test_eager_matches_default_attention(family):
     mask[1, :3] = 0  # left padding on the second row
     default, eager = make_model(family), make_model(family, attn_implementation="eager")
     assert eager.config._attn_implementation == "eager"
+    if getattr(default.config, "attn_logit_softcapping", None) and default.config._attn_implementation == "sdpa":
+        pytest.skip("transformers' sdpa kernel ignores the attention softcap, so the two genuinely differ")
     with torch.no_grad():
         a = default(ids, attention_mask=mask).logits
         b = eager(ids, attention_mask=mask).logits

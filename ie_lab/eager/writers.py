@@ -1,0 +1,183 @@
+"""Hooks that change a point's tensor in the forward: the substrate of steering, patching and gradients.
+
+A writer is given an Address and an edit ``f(tensor, token_offset) -> tensor`` that sees the point's
+value as capture would return it ([batch, new_tokens, width], token_offset being how many positions
+the cache already holds) and returns the value it should have. Points that are a transform of a module
+output (a residual multiplier; resid_mid, which no module returns) are written by solving for the module
+output that yields the edited value, so the rest of the forward sees a consistent stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ..address import Address
+from ..arch.binder import LayerBinding, hidden_arg
+from ..errors import CapabilityUnsupported
+
+Edit = Callable[[torch.Tensor, int], torch.Tensor]
+
+WRITABLE = ("embeddings", "resid_pre", "attn_in", "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in",
+            "mlp_pre", "mlp_pre_linear", "mlp_act", "mlp_out", "mlp_out_post", "resid_post", "final_norm")
+
+
+def _replace_hidden(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    if "hidden_states" in kwargs and isinstance(kwargs["hidden_states"], torch.Tensor):
+        kwargs = dict(kwargs)
+        kwargs["hidden_states"] = new
+        return args, kwargs
+    args = list(args)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            args[i] = new
+            return tuple(args), kwargs
+    raise RuntimeError("no hidden-states argument to replace")
+
+
+def _replace_output(out: Any, new: torch.Tensor) -> Any:
+    if isinstance(out, torch.Tensor):
+        return new
+    if isinstance(out, tuple):
+        items = list(out)
+        for i, t in enumerate(items):
+            if isinstance(t, torch.Tensor):
+                items[i] = new
+                return type(out)(items) if type(out) is tuple else out.__class__(*items)
+    raise RuntimeError(f"cannot replace an output of type {type(out).__name__}")
+
+
+def _as3d(t: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """Present flattened [b*s, w] tensors (OPT's MLP) as [b, s, w], and undo it after."""
+    b, s = shape
+    if t.dim() == 2 and t.shape[0] == b * s:
+        return t.reshape(b, s, -1), lambda u: u.reshape(b * s, -1)
+    return t, lambda u: u
+
+
+class Writers:
+    """Hooks that apply edits to points during forwards run inside the ``with`` block."""
+
+    def __init__(self, lm: Any, edits: list[tuple[Address, Edit]]):
+        self.lm = lm
+        self.edits = edits
+        self.shape: tuple[int, int] = (0, 0)
+        self.offset = 0  # positions already in the KV cache before the forward in flight
+        for addr, _ in edits:
+            if addr.name not in WRITABLE:
+                raise CapabilityUnsupported(
+                    f"writing {addr.name}",
+                    f"{addr.name} is read inside the attention call or from a computed view, so there is no module "
+                    "boundary where a changed value would flow on.",
+                    "write z (per head), attn_out, or a residual point instead.",
+                )
+            if addr.head is not None and addr.name != "z":
+                raise CapabilityUnsupported(f"writing one head of {addr.name}", "only z is written per head.",
+                                            f"write z.{addr.layer}.head-{addr.head}.")
+        self._handles: list[Any] = []
+
+    def _edit3(self, t: torch.Tensor, edit: Edit) -> torch.Tensor:
+        t3, back = _as3d(t, self.shape)
+        return back(edit(t3, self.offset))
+
+    def _pre(self, module: torch.nn.Module, edit: Edit) -> None:
+        def hook(mod, args, kwargs):
+            h = hidden_arg(args, kwargs)
+            return _replace_hidden(args, kwargs, self._edit3(h, edit))
+        self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def _post(self, module: torch.nn.Module, edit: Edit) -> None:
+        def hook(mod, args, kwargs, out):
+            t = out if isinstance(out, torch.Tensor) else next(x for x in out if isinstance(x, torch.Tensor))
+            return _replace_output(out, self._edit3(t, edit))
+        self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+
+    def _place(self, addr: Address, edit: Edit) -> None:
+        from .taps import resolve
+
+        b = self.lm.binding
+        resolve(self.lm, addr.without_head())  # refuses absent points with the family's reason
+        if addr.name == "embeddings":
+            return self._post(b.embed, edit)
+        if addr.name == "final_norm":
+            return self._post(b.final_norm, edit)
+        lb: LayerBinding = b.layers[addr.layer]
+        n = addr.name
+        if n == "resid_pre":
+            return self._pre(lb.layer, edit)
+        if n == "resid_post":
+            return self._post(lb.layer, edit)
+        if n == "attn_in":
+            return self._pre(lb.attn, edit)
+        if n == "z":
+            if addr.head is not None:
+                d, h = self.lm.facts.head_dim, addr.head
+
+                def head_edit(t: torch.Tensor, off: int, edit=edit) -> torch.Tensor:
+                    out = t.clone()
+                    out[..., h * d:(h + 1) * d] = edit(t[..., h * d:(h + 1) * d], off)
+                    return out
+                return self._pre(lb.o_proj, head_edit)
+            return self._pre(lb.o_proj, edit)
+        if n == "attn_out":
+            return self._post(lb.o_proj, edit)
+        if n in ("attn_out_post", "mlp_out_post"):
+            attn = n.startswith("attn")
+            norm = lb.post_attn_norm if attn else lb.post_mlp_norm
+            mult = (lb.attn_multiplier if attn else lb.mlp_multiplier) or 1.0
+            module = norm if norm is not None else (lb.o_proj if attn else lb.mlp_out_module)
+            return self._post(module, lambda t, off: edit(t * mult, off) / mult if mult != 1.0 else edit(t, off))
+        if n == "resid_mid":
+            # resid_mid = resid_pre + m * c, where c is attention's (post-norm) output: edit it through c.
+            seen: dict[str, torch.Tensor] = {}
+            self._handles.append(lb.layer.register_forward_pre_hook(
+                lambda mod, args, kwargs: seen.__setitem__("x", hidden_arg(args, kwargs)), with_kwargs=True))
+            mult = lb.attn_multiplier or 1.0
+            module = lb.post_attn_norm if lb.post_attn_norm is not None else lb.o_proj
+
+            def via_attention(c: torch.Tensor, off: int) -> torch.Tensor:
+                x, _ = _as3d(seen["x"], self.shape)
+                r = x + mult * c
+                return (edit(r, off) - x) / mult
+            return self._post(module, via_attention)
+        if n == "mlp_in":
+            return self._pre(lb.mlp_in_module, edit)
+        if n == "mlp_act":
+            return self._pre(lb.down_proj, edit)
+        if n in ("mlp_pre", "mlp_pre_linear"):
+            if lb.fused_gate_up is not None:
+                first = (n == "mlp_pre") == lb.fused_gate_first
+
+                def half(t: torch.Tensor, off: int) -> torch.Tensor:
+                    a, c = t.chunk(2, -1)
+                    return torch.cat([edit(a, off), c] if first else [a, edit(c, off)], -1)
+                return self._post(lb.fused_gate_up, half)
+            module = (lb.gate_proj or lb.up_proj) if n == "mlp_pre" else lb.up_proj
+            return self._post(module, edit)
+        if n == "mlp_out":
+            return self._post(lb.mlp_out_module, edit)
+        raise CapabilityUnsupported(f"writing {n}", "no writer is bound for this point.", "write a residual point.")
+
+    def __enter__(self) -> "Writers":
+        try:
+            for addr, edit in self.edits:
+                self._place(addr, edit)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def nothing() -> Iterator[None]:
+    yield

@@ -1,0 +1,99 @@
+"""Steering arithmetic: one function per method, on [..., d_model] tensors.
+
+Pure tensor math shared by every backend (the eager hooks call these; the vLLM worker will too), so
+that a steering method means the same thing everywhere. ``v`` is the steering direction; ``u`` is its
+unit vector. Every function leaves positions where ``mask`` is False untouched.
+
+| method | formula |
+| --- | --- |
+| add | h + scale · v  (v replaced by u when normalize) |
+| orthogonal | h - (1 - scale) · (h·u) u  (scale 1 is a no-op, 0 removes the component) |
+| cap | h + (clamp(h·u, min, max) - h·u) u |
+| norm_scaled_add | h + scale · ‖h‖ · u  (each token moved in proportion to its own norm) |
+| ablate | h - (h·u) u |
+| swap | h + (target - h·u) u  (sets the projection to target) |
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+METHODS = ("add", "orthogonal", "cap", "norm_scaled_add", "ablate", "swap")
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    n = v.float().norm()
+    if not torch.isfinite(n) or float(n) == 0.0:
+        raise ValueError("the steering direction has zero (or non-finite) norm, so it has no unit vector")
+    return (v.float() / n)
+
+
+def _blend(h: torch.Tensor, new: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    new = new.to(h.dtype)
+    if mask is None:
+        return new
+    return torch.where(mask[..., None], new, h)
+
+
+def _proj(h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return (h.float() @ u.to(h.device))[..., None]
+
+
+def add(h, v, *, scale: float = 1.0, normalize: bool = False, mask=None):
+    d = _unit(v) if normalize else v.float()
+    return _blend(h, h.float() + scale * d.to(h.device), mask)
+
+
+def orthogonal(h, v, *, scale: float = 0.0, mask=None):
+    u = _unit(v).to(h.device)
+    return _blend(h, h.float() - (1.0 - scale) * _proj(h, u) * u, mask)
+
+
+def cap(h, v, *, min: float | None = None, max: float | None = None, mask=None):  # noqa: A002 - user-facing names
+    if min is None and max is None:
+        raise ValueError("cap needs min, max or both")
+    if min is not None and max is not None and min > max:
+        raise ValueError(f"cap min ({min}) is above max ({max})")
+    u = _unit(v).to(h.device)
+    p = _proj(h, u)
+    return _blend(h, h.float() + (p.clamp(min=min, max=max) - p) * u, mask)
+
+
+def norm_scaled_add(h, v, *, scale: float = 1.0, mask=None):
+    u = _unit(v).to(h.device)
+    return _blend(h, h.float() + scale * h.float().norm(dim=-1, keepdim=True) * u, mask)
+
+
+def ablate(h, v, *, mask=None):
+    u = _unit(v).to(h.device)
+    return _blend(h, h.float() - _proj(h, u) * u, mask)
+
+
+def swap(h, v, *, target: float = 0.0, mask=None):
+    u = _unit(v).to(h.device)
+    return _blend(h, h.float() + (target - _proj(h, u)) * u, mask)
+
+
+FUNCTIONS = {"add": add, "orthogonal": orthogonal, "cap": cap, "norm_scaled_add": norm_scaled_add,
+             "ablate": ablate, "swap": swap}
+
+
+def check_vector(v: torch.Tensor, d_model: int, *, needs_unit: bool) -> None:
+    """Refuse vectors that cannot mean anything, before any hook exists."""
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"a steering vector is a torch.Tensor, got {type(v).__name__}")
+    if v.dim() != 1 or v.shape[0] != d_model:
+        raise ValueError(f"the steering vector has shape {list(v.shape)} but this point is d_model = {d_model} wide; "
+                         "pass a 1-D tensor of that width (e.g. a difference of mean resid_post activations).")
+    if not torch.isfinite(v).all():
+        raise ValueError("the steering vector contains NaN or inf; check how it was computed.")
+    if needs_unit and float(v.float().norm()) == 0.0:
+        raise ValueError("the steering vector is all zeros, so it has no direction to normalise or project on.")
+
+
+def check_scalars(**values: float | None) -> None:
+    for k, x in values.items():
+        if x is not None and (not isinstance(x, (int, float)) or not math.isfinite(x)):
+            raise ValueError(f"{k} must be a finite number, got {x!r}")
