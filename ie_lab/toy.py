@@ -14,7 +14,8 @@ _WORDS = (
     "the a an and or but when then after before because so of to in on at for with from into over under "
     "Mary John Alice Bob Carol Dave Emma Frank went gave took saw found made said store park school house garden "
     "drink book ball apple letter gift key happy sad angry calm day night morning evening was were is are had has "
-    "it he she they we you I his her their our my one two three red blue green big small old new good bad"
+    "it he she they we you I his her their our my one two three red blue green big small old new good bad "
+    "user assistant system"
 ).split()
 _PUNCT = [".", ",", "!", "?", "'", '"', ":", ";"]
 

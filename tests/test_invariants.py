@@ -92,13 +92,10 @@ def test_final_norm_then_unembedding_is_the_logits(family):
     with torch.no_grad():
         torch.testing.assert_close(lm.binding.lm_head(c["final_norm"]), c["lm_head"], **TOL)
         logits = lm.hf(input_ids=x).logits
-    raw = c["lm_head"]
-    # Families post-process the unembedding: scaling (Cohere, Granite) and soft-capping (Gemma 2).
-    if f.logits_scaling is not None:
-        raw = raw * f.logits_scaling if f.model_type.startswith("cohere") else raw / f.logits_scaling
-    if f.final_logit_softcap:
-        raw = torch.tanh(raw / f.final_logit_softcap) * f.final_logit_softcap
-    torch.testing.assert_close(raw, logits, **TOL)
+    # Families post-process the unembedding (scaling, soft-capping); the lens module owns that knowledge.
+    from ie_lab.ops.lens import postprocess_logits
+
+    torch.testing.assert_close(postprocess_logits(f, c["lm_head"]), logits, **TOL)
 
 
 def test_attention_rows_and_scores(family):

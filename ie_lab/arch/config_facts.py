@@ -70,7 +70,8 @@ class ArchFacts:
     final_logit_softcap: float | None = None
     residual_multiplier: float | None = None
     embedding_multiplier: float | None = None
-    logits_scaling: float | None = None
+    logit_multiplier: float | None = None  # logits = lm_head(x) * m (Cohere's logit_scale)
+    logit_divisor: float | None = None  # logits = lm_head(x) / m (Granite's logits_scaling)
     tie_word_embeddings: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -174,7 +175,8 @@ class ArchFacts:
             final_logit_softcap=_first(d, "final_logit_softcapping"),
             residual_multiplier=_first(d, "residual_multiplier"),
             embedding_multiplier=_first(d, "embedding_multiplier"),
-            logits_scaling=_first(d, "logits_scaling", "logit_scale"),
+            logit_multiplier=_first(d, "logit_scale"),
+            logit_divisor=_first(d, "logits_scaling"),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             raw=d,
         )

@@ -1,0 +1,63 @@
+"""attention(): scores, probabilities and values per layer and head, with the token strings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import CapabilityUnsupported
+from .capture import capture
+
+
+@dataclass
+class AttentionResult:
+    layers: list[int]
+    str_tokens: list[str]
+    probs: dict[int, torch.Tensor]  # [heads, query, key]
+    scores: dict[int, torch.Tensor | None]  # None where the family never exposes pre-softmax scores
+    value: dict[int, torch.Tensor]  # [seq, n_kv_heads, head_dim]
+    notes: list[str]
+
+    def __getitem__(self, layer: int) -> dict[str, torch.Tensor | None]:
+        return {"probs": self.probs[layer], "scores": self.scores[layer], "value": self.value[layer]}
+
+    def __repr__(self) -> str:
+        H, q, k = next(iter(self.probs.values())).shape
+        extra = f"; {'; '.join(self.notes)}" if self.notes else ""
+        return f"AttentionResult(layers={self.layers}, {H} heads, {q} tokens{extra})"
+
+    def plot(self, layer: int, head: int):
+        import plotly.graph_objects as go
+
+        labels = [f"{i}:{t}" for i, t in enumerate(self.str_tokens)]
+        fig = go.Figure(go.Heatmap(z=self.probs[layer][head].cpu().numpy(), x=labels, y=labels,
+                                   colorscale="Viridis", zmin=0, zmax=1))
+        fig.update_layout(title=f"attn_probs.{layer}.head-{head}", xaxis_title="key", yaxis_title="query",
+                          yaxis_autorange="reversed")
+        return fig
+
+
+def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> AttentionResult:
+    """Attention matrices for one prompt; on fused kernels (sdpa) they are rebuilt from the kernel's q and k."""
+    from .. import _as_lm
+
+    lm = _as_lm(model)
+    layers = list(range(lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
+    c = capture(lm, prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers])
+    if c.tokens.shape[0] != 1:
+        raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
+    notes: list[str] = []
+    scores: dict[int, torch.Tensor | None] = {}
+    for L in layers:
+        try:
+            scores[L] = capture(lm, c.tokens, [f"attn_scores.{L}"])[f"attn_scores.{L}"][0]
+        except CapabilityUnsupported as e:
+            scores[L] = None
+            if not notes:
+                notes.append(f"scores unavailable: {e.why}")
+    kv, d = lm.facts.n_kv_heads, lm.facts.head_dim
+    return AttentionResult(
+        layers, c.str_tokens[0], {L: c[f"attn_probs.{L}"][0] for L in layers}, scores,
+        {L: c[f"value.{L}"][0].reshape(-1, kv, d) for L in layers}, notes)

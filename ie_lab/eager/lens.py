@@ -1,0 +1,157 @@
+"""Logit lens, user-supplied linear transports (tuned / Jacobian lens), and fitting a tuned lens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+
+import torch
+
+from ..address import Address
+from ..errors import AddressError, InputError
+from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
+from ..points import Scope, Width
+from .capture import capture
+from .inputs import prepare, str_tokens
+
+Transport = Union[tuple[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+
+
+@dataclass
+class LensResult:
+    layers: list[int]
+    point: str
+    str_tokens: list[str]
+    top_ids: torch.Tensor  # [layers, positions, k]
+    top_probs: torch.Tensor  # [layers, positions, k]
+    top_tokens: list[list[list[str]]]
+    note: str
+    logits: torch.Tensor | None = field(default=None, repr=False)  # [layers, positions, vocab] when kept
+
+    def __repr__(self) -> str:
+        width = max(8, max(len(t) for t in self.str_tokens[-6:]) + 1)
+        pos = list(range(max(0, len(self.str_tokens) - 6), len(self.str_tokens)))
+        head = "layer  " + "".join(self.str_tokens[p][:width - 1].ljust(width) for p in pos)
+        rows = [f"LogitLens({self.point}, top-1 at the last {len(pos)} positions; {self.note})", head]
+        for i, L in enumerate(self.layers):
+            cells = "".join(f"{self.top_tokens[i][p][0][:width - 1]}".ljust(width) for p in pos)
+            rows.append(f"{L:>5}  {cells}")
+        return "\n".join(rows)
+
+    def plot(self):
+        import plotly.graph_objects as go
+
+        z = self.top_probs[:, :, 0].cpu().numpy()
+        text = [[self.top_tokens[i][p][0] for p in range(len(self.str_tokens))] for i in range(len(self.layers))]
+        fig = go.Figure(go.Heatmap(z=z, x=[f"{p}:{t}" for p, t in enumerate(self.str_tokens)],
+                                   y=[f"{self.point}.{L}" for L in self.layers], text=text,
+                                   texttemplate="%{text}", colorscale="Blues", zmin=0, zmax=1,
+                                   colorbar=dict(title="p(top-1)")))
+        fig.update_layout(title="Logit lens: top token per layer and position", xaxis_title="position",
+                          yaxis_title="layer")
+        return fig
+
+
+def decode_residual(lm: Any, h: torch.Tensor) -> torch.Tensor:
+    """Logits of a d_model residual through the model's own final norm, unembedding and post-processing."""
+    b = lm.binding
+    with torch.no_grad():
+        x = b.final_norm(h) if b.final_norm is not None else h
+        return postprocess_logits(lm.facts, b.lm_head(x))
+
+
+def _apply_transport(t: Transport, h: torch.Tensor) -> torch.Tensor:
+    if callable(t):
+        return t(h)
+    A, bias = t
+    return h @ A.to(h) + bias.to(h)
+
+
+def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, k: int = 5,
+               point: str = "resid_post", transports: Mapping[int, Transport] | None = None,
+               keep_logits: bool = False) -> LensResult:
+    """Decode a d_model point at each layer through the model's own read-out (the logit lens).
+
+    transports: optional per-layer maps applied first, h -> h @ A + b (a tuned or Jacobian lens), given
+    as (A [d_model, d_model], b [d_model]) or any callable.
+    """
+    from .. import _as_lm
+    from .. import points as _points
+
+    lm = _as_lm(model)
+    p = _points.get(point)
+    if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
+        raise AddressError(f"a lens decodes d_model-wide per-layer points (resid_pre, resid_mid, resid_post, ...); "
+                           f"{point} is {p.width.value} wide" + (" and a trunk point" if p.scope is Scope.TRUNK else "")
+                           + ", so it has no read-out.")
+    if not isinstance(k, int) or k < 1:
+        raise InputError(f"k must be a positive integer, got {k!r}.")
+    layers = list(range(lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
+    addrs = [Address(point, L).check(lm.facts) for L in layers]
+    transports = dict(transports or {})
+    for L in transports:
+        if L not in layers:
+            raise InputError(f"a transport is given for layer {L}, which is not among the lens layers {layers}.")
+    cache = capture(lm, prompt, addrs)
+    ids = cache.tokens
+    all_logits, top_ids, top_probs = [], [], []
+    for a in addrs:
+        h = cache[a][0]
+        if a.layer in transports:
+            h = _apply_transport(transports[a.layer], h)
+        logits = decode_residual(lm, h)
+        i, pr = topk_rows(logits, k)
+        top_ids.append(i)
+        top_probs.append(pr)
+        if keep_logits:
+            all_logits.append(logits)
+    top_ids_t, top_probs_t = torch.stack(top_ids), torch.stack(top_probs)
+    tok = lm.tokenizer
+    names = [[[tok.decode([int(j)]) if tok is not None else str(int(j)) for j in row] for row in layer]
+             for layer in top_ids_t.tolist()]
+    note = describe_postprocess(lm.facts) + ("; with per-layer transports" if transports else "")
+    return LensResult(layers, point, str_tokens(lm, ids)[0], top_ids_t, top_probs_t, names, note,
+                      torch.stack(all_logits) if keep_logits else None)
+
+
+@dataclass
+class TunedLens:
+    transports: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    point: str
+    train_tokens: int
+
+    def __repr__(self) -> str:
+        return f"TunedLens({self.point}, layers={sorted(self.transports)}, fitted on {self.train_tokens} tokens)"
+
+
+def fit_tuned_lens(model: Any, corpus: Iterable[Any], layers: Sequence[int] | None = None, *,
+                   point: str = "resid_post", ridge: float = 1e-3) -> TunedLens:
+    """Fit h_L @ A + b ≈ h_last (the residual the final norm reads) by ridge least squares over a corpus."""
+    from .. import _as_lm
+
+    lm = _as_lm(model)
+    last = lm.facts.n_layers - 1
+    layers = [L for L in (range(lm.facts.n_layers) if layers is None else layers)]
+    xs: dict[int, list[torch.Tensor]] = {L: [] for L in layers}
+    ys: list[torch.Tensor] = []
+    n = 0
+    for text in corpus:
+        addrs = sorted({Address(point, L) for L in layers} | {Address("resid_post", last)})
+        c = capture(lm, text, addrs)
+        ys.append(c[f"resid_post.{last}"][0].float())
+        for L in layers:
+            xs[L].append(c[Address(point, L)][0].float())
+        n += ys[-1].shape[0]
+    if n == 0:
+        raise InputError("the corpus is empty: give at least one text or token sequence to fit on.")
+    Y = torch.cat(ys)
+    d = Y.shape[1]
+    out = {}
+    for L in layers:
+        X = torch.cat(xs[L])
+        Xa = torch.cat([X, torch.ones(X.shape[0], 1)], 1)
+        reg = ridge * torch.eye(d + 1)
+        reg[-1, -1] = 0  # the bias is not shrunk
+        W = torch.linalg.solve(Xa.T @ Xa + reg * X.shape[0], Xa.T @ Y)
+        out[L] = (W[:d].to(lm.dtype), W[d].to(lm.dtype))
+    return TunedLens(out, point, n)

@@ -1,0 +1,210 @@
+"""Activation patching, patching sweeps, and gradients with respect to points (attribution patching)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from ..address import Address, AddressLike
+from ..cache import Cache
+from ..errors import CapabilityUnsupported, InputError
+from .capture import capture, parse_addresses
+from .inputs import prepare, str_tokens
+from .writers import WRITABLE, Writers
+
+Metric = Callable[[torch.Tensor], Any]  # logits [batch, seq, vocab] -> scalar
+
+
+def logit_diff(good: int, bad: int, position: int = -1) -> Metric:
+    """A metric: logit[good] - logit[bad] at one position (the last by default), averaged over the batch."""
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return (logits[:, position, good] - logits[:, position, bad]).mean()
+    metric.__name__ = f"logit_diff({good}, {bad})"
+    return metric
+
+
+def _forward(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return lm.hf(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+
+def _replacement(src: torch.Tensor, positions: Sequence[int] | None) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    def edit(t: torch.Tensor, offset: int) -> torch.Tensor:
+        s = src.to(t)
+        if positions is None:
+            return s
+        out = t.clone()
+        out[:, list(positions)] = s[:, list(positions)]
+        return out
+    return edit
+
+
+def run_with_patches(model: Any, prompt: Any, patches: Mapping[AddressLike, torch.Tensor], *,
+                     positions: Sequence[int] | None = None) -> torch.Tensor:
+    """Run prompt with the given points replaced (at all positions, or only `positions`); returns logits."""
+    from .. import _as_lm
+
+    lm = _as_lm(model)
+    ids, mask = prepare(lm, prompt)
+    edits = []
+    for a, t in patches.items():
+        addr = parse_addresses(lm, [a])[0]
+        if addr.name not in WRITABLE:
+            raise CapabilityUnsupported(f"patching {addr.name}", "its value is read inside the attention call, so a "
+                                        "replacement would not flow on.", "patch z, attn_out or a residual point.")
+        expected = (ids.shape[0], ids.shape[1])
+        if not isinstance(t, torch.Tensor) or t.dim() != 3 or tuple(t.shape[:2]) != expected:
+            got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputError(f"the patch for {addr} has shape {got} but this prompt needs [batch={expected[0]}, "
+                             f"seq={expected[1]}, width]; patch sources must come from a prompt of the same length.")
+        if positions is not None and any(p < -expected[1] or p >= expected[1] for p in positions):
+            raise InputError(f"patch positions {list(positions)} are outside the {expected[1]}-token prompt.")
+        edits.append((addr, _replacement(t, positions)))
+    with lm.lock, torch.no_grad(), Writers(lm, edits) as w:
+        w.shape = (ids.shape[0], ids.shape[1])
+        return _forward(lm, ids, mask)
+
+
+def patch(model: Any, prompt: Any, source: Cache | Any, addresses: AddressLike | Iterable[AddressLike], *,
+          positions: Sequence[int] | None = None) -> torch.Tensor:
+    """Run `prompt` with `addresses` taken from `source` (a Cache, or another prompt to capture them from)."""
+    from .. import _as_lm
+
+    lm = _as_lm(model)
+    addrs = parse_addresses(lm, addresses)
+    if not isinstance(source, Cache):
+        source = capture(lm, source, addrs)
+    return run_with_patches(lm, prompt, {a: source[a] for a in addrs}, positions=positions)
+
+
+@dataclass
+class PatchGrid:
+    values: torch.Tensor  # [rows, cols]
+    rows: list[str]
+    cols: list[str]
+    clean: float
+    corrupted: float
+    metric: str
+
+    def __repr__(self) -> str:
+        return (f"PatchGrid({self.metric}: {len(self.rows)} x {len(self.cols)}; clean {self.clean:.3f}, corrupted "
+                f"{self.corrupted:.3f}, best {float(self.values.max()):.3f} at "
+                f"{self.rows[int(self.values.argmax()) // len(self.cols)]} / "
+                f"{self.cols[int(self.values.argmax()) % len(self.cols)]})")
+
+    def plot(self):
+        import plotly.graph_objects as go
+
+        fig = go.Figure(go.Heatmap(z=self.values.cpu().numpy(), x=self.cols, y=self.rows, colorscale="RdBu",
+                                   zmid=self.corrupted, colorbar=dict(title=self.metric)))
+        fig.update_layout(title=f"Activation patching ({self.metric}); clean={self.clean:.2f}, "
+                                f"corrupted={self.corrupted:.2f}")
+        return fig
+
+
+def _scalar(x: Any) -> float:
+    return float(x.detach() if isinstance(x, torch.Tensor) else x)
+
+
+def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point: str = "resid_pre",
+                over: str = "layer_position", layers: Sequence[int] | None = None, progress: bool = True) -> PatchGrid:
+    """Patch clean activations into the corrupted run one cell at a time and record the metric.
+
+    over="layer_position": every (layer, position) of `point`; over="layer_head": every (layer, head) of z.
+    """
+    from tqdm.auto import tqdm
+
+    from .. import _as_lm
+
+    lm = _as_lm(model)
+    if over not in ("layer_position", "layer_head"):
+        raise InputError(f"over must be 'layer_position' or 'layer_head', got {over!r}.")
+    point = "z" if over == "layer_head" else point
+    layers = list(range(lm.facts.n_layers)) if layers is None else list(layers)
+    c_ids, _ = prepare(lm, clean)
+    x_ids, _ = prepare(lm, corrupted)
+    if c_ids.shape != x_ids.shape:
+        raise InputError(f"clean and corrupted prompts must have the same token length to patch position by "
+                         f"position (got {c_ids.shape[1]} and {x_ids.shape[1]}).")
+    addrs = [Address(point, L).check(lm.facts) for L in layers]
+    src = capture(lm, c_ids, addrs)
+    with torch.no_grad():
+        clean_m = _scalar(metric(_forward(lm, c_ids, None)))
+        corr_m = _scalar(metric(_forward(lm, x_ids, None)))
+    seq = x_ids.shape[1]
+    n_cols = seq if over == "layer_position" else lm.facts.n_heads
+    grid = torch.zeros(len(layers), n_cols)
+    bar = tqdm(total=len(layers) * n_cols, desc=f"patching {point}", disable=not progress)
+    try:
+        for i, a in enumerate(addrs):
+            for j in range(n_cols):
+                if over == "layer_position":
+                    logits = run_with_patches(lm, x_ids, {a: src[a]}, positions=[j])
+                else:
+                    d = lm.facts.head_dim
+                    head_src = src[a][..., j * d:(j + 1) * d]
+                    with lm.lock, torch.no_grad(), Writers(lm, [(Address("z", a.layer, head=j),
+                                                                 lambda t, off, s=head_src: s.to(t))]) as w:
+                        w.shape = (x_ids.shape[0], seq)
+                        logits = _forward(lm, x_ids, None)
+                grid[i, j] = _scalar(metric(logits))
+                bar.update(1)
+    finally:
+        bar.close()
+    cols = ([f"{p}:{t}" for p, t in enumerate(str_tokens(lm, x_ids)[0])] if over == "layer_position"
+            else [f"head {h}" for h in range(n_cols)])
+    return PatchGrid(grid, [str(a) for a in addrs], cols, clean_m, corr_m, getattr(metric, "__name__", "metric"))
+
+
+def gradients(model: Any, prompt: Any, metric: Metric, addresses: AddressLike | Iterable[AddressLike]) -> Cache:
+    """d metric / d point for each address (the total derivative through everything downstream)."""
+    from .. import _as_lm
+
+    lm = _as_lm(model)
+    if getattr(lm, "backend", "eager") != "eager":
+        raise CapabilityUnsupported("gradients", f"the {lm.backend} backend runs inference kernels without autograd.",
+                                    "load the model with backend='eager'.")
+    addrs = parse_addresses(lm, addresses)
+    for a in addrs:
+        if a.name not in WRITABLE:
+            raise CapabilityUnsupported(f"gradients with respect to {a.name}",
+                                        "it is read inside the attention call, off the autograd path ie_lab can tap.",
+                                        "take gradients with respect to z or a residual point.")
+    ids, mask = prepare(lm, prompt)
+    leaves: dict[Address, torch.Tensor] = {}
+
+    def probe(a: Address):
+        def edit(t: torch.Tensor, off: int) -> torch.Tensor:
+            leaf = torch.zeros_like(t, requires_grad=True)
+            leaves[a] = leaf
+            return t + leaf  # same value; its gradient is d metric / d point
+        return edit
+
+    with lm.lock, torch.enable_grad(), Writers(lm, [(a, probe(a)) for a in addrs]) as w:
+        w.shape = (ids.shape[0], ids.shape[1])
+        value = metric(_forward(lm, ids, mask))
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise InputError("the metric must return a scalar tensor computed from the logits.")
+        grads = torch.autograd.grad(value, [leaves[a] for a in addrs], allow_unused=True)
+    out = {a: (g if g is not None else torch.zeros_like(leaves[a])).detach() for a, g in zip(addrs, grads)}
+    return Cache(out, tokens=ids, str_tokens=str_tokens(lm, ids))
+
+
+def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Metric, point: str = "resid_pre",
+                      layers: Sequence[int] | None = None) -> PatchGrid:
+    """The linear estimate of patch_sweep: grad(corrupted) · (clean - corrupted) per layer and position."""
+    from .. import _as_lm
+
+    lm = _as_lm(model)
+    layers = list(range(lm.facts.n_layers)) if layers is None else list(layers)
+    addrs = [Address(point, L) for L in layers]
+    c = capture(lm, clean, addrs)
+    x = capture(lm, corrupted, addrs)
+    g = gradients(lm, corrupted, metric, addrs)
+    with torch.no_grad():
+        corr_m = _scalar(metric(_forward(lm, x.tokens, None)))
+        clean_m = _scalar(metric(_forward(lm, c.tokens, None)))
+    vals = torch.stack([((c[a] - x[a]) * g[a]).sum(-1)[0] for a in addrs]) + corr_m
+    cols = [f"{p}:{t}" for p, t in enumerate(x.str_tokens[0])]
+    return PatchGrid(vals, [str(a) for a in addrs], cols, clean_m, corr_m, getattr(metric, "__name__", "metric"))

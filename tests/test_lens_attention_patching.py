@@ -1,0 +1,160 @@
+import pytest
+import torch
+
+import ie_lab
+from tests.conftest import SUPPORTED, assert_clean, lm_for
+
+PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+OTHER = torch.tensor([[5, 6, 7, 30, 9, 10, 11]])
+
+
+@pytest.mark.parametrize("fam", SUPPORTED)
+def test_last_layer_lens_is_the_models_own_prediction(fam):
+    lm = lm_for(fam)
+    last = lm.facts.n_layers - 1
+    res = ie_lab.logit_lens(lm, PROMPT, layers=[0, last], k=3, keep_logits=True)
+    with torch.no_grad():
+        logits = lm.hf(input_ids=PROMPT).logits[0]
+    torch.testing.assert_close(res.logits[-1], logits, atol=2e-4, rtol=1e-4)
+    assert torch.equal(res.top_ids[-1, :, 0], logits.argmax(-1))
+    assert res.top_probs.shape == (2, PROMPT.shape[1], 3)
+    assert_clean(lm)
+
+
+def test_lens_states_the_post_processing():
+    assert "soft-capped at 2.0" in ie_lab.logit_lens(lm_for("gemma2"), PROMPT).note
+    assert "divided by" in ie_lab.logit_lens(lm_for("granite"), PROMPT).note
+    assert "no further" in ie_lab.logit_lens(lm_for("llama"), PROMPT).note
+
+
+def test_identity_transport_changes_nothing_and_a_real_one_does():
+    lm = lm_for("llama")
+    d = lm.facts.d_model
+    plain = ie_lab.logit_lens(lm, PROMPT, layers=[0], keep_logits=True)
+    ident = ie_lab.logit_lens(lm, PROMPT, layers=[0], keep_logits=True,
+                              transports={0: (torch.eye(d), torch.zeros(d))})
+    torch.testing.assert_close(plain.logits, ident.logits)
+    other = ie_lab.logit_lens(lm, PROMPT, layers=[0], keep_logits=True, transports={0: lambda h: -h})
+    assert not torch.allclose(plain.logits, other.logits)
+
+
+def test_fitted_tuned_lens_beats_the_plain_lens_on_held_out_text():
+    lm = lm_for("llama")
+    g = torch.Generator().manual_seed(0)
+    corpus = [torch.randint(4, 512, (1, 32), generator=g) for _ in range(60)]
+    held = torch.randint(4, 512, (1, 24), generator=g)
+    tuned = ie_lab.fit_tuned_lens(lm, corpus, layers=[0])
+    with torch.no_grad():
+        target = torch.log_softmax(lm.hf(input_ids=held).logits[0], -1)
+
+    def kl(res):
+        lp = torch.log_softmax(res.logits[0], -1)
+        return float((target.exp() * (target - lp)).sum(-1).mean())
+
+    plain = ie_lab.logit_lens(lm, held, layers=[0], keep_logits=True)
+    fitted = ie_lab.logit_lens(lm, held, layers=[0], keep_logits=True, transports=tuned.transports)
+    assert kl(fitted) < kl(plain)
+
+
+def test_lens_of_a_point_without_readout_is_refused():
+    with pytest.raises(ie_lab.AddressError, match="no read-out"):
+        ie_lab.logit_lens(lm_for("llama"), PROMPT, point="mlp_act")
+
+
+@pytest.mark.parametrize("fam", ["llama", "gemma2", "mistral_sliding", "gemma3_text", "bloom"])
+def test_attention_function(fam):
+    lm = lm_for(fam) if fam != "bloom" else lm_for(fam, "eager")
+    res = ie_lab.attention(lm, PROMPT, layers=[0, 1])
+    assert res.probs[0].shape == (lm.facts.n_heads, 7, 7)
+    assert res.value[1].shape == (7, lm.facts.n_kv_heads, lm.facts.head_dim)
+    assert len(res.str_tokens) == 7
+    if fam == "bloom":
+        assert res.scores[0] is None and "scores unavailable" in res.notes[0]
+    else:
+        torch.testing.assert_close(torch.softmax(res.scores[0], -1), res.probs[0], atol=1e-5, rtol=1e-4)
+    if lm.facts.sliding_window and lm.facts.layer_kinds[0] == "sliding":
+        w = lm.facts.sliding_window
+        assert torch.all(res.probs[0][:, 6, : 7 - w] == 0), "keys outside the window get no attention"
+
+
+def test_patching_a_prompt_into_itself_changes_nothing():
+    lm = lm_for("llama")
+    metric = ie_lab.logit_diff(40, 41)
+    grid = ie_lab.patch_sweep(lm, PROMPT, PROMPT, metric, progress=False)
+    assert torch.allclose(grid.values, torch.full_like(grid.values, grid.clean), atol=1e-5)
+    heads = ie_lab.patch_sweep(lm, PROMPT, PROMPT, metric, over="layer_head", progress=False)
+    assert heads.values.shape == (2, lm.facts.n_heads)
+    assert torch.allclose(heads.values, torch.full_like(heads.values, heads.clean), atol=1e-5)
+    assert_clean(lm)
+
+
+def test_patching_clean_into_corrupted():
+    lm = lm_for("llama")
+    metric = ie_lab.logit_diff(40, 41)
+    grid = ie_lab.patch_sweep(lm, PROMPT, OTHER, metric, progress=False)
+    assert grid.clean != pytest.approx(grid.corrupted)
+    # Before the differing token nothing depends on it: patching there changes nothing.
+    torch.testing.assert_close(grid.values[:, :3], torch.full((2, 3), grid.corrupted), atol=1e-5, rtol=0)
+    # Patching the whole residual at layer 0 restores the clean run exactly.
+    logits = ie_lab.patch(lm, OTHER, PROMPT, ["resid_pre.0"])
+    assert float(metric(logits)) == pytest.approx(grid.clean, abs=1e-5)
+    # the differing position at layer 0 carries all the information: also exactly clean
+    assert float(grid.values[0, 3]) == pytest.approx(grid.clean, abs=1e-4)
+    assert_clean(lm)
+
+
+def test_patch_sources_of_the_wrong_shape_are_refused():
+    lm = lm_for("llama")
+    with pytest.raises(ie_lab.InputError, match="same length"):
+        ie_lab.run_with_patches(lm, PROMPT, {"resid_pre.0": torch.zeros(1, 5, 128)})
+    with pytest.raises(ie_lab.InputError, match="same token length"):
+        ie_lab.patch_sweep(lm, PROMPT, PROMPT[:, :5], ie_lab.logit_diff(1, 2), progress=False)
+    with pytest.raises(ie_lab.CapabilityUnsupported):
+        ie_lab.run_with_patches(lm, PROMPT, {"attn_probs.0": torch.zeros(1, 7, 7)})
+    assert_clean(lm)
+
+
+@pytest.mark.parametrize("fam", ["llama", "gemma2", "gpt_neox"])
+def test_gradient_matches_a_finite_difference(fam):
+    lm = lm_for(fam)
+    metric = ie_lab.logit_diff(40, 41)
+    g = ie_lab.gradients(lm, PROMPT, metric, ["resid_post.0", "z.1"])
+    assert g["resid_post.0"].shape == (1, 7, lm.facts.d_model)
+    direction = torch.zeros(lm.facts.d_model)
+    direction[:] = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(0))
+    eps = 1e-2
+    with ie_lab.steer(lm, "resid_post.0", direction, scale=eps, positions=[4]):
+        with torch.no_grad():
+            up = float(metric(lm.hf(input_ids=PROMPT).logits))
+    with ie_lab.steer(lm, "resid_post.0", direction, scale=-eps, positions=[4]):
+        with torch.no_grad():
+            down = float(metric(lm.hf(input_ids=PROMPT).logits))
+    fd = (up - down) / (2 * eps)
+    analytic = float(g["resid_post.0"][0, 4] @ direction)
+    assert analytic == pytest.approx(fd, rel=2e-2, abs=1e-4)
+    assert float(g["z.1"].abs().sum()) > 0
+    assert_clean(lm)
+
+
+def test_attribution_patching_approximates_the_sweep_direction():
+    lm = lm_for("llama")
+    metric = ie_lab.logit_diff(40, 41)
+    est = ie_lab.attribution_patch(lm, PROMPT, OTHER, metric)
+    assert est.values.shape == (2, 7)
+    torch.testing.assert_close(est.values[:, :3], torch.full((2, 3), est.corrupted), atol=1e-5, rtol=0)
+
+
+def test_chat_helpers():
+    lm = ie_lab.load(*__import__("ie_lab.toy", fromlist=["tiny_model"]).tiny_model("llama"))
+    msgs = [{"role": "user", "content": "Mary went to the store"}, {"role": "assistant", "content": "John gave a book"}]
+    with pytest.raises(ie_lab.InputError, match="no chat template"):
+        ie_lab.apply_chat_template(lm, msgs)
+    lm.tokenizer.chat_template = "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}" \
+                                 "{% if add_generation_prompt %}<s> assistant :{% endif %}"
+    ids = ie_lab.apply_chat_template(lm, msgs)
+    spans = ie_lab.message_spans(lm, msgs)
+    assert [s.role for s in spans] == ["user", "assistant"]
+    assert spans[0].start == 0 and spans[0].end == spans[1].start
+    toks = lm.tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    assert toks[spans[1].start:spans[1].end][1] == "assistant"
+    assert toks[-2:] == ["assistant", ":"]  # the generation prompt
