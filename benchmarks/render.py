@@ -26,6 +26,18 @@ def render() -> str:
                 verdict = "" if target is None else (f"<= {target:.2f}x " + ("met" if ratio <= target else "**missed**"))
                 out.append(f"| {k} | {v * 1000:.1f} ms | {ratio:.3f}x | {verdict} |")
             out.append("")
+        elif r.get("benchmark") == "generation":
+            out += [f"## Generation ({r['device']}, {r['threads']} threads, {r['date']})", "",
+                    f"{r['model']}; median of {r['repeats']} interleaved repeats after a warm-up; every variant's "
+                    "tokens checked against HF greedy generate first.", "",
+                    "| variant | median |", "| --- | ---: |"]
+            out += [f"| {k} | {v * 1000:.0f} ms |" for k, v in r["median_s"].items()]
+            out += ["", "| ratio | measured | target | verdict |", "| --- | ---: | --- | --- |"]
+            for k, v in r["ratios"].items():
+                t = r["targets"][k]
+                ok = v >= float(t.split()[1]) if t.startswith(">=") else v <= float(t.split()[1])
+                out.append(f"| {k} | {v:.3f} | {t} | {'met' if ok else '**missed**'} |")
+            out.append("")
     return "\n".join(out) + "\n"
 
 

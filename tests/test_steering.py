@@ -137,3 +137,18 @@ def test_unsteerable_points_and_out_of_range_positions():
     with pytest.raises(ie_lab.InputError, match="reach past"):
         ie_lab.generate(lm, PROMPT, 4, steer=spec)
     assert_clean(lm)
+
+
+def test_context_manager_and_per_call_agree_on_generated_positions():
+    lm = lm_for("llama")
+    v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(5)) * 8
+    spec = ie_lab.steer(lm, "resid_post.0", v, positions="generated")
+    per_call = ie_lab.generate(lm, PROMPT, 6, steer=spec, capture=["resid_post.0"])
+    with spec:
+        ctx = ie_lab.generate(lm, PROMPT, 6, capture=["resid_post.0"])
+        # after the loop, a plain forward inside the block is all prompt again: nothing generated to steer
+        plain_inside = ie_lab.capture(lm, PROMPT, ["resid_post.0"])["resid_post.0"]
+    assert per_call.ids == ctx.ids
+    torch.testing.assert_close(per_call.cache["resid_post.0"], ctx.cache["resid_post.0"])
+    torch.testing.assert_close(plain_inside, ie_lab.capture(lm, PROMPT, ["resid_post.0"])["resid_post.0"])
+    assert_clean(lm)

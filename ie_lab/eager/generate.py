@@ -119,10 +119,13 @@ class _Run:
         shape = (cur.shape[0], cur.shape[1])
         if self.taps is not None:
             self.taps.shape = shape
-        if self.steer_ctx is not None:
-            self.steer_ctx.writers.offset = self.offset
-            self.steer_ctx.writers.shape = shape
-            self.state.offset = self.offset
+        # Our own steering and any `with spec:` block around this call: tell each where the prompt ends
+        # and how many positions the cache already holds, so position masks count over prompt + generated.
+        for ctx in list(self.lm.__dict__.get("_steering_active", [])):
+            ctx.writers.offset = self.offset
+            ctx.writers.shape = shape
+            ctx.state.offset = self.offset
+            ctx.state.prompt_len = self.ids.shape[1]
         out = self.lm.hf(input_ids=cur, past_key_values=self.past, use_cache=True)
         self.past = out.past_key_values
         self.offset += cur.shape[1]
@@ -201,6 +204,9 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
                     break
         if run.taps is not None and generated:
             run.forward(cur)  # one more cached step so captures cover the last generated token too
+        for ctx in list(lm.__dict__.get("_steering_active", [])):  # back to plain-forward semantics
+            ctx.writers.offset = ctx.state.offset = 0
+            ctx.state.prompt_len = None
         if _result is not None:
             _result["ids"] = generated
             _result["reason"] = reason

@@ -183,6 +183,8 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
                     self.state.ids = args[0]
                     self.writers.shape = tuple(args[0].shape[:2])
             self._ids_hook = self.lm.binding.embed.register_forward_pre_hook(record_ids)
+            # Generation loops find the active contexts here to tell them where the prompt ends.
+            self.lm.__dict__.setdefault("_steering_active", []).append(self)
         except BaseException:
             self.writers.close()
             self.lm.lock.release()
@@ -191,6 +193,9 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
 
     def __exit__(self, *exc) -> None:
         try:
+            active = self.lm.__dict__.get("_steering_active", [])
+            if self in active:
+                active.remove(self)
             if self._ids_hook is not None:
                 self._ids_hook.remove()
                 self._ids_hook = None

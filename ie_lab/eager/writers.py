@@ -58,7 +58,11 @@ def _as3d(t: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, Callab
 
 
 class Writers:
-    """Hooks that apply edits to points during forwards run inside the ``with`` block."""
+    """Hooks that apply edits to points during forwards run inside the ``with`` block.
+
+    Writer hooks are prepended, so any capture hook on the same module sees the written value (what
+    flows on), whichever was installed first.
+    """
 
     def __init__(self, lm: Any, edits: list[tuple[Address, Edit]]):
         self.lm = lm
@@ -86,13 +90,13 @@ class Writers:
         def hook(mod, args, kwargs):
             h = hidden_arg(args, kwargs)
             return _replace_hidden(args, kwargs, self._edit3(h, edit))
-        self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
 
     def _post(self, module: torch.nn.Module, edit: Edit) -> None:
         def hook(mod, args, kwargs, out):
             t = out if isinstance(out, torch.Tensor) else next(x for x in out if isinstance(x, torch.Tensor))
             return _replace_output(out, self._edit3(t, edit))
-        self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        self._handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
 
     def _place(self, addr: Address, edit: Edit) -> None:
         from .taps import resolve
@@ -162,7 +166,8 @@ class Writers:
 
     def __enter__(self) -> "Writers":
         try:
-            for addr, edit in self.edits:
+            # Hooks are prepended, so place in reverse: edits on one module then apply in the order given.
+            for addr, edit in reversed(self.edits):
                 self._place(addr, edit)
         except BaseException:
             self.close()
