@@ -82,6 +82,7 @@ def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: 
     return make_spec(model, address, vector, method=method, **kwargs)
 
 
+from . import sizing  # noqa: E402
 from .chat import apply_chat_template, message_spans  # noqa: E402
 from .eager.attention import attention  # noqa: E402
 from .eager.lens import fit_tuned_lens, logit_lens  # noqa: E402
@@ -94,9 +95,12 @@ from .eager.patching import (  # noqa: E402
     run_with_patches,
 )
 
+from .session import OperationCancelled, Session, SessionClosed  # noqa: E402
+
 __all__ = [
     "Address", "AddressError", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent",
     "StructureError", "DEMO_MODEL", "apply_chat_template", "attention", "attribution_patch", "capture",
     "fit_tuned_lens", "generate", "generate_stream", "gradients", "load", "logit_diff", "logit_lens",
-    "message_spans", "patch", "patch_sweep", "points", "run_with_patches", "steer", "__version__",
+    "message_spans", "patch", "patch_sweep", "points", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",
+    "__version__",
 ]

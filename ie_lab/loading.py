@@ -35,7 +35,7 @@ def pick_device(device: Any = None, *, announce: bool = True) -> tuple[torch.dev
             raise InputError(f"device {device!r} was asked for but MPS is not available; pass device='cpu'.")
         if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
             raise InputError(f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA device(s) visible.")
-        return d, f"using {d} (asked for)"
+        return d, f"using {d} (as asked)"
     if torch.cuda.is_available():
         return torch.device("cuda"), f"using cuda ({torch.cuda.get_device_name(0)})"
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
@@ -72,6 +72,10 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
             dev, _ = pick_device(device) if device is not None else (None, "")
             model = model.to(device=dev, dtype=torch_dtype)
         model.eval()
+        if not quiet:
+            p = next(model.parameters())
+            print(f"ie_lab: model object on {p.device}, {str(p.dtype).replace('torch.', '')}"
+                  + (" (as asked)" if device is not None or torch_dtype is not None else " (kept as given)"))
         return EagerModel(model, tokenizer)
     if not isinstance(model_or_path, (str, os.PathLike)):
         raise InputError(f"expected an HF id, a folder path or a model object, got {type(model_or_path).__name__}.")

@@ -174,7 +174,13 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
         self._ids_hook = None
 
     def __enter__(self) -> "steering":
-        self.lm.lock.acquire()
+        # The lock is held only while hooks go in and come out, never across the user's block: a Session
+        # runs operations on its own thread, which must be able to take the lock inside the block.
+        with self.lm.lock:
+            self._install()
+        return self
+
+    def _install(self) -> None:
         try:
             self.writers.__enter__()
 
@@ -187,12 +193,10 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
             self.lm.__dict__.setdefault("_steering_active", []).append(self)
         except BaseException:
             self.writers.close()
-            self.lm.lock.release()
             raise
-        return self
 
     def __exit__(self, *exc) -> None:
-        try:
+        with self.lm.lock:
             active = self.lm.__dict__.get("_steering_active", [])
             if self in active:
                 active.remove(self)
@@ -200,5 +204,3 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
                 self._ids_hook.remove()
                 self._ids_hook = None
             self.writers.close()
-        finally:
-            self.lm.lock.release()

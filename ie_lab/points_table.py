@@ -1,0 +1,81 @@
+"""The points of one loaded model, each with this model's verdict: served, or why not."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+from .address import Address
+from .errors import CapabilityUnsupported, PointAbsent
+from .points import Scope, Width, all_points
+
+
+def width_of(width: Width, facts: Any) -> int | str:
+    return {
+        Width.D_MODEL: facts.d_model, Width.HEADS: facts.n_heads * facts.head_dim,
+        Width.KV_HEADS: facts.n_kv_heads * facts.head_dim, Width.D_MLP: facts.d_mlp,
+        Width.EXPERTS: facts.n_experts, Width.VOCAB: facts.vocab_size,
+        Width.ATTN: f"{facts.n_heads} x q x k", Width.STREAMS: facts.n_streams,
+    }[width]
+
+
+@dataclass
+class Row:
+    name: str
+    example: str
+    width: str
+    served: bool
+    reason: str
+
+
+class PointsTable:
+    def __init__(self, rows: list[Row], backend: str, family: str):
+        self.rows, self.backend, self.family = rows, backend, family
+
+    @classmethod
+    def for_model(cls, lm: Any, layer: int | None = None) -> "PointsTable":
+        from .eager.taps import resolve
+
+        facts = lm.facts
+        layer = facts.n_layers // 2 if layer is None else layer
+        rows = []
+        for p in all_points():
+            addr = Address(p.name, layer if p.scope is Scope.LAYER else None)
+            if p.scope is Scope.LAYER and p.name in ("router_logits", "expert_weights", "expert_indices",
+                                                     "mlp_act", "mlp_pre", "mlp_pre_linear"):
+                moe = lm.binding.structure["moe_layers"]
+                if moe and layer not in moe and p.name.startswith(("router", "expert")):
+                    addr = Address(p.name, moe[0])
+            verdict = p.verdict(lm.backend)
+            try:
+                if not verdict.verdict.ok:
+                    raise CapabilityUnsupported(p.name, verdict.reason, "")
+                resolve(lm, addr)
+                served, reason = True, verdict.reason
+            except (PointAbsent, CapabilityUnsupported) as e:
+                served, reason = False, getattr(e, "why", str(e))
+            w = width_of(p.width, facts)
+            rows.append(Row(p.name, str(addr), f"{p.width.value} = {w}", served, reason))
+        return cls(rows, lm.backend, facts.model_type)
+
+    def served(self) -> list[str]:
+        return [r.name for r in self.rows if r.served]
+
+    def __repr__(self) -> str:
+        w = max(len(r.example) for r in self.rows)
+        lines = [f"Points on {self.family} ({self.backend}): {len(self.served())} of {len(self.rows)} served"]
+        for r in self.rows:
+            mark = "✓" if r.served else "✗"
+            note = "" if r.served and not r.reason else f"  — {r.reason}"
+            lines.append(f"  {mark} {r.example.ljust(w)}  {r.width}{note if not r.served else ''}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        body = "".join(
+            f"<tr style='opacity:{1 if r.served else 0.55}'><td>{'✓' if r.served else '✗'}</td>"
+            f"<td><code>{html.escape(r.example)}</code></td><td>{html.escape(r.width)}</td>"
+            f"<td>{html.escape(r.reason)}</td></tr>" for r in self.rows)
+        return (f"<div><b>Points on {html.escape(self.family)}</b> ({self.backend}): {len(self.served())} of "
+                f"{len(self.rows)} served<table><tr><th></th><th>address</th><th>width</th><th>note</th></tr>"
+                f"{body}</table></div>")

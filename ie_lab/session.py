@@ -1,0 +1,474 @@
+"""Session: the one object a notebook user holds.
+
+Each Session owns a background asyncio loop in a daemon thread; every backend operation is a coroutine
+on that loop. Each operation exists twice: a plain method for cells and scripts (it works inside
+Jupyter's already-running loop, no nest_asyncio), and an ``a``-prefixed coroutine to ``await``.
+Operations on one Session queue behind an asyncio lock, so streams and captures never interleave.
+
+An interrupt (KeyboardInterrupt while a cell waits) cancels the operation: generation stops at the next
+token, a capture at the next layer; every hook and steering is removed and the next call works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import html
+import queue
+import threading
+import weakref
+from typing import Any, AsyncIterator, Callable, Iterator
+
+import torch
+
+from .address import Address
+from .errors import CapabilityUnsupported, IELabError, InputError
+
+
+class OperationCancelled(IELabError, RuntimeError):
+    """Raised inside the model's forward to stop an operation the user interrupted."""
+
+
+class SessionClosed(IELabError, RuntimeError):
+    pass
+
+
+# Live sessions by what they were built from: re-running a creating cell replaces the old one.
+_LIVE: "dict[Any, weakref.ref[Session]]" = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def _source_key(model: Any, backend: str) -> Any:
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        return ("path", str(model), backend)
+    return ("object", id(model), backend)
+
+
+class _CancelToken:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+
+class Session:
+    """Load a model once; capture, generate, steer, read lenses, look at attention and patch from cells.
+
+    Session(model, backend="auto" | "eager" | "vllm", device=None, dtype=None, tokenizer=None)
+    model: an HF id, a local folder, or a model object (then pass its tokenizer).
+    """
+
+    def __init__(self, model: Any, backend: str = "auto", device: Any = None, dtype: Any = None,
+                 tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
+                 progress: bool = True):
+        from .loading import resolve_dtype
+
+        if backend not in ("auto", "eager", "vllm"):
+            raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager' or 'vllm'.")
+        if backend == "vllm":
+            raise CapabilityUnsupported("Session(backend='vllm')", "the vLLM backend is not part of this build yet.",
+                                        "use backend='eager' (or 'auto').")
+        resolve_dtype(dtype)  # bad dtype names fail here, in the caller's thread, before a thread starts
+        self.backend = "eager"
+        self._closed = False
+        self._key = _source_key(model, self.backend)
+        if replace:
+            with _LIVE_LOCK:
+                old_ref = _LIVE.get(self._key)
+            old = old_ref() if old_ref else None
+            if old is not None and not old._closed:
+                old.close()
+                print(f"ie_lab: closed the previous Session on {old._name} (re-created)")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="ie_lab-session", daemon=True)
+        self._thread.start()
+        self._op_lock: asyncio.Lock | None = None
+        self._tokens: set[_CancelToken] = set()
+        self._name = str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else type(model).__name__
+        try:
+            self._lm = self._call(self._aload(model, tokenizer, device, dtype, trust_remote_code, progress))
+        except BaseException:
+            self._shutdown_loop()
+            raise
+        with _LIVE_LOCK:
+            _LIVE[self._key] = weakref.ref(self)
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def _on_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosed("this Session is closed; create a new one: Session(...).")
+
+    def _call(self, coro: Any, token: _CancelToken | None = None) -> Any:
+        """Run a coroutine on the session loop from a plain (sync) call, honouring interrupts."""
+        if self._on_loop_thread():
+            coro.close()
+            raise RuntimeError("a synchronous Session method was called from the session's own loop thread, which "
+                               "would deadlock; inside coroutines on that loop use the async twin (await s.a...()).")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result()
+        except KeyboardInterrupt:
+            if token is not None:
+                token.cancelled = True
+            fut.cancel()
+            with contextlib.suppress(BaseException):
+                fut.result(timeout=10)  # let the operation unwind (hooks out) before the cell returns
+            raise
+
+    async def _on_loop(self, coro: Any) -> Any:
+        """Await a coroutine that must run on the session loop, from whichever loop we are on."""
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def _lock(self) -> asyncio.Lock:
+        if self._op_lock is None:
+            self._op_lock = asyncio.Lock()
+        return self._op_lock
+
+    @contextlib.contextmanager
+    def _cancellable(self, token: _CancelToken) -> Iterator[None]:
+        """Layer pre-hooks that stop a forward at the next layer once the token is cancelled."""
+        def check(mod, args):
+            if token.cancelled:
+                raise OperationCancelled("interrupted")
+        handles = [lb.layer.register_forward_pre_hook(check) for lb in self._lm.binding.layers]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    async def _run(self, fn: Callable[[], Any], token: _CancelToken | None = None) -> Any:
+        """One blocking backend operation, queued behind the session's lock, cancellable between layers."""
+        self._check_open()
+        token = token or _CancelToken()
+        async with self._lock():
+            self._tokens.add(token)
+            try:
+                with self._cancellable(token):
+                    return fn()
+            finally:
+                self._tokens.discard(token)
+
+    async def _aload(self, model, tokenizer, device, dtype, trust_remote_code, progress):
+        from tqdm.auto import tqdm
+
+        from .loading import load
+
+        with tqdm(total=2, desc="loading model", disable=not progress, leave=False) as bar:
+            lm = load(model, tokenizer, backend="eager", device=device, dtype=dtype,
+                      trust_remote_code=trust_remote_code, quiet=False)
+            bar.update(2)
+        return lm
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def _shutdown_loop(self) -> None:
+        if self._loop.is_running():
+            async def drain():
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if not self._on_loop_thread():
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(drain(), self._loop).result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if not self._on_loop_thread():
+                self._thread.join(timeout=10)
+        if not self._loop.is_running() and not self._loop.is_closed():
+            self._loop.close()
+
+    def close(self) -> None:
+        """Shut the engine down: cancel work, remove hooks, free the model's memory, stop the thread."""
+        if self._closed:
+            return
+        for t in list(self._tokens):
+            t.cancelled = True
+        self._closed = True
+        self._shutdown_loop()
+        self.__dict__.pop("_lm", None)  # the session's references go; memory follows unless the caller holds the model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        with _LIVE_LOCK:
+            ref = _LIVE.get(self._key)
+            if ref is not None and ref() is self:
+                del _LIVE[self._key]
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if not self._closed:
+                self.close()
+
+    # ---- facts ----------------------------------------------------------------------------------
+    @property
+    def facts(self):
+        self._check_open()
+        return self._lm.facts
+
+    @property
+    def model(self):
+        """The raw transformers model (ie_lab never replaces its forward)."""
+        self._check_open()
+        return self._lm.hf
+
+    @property
+    def tokenizer(self):
+        self._check_open()
+        return self._lm.tokenizer
+
+    def tokens(self, text: Any) -> torch.Tensor:
+        self._check_open()
+        return self._lm.to_tokens(text)
+
+    def to_str_tokens(self, tokens_or_text: Any):
+        self._check_open()
+        return self._lm.to_str_tokens(tokens_or_text)
+
+    def describe(self) -> str:
+        """One paragraph on what this model is, as ie_lab measured it."""
+        self._check_open()
+        f, st = self._lm.facts, self._lm.binding.structure
+        kinds = sorted(set(f.layer_kinds))
+        parts = [f"{f.model_type}: {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim}"
+                 f" ({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.",
+                 f"Attention: {', '.join(kinds)}" + (f" (window {f.sliding_window})" if f.sliding_window else "") + ".",
+                 "Block: " + ("parallel attention + MLP" if st["parallel_block"] else "sequential") +
+                 (", sandwich norms" if st["sandwich_norms"] and st["pre_norms"] else
+                  ", post-sublayer norms only" if st["sandwich_norms"] else ", pre-norms") +
+                 (", gated MLP" if st["gated_mlp"] else "") + (", QK-norm" if st["qk_norm"] else "") +
+                 (f", MoE on layers {list(st['moe_layers'])}" if st["moe_layers"] else "") + "."]
+        return " ".join(parts)
+
+    def points(self):
+        """Every point with this model's verdict: served here, or the reason it is not."""
+        from .points_table import PointsTable
+
+        self._check_open()
+        return PointsTable.for_model(self._lm)
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"Session({self._name!r}, closed)"
+        f = self._lm.facts
+        return (f"Session({self._name!r}, backend={self.backend}, family={f.model_type}, layers={f.n_layers}, "
+                f"d_model={f.d_model}, device={self._lm.device.type}, dtype={str(self._lm.dtype).replace('torch.', '')})")
+
+    def _repr_html_(self) -> str:
+        if self._closed:
+            return f"<b>Session</b> {html.escape(self._name)} (closed)"
+        return (f"<div><b>ie_lab Session</b> <code>{html.escape(self._name)}</code> — backend {self.backend}, "
+                f"{html.escape(self.describe())}</div>")
+
+    # ---- operations: async twins first, sync methods delegate ---------------------------------------
+    async def acapture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any):
+        from .eager.capture import capture
+
+        return await self._on_loop(self._run(lambda: capture(self._lm, tokens_or_text, addresses, **kwargs)))
+
+    def capture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any):
+        self._check_open()
+        token = _CancelToken()
+        from .eager.capture import capture
+
+        return self._call(self._run(lambda: capture(self._lm, tokens_or_text, addresses, **kwargs), token), token)
+
+    async def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
+        from .eager.generate import generate_stream
+
+        self._check_open()
+        async with self._lock():
+            self._tokens.add(token)
+            it = generate_stream(self._lm, prompt, max_new_tokens, **kwargs)
+            try:
+                with self._cancellable(token):
+                    while True:
+                        if token.cancelled:
+                            break
+                        try:
+                            step = next(it)
+                        except StopIteration:
+                            break
+                        yield step
+                        await asyncio.sleep(0)  # a cancellation point between tokens
+            finally:
+                it.close()  # hooks and steering out, whatever happened
+                self._tokens.discard(token)
+
+    async def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
+        token = _CancelToken()
+        if asyncio.get_running_loop() is self._loop:
+            async for step in self._astream(token, prompt, max_new_tokens, kwargs):
+                yield step
+            return
+        q: asyncio.Queue = asyncio.Queue()
+        caller = asyncio.get_running_loop()
+        fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs,
+                                                          lambda item: caller.call_soon_threadsafe(q.put_nowait, item)),
+                                               self._loop)
+        try:
+            while True:
+                kind, item = await q.get()
+                if kind == "step":
+                    yield item
+                elif kind == "error":
+                    raise item
+                else:
+                    break
+        finally:
+            token.cancelled = True
+            await asyncio.wrap_future(fut)
+
+    async def _pump(self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], None]) -> None:
+        try:
+            async for step in self._astream(token, prompt, max_new_tokens, kwargs):
+                put(("step", step))
+        except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
+            put(("error", e))
+            return
+        put(("done", None))
+
+    def generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
+        """Yield GenStep objects as tokens are produced; an interrupt stops within one token."""
+        self._check_open()
+        if self._on_loop_thread():
+            raise RuntimeError("generate_stream was called from the session's loop thread; use agenerate_stream.")
+        token = _CancelToken()
+        q: queue.Queue = queue.Queue()
+        fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs, q.put), self._loop)
+        try:
+            while True:
+                try:
+                    kind, item = q.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if kind == "step":
+                    yield item
+                elif kind == "error":
+                    raise item
+                else:
+                    break
+        finally:
+            token.cancelled = True
+            with contextlib.suppress(BaseException):
+                fut.result(timeout=10)
+
+    async def agenerate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
+        from .eager.generate import generate
+
+        return await self._on_loop(self._run(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs)))
+
+    def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
+        """Generate to the end. print_tokens=True streams the text into the cell as it is produced."""
+        self._check_open()
+        if not print_tokens:
+            token = _CancelToken()
+            from .eager.generate import generate
+
+            return self._call(self._run(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs), token), token)
+        from .eager.generate import GenerationResult
+
+        steps = []
+        for step in self.generate_stream(prompt, max_new_tokens, **kwargs):
+            print(step.token, end=" ", flush=True)
+            steps.append(step)
+        print()
+        ids = self._lm.to_tokens(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt)
+        text = self._lm.tokenizer.decode([s.token_id for s in steps]) if self._lm.tokenizer else ""
+        return GenerationResult(ids, [s.token_id for s in steps], text, steps, "streamed")
+
+    def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
+        """A steering spec on this model: `with s.steer(...):` or s.generate(..., steer=spec)."""
+        from .eager.steer import make_spec
+
+        self._check_open()
+        return make_spec(self._lm, address, vector, method=method, **kwargs)
+
+    async def arun(self, fn: Callable[[Any], Any]):
+        """Run fn(model) on the session's loop, queued like every other operation."""
+        return await self._on_loop(self._run(lambda: fn(self._lm)))
+
+    def run(self, fn: Callable[[Any], Any]):
+        """Run fn(model) on the session's loop thread (for custom analyses); interrupts stop it between layers."""
+        self._check_open()
+        token = _CancelToken()
+        return self._call(self._run(lambda: fn(self._lm), token), token)
+
+    async def aattention(self, prompt: Any, layers: Any = None):
+        from .eager.attention import attention
+
+        return await self._on_loop(self._run(lambda: attention(self._lm, prompt, layers)))
+
+    def attention(self, prompt: Any, layers: Any = None):
+        from .eager.attention import attention
+
+        self._check_open()
+        token = _CancelToken()
+        return self._call(self._run(lambda: attention(self._lm, prompt, layers), token), token)
+
+    async def alogit_lens(self, prompt: Any, **kwargs: Any):
+        from .eager.lens import logit_lens
+
+        return await self._on_loop(self._run(lambda: logit_lens(self._lm, prompt, **kwargs)))
+
+    def logit_lens(self, prompt: Any, **kwargs: Any):
+        from .eager.lens import logit_lens
+
+        self._check_open()
+        token = _CancelToken()
+        return self._call(self._run(lambda: logit_lens(self._lm, prompt, **kwargs), token), token)
+
+    async def apatch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
+        from .eager.patching import patch
+
+        return await self._on_loop(self._run(lambda: patch(self._lm, prompt, source, addresses, **kwargs)))
+
+    def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
+        from .eager.patching import patch
+
+        self._check_open()
+        token = _CancelToken()
+        return self._call(self._run(lambda: patch(self._lm, prompt, source, addresses, **kwargs), token), token)
+
+    async def apatch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
+        from .eager.patching import patch_sweep
+
+        return await self._on_loop(self._run(lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs)))
+
+    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
+        from .eager.patching import patch_sweep
+
+        self._check_open()
+        token = _CancelToken()
+        return self._call(self._run(lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs), token), token)
+
+    async def agradients(self, prompt: Any, metric: Any, addresses: Any):
+        from .eager.patching import gradients
+
+        return await self._on_loop(self._run(lambda: gradients(self._lm, prompt, metric, addresses)))
+
+    def gradients(self, prompt: Any, metric: Any, addresses: Any):
+        from .eager.patching import gradients
+
+        self._check_open()
+        token = _CancelToken()
+        return self._call(self._run(lambda: gradients(self._lm, prompt, metric, addresses), token), token)
+
+
+ASYNC_TWINS = ("capture", "generate", "generate_stream", "attention", "logit_lens", "patch", "patch_sweep",
+               "gradients", "run")
+
+__all__ = ["Session", "OperationCancelled", "SessionClosed", "Address"]
