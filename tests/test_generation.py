@@ -19,12 +19,12 @@ def test_greedy_equals_hf_generate(fam):
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("fam", ["llama", "gemma2", "gpt_neox", "mixtral", "bloom"])
+@pytest.mark.parametrize("fam", ["llama", "gemma2", "gpt_neox", "mixtral", "bloom", "mistral_sliding", "gemma3_text"])
 def test_capture_during_generation_equals_one_forward(fam):
     lm = lm_for(fam)
     addrs = ["resid_post.0", "mlp_out.1", "value.1", "z.0.head-1", "resid_pre.1"]
     if lm.binding.layers[0].uses_attention_interface:
-        addrs.append("attn_probs.1")
+        addrs += ["attn_probs.1", "attn_probs.0", "attn_scores.0"]
     res = ie_lab.generate(lm, PROMPT, 8, capture=addrs)
     full = torch.cat([PROMPT, torch.tensor([res.ids])], dim=1)
     one = ie_lab.capture(lm, full, addrs)

@@ -136,9 +136,16 @@ class _Run:
         for a in self.capture:
             parts = self.taps.collected.get(a.without_head(), [])
             if a.point.width.value == "n_heads*q*k":
-                total = parts[-1].shape[-1]
-                parts = [torch.nn.functional.pad(p, (0, total - p.shape[-1])) for p in parts]
-                full = torch.cat(parts, dim=2)
+                # Each step saw the keys its cache held: all earlier positions, or only the last few on a
+                # sliding-window layer whose cache is cropped. Place them at their absolute positions.
+                total = sum(p.shape[2] for p in parts)
+                placed, end = [], 0
+                for p in parts:
+                    end += p.shape[2]
+                    k = p.shape[-1]
+                    fill = float("-inf") if a.name == "attn_scores" else 0.0  # unseen keys: masked
+                    placed.append(torch.nn.functional.pad(p, (end - k, total - end), value=fill))
+                full = torch.cat(placed, dim=2)
             else:
                 full = torch.cat(parts, dim=1)
             out[a] = slice_head(a, full, self.lm.facts)
