@@ -60,6 +60,20 @@ class Cache(Mapping[Address, torch.Tensor]):
     def to(self, device: Any) -> "Cache":
         return Cache({a: t.to(device) for a, t in self._t.items()}, self.tokens, self.str_tokens, self.attention_mask)
 
+    def norms(self) -> dict[str, float]:
+        """Mean L2 norm over tokens of each per-token point (attention matrices are skipped)."""
+        return {str(a): float(t.float().norm(dim=-1).mean()) for a, t in self._t.items()
+                if a.point.width.value != "n_heads*q*k"}
+
+    def plot(self):
+        """Activation norms per captured point (in capture order): a plotly bar chart."""
+        import plotly.graph_objects as go
+
+        n = self.norms()
+        fig = go.Figure(go.Bar(x=list(n), y=list(n.values())))
+        fig.update_layout(title="mean activation norm per point", xaxis_title="address", yaxis_title="mean ‖x‖")
+        return fig
+
     def _rows(self) -> list[tuple[str, str, str, str]]:
         return [
             (str(a), "[" + ", ".join(str(s) for s in t.shape) + "]", str(t.dtype).replace("torch.", ""),

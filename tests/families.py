@@ -120,6 +120,8 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
                             layer_types=list(_SW3))),
     "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(_LLAMA_LIKE)),
     # ---------------- MLA / hybrid ----------------
+    "gpt_oss": ("gpt_oss", dict(_LLAMA_LIKE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                                sliding_window=SLIDING_WINDOW, layer_types=["sliding_attention", "full_attention"])),
     "deepseek_v3": ("deepseek_v3", dict(vocab_size=VOCAB_SIZE, hidden_size=_H, intermediate_size=_FF,
                                         moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=_NH,
                                         num_key_value_heads=_NH, n_shared_experts=1, n_routed_experts=4,

@@ -104,11 +104,15 @@ def test_attention_rows_and_scores(family):
     for L in _layers(lm):
         probs = ie_lab.capture(lm, x, [f"attn_probs.{L}"])[f"attn_probs.{L}"]
         assert probs.shape == (2, lm.facts.n_heads, x.shape[1], x.shape[1])
-        torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]), **TOL)
+        if lm.binding.layers[L].attn_sinks:
+            assert torch.all(probs.sum(-1) < 1 - 1e-3), "a sink takes part of every row's mass"
+        else:
+            torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]), **TOL)
         assert torch.all(probs.triu(1) == 0), "causal: no query may attend to a later key"
         if lm.binding.layers[L].uses_attention_interface:
             scores = ie_lab.capture(lm, x, [f"attn_scores.{L}"])[f"attn_scores.{L}"]
-            torch.testing.assert_close(torch.softmax(scores, -1), probs, **TOL)
+            if not lm.binding.layers[L].attn_sinks:
+                torch.testing.assert_close(torch.softmax(scores, -1), probs, **TOL)
         else:
             with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs"):
                 ie_lab.capture(lm, x, [f"attn_scores.{L}"])
@@ -158,7 +162,7 @@ def test_sdpa_recompute_equals_eager_probabilities(family):
         torch.testing.assert_close(a[k], b[k], **TOL)
 
 
-MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v3"]
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v3", "gpt_oss"]
 
 
 @pytest.mark.parametrize("family", MOE)
@@ -186,3 +190,29 @@ def test_legacy_family_on_sdpa_refuses_probs_with_the_fix():
     with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_implementation='eager'"):
         ie_lab.capture(lm, ids(), ["attn_probs.0"])
     assert_clean(lm)
+
+
+def test_recompute_with_sinks_and_windows_equals_the_eager_kernel():
+    """The sdpa-path rebuild (ops.attention) against GPT-OSS's own eager kernel, sinks and window included."""
+    import importlib
+
+    from ie_lab.eager.attention_tap import AttentionCall
+    from ie_lab.eager.taps import _recompute
+
+    lm = lm_for("gpt_oss", "eager")
+    eager_fn = importlib.import_module(type(lm.binding.layers[0].attn).__module__).eager_attention_forward
+    seen = {}
+    from ie_lab.eager import attention_tap
+
+    def listen(mod, call):
+        seen[id(mod)] = call
+    with attention_tap.listening({id(lb.attn): listen for lb in lm.binding.layers}):
+        with torch.no_grad():
+            lm.hf(input_ids=ids())
+    for lb in lm.binding.layers:
+        call = seen[id(lb.attn)]
+        _, own = eager_fn(lb.attn, call.query, call.key, call.value, call.attention_mask, **call.kwargs)
+        as_if_sdpa = AttentionCall(call.query, call.key, call.value, None if lb.index == 1 else call.attention_mask,
+                                   {**call.kwargs, "s_aux": lb.attn.sinks}, call.output, None, "sdpa")
+        scores, probs = _recompute(as_if_sdpa)
+        torch.testing.assert_close(probs, own.float(), **TOL)

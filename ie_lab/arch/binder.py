@@ -120,6 +120,7 @@ class LayerBinding:
     router: nn.Module | None = None
     experts: nn.Module | None = None
     attn_gate: nn.Module | None = None
+    attn_sinks: bool = False  # a learned per-head sink logit joins the softmax (rows sum below 1)
     names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
 
     @property
@@ -315,6 +316,7 @@ def bind(model: nn.Module, facts: ArchFacts | None = None) -> Binding:
                 lb.mlp_in_module = lb.up_proj or lb.gate_proj or lb.fused_gate_up
                 lb.mlp_out_module = lb.down_proj
             names["mlp"] = mlp_found[0] if mlp_found else "(on the layer)"
+        lb.attn_sinks = isinstance(getattr(attn, "sinks", None), nn.Parameter)
         qn, kn = _child(attn, Q_NORM_NAMES), _child(attn, K_NORM_NAMES)
         if qn and kn:
             lb.q_norm, lb.k_norm = qn[1], kn[1]

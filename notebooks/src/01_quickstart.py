@@ -1,0 +1,39 @@
+# %% [markdown]
+# # Quickstart
+#
+# Load the bundled demo model (a 4-layer Llama trained for these notebooks; it ships inside the package,
+# so this works offline and on Colab), generate a story, and capture the residual stream.
+
+# %%
+import torch
+import ie_lab
+
+torch.manual_seed(0)
+s = ie_lab.Session(ie_lab.DEMO_MODEL, device="cpu", progress=False)
+s
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(s.describe())
+
+# %% [markdown]
+# Greedy generation is deterministic: the same prompt gives the same story on every machine.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+story = s.generate("One morning , Mary went to the park .", 16)
+print(story.text)
+
+# %% [markdown]
+# A capture names tensors by *address*: point name, layer, and optionally a head.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cache = s.capture("When Mary and John went to the store , John gave a drink to",
+                  ["resid_post.1", "attn_probs.2", "z.3.head-0"])
+print(cache)
+
+# %% [markdown]
+# Where to go next: `02_capture_and_cache`, `03_hook_points_picker`, `04_attention`, `05_steering_panel`,
+# `06_logit_lens`, `07_activation_patching`, `08_vllm_backend`, `09_porting_from_transformerlens_nnsight`,
+# and the tutorials in `../tutorials`.

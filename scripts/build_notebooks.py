@@ -1,0 +1,112 @@
+"""Build notebooks/*.ipynb and tutorials/*.ipynb from their percent-format sources and execute them.
+
+    python scripts/build_notebooks.py            # rebuild every notebook and fill its outputs
+    python scripts/build_notebooks.py --check    # only check the .ipynb cells match the sources
+
+Sources live in notebooks/src/*.py and tutorials/src/*.py: `# %%` starts a code cell, `# %% [markdown]`
+a markdown cell (its lines start with "# "). A code cell whose first line is `# NBVAL_SKIP` (needs a
+download or a GPU) is tagged so neither this build nor CI executes it. Outputs are committed; CI re-runs
+every notebook under nbval, comparing the cells marked `# NBVAL_CHECK_OUTPUT`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+import nbformat
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = "ie-lab/ie_lab"  # where the project is published; used for the Colab links
+FOLDERS = ("notebooks", "tutorials")
+
+COLAB_CELL = '''import sys
+if "google.colab" in sys.modules:  # on Colab: install ie_lab (the demo model ships inside the package)
+    get_ipython().run_line_magic("pip", "install -q 'ie_lab @ git+https://github.com/%s'")''' % REPO
+
+
+def parse(path: str) -> list[nbformat.NotebookNode]:
+    cells, kind, lines = [], None, []
+
+    def flush():
+        if kind is None:
+            return
+        text = "\n".join(lines).strip("\n")
+        if kind == "markdown":
+            text = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in text.splitlines())
+            cells.append(nbformat.v4.new_markdown_cell(text))
+        elif text:
+            cell = nbformat.v4.new_code_cell(text)
+            if text.startswith("# NBVAL_SKIP"):
+                cell.metadata["tags"] = ["skip-execution"]
+            cells.append(cell)
+
+    for line in open(path, encoding="utf-8").read().splitlines():
+        if line.startswith("# %%"):
+            flush()
+            kind, lines = ("markdown" if "[markdown]" in line else "code"), []
+        else:
+            lines.append(line)
+    flush()
+    return cells
+
+
+def build(src: str) -> tuple[str, nbformat.NotebookNode]:
+    folder = os.path.basename(os.path.dirname(os.path.dirname(src)))
+    name = os.path.splitext(os.path.basename(src))[0]
+    out = os.path.join(ROOT, folder, name + ".ipynb")
+    cells = parse(src)
+    badge = (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+             f"(https://colab.research.google.com/github/{REPO}/blob/main/{folder}/{name}.ipynb)")
+    if cells and cells[0].cell_type == "markdown":
+        cells[0].source = cells[0].source + "\n\n" + badge
+    cells.insert(1, nbformat.v4.new_code_cell(COLAB_CELL))
+    nb = nbformat.v4.new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"}})
+    for i, c in enumerate(nb.cells):
+        c["id"] = f"{name[:40]}-{i}"
+    return out, nb
+
+
+def sources() -> list[str]:
+    return sorted(p for f in FOLDERS for p in glob.glob(os.path.join(ROOT, f, "src", "*.py")))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("only", nargs="*", help="names to build (default: all)")
+    args = ap.parse_args()
+    bad = []
+    for src in sources():
+        out, nb = build(src)
+        name = os.path.basename(out)
+        if args.only and not any(o in name for o in args.only):
+            continue
+        if args.check:
+            if not os.path.exists(out):
+                bad.append(f"{out} missing")
+                continue
+            have = nbformat.read(out, as_version=4)
+            if [(c.cell_type, c.source) for c in have.cells] != [(c.cell_type, c.source) for c in nb.cells]:
+                bad.append(f"{out} differs from its source")
+            continue
+        from nbclient import NotebookClient
+
+        print("executing", os.path.relpath(out, ROOT), flush=True)
+        os.environ.setdefault("OMP_NUM_THREADS", "2")
+        NotebookClient(nb, timeout=900, kernel_name="python3",
+                       resources={"metadata": {"path": os.path.dirname(out)}}).execute()
+        nbformat.write(nb, out)
+    if bad:
+        print("\n".join(bad), file=sys.stderr)
+        print("run `python scripts/build_notebooks.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
