@@ -158,3 +158,15 @@ def test_chat_helpers():
     toks = lm.tokenizer.convert_ids_to_tokens(ids[0].tolist())
     assert toks[spans[1].start:spans[1].end][1] == "assistant"
     assert toks[-2:] == ["assistant", ":"]  # the generation prompt
+
+
+def test_capture_with_grad_stays_on_the_graph_and_survives_in_place_updates():
+    lm = lm_for("falcon")  # Falcon adds attention into the MLP output in place after the MLP returns
+    c = ie_lab.capture(lm, PROMPT, ["mlp_out.0", "resid_post.1"], grad=True)
+    assert c["resid_post.1"].requires_grad
+    ref = ie_lab.capture(lm, PROMPT, ["mlp_out.0"])["mlp_out.0"]
+    torch.testing.assert_close(c["mlp_out.0"].detach(), ref)
+    c["resid_post.1"].sum().backward()
+    assert any(p.grad is not None for p in lm.hf.parameters())
+    lm.hf.zero_grad(set_to_none=True)
+    assert_clean(lm)

@@ -276,7 +276,8 @@ class Taps:
         b, s = self.shape
         if t.dim() == 2 and b and t.shape[0] == b * s:
             t = t.reshape(b, s, -1)  # layers that flatten tokens around the MLP (OPT)
-        self.collected[base].append(t if self.grad else t.detach().clone())
+        # Clone even with grad (clone is differentiable): some families update module outputs in place later.
+        self.collected[base].append(t.clone() if self.grad else t.detach().clone())
 
     def __enter__(self) -> "Taps":
         by_module: dict[tuple[int, str], list[tuple[Address, Source]]] = defaultdict(list)
