@@ -66,3 +66,16 @@ def test_unsupported_families_are_refused_with_a_reason(family):
 
 def test_at_least_25_families_bind():
     assert len(SUPPORTED) >= 25
+
+
+@pytest.mark.parametrize("family", SUPPORTED)
+def test_half_precision_binds_to_the_same_structure(family):
+    """bf16 rounding must not fool the binder into another structure (it compares flowing tensors)."""
+    import torch
+
+    lm = ie_lab.load(make_model(family).to(torch.bfloat16), quiet=True)
+    ref = lm_for(family)
+    assert lm.binding.structure == ref.binding.structure
+    for a, b in zip(lm.binding.layers, ref.binding.layers):
+        assert (a.parallel, a.fused_qkv_layout, a.value_source) == (b.parallel, b.fused_qkv_layout, b.value_source)
+        assert (a.attn_multiplier is None) == (b.attn_multiplier is None)

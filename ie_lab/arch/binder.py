@@ -75,15 +75,36 @@ def hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return None
 
 
-def _close(a: torch.Tensor | None, b: torch.Tensor | None, tol: float = 1e-5) -> bool:
+def _match_shape(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    if a.shape == b.shape:
+        return a
+    # Some layers flatten [b, s, d] to [b*s, d] around their MLP (OPT); compare the same numbers.
+    if a.numel() != b.numel() or a.shape[-1] != b.shape[-1]:
+        return None
+    return a.reshape(b.shape)
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Is this the same tensor flowing from one module to the next? (Tight at every dtype.)"""
     if a is None or b is None:
         return False
-    if a.shape != b.shape:
-        # Some layers flatten [b, s, d] to [b*s, d] around their MLP (OPT); compare the same numbers.
-        if a.numel() != b.numel() or a.shape[-1] != b.shape[-1]:
-            return False
-        a = a.reshape(b.shape)
-    scale = max(float(b.abs().max()), 1e-6)
+    a = _match_shape(a, b)
+    if a is None:
+        return False
+    scale = max(float(b.float().abs().max()), 1e-6)
+    return float((a.float() - b.float()).abs().max()) <= 1e-6 * scale
+
+
+def _close(a: torch.Tensor | None, b: torch.Tensor | None, tol: float = 1e-5) -> bool:
+    """Equal up to rounding: for sums we recompute in another order, so the dtype's precision counts."""
+    if a is None or b is None:
+        return False
+    a = _match_shape(a, b)
+    if a is None:
+        return False
+    eps = max(torch.finfo(t.dtype).eps for t in (a, b) if t.is_floating_point())
+    tol = max(tol, 8 * eps)
+    scale = max(float(b.float().abs().max()), 1e-6)
     return float((a.float() - b.float()).abs().max()) <= tol * scale + 1e-7
 
 
@@ -424,7 +445,7 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
     M_out = M_out_module
     if lb.down_proj is not None and lb.mlp is not None:
         D_out = rec.out(lb.down_proj)
-        if D_out is not None and not _close(M_out_module, D_out):
+        if D_out is not None and not _same(M_out_module, D_out):
             # A module output that is not its down projection's is either residual-added or post-processed.
             lb.mlp_out_module = lb.down_proj
             M_out = D_out
@@ -434,19 +455,19 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         n_in, n_out = rec.inp(n), rec.out(n)
         if n_in is None or n_out is None:
             continue
-        if _close(n_in, A_out) and lb.post_attn_norm is None:
+        if _same(n_in, A_out) and lb.post_attn_norm is None:
             lb.post_attn_norm = n
-        elif _close(n_in, M_out) and lb.post_mlp_norm is None:
+        elif _same(n_in, M_out) and lb.post_mlp_norm is None:
             lb.post_mlp_norm = n
-        elif _close(n_out, A_in) and lb.input_norm is None:
+        elif _same(n_out, A_in) and lb.input_norm is None:
             lb.input_norm = n
-            if _close(n_out, M_in):  # one norm feeding both sublayers: a parallel block
+            if _same(n_out, M_in):  # one norm feeding both sublayers: a parallel block
                 lb.parallel = True
-        elif _close(n_out, M_in) and lb.pre_mlp_norm is None:
+        elif _same(n_out, M_in) and lb.pre_mlp_norm is None:
             lb.pre_mlp_norm = n
-    if lb.pre_mlp_norm is not None and lb.input_norm is not None and _close(rec.inp(lb.pre_mlp_norm), X):
+    if lb.pre_mlp_norm is not None and lb.input_norm is not None and _same(rec.inp(lb.pre_mlp_norm), X):
         lb.parallel = True  # two norms both reading the layer input (GPT-NeoX style)
-    if lb.pre_mlp_norm is None and lb.input_norm is not None and not lb.parallel and _close(M_in, A_in):
+    if lb.pre_mlp_norm is None and lb.input_norm is not None and not lb.parallel and _same(M_in, A_in):
         lb.parallel = True
 
     attn_c = rec.out(lb.post_attn_norm) if lb.post_attn_norm is not None else A_out
@@ -455,11 +476,14 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
     def ratio(delta: torch.Tensor, c: torch.Tensor) -> float:
         return float((delta.double() * c.double()).sum() / (c.double() * c.double()).sum().clamp_min(1e-30))
 
+    # A ratio within a few ulps of 1 (at the model's precision) is no multiplier at all.
+    one_tol = max(1e-4, 8 * torch.finfo(X.dtype).eps)
+
     def mult(m: float) -> float | None:
-        if abs(m - 1.0) < 1e-4:
+        if abs(m - 1.0) < one_tol:
             return None
         cfg = facts.residual_multiplier
-        return float(cfg) if cfg is not None and abs(cfg - m) < 1e-3 * max(1.0, abs(cfg)) else m
+        return float(cfg) if cfg is not None and abs(cfg - m) < one_tol * max(1.0, abs(cfg)) else m
 
     if lb.parallel:
         # Y = X + a*attn_c + b*mlp_c; multipliers on parallel blocks are not expected, verify plain sum.
