@@ -38,6 +38,42 @@ def render() -> str:
                 ok = v >= float(t.split()[1]) if t.startswith(">=") else v <= float(t.split()[1])
                 out.append(f"| {k} | {v:.3f} | {t} | {'met' if ok else '**missed**'} |")
             out.append("")
+        elif r.get("benchmark") == "vllm_generate":
+            out += [f"## vLLM backend vs eager ({r['device']}, {r['threads']} thread(s), {r['date']})", "",
+                    f"{r['model']}; {r['vllm']}; {r['new_tokens']} new greedy tokens per request, 8 prompts "
+                    f"({r['tokens_8']} tokens in all); median of {r['repeats']} interleaved repeats after a warm-up; "
+                    "every vLLM request's tokens checked against eager's first.", "",
+                    "| variant | median | tok/s |", "| --- | ---: | ---: |"]
+            for k, v in r["median_s"].items():
+                tps = r["tok_per_s"].get(k)
+                out.append(f"| {k} | {v * 1000:.0f} ms | {'' if tps is None else f'{tps:.0f}'} |")
+            out += ["", "| ratio | measured | target | verdict |", "| --- | ---: | --- | --- |"]
+            for k, v in r["ratios"].items():
+                t = r["targets"][k]
+                if t.startswith(">="):
+                    verdict = "met" if v >= float(t.split()[1]) else "**missed**"
+                elif "-" in t and t[0].isdigit():
+                    lo, hi = (float(x) for x in t.split("-"))
+                    verdict = "met" if lo <= v <= hi else "**missed**"
+                else:
+                    verdict = ""
+                out.append(f"| {k} | {v:.2f} | {t} | {verdict} |")
+            out.append("")
+        elif r.get("benchmark") == "widgets":
+            sl, at, pk = r["slider_to_first_token_ms"], r["attention_head"], r["picker_render_ms"]
+            out += [f"## Widgets ({r['device']}, {r['date']})", "",
+                    "Measured in the browser by `benchmarks/widgets_latency.py` (Playwright + Debian Chromium against a "
+                    "real JupyterLab server); tiny random-weight models.", "",
+                    "| measure | measured | target | verdict |", "| --- | ---: | --- | --- |",
+                    f"| slider change -> first steered token on screen (median of {r['repeats']}; p90 {sl['p90']:.0f} ms, "
+                    f"max {sl['max']:.0f} ms) | {sl['median']:.0f} ms | <= {sl['target']} ms | "
+                    f"{'met' if sl['median'] <= sl['target'] else '**missed**'} |",
+                    f"| one head's attention, {at['tokens']} tokens x {at['heads']} heads: websocket bytes (float32 "
+                    f"payload {at['payload_bytes']:,} B) | {at['websocket_bytes']:,} B | <= {at['target_bytes'] / 1e6:.1f} MB | "
+                    f"{'met' if at['websocket_bytes'] <= at['target_bytes'] else '**missed**'} |",
+                    f"| picker first render, {pk['layers']} layers (slowest of {len(pk['first_render'])}; layer switch "
+                    f"{pk['layer_switch_median']:.0f} ms) | {max(pk['first_render']):.0f} ms | <= {pk['target']} ms | "
+                    f"{'met' if max(pk['first_render']) <= pk['target'] else '**missed**'} |", ""]
     return "\n".join(out) + "\n"
 
 

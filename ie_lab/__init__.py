@@ -97,9 +97,17 @@ from .eager.patching import (  # noqa: E402
 
 from .session import OperationCancelled, Session, SessionClosed  # noqa: E402
 
+
+def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None):
+    """The address picker for a family name, config or ArchFacts, with no weights loaded (see ie_lab.widgets)."""
+    from .widgets.picker import cheatsheet as _cheatsheet
+
+    return _cheatsheet(family_or_config, backend, layer)
+
+
 __all__ = [
     "Address", "AddressError", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent",
-    "StructureError", "DEMO_MODEL", "apply_chat_template", "attention", "attribution_patch", "capture",
+    "StructureError", "DEMO_MODEL", "apply_chat_template", "attention", "attribution_patch", "capture", "cheatsheet",
     "fit_tuned_lens", "generate", "generate_stream", "gradients", "load", "logit_diff", "logit_lens",
     "message_spans", "patch", "patch_sweep", "points", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",
     "__version__",

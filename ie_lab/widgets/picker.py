@@ -1,0 +1,266 @@
+"""The architecture diagram and address picker: ``session.picker()`` and ``ie_lab.cheatsheet(family_or_config)``.
+
+The kernel sends one description of the model (structure flags, and per point: definition, width with this
+model's numbers, other engines' names, per-backend verdicts, and on which layers it is served); the front
+end draws one block in forward order and a card for the point under the pointer. Clicking a served point
+sends ``select``; the kernel checks it and sets ``picker.address`` (an :class:`ie_lab.Address`) and
+``picker.addresses`` (multi-select with shift).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import traitlets
+
+from .. import points as _points
+from ..address import Address
+from ..arch.config_facts import ArchFacts
+from ..errors import AddressError, IELabError
+from ..points import Scope, Width
+from . import _base
+
+_ENGINES = (("transformerlens", "TransformerLens"), ("transformerlens_bridge", "TransformerBridge"), ("nnterp", "nnterp"))
+_MOE_ONLY = ("router_logits", "expert_weights", "expert_indices")
+_DENSE_ONLY = ("mlp_pre", "mlp_pre_linear", "mlp_act")
+
+
+def _width(p: _points.Point, f: ArchFacts) -> tuple[str, str]:
+    """(formula with this model's numbers, shape of a capture)."""
+    w = p.width
+    if w is Width.ATTN:
+        return f"n_heads × q × k = {f.n_heads} × q × k", f"[batch, {f.n_heads}, q, k]"
+    n = {Width.D_MODEL: f.d_model, Width.HEADS: f.n_heads * f.head_dim, Width.KV_HEADS: f.n_kv_heads * f.head_dim,
+         Width.D_MLP: f.d_mlp, Width.EXPERTS: f.n_experts, Width.VOCAB: f.vocab_size, Width.STREAMS: f.n_streams}[w]
+    formula = {Width.HEADS: f"n_heads × head_dim = {f.n_heads} × {f.head_dim} = {n}",
+               Width.KV_HEADS: f"n_kv_heads × head_dim = {f.n_kv_heads} × {f.head_dim} = {n}"}.get(w, f"{w.value} = {n}")
+    return formula, f"[batch, seq, {n}]"
+
+
+def _template(name: str, layer: int | None) -> str:
+    if layer is None:
+        return name
+    return re.sub(rf"(?<=\.){layer}(?=\.|$)|(?<=\[){layer}(?=\])", "{L}", name)
+
+
+def _structure_from_facts(f: ArchFacts) -> dict[str, Any]:
+    raw = f.raw or {}
+    return {"parallel_block": f.parallel_block, "sandwich_norms": f.sandwich_norms, "pre_norms": f.pre_norms,
+            "gated_mlp": f.gated_mlp, "qk_norm": f.qk_norm, "moe_layers": list(f.moe_layers),
+            "attn_gate": bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
+            "n_streams": f.n_streams}
+
+
+def _structure_from_binding(lm: Any) -> dict[str, Any]:
+    st = dict(lm.binding.structure)
+    st["moe_layers"] = list(st["moe_layers"])
+    st["gated_mlp"] = bool(st["gated_mlp"]) if st["gated_mlp"] is not None else False
+    st["attn_gate"] = any(getattr(lb, "attn_gate", None) is not None for lb in lm.binding.layers)
+    st["n_streams"] = lm.facts.n_streams
+    return st
+
+
+def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend: str, family: str) -> tuple[bool, str]:
+    """Config-only verdict (no weights): the backend's verdict, then the structure's."""
+    v = p.verdict(backend)
+    if not v.verdict.ok:
+        return False, v.reason
+    if p.multi_stream_only and st["n_streams"] <= 1:
+        return False, f"{family} carries a single residual stream."
+    if p.name.startswith(("q_norm", "k_norm")) and not st["qk_norm"]:
+        return False, f"{family} has no QK-norm."
+    if p.name == "attn_gate" and not st["attn_gate"]:
+        return False, f"{family} has no attention output gate."
+    if p.name == "resid_mid" and st["parallel_block"]:
+        return False, "attention and MLP run in parallel, so there is no residual between them."
+    moe = layer is not None and layer in st["moe_layers"]
+    if p.name in _MOE_ONLY and not moe:
+        return False, f"layer {layer} has no router (MoE layers: {st['moe_layers'] or 'none'})."
+    if p.name in _DENSE_ONLY and moe:
+        return False, "a sparse MoE layer: each expert has its own neurons."
+    if p.name == "mlp_pre_linear" and not st["gated_mlp"]:
+        return False, f"{family}'s MLP is not gated."
+    return True, v.reason
+
+
+def _ambiguous_names(model_ref: Any, family: str, st: dict) -> dict[tuple[str, str, str], str]:
+    """Other engines' names that mean a different tensor on this family than on a plain pre-norm one (Llama).
+
+    Returns {(point there, point here): warning}, e.g. TransformerLens' hook_mlp_out is mlp_out on Llama but
+    mlp_out_post on Gemma 2.
+    """
+    from .. import mappers
+
+    L = next((i for i in range(len(st.get("layer_kinds", ())) or 1) if i not in st["moe_layers"]), 0)
+    out: dict[tuple[str, str, str], tuple[list[str], str]] = {}
+    for engine, label in _ENGINES:
+        spellings = {t for p in _points.all_points() if not p.multi_stream_only
+                     for t in {"transformerlens": p.tl_legacy, "transformerlens_bridge": p.tl_bridge,
+                               "nnterp": p.nnterp}[engine]}
+        if engine.startswith("transformerlens"):
+            spellings |= {"blocks.{L}.hook_attn_out", "blocks.{L}.hook_mlp_out"}
+        for t in sorted(spellings):
+            name = t.replace("{L}", str(L))
+            try:
+                there = mappers.from_engine(name, "llama", engine)
+                here = mappers.from_engine(name, model_ref, engine)
+            except (AddressError, IELabError, KeyError, ValueError):
+                continue
+            if there.name != here.name:
+                key = (there.name, here.name, t)
+                labels = out.get(key, ([],))[0] + [label]
+                out[key] = (labels, f"{' / '.join(labels)}: {t} is {here.name} on {family}, not {there.name} as on "
+                                    "plain pre-norm families (Llama): same name, different tensor.")
+    return {k: v[1] for k, v in out.items()}
+
+
+def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any]:
+    """Everything the picker draws, as plain JSON-able data (no tensors)."""
+    from .. import mappers
+
+    model_ref: Any = lm if lm is not None else facts
+    st = _structure_from_binding(lm) if lm is not None else _structure_from_facts(facts)
+    n = facts.n_layers
+    tables: dict[int, dict[str, Any]] = {}
+    if lm is not None:
+        from ..points_table import PointsTable
+
+        for L in range(n):
+            tables[L] = {r.name: r for r in PointsTable.for_model(lm, L).rows}
+    ambiguous = _ambiguous_names(model_ref, facts.model_type, st)
+    pts = []
+    for p in _points.all_points():
+        if p.multi_stream_only and st["n_streams"] <= 1:
+            continue
+        layers = list(range(n)) if p.scope is Scope.LAYER else [None]
+        served, why = [], {}
+        for L in layers:
+            if lm is not None:
+                row = tables[L if L is not None else 0][p.name]
+                ok = row.served and (L is None or row.example == str(Address(p.name, L)))
+                reason = row.reason if row.served == ok else f"layer {L} has no router."
+            else:
+                ok, reason = _served_by_structure(p, L, st, backend, facts.model_type)
+            served.append("1" if ok else "0")
+            if not ok:
+                why[str(L if L is not None else 0)] = reason
+        rep = next((L for L, s in zip(layers, served) if s == "1"), layers[0])
+        addr = Address(p.name, rep)
+        names = {}
+        for engine, label in _ENGINES:
+            try:
+                names[engine] = _template(mappers.to_engine(addr, model_ref, engine), rep)
+            except (AddressError, IELabError, KeyError, ValueError):
+                names[engine] = ""
+        warnings = [w for (a, b, _), w in ambiguous.items() if p.name in (a, b)]
+        formula, shape = _width(p, facts)
+        pts.append({
+            "name": p.name, "scope": p.scope.value, "width": formula, "shape": shape, "definition": p.definition,
+            "note": p.note, "heads": p.head_axis, "steerable": p.steerable,
+            "verdicts": {b: {"verdict": p.verdict(b).verdict.value, "ok": p.verdict(b).verdict.ok,
+                             "reason": p.verdict(b).reason} for b in _points.BACKENDS},
+            "names": names, "warnings": sorted(set(warnings)), "served": "".join(served), "why": why,
+        })
+    return {"family": facts.model_type, "backend": backend, "n_layers": n, "d_model": facts.d_model,
+            "n_heads": facts.n_heads, "n_kv_heads": facts.n_kv_heads, "head_dim": facts.head_dim,
+            "d_mlp": facts.d_mlp, "n_experts": facts.n_experts, "vocab_size": facts.vocab_size,
+            "layer_kinds": list(facts.layer_kinds), "structure": st, "points": pts,
+            "handle": "s" if lm is not None else "lm"}
+
+
+class Picker(_base.Panel):
+    """An SVG of one block of this model; click a point to set ``address`` (shift-click adds to ``addresses``)."""
+
+    _ESM_NAME = "picker"
+    COMMANDS = {"select": {"address": _base.text(80), "multi": _base.boolean}, "clear": {}}
+
+    spec = traitlets.Dict().tag(sync=True)
+    layer = traitlets.Int(0).tag(sync=True)
+    selected = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    address = traitlets.Instance(Address, allow_none=True)
+    addresses = traitlets.Tuple()
+
+    def __init__(self, facts: ArchFacts, backend: str = "eager", *, lm: Any = None, layer: int | None = None):
+        if backend not in _points.BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {_points.BACKENDS}")
+        self._facts = facts
+        spec = describe(facts, backend, lm=lm)
+        L = facts.n_layers // 2 if layer is None else int(layer)
+        if not 0 <= L < facts.n_layers:
+            raise AddressError(f"layer {L} is out of range: this model has {facts.n_layers} layers.")
+        super().__init__(spec=spec, layer=L)
+        self._points = {p["name"]: p for p in spec["points"]}
+
+    # ---- from Python ---------------------------------------------------------------------------
+    def select(self, address: Any, multi: bool = False) -> Address:
+        """Select a point as a click would; returns the Address."""
+        a = Address.parse(address).check(self._facts)
+        if a.head is not None or a.stream is not None:
+            raise AddressError("the picker selects whole points; add .head-H / .stream-S in code.")
+        info = self._points.get(a.name)
+        if info is None:
+            raise AddressError(f"{a.name} does not exist on {self._facts.model_type}.")
+        idx = a.layer if a.layer is not None else 0
+        if info["served"][idx] != "1":
+            raise AddressError(f"{a} is not served here: {info['why'].get(str(idx), '')}")
+        current = list(self.addresses) if multi else []
+        if multi and a in current:
+            current.remove(a)
+        else:
+            current.append(a)
+        with self.hold_trait_notifications():
+            self.addresses = tuple(current)
+            self.address = a if (a in current) else (current[-1] if current else None)
+            if a.layer is not None:
+                self.layer = a.layer
+            self.selected = [str(x) for x in current]
+        return a
+
+    def clear(self) -> None:
+        with self.hold_trait_notifications():
+            self.addresses = ()
+            self.address = None
+            self.selected = []
+
+    # ---- from the front end (validated by the base class) ----------------------------------------
+    def on_select(self, address: str, multi: bool) -> None:
+        try:
+            self.select(address, multi)
+        except IELabError as e:
+            self._reject(str(e))
+
+    def on_clear(self) -> None:
+        self.clear()
+
+    def __repr__(self) -> str:
+        s = self.spec
+        sel = ", ".join(self.selected) if self.selected else "none"
+        return (f"Picker({s['family']}, {s['n_layers']} layers, backend={s['backend']}; layer {self.layer}; "
+                f"selected: {sel})")
+
+
+def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None) -> Picker:
+    """The picker for a family name, a config (object or dict) or ArchFacts: no weights are loaded.
+
+    Structure comes from the config and ie_lab's quirks table; on a loaded model use ``session.picker()``,
+    which draws what the binder measured instead.
+    """
+    src = family_or_config
+    if hasattr(src, "_lm") or hasattr(src, "binding"):  # a Session or a loaded model: the measured truth
+        lm = getattr(src, "_lm", src)
+        return Picker(lm.facts, lm.backend, lm=lm, layer=layer)
+    if isinstance(src, ArchFacts):
+        facts = src
+    elif isinstance(src, str):
+        from transformers import CONFIG_MAPPING
+
+        if src not in CONFIG_MAPPING:
+            from ..errors import did_you_mean
+
+            raise AddressError(f"unknown family {src!r}.{did_you_mean(src, list(CONFIG_MAPPING.keys()))} "
+                               "Pass a transformers model_type, a config, or a config dict.")
+        facts = ArchFacts.from_config(CONFIG_MAPPING[src]())
+    else:
+        facts = ArchFacts.from_config(src)
+    return Picker(facts, backend, layer=layer)

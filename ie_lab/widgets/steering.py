@@ -1,0 +1,361 @@
+"""The live steering panel: ``session.steering_panel(prompt, address=..., vector=...)``.
+
+Baseline (unsteered) and steered continuations side by side. Moving a control sends one ``steer``
+command (the front end debounces); the kernel validates it, cancels the generation in flight and
+starts a new one on the session's loop, streaming tokens back as they are produced. The finished
+text is stored in traits, so ``panel.steered_text`` in the kernel and a saved notebook agree with the
+screen. The vector comes from a difference of means of two prompt lists, a saved tensor (or a path
+to a .pt / .npy file), or a capture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import os
+import threading
+from typing import Any, Sequence
+
+import torch
+import traitlets
+
+from ..address import Address
+from ..errors import AddressError, IELabError, InputError
+from ..ops.steering import METHODS
+from ..points import all_points
+from . import _base
+
+STEERABLE = tuple(p.name for p in all_points() if p.steerable and not p.multi_stream_only)
+MAX_NEW_TOKENS = 256
+_N = _base.number(-1e6, 1e6)
+
+
+def _load_vector(vector: Any, address: Address) -> tuple[torch.Tensor, str]:
+    """A 1-D float vector and a short description of where it came from."""
+    from ..cache import Cache
+
+    if isinstance(vector, (str, os.PathLike)):
+        path = os.fspath(vector)
+        if path.endswith(".npy"):
+            import numpy as np
+
+            t = torch.from_numpy(np.load(path, allow_pickle=False))
+        else:
+            t = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(t, dict) and len(t) == 1:
+                t = next(iter(t.values()))
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{path} holds a {type(t).__name__}, not a tensor.")
+        src = f"saved tensor {os.path.basename(path)}"
+    elif isinstance(vector, Cache):
+        key = str(address) if str(address) in vector else (next(iter(vector)) if len(vector) == 1 else None)
+        if key is None:
+            raise InputError(f"the cache holds {', '.join(map(str, vector))}; none is {address}.")
+        t = vector[key]
+        src = f"capture of {key}"
+    else:
+        t = torch.as_tensor(vector)
+        src = "given tensor"
+    t = t.detach().float().cpu()
+    if t.dim() > 1:
+        src += f" (mean over {t.shape[:-1].numel()} positions)"
+        t = t.reshape(-1, t.shape[-1]).mean(0)
+    return t, src
+
+
+class SteeringPanel(_base.Panel):
+    """Baseline vs steered text; method, coefficient and caps as controls; tokens stream in."""
+
+    _ESM_NAME = "steering"
+    COMMANDS = {
+        "steer": {"seq": _base.integer(0, 1 << 40), "method": _base.choice(METHODS), "scale": _N, "cap_min": _N,
+                  "cap_max": _N, "target": _N},
+        "address": {"seq": _base.integer(0, 1 << 40), "address": _base.text(80)},
+        "contrast": {"seq": _base.integer(0, 1 << 40), "positive": _base.text_list(), "negative": _base.text_list()},
+        "prompt": {"seq": _base.integer(0, 1 << 40), "prompt": _base.text(4000)},
+        "cancel": {},
+    }
+    OPTIONAL = frozenset({"method", "scale", "cap_min", "cap_max", "target"})
+
+    prompt = traitlets.Unicode("").tag(sync=True)
+    address = traitlets.Unicode("").tag(sync=True)
+    n_layers = traitlets.Int(1).tag(sync=True)
+    points = traitlets.List(traitlets.Unicode(), list(STEERABLE)).tag(sync=True)
+    methods = traitlets.List(traitlets.Unicode(), list(METHODS)).tag(sync=True)
+    method = traitlets.Unicode("add").tag(sync=True)
+    scale = traitlets.Float(4.0).tag(sync=True)
+    cap_min = traitlets.Float(-1.0).tag(sync=True)
+    cap_max = traitlets.Float(1.0).tag(sync=True)
+    target = traitlets.Float(0.0).tag(sync=True)
+    scale_range = traitlets.List(traitlets.Float(), [-10.0, 10.0, 0.1]).tag(sync=True)
+    proj_range = traitlets.List(traitlets.Float(), [-10.0, 10.0, 0.1]).tag(sync=True)
+    max_new_tokens = traitlets.Int(24).tag(sync=True)
+    vector_source = traitlets.Unicode("none").tag(sync=True)
+    positive = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    negative = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    baseline = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    baseline_ids = traitlets.List(traitlets.Int()).tag(sync=True)
+    steered = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    steered_ids = traitlets.List(traitlets.Int()).tag(sync=True)
+    seq = traitlets.Int(0).tag(sync=True)
+    status = traitlets.Unicode("ready").tag(sync=True)
+
+    def __init__(self, session: Any, prompt: str, *, address: Any = None, vector: Any = None,
+                 positive: Sequence[str] | None = None, negative: Sequence[str] | None = None, method: str = "add",
+                 scale: float = 4.0, cap_min: float | None = None, cap_max: float | None = None, target: float = 0.0,
+                 max_new_tokens: int = 24, scale_range: tuple[float, float] = (-10.0, 10.0)):
+        if not isinstance(prompt, str) or not prompt:
+            raise InputError("the steering panel needs a non-empty text prompt.")
+        if method not in METHODS:
+            raise InputError(f"unknown steering method {method!r}; choose one of {', '.join(METHODS)}.")
+        if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+            raise InputError(f"max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens!r}.")
+        lo, hi = (float(x) for x in scale_range)
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise InputError(f"scale_range must be two finite numbers, low < high; got {scale_range!r}.")
+        self._session = session
+        facts = session._lm.facts
+        addr = Address.parse(address) if address is not None else Address("resid_post", facts.n_layers // 2)
+        self._check_address(addr, facts)
+        self._vector: torch.Tensor | None = None
+        self._lock = threading.Lock()
+        self._future: concurrent.futures.Future | None = None
+        self._done = threading.Event()
+        self._done.set()
+        super().__init__(prompt=prompt, address=str(addr), n_layers=facts.n_layers, method=method, scale=float(scale),
+                         target=float(target), max_new_tokens=max_new_tokens, scale_range=[lo, hi, (hi - lo) / 200])
+        if vector is not None:
+            self._vector, self.vector_source = _load_vector(vector, addr)
+            self._check_vector()
+        elif positive is not None or negative is not None:
+            self.set_contrast(list(positive or []), list(negative or []), regenerate=False)
+        self._set_ranges(cap_min, cap_max)
+        self._generate_now()
+
+    # ---- checks and derived values ----------------------------------------------------------------
+    @staticmethod
+    def _check_address(addr: Address, facts: Any) -> None:
+        addr.check(facts)
+        if addr.name not in STEERABLE or addr.head is not None or addr.stream is not None:
+            raise AddressError(f"{addr} cannot be steered: choose a per-layer d_model point ({', '.join(STEERABLE)}).")
+
+    def _check_vector(self) -> None:
+        d = self._session._lm.facts.d_model
+        v = self._vector
+        if v is None:
+            return
+        if v.dim() != 1 or v.shape[0] != d or not torch.isfinite(v).all():
+            self._vector = None
+            raise InputError(f"the steering vector must be finite and d_model = {d} wide, got shape {list(v.shape)}.")
+
+    def _set_ranges(self, cap_min: float | None = None, cap_max: float | None = None) -> None:
+        """Slider ranges for cap/swap from the prompt's own projections on the direction."""
+        if self._vector is None or float(self._vector.norm()) == 0:
+            return
+        u = self._vector / self._vector.norm()
+        h = self._session.capture(self.prompt, [self.address])[self.address][0].float().cpu()
+        proj = h @ u
+        span = max(1e-3, float(proj.abs().max()) * 2)
+        mag = 10 ** math.floor(math.log10(span))
+        span = math.ceil(span / mag) * mag
+        self.proj_range = [-span, span, span / 100]
+        lo = float(proj.min()) if cap_min is None else float(cap_min)
+        hi = float(proj.max()) if cap_max is None else float(cap_max)
+        self.cap_min, self.cap_max = round(lo, 4), round(hi, 4)
+
+    def _spec(self):
+        if self._vector is None:
+            return None
+        kw: dict[str, Any] = {"method": self.method}
+        if self.method in ("add", "orthogonal", "norm_scaled_add"):
+            kw["scale"] = self.scale
+        elif self.method == "cap":
+            kw.update(min=self.cap_min, max=self.cap_max)
+        elif self.method == "swap":
+            kw["target"] = self.target
+        return self._session.steer(self.address, self._vector, **kw)
+
+    @property
+    def vector(self) -> torch.Tensor | None:
+        return None if self._vector is None else self._vector.clone()
+
+    @property
+    def baseline_text(self) -> str:
+        return self._decode(self.baseline_ids, self.baseline)
+
+    @property
+    def steered_text(self) -> str:
+        return self._decode(self.steered_ids, self.steered)
+
+    def _decode(self, ids: list[int], toks: list[str]) -> str:
+        tok = self._session._lm.tokenizer
+        return tok.decode(ids) if tok is not None else "".join(toks)
+
+    # ---- generation ---------------------------------------------------------------------------------
+    def _generate_now(self) -> None:
+        """Synchronous baseline + steered (construction and Python-side calls); no streaming."""
+        s = self._session
+        b = s.generate(self.prompt, self.max_new_tokens, keep_logits=False)
+        spec = self._spec()
+        r = b if spec is None else s.generate(self.prompt, self.max_new_tokens, steer=spec, keep_logits=False)
+        with self.hold_sync():
+            self.baseline = [st.token for st in b.steps]
+            self.baseline_ids = list(b.ids)
+            self.steered = [st.token for st in r.steps]
+            self.steered_ids = list(r.ids)
+            self.status = "ready"
+
+    async def _job(self, seq: int, spec: Any, baseline: bool) -> None:
+        s = self._session
+        try:
+            self.send({"type": "start", "seq": seq, "baseline": baseline})
+            if baseline:
+                toks, ids = [], []
+                async for st in s.agenerate_stream(self.prompt, self.max_new_tokens, keep_logits=False):
+                    toks.append(st.token)
+                    ids.append(st.token_id)
+                    self.send({"type": "token", "seq": seq, "which": "baseline", "token": st.token, "id": st.token_id})
+                self.baseline, self.baseline_ids = toks, ids
+            toks, ids = [], []
+            async for st in s.agenerate_stream(self.prompt, self.max_new_tokens, keep_logits=False,
+                                               **({"steer": spec} if spec is not None else {})):
+                toks.append(st.token)
+                ids.append(st.token_id)
+                self.send({"type": "token", "seq": seq, "which": "steered", "token": st.token, "id": st.token_id})
+            with self.hold_sync():
+                self.steered, self.steered_ids = toks, ids
+                self.seq = seq
+                self.status = "ready"
+                self.error = ""
+            self.send({"type": "done", "seq": seq})
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.error = f"{type(e).__name__}: {e}"
+            self.status = "error"
+            self.send({"type": "error", "seq": seq, "message": self.error})
+        finally:
+            self._done.set()
+
+    def _start(self, seq: int, baseline: bool = False) -> None:
+        """Cancel what is in flight and start a new generation; returns at once."""
+        try:
+            spec = self._spec()
+        except IELabError as e:
+            self.error = str(e)
+            self.status = "error"
+            self.send({"type": "error", "seq": seq, "message": str(e)})
+            return
+        with self._lock:
+            if self._future is not None:
+                self._future.cancel()
+            self.status = "generating"
+            self._done.clear()
+            self._future = asyncio.run_coroutine_threadsafe(self._job(seq, spec, baseline), self._session._loop)
+            self._future.add_done_callback(lambda f: self._done.set())
+
+    def wait(self, timeout: float = 60) -> "SteeringPanel":
+        """Block until the generation in flight (if any) has finished."""
+        fut = self._future
+        if fut is not None:
+            try:
+                fut.result(timeout=timeout)
+            except concurrent.futures.CancelledError:
+                pass
+        return self
+
+    # ---- Python-side controls (same paths as the front end) -------------------------------------------
+    def update(self, *, wait: bool = True, **values: Any) -> "SteeringPanel":
+        """Change method / scale / cap_min / cap_max / target and regenerate, e.g. panel.update(scale=8)."""
+        for k in values:
+            if k not in ("method", "scale", "cap_min", "cap_max", "target"):
+                raise InputError(f"update() takes method, scale, cap_min, cap_max, target; got {k!r}.")
+        try:
+            clean = {k: (_base.choice(METHODS) if k == "method" else _N)(v) for k, v in values.items()}
+        except _base.Rejected as e:
+            raise InputError(str(e)) from None
+        self.on_steer(self.seq + 1, **clean)
+        return self.wait() if wait else self
+
+    def set_address(self, address: Any, *, wait: bool = True) -> "SteeringPanel":
+        self.on_address(self.seq + 1, str(Address.parse(address)))
+        return self.wait() if wait else self
+
+    def set_contrast(self, positive: Sequence[str], negative: Sequence[str], *, regenerate: bool = True) -> None:
+        """The vector as mean(positive) - mean(negative) of the panel's address, averaged over tokens."""
+        pos, neg = [p for p in positive if p.strip()], [n for n in negative if n.strip()]
+        if not pos or not neg:
+            raise InputError("a difference of means needs at least one prompt on each side.")
+        a = self.address
+
+        def mean(prompts: list[str]) -> torch.Tensor:
+            return torch.stack([self._session.capture(p, [a])[a][0].float().mean(0).cpu() for p in prompts]).mean(0)
+
+        self._vector = mean(pos) - mean(neg)
+        self.positive, self.negative = pos, neg
+        self.vector_source = f"difference of means at {a} ({len(pos)} vs {len(neg)} prompts)"
+        if regenerate:
+            self._set_ranges()
+
+    def link(self, picker: Any) -> "SteeringPanel":
+        """Follow a picker: selecting a steerable point there moves the steering address here."""
+        def follow(change: dict) -> None:
+            a = change["new"]
+            if a is not None and a.name in STEERABLE:
+                self.on_address(self.seq + 1, str(a))
+        picker.observe(follow, "address")
+        return self
+
+    # ---- front-end commands (validated by the base class) ----------------------------------------------
+    def on_steer(self, seq: int, **values: Any) -> None:
+        with self.hold_sync():
+            for k, v in values.items():
+                setattr(self, k, v)
+        self._start(seq)
+
+    def on_address(self, seq: int, address: str) -> None:
+        try:
+            addr = Address.parse(address)
+            self._check_address(addr, self._session._lm.facts)
+        except IELabError as e:
+            self._reject(str(e))
+            return
+        self.address = str(addr)
+        if self.positive and self.negative and not self.vector_source.startswith(("saved", "given", "capture")):
+            self.set_contrast(self.positive, self.negative)
+        self._start(seq)
+
+    def on_contrast(self, seq: int, positive: list[str], negative: list[str]) -> None:
+        try:
+            self.set_contrast(positive, negative)
+        except IELabError as e:
+            self._reject(str(e))
+            return
+        self._start(seq)
+
+    def on_prompt(self, seq: int, prompt: str) -> None:
+        if not prompt.strip():
+            self._reject("the prompt is empty")
+            return
+        self.prompt = prompt
+        self._start(seq, baseline=True)
+
+    def on_cancel(self) -> None:
+        with self._lock:
+            if self._future is not None:
+                self._future.cancel()
+            self.status = "ready"
+
+    def close(self) -> None:
+        if getattr(self, "_lock", None) is not None:  # a panel whose construction failed has nothing in flight
+            self.on_cancel()
+        super().close()
+
+    def __repr__(self) -> str:
+        def short(t: str) -> str:
+            return repr(t if len(t) <= 60 else t[:57] + "...")
+        knob = {"cap": f"min={self.cap_min:g}, max={self.cap_max:g}", "swap": f"target={self.target:g}",
+                "ablate": ""}.get(self.method, f"scale={self.scale:g}")
+        return (f"SteeringPanel({self.method} at {self.address}{', ' + knob if knob else ''}; vector: "
+                f"{self.vector_source}; baseline {short(self.baseline_text)}; steered {short(self.steered_text)})")

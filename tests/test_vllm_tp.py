@@ -1,0 +1,34 @@
+"""Tensor parallelism 2 on this CPU: every served point equals tensor_parallel_size=1 (real spawned workers).
+
+Runs tests/vllm_tp_script.py in a subprocess (vLLM spawns its workers, which re-import __main__).
+About a minute: one in-process engine, then AsyncLLM with two workers pinned one core each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_every_served_point_at_tp2_equals_tp1(tmp_path):
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_CPU_KVCACHE_SPACE="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "vllm_tp_script.py"), "qwen3", str(tmp_path)],
+                       capture_output=True, text=True, timeout=480, env=env, cwd=ROOT)
+    line = next((x for x in p.stdout.splitlines() if x.startswith("IE_LAB_TP_RESULT ")), None)
+    assert line is not None, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads(line.split(" ", 1)[1])
+    assert r["tp_size"] == 2 and r["n_workers"] == 2
+    assert {"q_norm_in.0", "k_norm_out.1", "value.0", "z.1", "mlp_act.0", "attn_probs.1"} <= set(r["addresses"])
+    assert r["shapes_equal"], r
+    assert r["differ"] == [], r
+    assert r["greedy_equal"] and r["workers_idle"], r

@@ -1,0 +1,50 @@
+"""Every served point at tensor_parallel_size=2 equals tensor_parallel_size=1 (run by test_vllm_tp.py).
+
+A script, not a test module: vLLM spawns its tensor-parallel workers, which re-import __main__, so the work
+sits under ``if __name__ == "__main__"``. Prints one JSON line with the verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main(family: str, root: str) -> dict:
+    import torch
+
+    import ie_lab
+    from tests.families import saved_model_dir
+    from tests.vllm_helpers import TEXT, close, served_addresses
+
+    path = saved_model_dir(family, root)
+    one = ie_lab.Session(path, backend="vllm", engine="inproc", progress=False, replace=False)
+    addrs = served_addresses(one)
+    c1 = one.capture(TEXT, addrs)
+    g1 = one.generate(TEXT, 10).ids
+    one.close()
+    two = ie_lab.Session(path, backend="vllm", engine="async", tensor_parallel_size=2, progress=False, replace=False)
+    try:
+        c2 = two.capture(TEXT, addrs)
+        g2 = two.generate(TEXT, 10).ids
+        steered = two.generate(TEXT, 6, steer=two.steer("resid_post.0", torch.ones(128) * 2.0)).ids
+        state = two.worker_state()
+        tp = two._lm.info["tp_size"]
+    finally:
+        two.close()
+    return {"family": family, "tp_size": tp, "addresses": addrs,
+            "differ": [a for a in addrs if not close(c1[a], c2[a], atol=1e-4)],
+            "shapes_equal": all(c1[a].shape == c2[a].shape for a in addrs),
+            "greedy_equal": g1 == g2, "steered_len": len(steered),
+            "workers_idle": all(not s["specs"] for s in state), "n_workers": len(state)}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = main(sys.argv[1], sys.argv[2])
+    print("IE_LAB_TP_RESULT " + json.dumps(out), flush=True)

@@ -1,0 +1,223 @@
+// Attention viewer: head thumbnails of one layer; the selected head's pattern, fetched on demand.
+import { asBytes, asFloat32, makeLut, patternPixels, showToken } from "./util.js";
+
+function h(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "text") e.textContent = v; else if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) if (c) e.append(c);
+  return e;
+}
+
+const LUT = makeLut();
+
+function render({ model, el }) {
+  const root = h("div", { class: "iel-root iel-attn" });
+  const head = h("div", { class: "iel-head" });
+  const title = h("div", { class: "iel-title" });
+  const layerSel = h("select", { "aria-label": "layer" });
+  const scaleSel = h("select", { "aria-label": "colour scale" });
+  for (const [v, t] of [["sqrt", "√p (faint weights visible)"], ["linear", "p (linear)"], ["row", "p / row max"]]) scaleSel.append(h("option", { value: v, text: t }));
+  head.append(title, h("div", { class: "iel-row" }, h("label", {}, "layer ", layerSel), h("label", {}, "colour ", scaleSel)));
+  const thumbs = h("div", { class: "iel-thumbs", role: "listbox", "aria-label": "heads" });
+  const main = h("div", { class: "iel-attn-main" });
+  const canvas = h("canvas", { class: "iel-pattern", tabindex: "0", "aria-label": "attention pattern" });
+  const legend = h("div", { class: "iel-legend" });
+  const readout = h("div", { class: "iel-readout", "aria-live": "polite" });
+  const strip = h("div", { class: "iel-tokens", "aria-label": "tokens" });
+  const error = h("div", { class: "iel-error", role: "alert" });
+  main.append(h("div", { class: "iel-patwrap" }, canvas, legend), h("div", { class: "iel-side" }, readout, strip));
+  root.append(head, thumbs, main, error);
+  el.append(root);
+
+  let focus = -1; // token under the pointer (or keyboard focus)
+  let cell = null; // [q, k] under the pointer
+  let pending = null;
+  const tokens = () => model.get("tokens");
+
+  function drawLegend() {
+    const c = h("canvas", { width: 120, height: 10 });
+    const ctx = c.getContext("2d");
+    for (let i = 0; i < 120; i++) { const b = Math.round(i / 119 * 255); ctx.fillStyle = `rgb(${LUT[b * 3]},${LUT[b * 3 + 1]},${LUT[b * 3 + 2]})`; ctx.fillRect(i, 0, 1, 10); }
+    const sc = scaleSel.value;
+    legend.replaceChildren(h("span", { text: "0" }), c, h("span", { text: sc === "row" ? "row max" : "1" }),
+      h("span", { class: "iel-muted", text: sc === "sqrt" ? " (√ scale)" : "" }));
+  }
+
+  function drawThumbs() {
+    const n = model.get("n_heads"), side = model.get("thumb_side");
+    const data = asBytes(model.get("thumbs"));
+    const cur = model.get("head");
+    thumbs.replaceChildren();
+    for (let k = 0; k < n; k++) {
+      const c = h("canvas", { width: side, height: side });
+      const ctx = c.getContext("2d");
+      const img = ctx.createImageData(side, side);
+      for (let i = 0; i < side * side; i++) {
+        const b = data[k * side * side + i] || 0;
+        img.data[i * 4] = LUT[b * 3]; img.data[i * 4 + 1] = LUT[b * 3 + 1]; img.data[i * 4 + 2] = LUT[b * 3 + 2]; img.data[i * 4 + 3] = 255;
+      }
+      ctx.putImageData(img, 0, 0);
+      const b = h("button", { class: "iel-thumb" + (k === cur ? " iel-sel" : ""), type: "button", role: "option",
+        "aria-selected": k === cur ? "true" : "false", tabindex: k === cur ? "0" : "-1", "data-head": String(k),
+        title: `layer ${model.get("layer")} head ${k}` }, c, h("span", { text: `h${k}` }));
+      thumbs.append(b);
+    }
+  }
+
+  function geometry() {
+    const n = tokens().length;
+    const labels = n <= 40;
+    const margin = labels ? 72 : 4;
+    const size = Math.max(220, Math.min(520, n * (labels ? 16 : 2)));
+    return { n, labels, margin, size, cellPx: size / n };
+  }
+
+  function drawPattern() {
+    const { n, labels, margin, size, cellPx } = geometry();
+    const vals = asFloat32(model.get("pattern"));
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = (size + margin) * dpr; canvas.height = (size + margin) * dpr;
+    canvas.style.width = `${size + margin}px`; canvas.style.height = `${size + margin}px`;
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, size + margin, size + margin);
+    if (vals.length !== n * n) return;
+    const off = document.createElement("canvas");
+    off.width = n; off.height = n;
+    const octx = off.getContext("2d");
+    const img = octx.createImageData(n, n);
+    img.data.set(patternPixels(vals, n, n, scaleSel.value, LUT));
+    octx.putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(off, margin, margin, size, size);
+    const fg = getComputedStyle(root).getPropertyValue("--iel-fg").trim() || "#222";
+    if (labels) {
+      ctx.fillStyle = fg; ctx.font = "11px var(--jp-code-font-family, monospace)";
+      ctx.textAlign = "right"; ctx.textBaseline = "middle";
+      tokens().forEach((t, i) => {
+        ctx.font = (i === focus ? "bold " : "") + "11px monospace";
+        ctx.fillText(showToken(t).slice(0, 9), margin - 4, margin + (i + 0.5) * cellPx);
+      });
+      ctx.save();
+      ctx.textAlign = "left";
+      tokens().forEach((t, j) => {
+        ctx.save(); ctx.translate(margin + (j + 0.5) * cellPx, margin - 4); ctx.rotate(-Math.PI / 3);
+        ctx.font = (j === focus ? "bold " : "") + "11px monospace";
+        ctx.fillText(showToken(t).slice(0, 9), 0, 0); ctx.restore();
+      });
+      ctx.restore();
+    }
+    const hi = getComputedStyle(root).getPropertyValue("--iel-accent").trim() || "#e91e63";
+    ctx.strokeStyle = hi; ctx.lineWidth = 1.5;
+    if (focus >= 0 && focus < n) {
+      ctx.strokeRect(margin, margin + focus * cellPx, size, cellPx); // what it attends to (its row)
+      ctx.setLineDash([3, 3]);
+      ctx.strokeRect(margin + focus * cellPx, margin, cellPx, size); // what attends to it (its column)
+      ctx.setLineDash([]);
+    }
+    if (cell) { ctx.strokeStyle = "#fff"; ctx.strokeRect(margin + cell[1] * cellPx, margin + cell[0] * cellPx, cellPx, cellPx); }
+  }
+
+  function drawStrip() {
+    const toks = tokens();
+    const vals = asFloat32(model.get("pattern"));
+    const n = toks.length;
+    const kids = strip.children;
+    if (kids.length !== n) {
+      strip.replaceChildren(...toks.map((t, i) => h("span", { class: "iel-tok", tabindex: "0", "data-i": String(i), title: `${i}: ${JSON.stringify(t)}`, text: showToken(t) })));
+    }
+    for (let j = 0; j < n; j++) {
+      const sp = strip.children[j];
+      if (focus < 0 || vals.length !== n * n) { sp.style.background = ""; sp.style.boxShadow = ""; sp.classList.remove("iel-focus"); continue; }
+      const to = vals[focus * n + j]; // focus attends to j
+      const from = vals[j * n + focus]; // j attends to focus
+      sp.style.background = to > 0.005 ? `rgba(233, 30, 99, ${Math.min(0.85, Math.sqrt(to))})` : "";
+      sp.style.boxShadow = from > 0.005 ? `inset 0 -${Math.max(1, Math.round(Math.sqrt(from) * 5))}px 0 rgba(33, 150, 243, 0.95)` : "";
+      sp.classList.toggle("iel-focus", j === focus);
+    }
+  }
+
+  function describeFocus() {
+    const toks = tokens();
+    const vals = asFloat32(model.get("pattern"));
+    const n = toks.length;
+    const L = model.get("layer"), H = model.get("head");
+    if (cell && vals.length === n * n) {
+      const [q, k] = cell;
+      readout.textContent = `L${L} H${H}: query ${q} ${JSON.stringify(toks[q])} → key ${k} ${JSON.stringify(toks[k])}: ${vals[q * n + k].toFixed(4)}`;
+    } else if (focus >= 0) {
+      let best = 0; for (let j = 0; j < n; j++) if (vals[focus * n + j] > vals[focus * n + best]) best = j;
+      readout.textContent = `L${L} H${H}: token ${focus} ${JSON.stringify(toks[focus])} attends most to ${best} ${JSON.stringify(toks[best])} (${(vals[focus * n + best] || 0).toFixed(3)}). Pink: what it attends to; blue underline: what attends to it.`;
+    } else {
+      readout.textContent = `L${L} H${H}: hover a token or a cell. Rows are queries, columns keys.`;
+    }
+  }
+
+  function refreshAll() {
+    const n = tokens().length;
+    title.replaceChildren(h("b", { text: "attention" }), ` · ${model.get("title")} · ${model.get("n_heads")} heads · showing layer ${model.get("layer")}, head ${model.get("head")}`);
+    if (layerSel.options.length !== model.get("layers").length) {
+      layerSel.replaceChildren(...model.get("layers").map((L) => h("option", { value: String(L), text: String(L) })));
+    }
+    layerSel.value = String(model.get("layer"));
+    if (focus >= n) focus = -1;
+    drawThumbs(); drawPattern(); drawStrip(); describeFocus(); drawLegend();
+  }
+
+  function request(layer, head) {
+    pending = [layer, head];
+    root.classList.add("iel-busy");
+    model.send({ cmd: "select", layer, head });
+  }
+
+  thumbs.addEventListener("click", (e) => { const b = e.target.closest(".iel-thumb"); if (b) request(model.get("layer"), Number(b.dataset.head)); });
+  thumbs.addEventListener("keydown", (e) => {
+    const b = e.target.closest(".iel-thumb"); if (!b) return;
+    const k = Number(b.dataset.head), n = model.get("n_heads");
+    const perRow = Math.max(1, Math.floor(thumbs.clientWidth / (b.offsetWidth + 6)) || 8);
+    let to = null;
+    if (e.key === "ArrowRight") to = Math.min(n - 1, k + 1);
+    else if (e.key === "ArrowLeft") to = Math.max(0, k - 1);
+    else if (e.key === "ArrowDown") to = Math.min(n - 1, k + perRow);
+    else if (e.key === "ArrowUp") to = Math.max(0, k - perRow);
+    else if (e.key === "Enter" || e.key === " ") { e.preventDefault(); request(model.get("layer"), k); return; }
+    else return;
+    e.preventDefault(); e.stopPropagation();
+    const t = thumbs.children[to]; for (const x of thumbs.children) x.setAttribute("tabindex", "-1");
+    t.setAttribute("tabindex", "0"); t.focus();
+  });
+  layerSel.addEventListener("change", () => request(Number(layerSel.value), model.get("head")));
+  scaleSel.addEventListener("change", () => { drawPattern(); drawLegend(); });
+  canvas.addEventListener("mousemove", (e) => {
+    const { n, margin, cellPx } = geometry();
+    const r = canvas.getBoundingClientRect();
+    const q = Math.floor((e.clientY - r.top - margin) / cellPx), k = Math.floor((e.clientX - r.left - margin) / cellPx);
+    if (q >= 0 && q < n && k >= 0 && k < n) { cell = [q, k]; focus = q; } else { cell = null; }
+    drawPattern(); drawStrip(); describeFocus();
+  });
+  canvas.addEventListener("mouseleave", () => { cell = null; drawPattern(); describeFocus(); });
+  canvas.addEventListener("keydown", (e) => {
+    const n = tokens().length;
+    if (e.key === "ArrowDown") focus = Math.min(n - 1, focus + 1);
+    else if (e.key === "ArrowUp") focus = Math.max(0, focus - 1);
+    else return;
+    e.preventDefault(); e.stopPropagation(); cell = null; drawPattern(); drawStrip(); describeFocus();
+  });
+  const onTok = (e) => { const sp = e.target.closest(".iel-tok"); if (!sp) return; focus = Number(sp.dataset.i); cell = null; drawPattern(); drawStrip(); describeFocus(); };
+  strip.addEventListener("mouseover", onTok);
+  strip.addEventListener("focusin", onTok);
+
+  const onPattern = () => { pending = null; root.classList.remove("iel-busy"); refreshAll(); };
+  const onError = () => { error.textContent = model.get("error"); };
+  const onMsg = (msg) => { if (msg && msg.type === "error") { error.textContent = msg.message; root.classList.remove("iel-busy"); } };
+  model.on("change:pattern", onPattern);
+  model.on("change:thumbs", onPattern);
+  model.on("change:error", onError);
+  model.on("msg:custom", onMsg);
+  refreshAll();
+  return () => { model.off("change:pattern", onPattern); model.off("change:thumbs", onPattern); model.off("change:error", onError); model.off("msg:custom", onMsg); };
+}
+
+export default { render };

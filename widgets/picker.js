@@ -1,0 +1,239 @@
+// Address picker: one decoder block of this model drawn in forward order; click a point to select it.
+import { addressOf, fillLayer, layoutBlock, pointOrder, servedAt, snippet } from "./util.js";
+
+const SVG = "http://www.w3.org/2000/svg";
+const COLX = [36, 196, 400];
+
+function h(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "text") e.textContent = v; else if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) if (c) e.append(c);
+  return e;
+}
+function s(tag, attrs = {}) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+
+function render({ model, el }) {
+  const t0 = performance.now();
+  const spec = model.get("spec");
+  const byName = new Map(spec.points.map((p) => [p.name, p]));
+  let layer = model.get("layer");
+  let focusName = null; // the point whose card is shown (hover or keyboard focus)
+
+  const root = h("div", { class: "iel-root iel-picker" });
+  const head = h("div", { class: "iel-head" });
+  const title = h("div", { class: "iel-title" });
+  title.append(h("b", { text: spec.family }), ` · ${spec.n_layers} layers · d_model ${spec.d_model} · `
+    + `${spec.n_heads} heads × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}`
+    + (spec.n_experts ? ` · ${spec.n_experts} experts` : "") + ` · backend ${spec.backend}`);
+  const layerBox = h("label", { class: "iel-layer" }, "layer ");
+  const prev = h("button", { class: "iel-btn", type: "button", "aria-label": "previous layer", text: "◀" });
+  const sel = h("select", { "aria-label": "layer" });
+  for (let i = 0; i < spec.n_layers; i++) {
+    const kind = spec.layer_kinds[i] && spec.layer_kinds[i] !== "global" ? ` (${spec.layer_kinds[i]})` : "";
+    const moe = spec.structure.moe_layers.includes(i) ? " MoE" : "";
+    sel.append(h("option", { value: String(i), text: `${i}${kind}${moe}` }));
+  }
+  const next = h("button", { class: "iel-btn", type: "button", "aria-label": "next layer", text: "▶" });
+  layerBox.append(prev, sel, next);
+  const selectedLine = h("div", { class: "iel-selected", "aria-live": "polite" });
+  head.append(title, h("div", { class: "iel-row" }, layerBox, selectedLine));
+
+  const body = h("div", { class: "iel-body" });
+  const svgWrap = h("div", { class: "iel-diagram" });
+  const card = h("div", { class: "iel-card", "aria-live": "polite" });
+  const error = h("div", { class: "iel-error", role: "alert" });
+  body.append(svgWrap, card);
+  root.append(head, body, error);
+  el.append(root);
+
+  let order = [];
+  let svg = null;
+
+  function drawDiagram() {
+    const moe = spec.structure.moe_layers.includes(layer);
+    const layout = layoutBlock(spec.structure, moe, new Set(byName.keys()));
+    order = pointOrder(layout);
+    const width = spec.structure.parallel_block ? 630 : 420;
+    svg = s("svg", { width, height: layout.height, viewBox: `0 0 ${width} ${layout.height}`, role: "group",
+      "aria-label": `block diagram of layer ${layer}` });
+    const bg = s("g", { class: "iel-wires" });
+    const fg = s("g");
+    svg.append(bg, fg);
+    const items = layout.items;
+    const top = items[0].y, bottom = items[items.length - 1].y;
+    const frame = s("rect", { x: 8, y: layout.blockTop, width: width - 16, height: layout.blockBottom - layout.blockTop,
+      rx: 8, class: "iel-block" });
+    bg.append(frame);
+    bg.append(s("line", { x1: COLX[0], y1: top, x2: COLX[0], y2: bottom, class: "iel-spine" }));
+    if ((spec.structure.n_streams || 1) > 1) {
+      for (const dx of [-4, 4]) bg.append(s("line", { x1: COLX[0] + dx, y1: layout.blockTop, x2: COLX[0] + dx, y2: layout.blockBottom, class: "iel-spine iel-stream" }));
+    }
+    const lbl = s("text", { x: width - 14, y: layout.blockTop + 14, "text-anchor": "end", class: "iel-blocklabel" });
+    lbl.textContent = `layer ${layer} of ${spec.n_layers}` + (moe ? " · MoE" : "") +
+      (spec.layer_kinds[layer] && spec.layer_kinds[layer] !== "global" ? ` · ${spec.layer_kinds[layer]} attention` : "");
+    bg.append(lbl);
+    // branch wires: from each fork down to the matching join
+    const forks = items.filter((i) => i.kind === "fork"), joins = items.filter((i) => i.kind === "join");
+    forks.forEach((f, k) => {
+      const j = joins[k];
+      for (const col of f.to) {
+        bg.append(s("path", { d: `M${COLX[0]},${f.y} H${COLX[col]} V${j.y} H${COLX[0]}`, class: "iel-branch" }));
+      }
+    });
+    for (const it of items) {
+      const x = COLX[it.col];
+      if (it.kind === "module" || it.kind === "trunk") {
+        const w = it.span === 2 ? COLX[2] - COLX[1] + 190 : (it.col === 0 ? 170 : 196);
+        const g = s("g", { class: `iel-mod iel-m-${it.role || "trunk"}` });
+        g.append(s("rect", { x: x - 12, y: it.y - 9, width: w, height: 18, rx: 4 }));
+        const tx = s("text", { x: x - 4, y: it.y + 4 });
+        tx.textContent = it.label;
+        g.append(tx);
+        fg.append(g);
+      } else if (it.kind === "join") {
+        const g = s("g", { class: "iel-join" });
+        g.append(s("circle", { cx: x, cy: it.y, r: 7 }));
+        g.append(s("path", { d: `M${x - 4},${it.y} H${x + 4} M${x},${it.y - 4} V${it.y + 4}` }));
+        fg.append(g);
+      } else if (it.kind === "point") {
+        const p = byName.get(it.name);
+        const { ok } = servedAt(p, layer);
+        const g = s("g", { class: "iel-pt" + (ok ? "" : " iel-off"), tabindex: "-1", role: "button",
+          "data-name": p.name, "aria-label": `${addressOf(p, layer)}${ok ? "" : " (not served)"}` });
+        g.append(s("rect", { x: x - 9, y: it.y - 10, width: 168, height: 20, rx: 10, class: "iel-hit" }));
+        g.append(s("circle", { cx: x, cy: it.y, r: 5.5 }));
+        const tx = s("text", { x: x + 12, y: it.y + 4 });
+        tx.textContent = p.scope === "trunk" ? p.name : `${p.name}.${layer}`;
+        g.append(tx);
+        fg.append(g);
+      }
+    }
+    svgWrap.replaceChildren(svg);
+    refreshSelection();
+  }
+
+  function refreshSelection() {
+    const selected = new Set(model.get("selected"));
+    for (const g of svgWrap.querySelectorAll(".iel-pt")) {
+      const p = byName.get(g.dataset.name);
+      const on = selected.has(addressOf(p, layer));
+      g.classList.toggle("iel-sel", on);
+      g.setAttribute("aria-pressed", on ? "true" : "false");
+    }
+    const list = model.get("selected");
+    selectedLine.textContent = list.length ? `selected: ${list.join(", ")}` : "click a point to select it (shift: several)";
+    const first = focusName && order.includes(focusName) ? focusName : order[0];
+    for (const g of svgWrap.querySelectorAll(".iel-pt")) g.setAttribute("tabindex", g.dataset.name === first ? "0" : "-1");
+  }
+
+  function showCard(name) {
+    focusName = name;
+    const p = byName.get(name);
+    if (!p) return;
+    const { ok, why } = servedAt(p, layer);
+    const v = p.verdicts[spec.backend];
+    card.replaceChildren();
+    const addr = addressOf(p, layer);
+    card.append(h("div", { class: "iel-card-title" }, h("code", { text: addr }),
+      h("span", { class: "iel-chip " + (ok ? "iel-ok" : "iel-no"), text: ok ? (v.verdict === "served" ? "served" : v.verdict) : "not served" })));
+    if (!ok) card.append(h("div", { class: "iel-why", text: why }));
+    card.append(h("p", { class: "iel-def", text: p.definition }));
+    if (p.note) card.append(h("p", { class: "iel-note", text: p.note }));
+    const dl = h("table", { class: "iel-kv" });
+    const row = (k, val) => { dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, h("code", { text: val })))); };
+    row("width", p.width);
+    row("shape", p.shape);
+    const names = [["transformerlens", "TransformerLens"], ["transformerlens_bridge", "TransformerBridge"], ["nnterp", "nnterp"]];
+    for (const [k, label] of names) row(label, fillLayer(p.names[k], layer) || "—");
+    card.append(dl);
+    for (const w of p.warnings) card.append(h("div", { class: "iel-warn", text: "⚠ " + fillLayer(w, layer) }));
+    const vt = h("table", { class: "iel-verdicts" });
+    for (const [b, bv] of Object.entries(p.verdicts)) {
+      vt.append(h("tr", {}, h("td", { text: b + (b === spec.backend ? (spec.handle === "s" ? " (this session)" : " (shown)") : "") }),
+        h("td", { class: bv.ok ? "iel-ok-t" : "iel-no-t", text: bv.verdict }), h("td", { text: bv.reason })));
+    }
+    card.append(vt);
+    const code = snippet(p, layer, spec.handle);
+    const pre = h("pre", { class: "iel-snippet", text: code });
+    const copy = h("button", { class: "iel-btn", type: "button", text: "copy" });
+    copy.addEventListener("click", async () => {
+      try { await navigator.clipboard.writeText(code); copy.textContent = "copied"; }
+      catch { const r = document.createRange(); r.selectNodeContents(pre); const sl = getSelection(); sl.removeAllRanges(); sl.addRange(r); copy.textContent = "selected: Ctrl+C"; }
+      setTimeout(() => { copy.textContent = "copy"; }, 1200);
+    });
+    card.append(h("div", { class: "iel-snipbox" }, pre, copy));
+  }
+
+  function choose(name, multi) {
+    const p = byName.get(name);
+    if (!p) return;
+    const { ok, why } = servedAt(p, layer);
+    showCard(name);
+    if (!ok) { error.textContent = `${addressOf(p, layer)} is not served here: ${why}`; return; }
+    error.textContent = "";
+    model.send({ cmd: "select", address: addressOf(p, layer), multi: !!multi });
+  }
+
+  function setLayer(L) {
+    if (L < 0 || L >= spec.n_layers || L === layer) return;
+    layer = L;
+    sel.value = String(L);
+    drawDiagram();
+    if (focusName) showCard(focusName);
+  }
+
+  svgWrap.addEventListener("click", (e) => {
+    const g = e.target.closest(".iel-pt");
+    if (g) { g.focus(); choose(g.dataset.name, e.shiftKey || e.metaKey || e.ctrlKey); }
+  });
+  svgWrap.addEventListener("mouseover", (e) => { const g = e.target.closest(".iel-pt"); if (g) showCard(g.dataset.name); });
+  svgWrap.addEventListener("focusin", (e) => { const g = e.target.closest(".iel-pt"); if (g) showCard(g.dataset.name); });
+  svgWrap.addEventListener("keydown", (e) => {
+    const g = e.target.closest(".iel-pt");
+    if (!g) return;
+    const i = order.indexOf(g.dataset.name);
+    let to = null;
+    if (e.key === "ArrowDown" || e.key === "ArrowRight") to = order[Math.min(order.length - 1, i + 1)];
+    else if (e.key === "ArrowUp" || e.key === "ArrowLeft") to = order[Math.max(0, i - 1)];
+    else if (e.key === "Home") to = order[0];
+    else if (e.key === "End") to = order[order.length - 1];
+    else if (e.key === "PageDown" || e.key === "]") { setLayer(layer + 1); to = g.dataset.name; }
+    else if (e.key === "PageUp" || e.key === "[") { setLayer(layer - 1); to = g.dataset.name; }
+    else if (e.key === "Enter" || e.key === " ") { e.preventDefault(); choose(g.dataset.name, e.shiftKey); return; }
+    else return;
+    e.preventDefault();
+    e.stopPropagation();
+    const target = svgWrap.querySelector(`.iel-pt[data-name="${to}"]`);
+    if (target) { for (const x of svgWrap.querySelectorAll(".iel-pt")) x.setAttribute("tabindex", "-1"); target.setAttribute("tabindex", "0"); target.focus(); }
+  });
+  sel.addEventListener("change", () => setLayer(Number(sel.value)));
+  prev.addEventListener("click", () => setLayer(layer - 1));
+  next.addEventListener("click", () => setLayer(layer + 1));
+
+  const onSelected = () => refreshSelection();
+  const onLayer = () => setLayer(model.get("layer"));
+  const onError = () => { error.textContent = model.get("error"); };
+  const onMsg = (msg) => { if (msg && msg.type === "error") error.textContent = msg.message; };
+  model.on("change:selected", onSelected);
+  model.on("change:layer", onLayer);
+  model.on("change:error", onError);
+  model.on("msg:custom", onMsg);
+
+  sel.value = String(layer);
+  drawDiagram();
+  const sel0 = model.get("selected");
+  showCard(sel0.length ? sel0[sel0.length - 1].split(".")[0] : "resid_post");
+  requestAnimationFrame(() => { root.dataset.renderMs = (performance.now() - t0).toFixed(1); });
+  return () => {
+    model.off("change:selected", onSelected); model.off("change:layer", onLayer);
+    model.off("change:error", onError); model.off("msg:custom", onMsg);
+  };
+}
+
+export default { render };

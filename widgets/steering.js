@@ -1,0 +1,189 @@
+// Steering panel: baseline vs steered continuations; controls regenerate (debounced), tokens stream in.
+import { debounce, diffTokens, showToken } from "./util.js";
+
+function h(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "text") e.textContent = v; else if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) if (c) e.append(c);
+  return e;
+}
+
+const USES = { add: ["scale"], orthogonal: ["scale"], norm_scaled_add: ["scale"], cap: ["cap_min", "cap_max"], swap: ["target"], ablate: [] };
+const LABELS = { scale: "coefficient", cap_min: "cap min", cap_max: "cap max", target: "target" };
+
+function render({ model, el }) {
+  const root = h("div", { class: "iel-root iel-steer" });
+  const title = h("div", { class: "iel-title" });
+  const prompt = h("textarea", { class: "iel-prompt", rows: "2", "aria-label": "prompt", title: "Ctrl+Enter to run" });
+  const pointSel = h("select", { "aria-label": "steering point" });
+  const layerIn = h("input", { type: "number", min: "0", step: "1", class: "iel-num", "aria-label": "layer" });
+  const methodSel = h("select", { "aria-label": "method" });
+  const sliders = h("div", { class: "iel-sliders" });
+  const status = h("span", { class: "iel-status", "aria-live": "polite" });
+  const source = h("div", { class: "iel-source" });
+  const pos = h("textarea", { rows: "3", "aria-label": "positive prompts, one per line", placeholder: "positive prompts, one per line" });
+  const neg = h("textarea", { rows: "3", "aria-label": "negative prompts, one per line", placeholder: "negative prompts, one per line" });
+  const computeBtn = h("button", { class: "iel-btn", type: "button", text: "use difference of means" });
+  const contrast = h("details", { class: "iel-contrast" }, h("summary", { text: "vector from two prompt lists" }),
+    h("div", { class: "iel-row" }, pos, neg), computeBtn);
+  const baseBox = h("div", { class: "iel-text", "data-which": "baseline", "aria-label": "baseline continuation" });
+  const steerBox = h("div", { class: "iel-text", "data-which": "steered", "aria-label": "steered continuation", "aria-live": "polite" });
+  const error = h("div", { class: "iel-error", role: "alert" });
+  root.append(
+    title,
+    h("div", { class: "iel-row" }, h("label", { class: "iel-grow" }, "prompt", prompt)),
+    h("div", { class: "iel-row iel-controls" }, h("label", {}, "point ", pointSel), h("label", {}, "layer ", layerIn),
+      h("label", {}, "method ", methodSel), status),
+    sliders, source, contrast,
+    h("div", { class: "iel-cols" },
+      h("div", { class: "iel-col" }, h("div", { class: "iel-colhead", text: "baseline" }), baseBox),
+      h("div", { class: "iel-col" }, h("div", { class: "iel-colhead" }, "steered ", h("span", { class: "iel-muted", text: "(changed tokens marked)" })), steerBox)),
+    error);
+  el.append(root);
+
+  let seq = model.get("seq");
+  let current = seq; // the generation whose tokens we show
+  let live = null; // {steered: [...], ids: [...], baseline?: [...]} while streaming
+  const inputs = {};
+
+  function tokensOf(which) {
+    if (live && live[which] && (which !== "steered" || live.steered.length)) return live[which];
+    return which === "baseline" ? model.get("baseline") : model.get("steered");
+  }
+  function idsOf(which) {
+    if (live && live[which + "_ids"] && (which !== "steered" || live.steered.length)) return live[which + "_ids"];
+    return which === "baseline" ? model.get("baseline_ids") : model.get("steered_ids");
+  }
+
+  function drawTexts() {
+    const bt = tokensOf("baseline"), st = tokensOf("steered");
+    const d = diffTokens(idsOf("baseline"), idsOf("steered"));
+    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: showToken(t) });
+    baseBox.replaceChildren(...bt.map((t, i) => span(t, live && live.baseline && i >= bt.length ? "same" : d.a[i] || "same")));
+    steerBox.replaceChildren(...st.map((t, i) => span(t, d.b[i] || "same")));
+    steerBox.dataset.seq = String(current);
+    steerBox.dataset.count = String(st.length);
+    root.classList.toggle("iel-stale", !!(live && live.steered.length === 0));
+  }
+
+  function drawSliders() {
+    const m = model.get("method");
+    sliders.replaceChildren();
+    for (const k of USES[m]) {
+      const [lo, hi, step] = k === "scale" ? model.get("scale_range") : model.get("proj_range");
+      const v = model.get(k);
+      const r = h("input", { type: "range", min: String(Math.min(lo, v)), max: String(Math.max(hi, v)), step: String(step), value: String(v),
+        "aria-label": LABELS[k], "data-knob": k });
+      const out = h("output", { text: Number(v).toFixed(2) });
+      r.addEventListener("input", () => { out.textContent = Number(r.value).toFixed(2); sendSoon(); });
+      inputs[k] = r;
+      sliders.append(h("label", { class: "iel-slider" }, h("span", { text: LABELS[k] }), r, out));
+    }
+    if (!USES[m].length) sliders.append(h("span", { class: "iel-muted", text: "ablate removes the direction: no coefficient." }));
+  }
+
+  function drawHeader() {
+    title.replaceChildren(h("b", { text: "steering" }), ` · ${model.get("method")} at `, h("code", { text: model.get("address") }),
+      ` · ${model.get("max_new_tokens")} greedy tokens`);
+    if (document.activeElement !== prompt) prompt.value = model.get("prompt");
+    const [name, L] = model.get("address").split(".");
+    if (pointSel.options.length !== model.get("points").length) pointSel.replaceChildren(...model.get("points").map((p) => h("option", { value: p, text: p })));
+    pointSel.value = name;
+    layerIn.max = String(model.get("n_layers") - 1);
+    if (document.activeElement !== layerIn) layerIn.value = L;
+    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p })));
+    methodSel.value = model.get("method");
+    source.textContent = "vector: " + model.get("vector_source");
+    if (document.activeElement !== pos) pos.value = model.get("positive").join("\n");
+    if (document.activeElement !== neg) neg.value = model.get("negative").join("\n");
+  }
+
+  function drawStatus() {
+    const st = model.get("status");
+    status.textContent = live ? "generating…" : (st === "generating" ? "generating…" : st);
+    root.classList.toggle("iel-busy", !!live || st === "generating");
+  }
+
+  function knobs() {
+    const out = { method: methodSel.value };
+    for (const k of USES[methodSel.value]) out[k] = Number(inputs[k].value);
+    return out;
+  }
+  const send = () => {
+    seq = Math.max(seq, current, model.get("seq")) + 1;
+    root.dataset.sentAt = String(performance.now());
+    model.send({ cmd: "steer", seq, ...knobs() });
+  };
+  const sendSoon = debounce(send, 30);
+
+  methodSel.addEventListener("change", () => { model.set("method", methodSel.value); drawSliders(); sendSoon.flush(); send(); });
+  const sendAddress = () => {
+    const L = Math.trunc(Number(layerIn.value));
+    if (!(L >= 0 && L < model.get("n_layers"))) { error.textContent = `layer must be 0..${model.get("n_layers") - 1}`; return; }
+    seq = Math.max(seq, current) + 1;
+    model.send({ cmd: "address", seq, address: `${pointSel.value}.${L}` });
+  };
+  pointSel.addEventListener("change", sendAddress);
+  layerIn.addEventListener("change", sendAddress);
+  prompt.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); e.stopPropagation(); seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); }
+  });
+  prompt.addEventListener("change", () => { if (prompt.value !== model.get("prompt")) { seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); } });
+  computeBtn.addEventListener("click", () => {
+    const lines = (t) => t.value.split("\n").map((x) => x.trim()).filter(Boolean);
+    seq = Math.max(seq, current) + 1;
+    model.send({ cmd: "contrast", seq, positive: lines(pos), negative: lines(neg) });
+  });
+  // keep key presses inside the panel from reaching notebook shortcuts
+  root.addEventListener("keydown", (e) => { if (e.target.matches("input, textarea, select")) e.stopPropagation(); });
+
+  const onMsg = (msg) => {
+    if (!msg || typeof msg !== "object") return;
+    if (msg.type === "start") {
+      if (msg.seq < current) return;
+      current = msg.seq;
+      live = { steered: [], steered_ids: [] };
+      if (msg.baseline) { live.baseline = []; live.baseline_ids = []; }
+      error.textContent = "";
+      drawStatus(); drawTexts();
+    } else if (msg.type === "token") {
+      if (msg.seq !== current || !live) return;
+      if (msg.which === "baseline" && live.baseline) { live.baseline.push(msg.token); live.baseline_ids.push(msg.id); }
+      else if (msg.which === "steered") {
+        live.steered.push(msg.token); live.steered_ids.push(msg.id);
+        if (live.steered.length === 1) root.dataset.firstTokenAt = String(performance.now());
+      }
+      drawTexts();
+    } else if (msg.type === "done") {
+      if (msg.seq !== current) return;
+      live = null;
+      drawTexts(); drawStatus();
+    } else if (msg.type === "error") {
+      if (msg.seq === undefined || msg.seq === current) { live = null; drawStatus(); drawTexts(); }
+      error.textContent = msg.message;
+    }
+  };
+  const onState = () => { if (!live) drawTexts(); drawHeader(); drawStatus(); };
+  const onRanges = () => drawSliders();
+  const onKnob = () => {
+    for (const [k, r] of Object.entries(inputs)) {
+      if (!r.isConnected || document.activeElement === r) continue;
+      const v = model.get(k);
+      if (Math.abs(Number(r.value) - v) > 1e-9) { r.value = String(v); r.nextSibling.textContent = Number(v).toFixed(2); }
+    }
+  };
+  const onMethod = () => { drawSliders(); drawHeader(); };
+  const onError = () => { error.textContent = model.get("error"); };
+  const listeners = [["msg:custom", onMsg], ["change:status", drawStatus], ["change:error", onError], ["change:method", onMethod]];
+  for (const k of ["steered", "baseline", "seq", "address", "prompt", "vector_source", "positive", "negative"]) listeners.push(["change:" + k, onState]);
+  for (const k of ["scale_range", "proj_range"]) listeners.push(["change:" + k, onRanges]);
+  for (const k of ["scale", "cap_min", "cap_max", "target"]) listeners.push(["change:" + k, onKnob]);
+  for (const [ev, fn] of listeners) model.on(ev, fn);
+
+  drawHeader(); drawSliders(); drawTexts(); drawStatus();
+  return () => { for (const [ev, fn] of listeners) model.off(ev, fn); sendSoon.flush(); };
+}
+
+export default { render };

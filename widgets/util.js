@@ -1,0 +1,235 @@
+// Pure helpers shared by the panels (no DOM access at import time). Unit-tested in tests/js/.
+
+export const VIRIDIS_STOPS = [
+  [68, 1, 84], [72, 40, 120], [62, 74, 137], [49, 104, 142], [38, 130, 142],
+  [31, 158, 137], [53, 183, 121], [109, 205, 89], [180, 222, 44], [253, 231, 37],
+];
+
+/** A 256-entry RGB lookup table interpolated from colour stops. */
+export function makeLut(stops = VIRIDIS_STOPS) {
+  const lut = new Uint8ClampedArray(256 * 3);
+  for (let i = 0; i < 256; i++) {
+    const t = (i / 255) * (stops.length - 1);
+    const a = Math.floor(t), b = Math.min(stops.length - 1, a + 1), f = t - a;
+    for (let c = 0; c < 3; c++) lut[i * 3 + c] = Math.round(stops[a][c] * (1 - f) + stops[b][c] * f);
+  }
+  return lut;
+}
+
+/** Map a value in [0, 1] to a byte after a display scale: "linear", "sqrt" or "row" (already row-normalised). */
+export function toByte(v, scale = "linear") {
+  if (!(v > 0)) return 0;
+  const x = scale === "sqrt" ? Math.sqrt(Math.min(1, v)) : Math.min(1, v);
+  return Math.round(x * 255);
+}
+
+/** RGBA pixels for an n x m matrix of probabilities under a display scale. */
+export function patternPixels(values, rows, cols, scale = "linear", lut = makeLut()) {
+  const out = new Uint8ClampedArray(rows * cols * 4);
+  for (let i = 0; i < rows; i++) {
+    let rowMax = 0;
+    if (scale === "row") for (let j = 0; j < cols; j++) rowMax = Math.max(rowMax, values[i * cols + j]);
+    for (let j = 0; j < cols; j++) {
+      let v = values[i * cols + j];
+      if (scale === "row") v = rowMax > 0 ? v / rowMax : 0;
+      const b = toByte(v, scale === "row" ? "linear" : scale);
+      const o = (i * cols + j) * 4;
+      out[o] = lut[b * 3]; out[o + 1] = lut[b * 3 + 1]; out[o + 2] = lut[b * 3 + 2]; out[o + 3] = 255;
+    }
+  }
+  return out;
+}
+
+/** A Float32Array over a binary trait (DataView, ArrayBuffer or typed array), copying when unaligned. */
+export function asFloat32(buf) {
+  if (!buf) return new Float32Array(0);
+  const bytes = buf instanceof ArrayBuffer ? new Uint8Array(buf)
+    : new Uint8Array(buf.buffer, buf.byteOffset || 0, buf.byteLength);
+  if (bytes.byteOffset % 4 === 0 && bytes.byteLength % 4 === 0) {
+    return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+  }
+  return new Float32Array(bytes.slice().buffer, 0, Math.floor(bytes.byteLength / 4));
+}
+
+export function asBytes(buf) {
+  if (!buf) return new Uint8Array(0);
+  if (buf instanceof ArrayBuffer) return new Uint8Array(buf);
+  return new Uint8Array(buf.buffer, buf.byteOffset || 0, buf.byteLength);
+}
+
+/** Debounce with an injectable clock (tests pass fake timers). The latest call wins. */
+export function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h) => clearTimeout(h) }) {
+  let handle = null;
+  const wrapped = (...args) => {
+    if (handle !== null) timers.clear(handle);
+    handle = timers.set(() => { handle = null; fn(...args); }, ms);
+  };
+  wrapped.flush = () => { if (handle !== null) { timers.clear(handle); handle = null; } };
+  return wrapped;
+}
+
+/**
+ * Token-level difference of two token lists (longest common subsequence of ids or strings).
+ * Returns {a: [...], b: [...]} with one mark per token: "same", or "removed" (only in a) / "added" (only in b).
+ */
+export function diffTokens(a, b) {
+  const n = a.length, m = b.length;
+  const L = Array.from({ length: n + 1 }, () => new Uint16Array(m + 1));
+  for (let i = n - 1; i >= 0; i--)
+    for (let j = m - 1; j >= 0; j--)
+      L[i][j] = a[i] === b[j] ? L[i + 1][j + 1] + 1 : Math.max(L[i + 1][j], L[i][j + 1]);
+  const ma = new Array(n).fill("removed"), mb = new Array(m).fill("added");
+  let i = 0, j = 0;
+  while (i < n && j < m) {
+    if (a[i] === b[j]) { ma[i] = "same"; mb[j] = "same"; i++; j++; }
+    else if (L[i + 1][j] >= L[i][j + 1]) i++;
+    else j++;
+  }
+  return { a: ma, b: mb };
+}
+
+/** Index of the first position where two lists differ (length of the common prefix). */
+export function firstDivergence(a, b) {
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  return i;
+}
+
+/** A token as it should read on screen: visible spaces and newlines, never empty. */
+export function showToken(t) {
+  if (t === "") return "∅";
+  return t.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/^ /, "·").replace(/^Ġ/, "·").replace(/^▁/, "·");
+}
+
+/** Fill "{L}" in another engine's name with a layer. */
+export function fillLayer(template, layer) {
+  return template ? template.split("{L}").join(String(layer)) : "";
+}
+
+/** The address text for a point at a layer (trunk points take none). */
+export function addressOf(point, layer) {
+  return point.scope === "trunk" ? point.name : `${point.name}.${layer}`;
+}
+
+/** Whether a point is served at a layer, and the reason when it is not. */
+export function servedAt(point, layer) {
+  const idx = point.scope === "trunk" ? 0 : layer;
+  const ok = point.served.charAt(idx) === "1";
+  return { ok, why: ok ? "" : (point.why[String(idx)] || "not served here") };
+}
+
+/** The copyable snippet for a point. */
+export function snippet(point, layer, handle = "s") {
+  const a = addressOf(point, layer);
+  const call = handle === "s" ? `cache = s.capture("When Mary and John went to the store,", ["${a}"])`
+    : `cache = ie_lab.capture(lm, "When Mary and John went to the store,", ["${a}"])`;
+  return `${call}\ncache["${a}"].shape  # ${point.shape}`;
+}
+
+/**
+ * Layout of one decoder block, in forward order, for the picker's SVG.
+ * structure: {parallel_block, sandwich_norms, pre_norms, gated_mlp, qk_norm, attn_gate, n_streams}, moe: this layer is MoE.
+ * Returns {items, height}: items are {kind: "point"|"module"|"join"|"fork"|"trunk", name|label, col, y}.
+ * col 0 is the residual spine; attention is col 1; the MLP is col 1 (sequential) or col 2 (parallel).
+ */
+export function layoutBlock(st, moe = false, names = null) {
+  const has = (n) => names === null || names.has(n);
+  const ROW = 24;
+  const items = [];
+  let y = 20;
+  const push = (it) => { items.push(it); return it; };
+  const multi = (st.n_streams || 1) > 1;
+  // trunk, top
+  push({ kind: "trunk", label: "token embedding", col: 0, y }); y += ROW;
+  const spine = (name) => { if (has(name)) { push({ kind: "point", name, col: 0, y }); y += ROW; } };
+  spine("embeddings"); y += 6;
+  const blockTop = y - 8;
+  if (multi) spine("resid_streams");
+  spine("resid_pre");
+
+  const attn = (col, y0) => {
+    let yy = y0;
+    const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
+    const m = (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; };
+    if (multi) p("attn_stream_collapse");
+    if (st.pre_norms) m("input norm", "norm");
+    p("attn_in");
+    if (st.qk_norm) {
+      m("q_proj · k_proj", "linear");
+      p("q_norm_in"); p("k_norm_in");
+      m("q_norm · k_norm", "norm");
+      p("q_norm_out"); p("k_norm_out");
+    } else {
+      m("q_proj · k_proj · v_proj", "linear");
+    }
+    p("value");
+    m("attention (RoPE, q·kᵀ, softmax)", "attn");
+    p("attn_scores"); p("attn_probs"); p("z");
+    if (st.attn_gate) p("attn_gate");
+    m("o_proj", "linear");
+    p("attn_out");
+    if (st.sandwich_norms) m("post-attention norm", "norm");
+    p("attn_out_post");
+    if (multi) { p("attn_stream_write"); p("attn_stream_mix"); }
+    return yy;
+  };
+  const mlp = (col, y0) => {
+    let yy = y0;
+    const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
+    const m = (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; };
+    if (multi) p("mlp_stream_collapse");
+    if (st.pre_norms && !st.parallel_block) m("pre-MLP norm", "norm");
+    p("mlp_in");
+    if (moe) {
+      m("router", "router");
+      p("router_logits"); p("expert_weights"); p("expert_indices");
+      m("experts (top-k, weighted sum)", "experts");
+    } else if (st.gated_mlp) {
+      m("gate_proj · up_proj", "linear");
+      p("mlp_pre"); p("mlp_pre_linear");
+      m("act(gate) × up", "act");
+      p("mlp_act");
+      m("down_proj", "linear");
+    } else {
+      m("up_proj", "linear");
+      p("mlp_pre");
+      m("activation", "act");
+      p("mlp_act");
+      m("down_proj", "linear");
+    }
+    p("mlp_out");
+    if (st.sandwich_norms) m("post-MLP norm", "norm");
+    p("mlp_out_post");
+    if (multi) { p("mlp_stream_write"); p("mlp_stream_mix"); }
+    return yy;
+  };
+
+  if (st.parallel_block) {
+    push({ kind: "fork", col: 1, y: y - 10, to: [1, 2] });
+    if (st.pre_norms) { push({ kind: "module", label: "input norm (shared)", role: "norm", col: 1, span: 2, y }); y += ROW; }
+    const end = Math.max(attn(1, y), mlp(2, y));
+    y = end;
+    push({ kind: "join", col: 0, y, from: [1, 2] }); y += ROW;
+  } else {
+    push({ kind: "fork", col: 1, y: y - 10, to: [1] });
+    y = attn(1, y);
+    push({ kind: "join", col: 0, y, from: [1] }); y += ROW;
+    spine("resid_mid");
+    push({ kind: "fork", col: 1, y: y - 10, to: [1] });
+    y = mlp(1, y);
+    push({ kind: "join", col: 0, y, from: [1] }); y += ROW;
+  }
+  spine("resid_post");
+  const blockBottom = y - 8;
+  y += 6;
+  push({ kind: "module", label: "final norm", role: "norm", col: 0, y, trunk: true }); y += ROW;
+  spine("final_norm");
+  push({ kind: "module", label: "lm_head (unembedding)", role: "linear", col: 0, y, trunk: true }); y += ROW;
+  spine("lm_head");
+  return { items, height: y, blockTop, blockBottom };
+}
+
+/** Order in which keyboard navigation visits the points of a layout (forward order, left column first per row). */
+export function pointOrder(layout) {
+  return layout.items.filter((it) => it.kind === "point").sort((p, q) => p.y - q.y || p.col - q.col).map((it) => it.name);
+}
