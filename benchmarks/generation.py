@@ -7,6 +7,7 @@ Model: the ~25M random Llama of capture_overhead.py. Variants (interleaved, medi
   ie_stream          ie_lab.generate_stream, same prompt and length          target >= 0.90x HF tok/s
   gen_then_rerun     HF generate 32 tokens, then one forward over prompt+generated capturing every resid_post
   capture_gen        ie_lab.generate 32 tokens capturing every resid_post     target >= 1.5x faster than gen_then_rerun
+  gen_then_rerun_512 / capture_gen_512   the same two with a 512-token prompt (the re-run grows with the prompt)
   unsteered_32 / steered_32   32 tokens without / with additive steering at two layers   target <= 1.10x
 Each variant's output is checked against HF's greedy tokens before any time is reported.
 """
@@ -65,6 +66,18 @@ def main() -> int:
         r = ie_lab.generate(lm, prompt, 32, capture=all_res, keep_logits=False)
         return r.ids, r.cache
 
+    prompt512 = torch.randint(3, lm.facts.vocab_size, (1, 512), generator=g)
+
+    def gen_then_rerun_512():
+        with torch.no_grad():
+            toks = model.generate(prompt512, max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, 512:].tolist()
+        return toks, ie_lab.capture(lm, torch.cat([prompt512, torch.tensor([toks])], 1), all_res)
+
+    def capture_gen_512():
+        r = ie_lab.generate(lm, prompt512, 32, capture=all_res, keep_logits=False)
+        return r.ids, r.cache
+
     def unsteered():
         return ie_lab.generate(lm, prompt, 32, keep_logits=False).ids
 
@@ -81,12 +94,15 @@ def main() -> int:
     }
     a, b = gen_then_rerun()[1], capture_gen()[1]
     checks["capture_gen_tensors"] = all(torch.allclose(a[k], b[k], atol=1e-4) for k in all_res)
+    (ta, a5), (tb, b5) = gen_then_rerun_512(), capture_gen_512()
+    checks["capture_gen_512"] = ta == tb and all(torch.allclose(a5[k], b5[k], atol=1e-4) for k in all_res)
     if not all(checks.values()):
         print("correctness check failed, not reporting speed:", checks, file=sys.stderr)
         return 1
 
     variants = {"hf_generate": lambda: hf(128), "ie_stream": ie_stream, "gen_then_rerun": gen_then_rerun,
-                "capture_gen": capture_gen, "unsteered_32": unsteered, "steered_32": steered}
+                "capture_gen": capture_gen, "gen_then_rerun_512": gen_then_rerun_512,
+                "capture_gen_512": capture_gen_512, "unsteered_32": unsteered, "steered_32": steered}
     times = {k: [] for k in variants}
     for fn in variants.values():
         fn()
@@ -99,11 +115,13 @@ def main() -> int:
     ratios = {
         "ie_stream_tok_s_vs_hf": med["hf_generate"] / med["ie_stream"],
         "capture_gen_speedup_vs_rerun": med["gen_then_rerun"] / med["capture_gen"],
+        "capture_gen_512_speedup_vs_rerun": med["gen_then_rerun_512"] / med["capture_gen_512"],
         "steered_time_vs_unsteered": med["steered_32"] / med["unsteered_32"],
     }
     result = {"benchmark": "generation", "device": "cpu", "threads": args.threads, "repeats": args.repeats,
               "model": "random Llama, hidden 512, 8 layers", "median_s": med, "ratios": ratios,
               "targets": {"ie_stream_tok_s_vs_hf": ">= 0.90", "capture_gen_speedup_vs_rerun": ">= 1.5",
+                          "capture_gen_512_speedup_vs_rerun": ">= 1.5",
                           "steered_time_vs_unsteered": "<= 1.10"},
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     os.makedirs(args.out, exist_ok=True)

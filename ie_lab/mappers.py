@@ -60,6 +60,23 @@ def _shape(model: Any) -> _Shape:
                   facts.gated_mlp, facts.qk_norm, facts.moe_layers)
 
 
+# What other engines do differently on particular families: facts about *their* conventions, found by
+# validator/ (each entry is a comparison that failed there), keyed by model_type because that is how those
+# engines select their own per-family adapters.
+_FOREIGN = {
+    # Bloom's attention and MLP modules add the residual themselves: the module-output names of TransformerBridge
+    # and nnterp hold contribution + residual, and HookedTransformer's hook_embed is taken after the embedding norm.
+    "bloom": {"modules_add_residual": True, "tl_embed_after_norm": True},
+    # TransformerLens' hook_attn_scores on OPT holds the post-softmax pattern.
+    "opt": {"tl_scores_are_pattern": True},
+    # HunYuan normalises rotated queries/keys; TransformerLens' hook_q/hook_k are taken before RoPE.
+    "hunyuan_v1_dense": {"qk_norm_after_rope": True},
+    # Multi-head latent attention has no value projection for TransformerBridge's attn.v hook to sit on.
+    "deepseek_v3": {"no_v_module": True}, "deepseek_v2": {"no_v_module": True},
+    # GPT-OSS's router is not where TransformerBridge's mlp.gate hook looks.
+    "gpt_oss": {"no_gate_router": True},
+}
+
 # Names of other engines that have no ie_lab equivalent, and why.
 _NO_EQUIVALENT = {
     "hook_pos_embed": "positional embeddings are not a point of their own; on learned-position families "
@@ -127,6 +144,34 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
             raise AddressError(f"{addr} has no name in {engine} on this model: {e}") from None
     elif name in ("router_logits", "expert_weights", "expert_indices") and L not in s.moe_layers:
         raise AddressError(f"layer {L} of {s.family} has no router, so {name} does not exist there.")
+    fq = _FOREIGN.get(s.family, {})
+    eng_name = {"transformerlens": "TransformerLens", "transformerlens_bridge": "TransformerBridge",
+                "nnterp": "nnterp"}[engine]
+
+    def differs(why: str) -> AddressError:
+        return AddressError(f"{addr} has no faithful {eng_name} name on {s.family}: {why}")
+
+    emb_mult = bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None)) or s.family in ("granite", "granitemoe")
+    if name == "embeddings" and engine.startswith("transformerlens"):
+        if emb_mult:
+            raise differs("TransformerLens' embedding hooks include the family's embedding multiplier, which "
+                          "ie_lab's embeddings (the embedding module's output) do not; that product is resid_pre.0.")
+        if fq.get("tl_embed_after_norm") and engine == "transformerlens":
+            raise differs("HookedTransformer's hook_embed is taken after the embedding norm (that is resid_pre.0); "
+                          "TransformerBridge's embed.hook_out is this point.")
+    if fq.get("modules_add_residual") and name in ("attn_out", "mlp_out", "attn_out_post", "mlp_out_post"):
+        raise differs("its attention and MLP modules add the residual themselves, so the other engine's module-output "
+                      "names hold contribution + residual (resid_mid / resid_post), not this point.")
+    if fq.get("tl_scores_are_pattern") and name == "attn_scores" and engine.startswith("transformerlens"):
+        raise differs("TransformerLens' hook_attn_scores on this family holds the post-softmax pattern.")
+    if fq.get("qk_norm_after_rope") and name in ("q_norm_in", "k_norm_in") and engine.startswith("transformerlens"):
+        raise differs("this family normalises queries and keys after RoPE, but hook_q / hook_k are taken before it.")
+    if fq.get("no_v_module") and name == "value" and engine == "transformerlens_bridge":
+        raise differs("latent attention has no value projection module for attn.v.hook_out to sit on.")
+    if fq.get("no_gate_router") and name == "router_logits" and engine == "transformerlens_bridge":
+        raise differs("its router is not the mlp.gate module that TransformerBridge hooks.")
+    if name == "resid_mid" and engine == "transformerlens_bridge" and not s.pre_norms:
+        return f"blocks.{L}.mlp.hook_in"  # no ln2 on post-norm-only families: the MLP reads the residual itself
     if engine == "transformerlens":
         # Block-level outputs: which ie_lab point TransformerLens' name stands for depends on the family.
         if name in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post"):
@@ -166,6 +211,26 @@ def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Addre
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
     s = _shape(model)
     text = name.strip()
+    fq = _FOREIGN.get(s.family, {})
+    lm = getattr(model, "_lm", model)
+    emb_mult = bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None)) or s.family in ("granite", "granitemoe")
+    if engine.startswith("transformerlens") and text in ("hook_embed", "embed.hook_out"):
+        if emb_mult or (fq.get("tl_embed_after_norm") and text == "hook_embed"):
+            return Address("resid_pre", 0)  # scaled / normalised embedding: what layer 0 reads
+    if fq.get("modules_add_residual"):
+        m = re.fullmatch(r"blocks\.(\d+)\.(attn|mlp)\.hook_out|(attentions|mlps)_output\[(\d+)\]", text)
+        if m:
+            L = int(m.group(1) or m.group(4))
+            which = m.group(2) or ("attn" if m.group(3) == "attentions" else "mlp")
+            return Address("resid_mid" if which == "attn" else "resid_post", L)
+        if re.fullmatch(r"blocks\.\d+\.hook_(attn|mlp)_out", text):
+            raise AddressError(f"{text} on {s.family}: its modules add the residual themselves, so this name's "
+                               "tensor is not a sublayer output ie_lab can vouch for; capture attn_out / mlp_out.")
+    if fq.get("tl_scores_are_pattern") and re.fullmatch(r"blocks\.\d+\.attn\.hook_attn_scores", text):
+        raise AddressError(f"{text} on {s.family} holds the post-softmax pattern in TransformerLens: use attn_probs.")
+    if fq.get("qk_norm_after_rope") and re.fullmatch(r"blocks\.\d+\.attn\.hook_[qk]", text):
+        raise AddressError(f"{text} is taken before RoPE, but {s.family} normalises rotated queries/keys: no ie_lab "
+                           "point holds it.")
     m = re.fullmatch(r"blocks\.(\d+)\.hook_(attn|mlp)_out", text)
     if m and engine.startswith("transformerlens"):  # the legacy alias is also live on TransformerBridge
         L, which = int(m.group(1)), m.group(2)

@@ -81,3 +81,30 @@ def test_hook_q_only_names_a_point_on_qk_norm_families():
     assert from_engine("blocks.1.attn.hook_q", lm_for("qwen3")) == Address("q_norm_in", 1)
     with pytest.raises(AddressError, match="no QK-norm"):
         from_engine("blocks.1.attn.hook_q", lm_for("llama"))
+
+
+@pytest.mark.parametrize("family,address,engine,fragment", [
+    ("granite", "embeddings", "transformerlens_bridge", "embedding multiplier"),
+    ("bloom", "embeddings", "transformerlens", "after the embedding norm"),
+    ("bloom", "mlp_out.0", "nnterp", "add the residual themselves"),
+    ("bloom", "attn_out.1", "transformerlens_bridge", "add the residual themselves"),
+    ("opt", "attn_scores.0", "transformerlens", "post-softmax"),
+    ("hunyuan_v1_dense", "q_norm_in.0", "transformerlens", "after RoPE"),
+    ("deepseek_v3", "value.1", "transformerlens_bridge", "latent attention"),
+])
+def test_validator_findings_are_refused(family, address, engine, fragment):
+    # Each case is a comparison validator/ found failing: the other engine's name holds a different tensor there.
+    with pytest.raises(AddressError, match=fragment):
+        to_engine(address, lm_for(family if family != "bloom" else "bloom"), engine)
+
+
+def test_validator_findings_map_to_what_the_names_really_hold():
+    assert from_engine("embed.hook_out", lm_for("granite"), "transformerlens_bridge") == Address("resid_pre", 0)
+    assert from_engine("hook_embed", lm_for("bloom")) == Address("resid_pre", 0)
+    assert from_engine("embed.hook_out", lm_for("bloom"), "transformerlens_bridge") == Address("embeddings")
+    assert from_engine("blocks.1.attn.hook_out", lm_for("bloom"), "transformerlens_bridge") == Address("resid_mid", 1)
+    assert from_engine("mlps_output[0]", lm_for("bloom"), "nnterp") == Address("resid_post", 0)
+    assert to_engine("resid_mid.1", lm_for("olmo2"), "transformerlens_bridge") == "blocks.1.mlp.hook_in"
+    # and these mappings are true on ie_lab's own captures
+    c = ie_lab.capture(lm_for("granite"), ids(), ["embeddings", "resid_pre.0"])
+    torch.testing.assert_close(c["embeddings"] * lm_for("granite").facts.embedding_multiplier, c["resid_pre.0"])

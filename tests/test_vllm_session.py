@@ -201,3 +201,13 @@ def test_abort_mid_generation_leaves_no_state(s, eager):
     assert st["specs"] == [] and st["steering"] == 0
     assert not s._inflight
     assert s.generate(TEXT, 6).ids == base  # no steering left behind
+
+
+@pytest.mark.parametrize("family", ["granite", "exaone4", "stablelm"])
+def test_unverified_families_are_refused_not_served_unchecked(family, tmp_path):
+    # The validator found points that differ from eager on these families; refusing beats a silent difference.
+    from tests.families import saved_model_dir
+
+    path = saved_model_dir(family, tmp_path)
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="not been verified"):
+        ie_lab.Session(path, backend="vllm", progress=False)

@@ -32,3 +32,4 @@ def test_every_served_point_at_tp2_equals_tp1(tmp_path):
     assert r["shapes_equal"], r
     assert r["differ"] == [], r
     assert r["greedy_equal"] and r["workers_idle"], r
+    assert r["orphans"] == [], f"processes left after Session.close(): {r['orphans']}"

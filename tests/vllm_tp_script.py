@@ -33,7 +33,27 @@ def main(family: str, root: str) -> dict:
         tp = two._lm.info["tp_size"]
     finally:
         two.close()
-    return {"family": family, "tp_size": tp, "addresses": addrs,
+    # close() must leave no worker or engine-core process behind
+    import time
+
+    import psutil
+
+    def leftovers():
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                cmd = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+            if "resource_tracker" not in cmd:  # Python's own helper for spawn, lives until this process exits
+                out.append(cmd[:120])
+        return out
+
+    deadline = time.time() + 20
+    while leftovers() and time.time() < deadline:
+        time.sleep(0.5)
+    orphans = leftovers()
+    return {"family": family, "tp_size": tp, "addresses": addrs, "orphans": orphans,
             "differ": [a for a in addrs if not close(c1[a], c2[a], atol=1e-4)],
             "shapes_equal": all(c1[a].shape == c2[a].shape for a in addrs),
             "greedy_equal": g1 == g2, "steered_len": len(steered),

@@ -121,6 +121,12 @@ def _steer_payload(spec: Any) -> list[dict]:
              "positions": pos} for a in spec.addresses]
 
 
+# Families whose every served point equals eager's on vLLM (tests/test_vllm_parity.py and the validator's vLLM
+# column). Others are refused at load rather than served unchecked; add a family here only with a passing parity run.
+VERIFIED_FAMILIES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+                               "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3"})
+
+
 class VLLMSession(Session):
     """Session on vLLM. Extra keywords: tensor_parallel_size, engine ('auto' | 'inproc' | 'async'),
     enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs)."""
@@ -199,6 +205,13 @@ class VLLMSession(Session):
             path = os.path.expanduser(path)
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         facts = ArchFacts.from_config(cfg)
+        if facts.model_type not in VERIFIED_FAMILIES:
+            raise CapabilityUnsupported(
+                f"{facts.model_type} on backend='vllm'",
+                f"ie_lab's vLLM worker has not been verified point by point against eager on {facts.model_type} "
+                "(validator/README.md lists what differs or does not load), and ie_lab does not serve tensors it "
+                "has not checked.",
+                "use backend='eager', which serves every point on this family.")
         tok_src = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else path
         tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else \
             AutoTokenizer.from_pretrained(tok_src, trust_remote_code=trust_remote_code)

@@ -1,0 +1,153 @@
+"""What the validator compares, how closely, and what each verdict means. Plain Python: no torch.
+
+Rendering (README table, heatmap) reads only this module and the committed JSON, so it never needs a model run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# Verdicts. The first three are comparisons; the rest say why no comparison happened, and are never failures.
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+NOT_SERVED = "not served"  # the engine (or ie_lab) was asked for a tensor it has a name for, and returned none
+NOT_ASKED = "not asked"  # the engine has no faithful name for this point on this model, so nobody asked it
+NOT_AVAILABLE = "not available"  # the whole engine cannot run here (no environment, no backend, cannot load)
+VERDICTS = (PASS, WARN, FAIL, NOT_SERVED, NOT_ASKED, NOT_AVAILABLE)
+COMPARED = (PASS, WARN, FAIL)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    max_abs: float  # largest absolute elementwise difference
+    cosine: float  # cosine similarity of the whole flattened tensors, at least
+    worst_cosine: float  # the worst single token's (or attention row's) cosine, at least
+    rel: float  # ||engine - ie_lab|| / ||ie_lab||, at most: the magnitude check cosine alone misses
+    why: str
+    warn_factor: float = 10.0  # within warn_factor times the tolerance: WARN, beyond it: FAIL
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# Raw-HF pairs: the same transformers modules, the same weights, the same eager attention, fp32. Anything
+# beyond float noise means the two engines read different tensors.
+RAW_HF = Tolerance(
+    max_abs=2e-3, cosine=0.9999, worst_cosine=0.999, rel=1e-3,
+    why="same HF modules, same fp32 weights, same eager attention kernel: only summation-order noise is allowed",
+)
+# ie_lab's vLLM backend runs vLLM's own layers: paged attention, fused residual-add + RMSNorm, fused
+# gate_up, its own rotary kernel. The same arithmetic in another order and with other kernels.
+VLLM = Tolerance(
+    max_abs=5e-2, cosine=0.999, worst_cosine=0.99, rel=2e-2,
+    why="a different implementation (vLLM's fused add+norm, paged attention, fused gate_up and rotary kernels) "
+        "in fp32: kernel-order differences compound through the layers",
+)
+# Real checkpoints in bf16/fp16 on a GPU: every engine's kernels round differently. Only for --model runs.
+REAL_WEIGHTS = Tolerance(
+    max_abs=1e9, cosine=0.999, worst_cosine=0.99, rel=2e-2,
+    why="real checkpoints in half precision: absolute differences scale with activation size (Gemma residuals "
+        "reach the hundreds), so only cosine and relative error are judged",
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    key: str
+    title: str
+    env: str | None  # the environment under validator/envs (None: ie_lab's own Python)
+    tolerance: Tolerance
+    naming: str  # how an ie_lab address becomes this engine's request
+
+
+ENGINES: dict[str, Engine] = {
+    e.key: e
+    for e in (
+        Engine("hf", "transformers hooks", None, RAW_HF,
+               "forward (pre-)hooks on the HF module each point is read from (module paths from ie_lab's binding, "
+               "resolved here independently of ie_lab's taps), the model's own hidden_states for resid_pre / "
+               "resid_post and its own attention weights for attn_probs"),
+        Engine("tl", "TransformerLens 4 (Bridge)", "tl", RAW_HF,
+               "TransformerBridge on unprocessed weights, compatibility mode with no_processing=True; native names "
+               "from ie_lab.mappers (transformerlens_bridge) and legacy aliases (transformerlens), both asked"),
+        Engine("nnsight", "nnsight 0.8", "nnsight", RAW_HF,
+               "LanguageModel over the raw HF tree: module .inputs / .output at the same module paths as 'hf'"),
+        Engine("nnterp", "nnterp 1.3", "nnterp", RAW_HF,
+               "StandardizedTransformer accessors from ie_lab.mappers (nnterp), on nnsight 0.7"),
+        Engine("interp", "interp-engine (eager)", "interp", RAW_HF,
+               "interp-engine's eager backend, asked for the same address (its point names match ie_lab's); a "
+               "reference only, run in its own environment"),
+        Engine("vllm", "ie_lab vLLM", None, VLLM,
+               "ie_lab.load(path, backend='vllm') and ie_lab.capture for the same address"),
+    )
+}
+DEFAULT_ENGINES = ("hf", "tl", "nnsight", "nnterp", "interp", "vllm")
+# CI's subset: engines whose environments CI builds itself, on families chosen to discriminate (pre-norm,
+# sandwich norms with soft-caps, learned positions + fused QKV, MoE routing).
+CI_ENGINES = ("hf", "tl")
+CI_FAMILIES = ("llama", "gemma2", "gpt2", "mixtral")
+
+
+def layers_for(n_layers: int) -> list[int]:
+    """First, middle and last layer; three-quarter depth too on trunks of 16 layers or more."""
+    picks = {0, n_layers // 2, n_layers - 1}
+    if n_layers >= 16:
+        picks.add((3 * n_layers) // 4)
+    return sorted(p for p in picks if 0 <= p < n_layers)
+
+
+def judge(metrics: dict, tol: Tolerance) -> tuple[str, str]:
+    """(verdict, the worst-violated limit) for one compared point."""
+    checks = [
+        ("max_abs", metrics["max_abs"], tol.max_abs, False),
+        ("rel_err", metrics["rel_err"], tol.rel, False),
+        ("cosine", 1.0 - metrics["cosine"], 1.0 - tol.cosine, True),
+        ("worst_token_cosine", 1.0 - metrics["worst_token_cosine"], 1.0 - tol.worst_cosine, True),
+    ]
+    verdict, why = PASS, ""
+    for name, value, limit, is_cos in checks:
+        if value != value:  # NaN
+            return FAIL, f"{name} is NaN"
+        if value <= limit:
+            continue
+        shown = (1.0 - value) if is_cos else value
+        bound = (1.0 - limit) if is_cos else limit
+        rel = "<" if is_cos else ">"
+        if value <= limit * tol.warn_factor:
+            if verdict == PASS:
+                verdict, why = WARN, f"{name} {shown:.6g} {rel} {bound:.6g}"
+        else:
+            return FAIL, f"{name} {shown:.6g} {rel} {bound:.6g}"
+    return verdict, why
+
+
+def worst(verdicts) -> str:
+    order = {FAIL: 0, WARN: 1, PASS: 2, NOT_SERVED: 3, NOT_ASKED: 4, NOT_AVAILABLE: 5}
+    vs = list(verdicts)
+    return min(vs, key=lambda v: order[v]) if vs else NOT_ASKED
+
+
+# Differences investigated and explained. The verdict stays what the numbers say; the note says whose it is.
+_BLOOM = ("Bloom's attention and MLP modules add the residual themselves (dropout_add), so the module output is "
+          "attention/MLP + residual; ie_lab reads the dense projection (the contribution alone).")
+KNOWN: dict[tuple[str, str, str], str] = {
+    **{("bloom", p, e): _BLOOM + (" ie_lab.mappers bug: it translates this point to a name holding the sum."
+                                  if e in ("tl", "nnterp") else " Validator's outer-module choice; not an ie_lab bug.")
+       for p in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post") for e in ("hf", "nnsight", "tl", "nnterp")},
+    ("bloom", "embeddings", "tl"): "TransformerBridge's legacy hook_embed on Bloom is taken after "
+                                   "word_embeddings_layernorm (embed.hook_out matches): ie_lab.mappers bug.",
+    ("granite", "embeddings", "tl"): "TransformerBridge's embed.hook_out / hook_embed include Granite's "
+                                     "embedding_multiplier (ratio exactly 12, cosine 1): ie_lab.mappers bug.",
+    ("granitemoe", "embeddings", "tl"): "as Granite: the bridge's embedding hooks include embedding_multiplier; "
+                                        "ie_lab.mappers bug.",
+    ("hunyuan_v1_dense", "q_norm_in", "tl"): "HunYuan applies RoPE before its QK-norm: legacy hook_q is the "
+                                             "pre-RoPE projection, q_norm_in the rotated query (the bridge's "
+                                             "q_norm.hook_in matches): ie_lab.mappers bug.",
+    ("hunyuan_v1_dense", "k_norm_in", "tl"): "as q_norm_in: legacy hook_k is pre-RoPE: ie_lab.mappers bug.",
+    ("opt", "attn_scores", "tl"): "TransformerBridge's hook_attn_scores on OPT holds the softmaxed pattern "
+                                  "(rows sum to 1, nothing masked): an engine asymmetry; ie_lab.mappers should "
+                                  "refuse the translation on OPT.",
+}
+
+
+def known(family: str, point: str, engine: str) -> str:
+    return KNOWN.get((family, point, engine), "")
