@@ -74,12 +74,246 @@ def render() -> str:
                     f"| picker first render, {pk['layers']} layers (slowest of {len(pk['first_render'])}; layer switch "
                     f"{pk['layer_switch_median']:.0f} ms) | {max(pk['first_render']):.0f} ms | <= {pk['target']} ms | "
                     f"{'met' if max(pk['first_render']) <= pk['target'] else '**missed**'} |", ""]
+    for device in cell_devices():
+        out += render_sidebyside(load_cells(device), device, headline=False)
     return "\n".join(out) + "\n"
+
+
+# ---- the side-by-side matrix (benchmarks/run.py, one JSON cell per model x engine x workload) ----------------
+
+SBS_WORKLOADS = [
+    ("forward_512", "forward_512", "one forward, {forward_tokens} tokens"),
+    ("capture_mid", "capture_mid", "forward capturing the middle layer's resid_post"),
+    ("capture_all", "capture_all", "forward capturing every layer's resid_post"),
+    ("generate", "generate", "{prompt_tokens}-token prompt, {new_tokens} greedy tokens"),
+    ("generate_x8", "generate_x8", "8 such requests at once"),
+    ("capture_gen", "capture_gen", "{short_new} tokens while capturing every resid_post"),
+    ("steer", "steer", "{short_new} tokens steered at two layers"),
+    ("lens_topk", "lens_topk", "logit lens, {lens_rows} rows to top-{lens_k}"),
+    ("attention", "attention", "one layer's attention patterns, {forward_tokens} tokens"),
+    ("widget_round_trip", "widget round trip", "slider change to first steered token on screen"),
+]
+SBS_ENGINES = [("bare", "transformers + hand hook"), ("ie_eager", "ie_lab eager"), ("ie_vllm", "ie_lab vLLM"),
+               ("interp", "interp-engine"), ("tl", "TransformerLens 4.3"), ("tl_nocache", "TL 4.3, no KV cache"),
+               ("nnsight", "nnsight 0.8")]
+SBS_PEERS = ["interp", "tl", "tl_nocache", "nnsight"]
+GEN_WORKLOADS = {"generate", "generate_x8", "capture_gen", "steer"}
+
+
+def cell_devices() -> list[str]:
+    base = os.path.join(HERE, "results", "sidebyside")
+    return sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d))) if os.path.isdir(base) else []
+
+
+def load_cells(device: str) -> list[dict]:
+    return [json.load(open(p)) for p in sorted(glob.glob(os.path.join(HERE, "results", "sidebyside", device, "*.json")))]
+
+
+def _t(s: float) -> str:
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _index(cells):
+    return {(c["model"], c["engine"], c["workload"]): c for c in cells}
+
+
+def _models(cells):
+    order = {"bench20m": 0, "demo": 1, "widget": 9}
+    return sorted({c["model"] for c in cells if c["model"] != "widget"}, key=lambda m: (order.get(m, 5), m))
+
+
+def _cell_text(c, bare, notes):
+    if c is None:
+        return "not run"
+    st = c["status"]
+    if st in ("n/a", "not run", "error"):
+        reason = c.get("reason") or ""
+        if reason not in notes:
+            notes.append(reason)
+        return f"{st} [{notes.index(reason) + 1}]"
+    text = _t(c["median_s"])
+    if c.get("tok_per_s"):
+        text += f", {c['tok_per_s']:.0f} tok/s"
+    if bare is not None and bare.get("status") == "ok" and c["engine"] != "bare" and bare.get("median_s"):
+        text += f" ({c['median_s'] / bare['median_s']:.2f}x)"
+    if st == "WRONG":
+        detail = c.get("check") or ""
+        if detail not in notes:
+            notes.append(detail)
+        text = f"**WRONG** [{notes.index(detail) + 1}] {text}"
+    return text
+
+
+def sbs_targets(cells, model) -> list[tuple[str, str, str]]:
+    """(target, measured, verdict) rows; a verdict needs every cell it compares to have run and be right."""
+    ix = _index(cells)
+
+    def ok(engine, w):
+        c = ix.get((model, engine, w))
+        return c if c is not None and c.get("status") == "ok" and c.get("median_s") else None
+
+    def why(engine, w):
+        c = ix.get((model, engine, w))
+        return f"{engine} {w}: {c['status'] if c else 'not run'}"
+
+    rows = []
+    ie, fwd = ok("ie_eager", "capture_all"), ok("bare", "forward_512")
+    if ie and fwd:
+        r = ie["median_s"] / fwd["median_s"]
+        rows.append(("ie_lab eager capture_all <= 1.10x bare forward", f"{r:.2f}x", "met" if r <= 1.10 else "**missed**"))
+    else:
+        rows.append(("ie_lab eager capture_all <= 1.10x bare forward", "", "not measured (" + (why("ie_eager", "capture_all") if not ie else why("bare", "forward_512")) + ")"))
+    peers = [(e, ok(e, "capture_all")) for e in SBS_PEERS if ok(e, "capture_all")]
+    if ie and peers:
+        worst = max(ie["median_s"] / p["median_s"] for _, p in peers)
+        names = ", ".join(f"{e} {ie['median_s'] / p['median_s']:.2f}x" for e, p in peers)
+        rows.append(("ie_lab eager capture_all <= every peer's", names, "met" if worst <= 1.0 else "**missed**"))
+    else:
+        rows.append(("ie_lab eager capture_all <= every peer's", "", "not measured (no right peer cell)" if ie else "not measured"))
+    ieg = ok("ie_eager", "generate")
+    for label, base, factor in (("ie_lab eager generate >= 0.90x bare HF generate (tok/s)", "bare", 0.90),
+                                ("ie_lab eager generate >= interp-engine's (tok/s)", "interp", 1.0)):
+        b = ok(base, "generate")
+        if ieg and b:
+            r = ieg["tok_per_s"] / b["tok_per_s"]
+            rows.append((label, f"{r:.2f}x", "met" if r >= factor else "**missed**"))
+        else:
+            rows.append((label, "", "not measured (" + (why("ie_eager", "generate") if not ieg else why(base, "generate")) + ")"))
+    iec, ic = ok("ie_eager", "capture_gen"), ok("interp", "capture_gen")
+    if iec and ic:
+        r = iec["tok_per_s"] / ic["tok_per_s"]
+        rows.append(("ie_lab eager capture_gen >= 1.5x interp-engine's (tok/s)", f"{r:.2f}x", "met" if r >= 1.5 else "**missed**"))
+    else:
+        rows.append(("ie_lab eager capture_gen >= 1.5x interp-engine's (tok/s)", "", "not measured (" + (why("ie_eager", "capture_gen") if not iec else why("interp", "capture_gen")) + ")"))
+    v8, e8 = ok("ie_vllm", "generate_x8"), ok("ie_eager", "generate_x8")
+    if v8 and e8:
+        r = v8["tok_per_s"] / e8["tok_per_s"]
+        rows.append(("ie_lab vLLM generate_x8 >= 4x ie_lab eager (tok/s)", f"{r:.2f}x", "met" if r >= 4 else "**missed**"))
+    else:
+        rows.append(("ie_lab vLLM generate_x8 >= 4x ie_lab eager (tok/s)", "", "not measured (" + (why("ie_vllm", "generate_x8") if not v8 else why("ie_eager", "generate_x8")) + ")"))
+    return rows
+
+
+def render_sidebyside(cells: list[dict], device: str, headline: bool = False) -> list[str]:
+    """The matrix as markdown: per model, workloads x engines (median, tok/s, ratio vs bare), peak memory, targets."""
+    if not cells:
+        return []
+    ix = _index(cells)
+    h = "###" if headline else "##"
+    anyc = next((c for c in cells if c.get("threads")), cells[0])
+    dates = sorted({c["date"] for c in cells if c.get("date") and c["model"] != "widget"})
+    out = [f"{h} Side by side ({device}, {anyc.get('threads', '?')} threads, {dates[-1] if dates else '?'})", "",
+           f"`python -m benchmarks.run`: one process per (model, engine, workload) cell; median of "
+           f"{anyc.get('repeats', '?')} runs after a warm-up whose output is checked against bare transformers "
+           "(tokens equal HF greedy, tensors allclose): a wrong output is shown as **WRONG**, never as a speed. "
+           "(Nx) is the time against bare transformers' cell in the same row; [n] points to the notes.", ""]
+    for model in _models(cells):
+        notes: list[str] = []
+        mc = [c for c in cells if c["model"] == model]
+        desc = next((c.get("model_desc") for c in mc if c.get("model_desc")), model)
+        shape = next((c.get("shape") for c in mc if c.get("shape")), None)
+        out += [f"{h}# {model}: {desc}", ""]
+        head = "| workload | " + " | ".join(t for _, t in SBS_ENGINES) + " |"
+        out += [head, "| --- |" + " ---: |" * len(SBS_ENGINES)]
+        for w, label, what in SBS_WORKLOADS:
+            src = "widget" if w == "widget_round_trip" else model
+            if w == "widget_round_trip" and not any(k[0] == "widget" for k in ix):
+                continue
+            if shape:
+                what = what.format(lens_rows=shape["lens_positions"] * shape["n_layers"], **shape)
+            bare = ix.get((src, "bare", w))
+            row = [_cell_text(ix.get((src, e, w)), bare, notes) for e, _ in SBS_ENGINES]
+            out.append(f"| {label}: {what} | " + " | ".join(row) + " |")
+        out += [""] + [f"[{i + 1}] {n}" + "  " for i, n in enumerate(notes)] + [""]
+        out += ["Peak resident memory of each cell's process (MB; model load included):", "",
+                "| workload | " + " | ".join(t for _, t in SBS_ENGINES) + " |", "| --- |" + " ---: |" * len(SBS_ENGINES)]
+        for w, label, _ in SBS_WORKLOADS[:-1]:
+            vals = []
+            for e, _ in SBS_ENGINES:
+                c = ix.get((model, e, w))
+                vals.append(f"{c['peak_rss_mb']:.0f}" if c and c.get("peak_rss_mb") else "")
+            out.append(f"| {label} | " + " | ".join(vals) + " |")
+        out += ["", "| target | measured | verdict |", "| --- | --- | --- |"]
+        out += [f"| {a} | {b} | {v} |" for a, b, v in sbs_targets(cells, model)]
+        out.append("")
+    return out
+
+
+README_START = "<!-- bench:start (generated by `python benchmarks/render.py` from benchmarks/results/sidebyside; do not edit) -->"
+README_END = "<!-- bench:end -->"
+
+
+def readme_block() -> str:
+    lines = [README_START, ""]
+    devices = cell_devices()
+    for device in devices:
+        lines += render_sidebyside(load_cells(device), device, headline=True)
+    if not devices:
+        lines += ["No side-by-side cells yet: `python -m benchmarks.run`.", ""]
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def readme_with_block(text: str) -> str:
+    """README.md with the generated block replaced (or appended when the markers are missing)."""
+    block = readme_block()
+    if README_START in text and README_END in text:
+        head, rest = text.split(README_START, 1)
+        tail = rest.split(README_END, 1)[1]
+        return head + block + tail
+    return text.rstrip("\n") + "\n\n## Benchmarks\n\n" + block + "\n"
+
+
+def chart_figure(cells: list[dict], device: str) -> dict:
+    """A plotly figure (plain JSON): per model, each workload's time relative to bare transformers per engine."""
+    ix = _index(cells)
+    data = []
+    models = _models(cells)
+    for e, title in SBS_ENGINES:
+        xs, ys, texts = [], [], []
+        for model in models:
+            for w, label, _ in SBS_WORKLOADS[:-1]:
+                c, b = ix.get((model, e, w)), ix.get((model, "bare", w))
+                if c and b and c.get("median_s") and b.get("status") == "ok" and b.get("median_s"):
+                    xs.append(f"{model} {label}")
+                    ys.append(round(c["median_s"] / b["median_s"], 4))
+                    texts.append("WRONG" if c["status"] == "WRONG" else "")
+        data.append({"type": "bar", "name": title, "x": xs, "y": ys, "text": texts})
+    return {"data": data, "layout": {"title": {"text": f"Side by side ({device}): time relative to bare transformers "
+                                               "(lower is faster; WRONG marks a wrong output)"},
+                                     "barmode": "group", "yaxis": {"type": "log", "title": {"text": "x bare"}},
+                                     "height": 520}}
+
+
+def write_charts() -> list[str]:
+    written = []
+    os.makedirs(os.path.join(HERE, "charts"), exist_ok=True)
+    for device in cell_devices():
+        fig = chart_figure(load_cells(device), device)
+        p = os.path.join(HERE, "charts", f"sidebyside-{device}.json")
+        with open(p, "w") as f:
+            json.dump(fig, f, indent=1)
+        written.append(p)
+        try:
+            import plotly.io as pio
+
+            h = os.path.join(HERE, "charts", f"sidebyside-{device}.html")
+            pio.write_html(pio.from_json(json.dumps(fig)), h, include_plotlyjs="cdn", full_html=True)
+            written.append(h)
+        except ImportError:
+            pass
+    return written
 
 
 if __name__ == "__main__":
     text = render()
     with open(os.path.join(HERE, "results-latest.md"), "w") as f:
         f.write(text)
+    readme = os.path.join(os.path.dirname(HERE), "README.md")
+    with open(readme) as f:
+        old = f.read()
+    with open(readme, "w") as f:
+        f.write(readme_with_block(old))
+    write_charts()
     print(text)
     sys.exit(0)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The side-by-side matrix on one GPU: the same workloads and cell format as the CPU run, on a real 1-8B checkpoint
+# (bfloat16), every engine in its own process. Budget: <= 10 minutes on one H200 (model loads dominate; repeats 3).
+#   bash benchmarks/gpu.sh [checkpoint]        # default meta-llama/Llama-3.2-1B (needs it in the HF cache)
+# Cells land in benchmarks/results/sidebyside/cuda/; then `python benchmarks/render.py`.
+# NOT YET RUN: no GPU was lent to the task that wrote it (see benchmarks/README.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export IE_LAB_BENCH_GPU_MODEL="${1:-${IE_LAB_BENCH_GPU_MODEL:-meta-llama/Llama-3.2-1B}}"
+py=.venv/bin/python; [ -x "$py" ] || py=python
+timeout 600 "$py" -m benchmarks.run --gpu --repeats 3 --timeout 120 \
+  --engine bare --engine ie_eager --engine ie_vllm --engine interp --engine tl --engine nnsight "${@:2}"
+"$py" benchmarks/render.py > /dev/null
