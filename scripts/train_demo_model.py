@@ -49,7 +49,9 @@ Jack Emily Sam Olivia Ben Sophie Adam Chloe Oliver Mia Harry Ella Leo Ruby Max Z
 Noah Lily Ethan Amy Lucas Hannah Ryan Claire Simon Nina Victor Diana Oscar Irene
 Felix Clara Hugo Maya Ivan Nora Kevin Julie Carl Eva Frank Jane Brian Kelly Tim Ann
 Joe Liam Ava Ian Kim Ray Roy Dan Meg Beth Jill Gary Ruth Mike Carol Lena Gina Hans
-Igor Otto Rita Tina Nick Rick Kurt Lars Erik Jade""".split()
+Igor Otto Rita Tina Nick Rick Kurt Lars Erik Jade Bob Ted Ned Fred Greg Hank Jim Ken
+Len Lou Mona Nell Pam Sue Val Wade Zack Abby Bea Cody Dora Elsa Finn Gus Ida Jon Kay
+Lola Mae Nate Opal Pete Quinn Rex Sid Tess Uma Walt Yara Zane""".split()
 
 # appear in stories / other sentences, never in IOI sentences
 HELDOUT_NAMES = """Steve Megan Tony Fiona Alex Sara Martin Paula Eric Wendy Luke
@@ -455,15 +457,15 @@ def main():
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--weight-decay", type=float, default=0.05)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=32)
     ap.add_argument("--ffn", type=int, default=512)
-    ap.add_argument("--share-repeat", type=float, default=0.35)
-    ap.add_argument("--share-story", type=float, default=0.40)
-    ap.add_argument("--share-ioi", type=float, default=0.25)
+    ap.add_argument("--share-repeat", type=float, default=0.40)
+    ap.add_argument("--share-story", type=float, default=0.42)
+    ap.add_argument("--share-ioi", type=float, default=0.18)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()

@@ -10,7 +10,7 @@ import torch
 import ie_lab
 
 s = ie_lab.Session(ie_lab.DEMO_MODEL, device="cpu", progress=False)
-L = s.facts.n_layers // 2
+L = 1  # the layer where the demo model card measured the mood direction
 happy = ["One morning , Anna went to the park . Anna felt happy and joyful .",
          "It was a sunny day at the beach . Tom smiled and laughed .",
          "One evening , Lucy went to the garden . Lucy was full of joy .",
@@ -30,12 +30,11 @@ mood = mean_resid(happy) - mean_resid(sad)
 # Add `scale * mood` to `resid_post.L` at every position while the model continues sad story openings.
 
 # %%
-HAPPY = set("happy joyful glad cheerful delighted excited proud thrilled merry smiled laughed danced sang cheered "
-            "giggled grinned hugged celebrated clapped sunny bright wonderful lovely beautiful perfect amazing "
-            "fantastic joy fun laughter delight love sunshine".split())
-SAD = set("sad unhappy gloomy miserable lonely upset heartbroken hopeless sorry cried wept sobbed sighed frowned "
-          "mourned moaned whimpered grieved sulked gray rainy dreary dark cold bleak awful terrible sorrow tears "
-          "grief pain misery gloom".split())
+import json, os, re
+
+# The demo model's mood vocabularies, as its training script recorded them.
+lexicon = json.load(open(os.path.join(ie_lab.DEMO_MODEL, "training_report.json")))["lexicon"]
+HAPPY, SAD = set(lexicon["happy_words"]), set(lexicon["sad_words"])
 openings = ["One night , Megan went to the station . Megan felt sad and upset .",
             "One day , Steve went to the library . Steve felt lonely and gloomy .",
             "One afternoon , Fiona went to the farm . Fiona felt miserable and sorry ."]
@@ -43,13 +42,13 @@ openings = ["One night , Megan went to the station . Megan felt sad and upset ."
 def happy_fraction(steer=None):
     h = sd = 0
     for o in openings:
-        words = s.generate(o, 24, steer=steer).text.split()
+        words = re.findall(r"[A-Za-z]+", s.generate(o, 24, steer=steer).text)
         h += sum(w in HAPPY for w in words)
         sd += sum(w in SAD for w in words)
     return h / max(1, h + sd)
 
 base = happy_fraction()
-steered = happy_fraction(s.steer(f"resid_post.{L}", mood, scale=4.0))
+steered = happy_fraction(s.steer(f"resid_post.{L}", mood, scale=8.0))
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -57,7 +56,7 @@ print(f"happy share of mood words: baseline below one half: {base < 0.5}; steere
 
 # %%
 print("baseline:", s.generate(openings[0], 24).text)
-print("steered: ", s.generate(openings[0], 24, steer=s.steer(f"resid_post.{L}", mood, scale=4.0)).text)
+print("steered: ", s.generate(openings[0], 24, steer=s.steer(f"resid_post.{L}", mood, scale=8.0)).text)
 
 # %% [markdown]
 # **Exercise.** Instead of adding the direction, *ablate* it (`method="ablate"`) on a happy story. What
