@@ -27,7 +27,8 @@ def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_paralle
 
     kw = dict(model=model, tokenizer=tokenizer or model, dtype=dtype, enforce_eager=True,
               tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=enable_prefix_caching,
-              worker_extension_cls=WORKER_EXTENSION, seed=seed, disable_log_stats=True)
+              worker_extension_cls=WORKER_EXTENSION, seed=seed, disable_log_stats=True,
+              load_format="safetensors")  # never unpickle weights
     if max_model_len:
         kw["max_model_len"] = max_model_len
     kw.update(extra)
