@@ -324,8 +324,16 @@ class IEEager:
         raise NotApplicable(f"no {w}")
 
 
+def _safe_attr(obj, name):
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # a vLLM Session refuses .model (the weights live in its workers)
+        return None
+
+
 def _no_eos_ie(obj):
-    for m in (getattr(obj, "hf", None), getattr(obj, "model", None), getattr(getattr(obj, "model", None), "hf", None)):
+    model = _safe_attr(obj, "model")
+    for m in (_safe_attr(obj, "hf"), model, _safe_attr(model, "hf")):
         if m is not None and hasattr(m, "config"):
             m.config.eos_token_id = None
             if getattr(m, "generation_config", None) is not None:

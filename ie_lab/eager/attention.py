@@ -45,18 +45,22 @@ def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> A
 
     lm = _as_lm(model)
     layers = list(range(lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
-    c = capture(lm, prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers])
+    # One forward: scores with probs wherever the family exposes them (its attention goes through the tap).
+    with_scores = [L for L in layers if lm.binding.layers[L].uses_attention_interface]
+    c = capture(lm, prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
+                + [f"attn_scores.{L}" for L in with_scores])
     if c.tokens.shape[0] != 1:
         raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
     notes: list[str] = []
-    scores: dict[int, torch.Tensor | None] = {}
-    for L in layers:
+    scores: dict[int, torch.Tensor | None] = {L: c[f"attn_scores.{L}"][0] for L in with_scores}
+    missing = [L for L in layers if L not in scores]
+    if missing:
         try:
-            scores[L] = capture(lm, c.tokens, [f"attn_scores.{L}"])[f"attn_scores.{L}"][0]
+            capture(lm, c.tokens, [f"attn_scores.{missing[0]}"])
         except CapabilityUnsupported as e:
+            notes.append(f"scores unavailable: {e.why}")
+        for L in missing:
             scores[L] = None
-            if not notes:
-                notes.append(f"scores unavailable: {e.why}")
     kv, d = lm.facts.n_kv_heads, lm.facts.head_dim
     return AttentionResult(
         layers, c.str_tokens[0], {L: c[f"attn_probs.{L}"][0] for L in layers}, scores,

@@ -187,12 +187,16 @@ _IGNORES_SOFTCAP = frozenset({"sdpa"})
 
 
 def _recompute(call: attention_tap.AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+    cached = getattr(call, "_ie_lab_recomputed", None)
+    if cached is not None:  # scores and probs asked of the same call: compute once
+        return cached
     softcap = None if call.implementation in _IGNORES_SOFTCAP else call.kwargs.get("softcap")
-    return scores_and_probs(
+    call._ie_lab_recomputed = out = scores_and_probs(
         call.query, call.key, scaling=call.scaling, attention_mask=call.attention_mask,
         softcap=softcap, sliding_window=call.kwargs.get("sliding_window"),
         sinks=call.kwargs.get("s_aux", call.kwargs.get("sinks")),
     )
+    return out
 
 
 def _scores_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
