@@ -16,6 +16,7 @@ from typing import Any
 
 from . import points as _points
 from .address import Address, AddressLike
+from .arch import quirks
 from .arch.config_facts import ArchFacts
 from .errors import AddressError, did_you_mean
 
@@ -60,22 +61,7 @@ def _shape(model: Any) -> _Shape:
                   facts.gated_mlp, facts.qk_norm, facts.moe_layers)
 
 
-# What other engines do differently on particular families: facts about *their* conventions, found by
-# validator/ (each entry is a comparison that failed there), keyed by model_type because that is how those
-# engines select their own per-family adapters.
-_FOREIGN = {
-    # Bloom's attention and MLP modules add the residual themselves: the module-output names of TransformerBridge
-    # and nnterp hold contribution + residual, and HookedTransformer's hook_embed is taken after the embedding norm.
-    "bloom": {"modules_add_residual": True, "tl_embed_after_norm": True},
-    # TransformerLens' hook_attn_scores on OPT holds the post-softmax pattern.
-    "opt": {"tl_scores_are_pattern": True},
-    # HunYuan normalises rotated queries/keys; TransformerLens' hook_q/hook_k are taken before RoPE.
-    "hunyuan_v1_dense": {"qk_norm_after_rope": True},
-    # Multi-head latent attention has no value projection for TransformerBridge's attn.v hook to sit on.
-    "deepseek_v3": {"no_v_module": True}, "deepseek_v2": {"no_v_module": True},
-    # GPT-OSS's router is not where TransformerBridge's mlp.gate hook looks.
-    "gpt_oss": {"no_gate_router": True},
-}
+_FOREIGN = quirks.FOREIGN_ENGINE_CONVENTIONS
 
 # Names of other engines that have no ie_lab equivalent, and why.
 _NO_EQUIVALENT = {
@@ -151,7 +137,7 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
     def differs(why: str) -> AddressError:
         return AddressError(f"{addr} has no faithful {eng_name} name on {s.family}: {why}")
 
-    emb_mult = bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None)) or s.family in ("granite", "granitemoe")
+    emb_mult = bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None)) or s.family in quirks.EMBEDDING_MULTIPLIER
     if name == "embeddings" and engine.startswith("transformerlens"):
         if emb_mult:
             raise differs("TransformerLens' embedding hooks include the family's embedding multiplier, which "
@@ -213,7 +199,7 @@ def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Addre
     text = name.strip()
     fq = _FOREIGN.get(s.family, {})
     lm = getattr(model, "_lm", model)
-    emb_mult = bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None)) or s.family in ("granite", "granitemoe")
+    emb_mult = bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None)) or s.family in quirks.EMBEDDING_MULTIPLIER
     if engine.startswith("transformerlens") and text in ("hook_embed", "embed.hook_out"):
         if emb_mult or (fq.get("tl_embed_after_norm") and text == "hook_embed"):
             return Address("resid_pre", 0)  # scaled / normalised embedding: what layer 0 reads

@@ -1,9 +1,11 @@
 """The quirks table: the only place where a model_type selects behaviour.
 
-Everything here is a fact a config does not state but the module tree does. On a live model the
-binder measures these facts on a real block and never reads this table; config-only callers
-(the cheat sheet, sizing) use it instead. tests/test_arch_facts.py checks, family by family, that
-this table agrees with what the binder measures, so an entry cannot silently go stale.
+Three kinds of entries, each commented:
+- structural facts a config does not state but the module tree does. On a live model the binder measures
+  these on a real block and never reads them; config-only callers (the cheat sheet, sizing, mappers given a
+  family name) use them instead. tests/test_arch_facts.py checks each against the binder's measurement;
+- other engines' conventions on particular families (what their hook names hold there), found by validator/;
+- which families the vLLM backend has been verified on.
 """
 
 from __future__ import annotations
@@ -36,3 +38,29 @@ ALWAYS_QK_NORM = frozenset({"qwen3", "qwen3_moe", "olmo2", "olmo3", "olmoe", "ge
 # Families whose config carries a sliding_window key that the attention does not use for every layer
 # (layer_types or use_sliding_window say which layers slide instead).
 WINDOW_KEY_UNUSED = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+
+# Families whose trunk multiplies the token embedding by a config factor (for callers given only a name).
+EMBEDDING_MULTIPLIER = frozenset({"granite", "granitemoe"})
+
+# What other engines do differently on particular families: facts about *their* conventions, found by
+# validator/ (each entry is a comparison that failed there), keyed by model_type because that is how those
+# engines select their own per-family adapters.
+FOREIGN_ENGINE_CONVENTIONS = {
+    # Bloom's attention and MLP modules add the residual themselves: the module-output names of TransformerBridge
+    # and nnterp hold contribution + residual, and HookedTransformer's hook_embed is taken after the embedding norm.
+    "bloom": {"modules_add_residual": True, "tl_embed_after_norm": True},
+    # TransformerLens' hook_attn_scores on OPT holds the post-softmax pattern.
+    "opt": {"tl_scores_are_pattern": True},
+    # HunYuan normalises rotated queries/keys; TransformerLens' hook_q/hook_k are taken before RoPE.
+    "hunyuan_v1_dense": {"qk_norm_after_rope": True},
+    # Multi-head latent attention has no value projection for TransformerBridge's attn.v hook to sit on.
+    "deepseek_v3": {"no_v_module": True}, "deepseek_v2": {"no_v_module": True},
+    # GPT-OSS's router is not where TransformerBridge's mlp.gate hook looks.
+    "gpt_oss": {"no_gate_router": True},
+}
+
+
+# Families whose every served point equals eager's on vLLM (tests/test_vllm_parity.py and the validator's vLLM
+# column). Others are refused at load rather than served unchecked; add a family only with a passing parity run.
+VLLM_VERIFIED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+                           "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3"})

@@ -24,6 +24,7 @@ import torch
 
 from .. import points as _points
 from ..address import Address
+from ..arch import quirks
 from ..cache import Cache
 from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent
 from ..session import _LIVE, _LIVE_LOCK, Session, _CancelToken, _source_key
@@ -121,10 +122,7 @@ def _steer_payload(spec: Any) -> list[dict]:
              "positions": pos} for a in spec.addresses]
 
 
-# Families whose every served point equals eager's on vLLM (tests/test_vllm_parity.py and the validator's vLLM
-# column). Others are refused at load rather than served unchecked; add a family here only with a passing parity run.
-VERIFIED_FAMILIES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
-                               "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3"})
+VERIFIED_FAMILIES = quirks.VLLM_VERIFIED
 
 
 class VLLMSession(Session):
