@@ -306,15 +306,15 @@ class IEEager:
             c = ie.capture(self.lm, x["fwd"], all_res)
             return {a: c[a][0] for a in all_res}
         if w == "generate":
-            return {"tokens": ie.generate(self.lm, x["prompt"], s["new_tokens"], keep_logits=False).ids}
+            return {"tokens": ie.generate(self.lm, x["prompt"], s["new_tokens"], keep_logits=False, ignore_eos=True).ids}
         if w == "generate_x8":
             return {"tokens": _session_x8(self.sess, x["prompts8"], s["new_tokens"])}
         if w == "capture_gen":
-            r = ie.generate(self.lm, x["prompt"], s["short_new"], capture=all_res, keep_logits=False)
+            r = ie.generate(self.lm, x["prompt"], s["short_new"], capture=all_res, keep_logits=False, ignore_eos=True)
             return {"tokens": r.ids, **{a: r.cache[a][0] for a in all_res}}
         if w == "steer":
             spec = ie.steer(self.lm, [f"resid_post.{L}" for L in s["steer_layers"]], x["steer_vec"], scale=1.0)
-            return {"tokens": ie.generate(self.lm, x["prompt"], s["short_new"], steer=spec, keep_logits=False).ids}
+            return {"tokens": ie.generate(self.lm, x["prompt"], s["short_new"], steer=spec, keep_logits=False, ignore_eos=True).ids}
         if w == "lens_topk":
             r = ie.logit_lens(self.lm, x["lens"], list(range(s["n_layers"])), k=s["lens_k"])
             return {"top_ids": r.top_ids}
@@ -360,7 +360,7 @@ def _session_x8(sess, prompts8, n):
     import asyncio
 
     async def go():
-        return await asyncio.gather(*(sess.agenerate(p.tolist(), n) for p in prompts8))
+        return await asyncio.gather(*(sess.agenerate(p.tolist(), n, ignore_eos=True) for p in prompts8))
 
     return [g.ids for g in asyncio.run(go())]
 
@@ -396,15 +396,15 @@ class IEVllm(IEEager):
             c = S.capture(x["fwd"][0].tolist(), all_res)
             return {a: _squeeze(c[a]) for a in all_res}
         if w == "generate":
-            return {"tokens": S.generate(p, s["new_tokens"]).ids}
+            return {"tokens": S.generate(p, s["new_tokens"], ignore_eos=True).ids}
         if w == "generate_x8":
             return {"tokens": _session_x8(S, x["prompts8"], s["new_tokens"])}
         if w == "capture_gen":
-            r = S.generate(p, s["short_new"], capture=all_res)
+            r = S.generate(p, s["short_new"], capture=all_res, ignore_eos=True)
             return {"tokens": r.ids, **{a: _squeeze(r.cache[a]) for a in all_res}}
         if w == "steer":
             spec = S.steer([f"resid_post.{L}" for L in s["steer_layers"]], x["steer_vec"], scale=1.0)
-            return {"tokens": S.generate(p, s["short_new"], steer=spec).ids}
+            return {"tokens": S.generate(p, s["short_new"], steer=spec, ignore_eos=True).ids}
         if w == "lens_topk":
             r = S.logit_lens(x["lens"][0].tolist(), layers=list(range(s["n_layers"])), k=s["lens_k"])
             return {"top_ids": r.top_ids}

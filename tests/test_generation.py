@@ -109,3 +109,15 @@ def test_bad_generation_arguments(kwargs, fragment):
     with pytest.raises(ie_lab.InputError, match=fragment):
         ie_lab.generate(lm, PROMPT, **kwargs)
     assert_clean(lm)
+
+
+def test_ignore_eos_runs_to_the_requested_length():
+    lm = lm_for("llama")
+    first = ie_lab.generate(lm, PROMPT, 5)
+    lm.hf.generation_config.eos_token_id = first.ids[0]
+    try:
+        assert len(ie_lab.generate(lm, PROMPT, 5).ids) == 1
+        r = ie_lab.generate(lm, PROMPT, 5, ignore_eos=True)
+        assert len(r.ids) == 5 and r.stop_reason == "length" and r.ids == first.ids
+    finally:
+        lm.hf.generation_config.eos_token_id = 2

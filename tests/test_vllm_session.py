@@ -211,3 +211,9 @@ def test_unverified_families_are_refused_not_served_unchecked(family, tmp_path):
     path = saved_model_dir(family, tmp_path)
     with pytest.raises(ie_lab.CapabilityUnsupported, match="not been verified"):
         ie_lab.Session(path, backend="vllm", progress=False)
+
+
+def test_ignore_eos_matches_eager(s, eager):
+    a = s.generate(TEXT, 12, ignore_eos=True).ids
+    b = ie_lab.generate(eager, TEXT, 12, ignore_eos=True).ids
+    assert len(a) == 12 and a == b

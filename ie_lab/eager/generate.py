@@ -157,8 +157,8 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
                     stop: str | Sequence[str] | None = None, n_logprobs: int = 0,
                     capture: AddressLike | Iterable[AddressLike] | None = None,
                     steer: SteerSpec | Sequence[SteerSpec] | None = None, keep_logits: bool = True,
-                    _result: dict | None = None) -> Iterator[GenStep]:
-    """Yield one GenStep per generated token. Greedy when temperature is 0."""
+                    ignore_eos: bool = False, _result: dict | None = None) -> Iterator[GenStep]:
+    """Yield one GenStep per generated token. Greedy when temperature is 0; ignore_eos=True runs to the length."""
     from .. import _as_lm
 
     lm = _as_lm(model)
@@ -175,7 +175,7 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
     addrs = parse_addresses(lm, capture) if capture else []
     specs = _as_specs(steer)
     check_positions_fit(specs, ids.shape[1] + max_new_tokens)
-    eos = _eos_ids(lm)
+    eos = set() if ignore_eos else _eos_ids(lm)
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     tok = lm.tokenizer
     run = _Run(lm, ids, addrs, specs)

@@ -400,7 +400,7 @@ class VLLMSession(Session):
         return self._call(self._acapture(tokens_or_text, addresses, **kwargs))
 
     # ---- generation -------------------------------------------------------------------------------
-    def _params(self, max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs):
+    def _params(self, max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs, ignore_eos=False):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -411,7 +411,8 @@ class VLLMSession(Session):
         return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
                               top_p=1.0 if top_p is None else top_p, seed=seed, stop=stops or None,
                               logprobs=n_logprobs, output_kind=RequestOutputKind.DELTA,
-                              include_stop_str_in_output=True, skip_special_tokens=False)
+                              include_stop_str_in_output=True, skip_special_tokens=False,
+                              ignore_eos=bool(ignore_eos))
 
     async def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
         from ..eager.generate import GenStep
@@ -421,7 +422,7 @@ class VLLMSession(Session):
         capture = kwargs.pop("capture", None)
         steer = kwargs.pop("steer", None)
         kwargs.pop("keep_logits", None)  # logits stay in the worker on vLLM
-        unknown = set(kwargs) - {"temperature", "top_k", "top_p", "seed", "stop", "n_logprobs"}
+        unknown = set(kwargs) - {"temperature", "top_k", "top_p", "seed", "stop", "n_logprobs", "ignore_eos"}
         if unknown:
             raise InputError(f"unknown generation argument(s) {sorted(unknown)}.")
         ids = self._ids(prompt)
@@ -433,7 +434,7 @@ class VLLMSession(Session):
                              f"context of {limit}; lower max_new_tokens or shorten the prompt.")
         n_lp = int(kwargs.get("n_logprobs", 0) or 0)
         params = self._params(max_new_tokens, kwargs.get("temperature", 0.0), kwargs.get("top_k"), kwargs.get("top_p"),
-                              kwargs.get("seed"), kwargs.get("stop"), n_lp)
+                              kwargs.get("seed"), kwargs.get("stop"), n_lp, kwargs.get("ignore_eos", False))
         addrs, work = self._work_for(capture, steer)
         from ..eager.steer import check_positions_fit
 
