@@ -52,6 +52,21 @@ class LensResult:
         return fig
 
 
+def token_names(tok: Any, ids: list) -> list:
+    """Decoded strings for a nested list of ids, decoding each distinct id once (lenses return many rows)."""
+    flat: set[int] = set()
+
+    def walk(x):
+        for y in x:
+            walk(y) if isinstance(y, list) else flat.add(int(y))
+    walk(ids)
+    names = {i: (tok.decode([i]) if tok is not None else str(i)) for i in flat}
+
+    def build(x):
+        return [build(y) if isinstance(y, list) else names[int(y)] for y in x]
+    return build(ids)
+
+
 def decode_residual(lm: Any, h: torch.Tensor) -> torch.Tensor:
     """Logits of a d_model residual through the model's own final norm, unembedding and post-processing."""
     b = lm.binding
@@ -107,8 +122,7 @@ def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, 
             all_logits.append(logits)
     top_ids_t, top_probs_t = torch.stack(top_ids), torch.stack(top_probs)
     tok = lm.tokenizer
-    names = [[[tok.decode([int(j)]) if tok is not None else str(int(j)) for j in row] for row in layer]
-             for layer in top_ids_t.tolist()]
+    names = token_names(tok, top_ids_t.tolist())
     note = describe_postprocess(lm.facts) + ("; with per-layer transports" if transports else "")
     return LensResult(layers, point, str_tokens(lm, ids)[0], top_ids_t, top_probs_t, names, note,
                       torch.stack(all_logits) if keep_logits else None)

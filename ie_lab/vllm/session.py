@@ -559,7 +559,9 @@ class VLLMSession(Session):
         top_ids = torch.stack([unpack(res[L]["ids"]) for L in layers])
         top_probs = torch.stack([unpack(res[L]["probs"]) for L in layers])
         tok = self._lm.tokenizer
-        names = [[[tok.decode([int(j)]) for j in row] for row in layer] for layer in top_ids.tolist()]
+        from ..eager.lens import token_names
+
+        names = token_names(tok, top_ids.tolist())
         return LensResult(layers, point, str_tokens(self._lm, ids)[0], top_ids, top_probs, names,
                           describe_postprocess(self._lm.facts) + "; read out inside the vLLM worker")
 
