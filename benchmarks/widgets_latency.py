@@ -1,6 +1,6 @@
 """Widget latencies measured in a real browser (JupyterLab 4 + headless Chromium), written to results/widgets-cpu.json.
 
-- slider change -> first steered token on screen (tiny random Llama; includes the panel's 30 ms debounce);
+- slider change -> first steered token on screen (the bundled demo model; includes the panel's 30 ms debounce);
 - bytes on the kernel websocket for one head's attention at 512 tokens x 32 heads (and the float32 payload);
 - picker render time for a 40-layer model (render() entry to the next animation frame).
 
@@ -23,8 +23,9 @@ from benchmarks.widgets_harness import Server, setup_code  # noqa: E402
 REPEATS = 15
 CELLS = [
     setup_code("llama"),
-    "sp = s.steering_panel('Mary went to the', vector=torch.randn(128, generator=torch.Generator().manual_seed(0)), "
-    "scale=0.0, max_new_tokens=8); sp",
+    "sd = ie_lab.Session(ie_lab.DEMO_MODEL, device='cpu', progress=False)\n"
+    "sp = sd.steering_panel('One morning , Mary went to the park .', "
+    "vector=torch.randn(128, generator=torch.Generator().manual_seed(0)), scale=0.0, max_new_tokens=8); sp",
     # 512 tokens x 32 heads: a tiny Llama with 32 heads of 8 and room for 1024 positions
     "from transformers import LlamaConfig, AutoModelForCausalLM\n"
     "cfg = LlamaConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=32, head_dim=8,\n"
