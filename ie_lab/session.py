@@ -78,12 +78,7 @@ class Session:
         self._closed = False
         self._key = _source_key(model, self.backend)
         if replace:
-            with _LIVE_LOCK:
-                old_ref = _LIVE.get(self._key)
-            old = old_ref() if old_ref else None
-            if old is not None and not old._closed:
-                old.close()
-                print(f"ie_lab: closed the previous Session on {old._name} (re-created)")
+            self._replace_previous()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="ie_lab-session", daemon=True)
         self._thread.start()
@@ -101,6 +96,15 @@ class Session:
             raise
         with _LIVE_LOCK:
             _LIVE[self._key] = weakref.ref(self)
+
+    def _replace_previous(self) -> None:
+        """Close the live session built from the same model and backend (a re-run creating cell)."""
+        with _LIVE_LOCK:
+            old_ref = _LIVE.get(self._key)
+        old = old_ref() if old_ref else None
+        if old is not None and not old._closed:
+            old.close()
+            print(f"ie_lab: closed the previous Session on {old._name} (re-created)")
 
     # ---- the loop -------------------------------------------------------------------------------
     def _run_loop(self) -> None:
@@ -166,6 +170,16 @@ class Session:
                     return fn()
             finally:
                 self._tokens.discard(token)
+
+    def _sync(self, fn: Callable[[], Any]) -> Any:
+        """A plain-call operation: queued on the loop, cancellable by an interrupt."""
+        self._check_open()
+        token = _CancelToken()
+        return self._call(self._run(fn, token), token)
+
+    async def _async(self, fn: Callable[[], Any]) -> Any:
+        """The awaitable twin, from whichever event loop the caller is on."""
+        return await self._on_loop(self._run(fn))
 
     async def _aload(self, model, tokenizer, device, dtype, trust_remote_code, progress):
         from tqdm.auto import tqdm
@@ -287,14 +301,12 @@ class Session:
     async def acapture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any):
         from .eager.capture import capture
 
-        return await self._on_loop(self._run(lambda: capture(self._lm, tokens_or_text, addresses, **kwargs)))
+        return await self._async(lambda: capture(self._lm, tokens_or_text, addresses, **kwargs))
 
     def capture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any):
-        self._check_open()
-        token = _CancelToken()
         from .eager.capture import capture
 
-        return self._call(self._run(lambda: capture(self._lm, tokens_or_text, addresses, **kwargs), token), token)
+        return self._sync(lambda: capture(self._lm, tokens_or_text, addresses, **kwargs))
 
     async def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
         from .eager.generate import generate_stream
@@ -379,16 +391,15 @@ class Session:
     async def agenerate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
         from .eager.generate import generate
 
-        return await self._on_loop(self._run(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs)))
+        return await self._async(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs))
 
     def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
         """Generate to the end. print_tokens=True streams the text into the cell as it is produced."""
         self._check_open()
         if not print_tokens:
-            token = _CancelToken()
             from .eager.generate import generate
 
-            return self._call(self._run(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs), token), token)
+            return self._sync(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs))
         from .eager.generate import GenerationResult
 
         steps = []
@@ -409,73 +420,61 @@ class Session:
 
     async def arun(self, fn: Callable[[Any], Any]):
         """Run fn(model) on the session's loop, queued like every other operation."""
-        return await self._on_loop(self._run(lambda: fn(self._lm)))
+        return await self._async(lambda: fn(self._lm))
 
     def run(self, fn: Callable[[Any], Any]):
         """Run fn(model) on the session's loop thread (for custom analyses); interrupts stop it between layers."""
-        self._check_open()
-        token = _CancelToken()
-        return self._call(self._run(lambda: fn(self._lm), token), token)
+        return self._sync(lambda: fn(self._lm))
 
     async def aattention(self, prompt: Any, layers: Any = None):
         from .eager.attention import attention
 
-        return await self._on_loop(self._run(lambda: attention(self._lm, prompt, layers)))
+        return await self._async(lambda: attention(self._lm, prompt, layers))
 
     def attention(self, prompt: Any, layers: Any = None):
         from .eager.attention import attention
 
-        self._check_open()
-        token = _CancelToken()
-        return self._call(self._run(lambda: attention(self._lm, prompt, layers), token), token)
+        return self._sync(lambda: attention(self._lm, prompt, layers))
 
     async def alogit_lens(self, prompt: Any, **kwargs: Any):
         from .eager.lens import logit_lens
 
-        return await self._on_loop(self._run(lambda: logit_lens(self._lm, prompt, **kwargs)))
+        return await self._async(lambda: logit_lens(self._lm, prompt, **kwargs))
 
     def logit_lens(self, prompt: Any, **kwargs: Any):
         from .eager.lens import logit_lens
 
-        self._check_open()
-        token = _CancelToken()
-        return self._call(self._run(lambda: logit_lens(self._lm, prompt, **kwargs), token), token)
+        return self._sync(lambda: logit_lens(self._lm, prompt, **kwargs))
 
     async def apatch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
         from .eager.patching import patch
 
-        return await self._on_loop(self._run(lambda: patch(self._lm, prompt, source, addresses, **kwargs)))
+        return await self._async(lambda: patch(self._lm, prompt, source, addresses, **kwargs))
 
     def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
         from .eager.patching import patch
 
-        self._check_open()
-        token = _CancelToken()
-        return self._call(self._run(lambda: patch(self._lm, prompt, source, addresses, **kwargs), token), token)
+        return self._sync(lambda: patch(self._lm, prompt, source, addresses, **kwargs))
 
     async def apatch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
         from .eager.patching import patch_sweep
 
-        return await self._on_loop(self._run(lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs)))
+        return await self._async(lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs))
 
     def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
         from .eager.patching import patch_sweep
 
-        self._check_open()
-        token = _CancelToken()
-        return self._call(self._run(lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs), token), token)
+        return self._sync(lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs))
 
     async def agradients(self, prompt: Any, metric: Any, addresses: Any):
         from .eager.patching import gradients
 
-        return await self._on_loop(self._run(lambda: gradients(self._lm, prompt, metric, addresses)))
+        return await self._async(lambda: gradients(self._lm, prompt, metric, addresses))
 
     def gradients(self, prompt: Any, metric: Any, addresses: Any):
         from .eager.patching import gradients
 
-        self._check_open()
-        token = _CancelToken()
-        return self._call(self._run(lambda: gradients(self._lm, prompt, metric, addresses), token), token)
+        return self._sync(lambda: gradients(self._lm, prompt, metric, addresses))
 
 
     # ---- notebook panels (ie_lab/widgets; JS/CSS in widgets/) ----------------------------------------

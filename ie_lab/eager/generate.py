@@ -215,6 +215,7 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
             ctx.writers.offset = ctx.state.offset = 0
             ctx.state.prompt_len = None
         if _result is not None:
+            _result["prompt_ids"] = ids
             _result["ids"] = generated
             _result["reason"] = reason
             if run.taps is not None:
@@ -228,7 +229,7 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -
     lm = _as_lm(model)
     box: dict = {}
     steps = list(generate_stream(lm, prompt, max_new_tokens, _result=box, **kwargs))
-    ids, _ = prepare(lm, prompt)
+    ids = box["prompt_ids"]
     gen_ids = box.get("ids", [s.token_id for s in steps])
     text = lm.tokenizer.decode(gen_ids) if lm.tokenizer is not None else " ".join(map(str, gen_ids))
     cache = None

@@ -41,17 +41,15 @@ class SteerSpec:
     positions: Positions = "all"
     _ctx: Any = field(default=None, repr=False)
 
+    def method_kwargs(self) -> dict[str, Any]:
+        """The arguments this spec passes to its ops.steering function (shared by every backend)."""
+        return {"add": {"scale": self.scale, "normalize": self.normalize}, "orthogonal": {"scale": self.scale},
+                "norm_scaled_add": {"scale": self.scale}, "cap": {"min": self.min, "max": self.max},
+                "swap": {"target": self.target}, "ablate": {}}[self.method]
+
     def edit(self, state: ForwardState, special_ids: frozenset[int]):
         fn = ops.FUNCTIONS[self.method]
-        kwargs: dict[str, Any] = {}
-        if self.method in ("add",):
-            kwargs = {"scale": self.scale, "normalize": self.normalize}
-        elif self.method in ("orthogonal", "norm_scaled_add"):
-            kwargs = {"scale": self.scale}
-        elif self.method == "cap":
-            kwargs = {"min": self.min, "max": self.max}
-        elif self.method == "swap":
-            kwargs = {"target": self.target}
+        kwargs = self.method_kwargs()
 
         def apply(h: torch.Tensor, offset: int) -> torch.Tensor:
             mask = position_mask(self.positions, h.shape[:2], offset, state, special_ids, h.device)

