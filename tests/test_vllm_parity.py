@@ -14,9 +14,10 @@ from tests.vllm_helpers import TEXT, close, eager_for, served_addresses, vllm_se
 
 FAMILIES = ["llama", "gpt2", "qwen3", "gemma2", "mixtral"]
 # What each family must exercise, so a binding that silently drops a point is caught.
-MUST = {"qwen3": ["q_norm_in.0", "k_norm_out.1"], "mixtral": ["router_logits.0", "mlp_out.1"],
-        "gemma2": ["attn_out_post.0", "mlp_out_post.1"], "gpt2": ["resid_mid.1", "mlp_act.0"],
-        "llama": ["resid_post.1", "attn_probs.1"]}
+MUST = {"qwen3": ["q_norm_in.0", "k_norm_out.1", "mlp_pre.0", "mlp_pre_linear.1"],
+        "mixtral": ["router_logits.0", "mlp_out.1"],
+        "gemma2": ["attn_out_post.0", "mlp_out_post.1", "mlp_pre_linear.0"], "gpt2": ["resid_mid.1", "mlp_act.0", "mlp_pre.1"],
+        "llama": ["resid_post.1", "attn_probs.1", "mlp_pre.0", "mlp_pre_linear.1"]}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

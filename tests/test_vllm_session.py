@@ -95,8 +95,23 @@ def test_steered_capture_equals_eager(s, eager):
     spec = make_spec(eager, "resid_pre.1", v, scale=2.0)
     want = ie_lab.generate(eager, TEXT, 4, capture=["resid_post.1"], steer=spec)
     n = got.cache["resid_post.1"].shape[1]
-    assert n == got.prompt_ids.shape[1] + len(got.ids) - 1  # the last token never ran through the model
-    assert close(got.cache["resid_post.1"], want.cache["resid_post.1"][:, :n])
+    assert n == got.prompt_ids.shape[1] + len(got.ids)  # the last generated token too, as on eager
+    assert want.cache["resid_post.1"].shape[1] == n
+    assert close(got.cache["resid_post.1"], want.cache["resid_post.1"])
+    assert s.worker_state()[0]["specs"] == []
+
+
+def test_a_sequence_needs_one_free_position_in_the_context(s, eager):
+    ctx = s._lm.facts.max_positions
+    full = list(range(3, 3 + ctx))
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="one free position"):
+        s.capture(full, ["resid_post.0"])
+    c = s.capture(full[:-1], ["resid_post.0"])  # one position left: served, and equal to eager
+    assert close(c["resid_post.0"], ie_lab.capture(eager, full[:-1], ["resid_post.0"])["resid_post.0"])
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="one free position"):
+        s.generate(full[:-4], 4, capture=["resid_post.0"])
+    assert len(s.generate(full[:-4], 4).ids) == 4  # without a capture the whole context is usable
+    assert s.worker_state()[0]["specs"] == []
 
 
 def test_with_block_steers_every_request_inside_it(s, eager):
@@ -152,7 +167,7 @@ def test_prefix_caching_does_not_change_captures(s, eager):
 def test_unserved_points_are_refused_with_the_registry_reason(s):
     from ie_lab import points
 
-    for name in ("mlp_pre", "mlp_pre_linear", "expert_weights", "lm_head", "attn_gate"):
+    for name in ("expert_weights", "lm_head", "attn_gate"):
         L = None if points.get(name).scope is points.Scope.TRUNK else 0
         addr = name if L is None else f"{name}.{L}"
         with pytest.raises(ie_lab.CapabilityUnsupported) as e:

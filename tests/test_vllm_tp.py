@@ -28,7 +28,8 @@ def test_every_served_point_at_tp2_equals_tp1(tmp_path):
     assert line is not None, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads(line.split(" ", 1)[1])
     assert r["tp_size"] == 2 and r["n_workers"] == 2
-    assert {"q_norm_in.0", "k_norm_out.1", "value.0", "z.1", "mlp_act.0", "attn_probs.1"} <= set(r["addresses"])
+    assert {"q_norm_in.0", "k_norm_out.1", "value.0", "z.1", "mlp_act.0", "mlp_pre.0",
+            "mlp_pre_linear.1", "attn_probs.1"} <= set(r["addresses"])
     assert r["shapes_equal"], r
     assert r["differ"] == [], r
     assert r["greedy_equal"] and r["workers_idle"], r

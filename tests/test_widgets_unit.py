@@ -76,7 +76,7 @@ def test_cheatsheet_needs_no_weights_and_draws_the_structure():
                                                     "num_attention_heads": 4, "num_local_experts": 8}).spec["points"]}
     assert moe["router_logits"]["served"] == "111" and moe["mlp_act"]["served"] == "000"
     vllm = {p["name"]: p for p in ie_lab.cheatsheet("llama", backend="vllm").spec["points"]}
-    assert set(vllm["mlp_pre"]["served"]) == {"0"} and "gate_up_proj" in vllm["mlp_pre"]["why"]["0"]
+    assert set(vllm["lm_head"]["served"]) == {"0"} and "eager" in vllm["lm_head"]["why"]["0"]
     big = ie_lab.cheatsheet({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 40, "num_attention_heads": 4})
     assert big.spec["n_layers"] == 40 and len(big.spec["points"][1]["served"]) == 40
 

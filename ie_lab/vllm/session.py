@@ -84,6 +84,8 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
         why = {"q_norm_in": "this family has no QK-norm.", "q_norm_out": "this family has no QK-norm.",
                "k_norm_in": "this family has no QK-norm.", "k_norm_out": "this family has no QK-norm.",
                "mlp_act": f"layer {addr.layer} is a sparse mixture-of-experts layer: each expert has its own neurons.",
+               "mlp_pre": f"layer {addr.layer} is a sparse mixture-of-experts layer: each expert has its own neurons.",
+               "mlp_pre_linear": "this family's MLP is not gated, so there is no separate linear branch; use mlp_pre.",
                "router_logits": f"layer {addr.layer} is a dense MLP layer with no router."}.get(
                    p.name, f"{p.name} is not bound on layer {addr.layer} of this family.")
         raise PointAbsent(str(addr), lm.family, why, "see Session.points() for what this model serves.")
@@ -207,6 +209,7 @@ class VLLMSession(Session):
                            enable_prefix_caching=prefix, max_model_len=max_model_len or facts.max_positions,
                            seed=seed, extra={"trust_remote_code": trust_remote_code, **extra},
                            async_engine=self.engine_kind == "async")
+        self._max_len = int(max_model_len or facts.max_positions or 0) or None
         self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
         await self._driver.build()
         info = (await self._driver.rpc("ie_install"))[0]
@@ -299,8 +302,24 @@ class VLLMSession(Session):
             payload += _steer_payload(sp)
         return addrs, _Work(sorted(set(points)), sorted(set(attn)), payload)
 
-    async def _request(self, ids: list[int], params: Any, work: _Work, box: dict) -> AsyncIterator[Any]:
-        """Submit one request; yield its output deltas; put what the worker collected into box['collected']."""
+    def _check_room(self, n_tokens: int, what: str) -> None:
+        """vLLM schedules an output token after every sequence it runs, so a sequence needs one free position."""
+        if self._max_len and n_tokens + 1 > self._max_len:
+            raise CapabilityUnsupported(
+                f"{what} of {n_tokens} tokens on backend='vllm'",
+                f"vLLM computes a sequence only while scheduling one more token after it, so it needs one free "
+                f"position: {n_tokens} + 1 exceeds the context of {self._max_len}.",
+                "shorten the prompt (or max_new_tokens) by one token, or use backend='eager', which captures a full "
+                "context.")
+
+    async def _request(self, ids: list[int], params: Any, work: _Work, box: dict,
+                       tail: Callable[[], list[int]] | None = None) -> AsyncIterator[Any]:
+        """Submit one request; yield its output deltas; put what the worker collected into box['collected'].
+
+        With ``tail`` (a capture during generation), the last generated token has not been through the model when
+        the request ends: one more forward over prompt + generated runs under the same spec and cache salt, so
+        the prefix cache serves everything but the last block and the capture covers every position."""
+        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self._check_open()
@@ -322,6 +341,18 @@ class VLLMSession(Session):
                 async for out in stream:
                     yield out
                     done = out.finished
+            extra = tail() if (registered and tail is not None and done) else []
+            if extra:
+                follow = TokensPrompt(prompt_token_ids=list(ids) + list(extra), cache_salt=rid)
+                fparams = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"ie_lab": rid})
+                fid = uuid.uuid4().hex
+                self._inflight.add(fid)
+                try:
+                    async with contextlib.aclosing(self._driver.generate(follow, fparams, fid)) as stream:
+                        async for _ in stream:
+                            pass
+                finally:
+                    self._inflight.discard(fid)
             if registered:
                 res = (await self._driver.rpc("ie_collect", rid))[0]
                 registered = False
@@ -357,6 +388,7 @@ class VLLMSession(Session):
         addrs, work = self._work_for(addresses, None)
         if not addrs:
             raise AddressError("no addresses given: name at least one point, e.g. ['resid_post.0'].")
+        self._check_room(ids.shape[1], "a capture")
 
         async def one(row: torch.Tensor) -> dict:
             box: dict = {}
@@ -426,12 +458,15 @@ class VLLMSession(Session):
         from ..eager.steer import check_positions_fit
 
         check_positions_fit(list(self._active_steer) + _as_specs(steer), ids.shape[1] + max_new_tokens)
+        if addrs:  # the follow-up forward that covers the last generated token needs its own free position
+            self._check_room(ids.shape[1] + max_new_tokens, "a capture during generation")
         tok = self._lm.tokenizer
         generated: list[int] = []
         reason = "length"
         self._tokens.add(token)
         try:
-            async with contextlib.aclosing(self._request(ids[0].tolist(), params, work, box)) as outs:
+            tail = (lambda: generated) if addrs else None
+            async with contextlib.aclosing(self._request(ids[0].tolist(), params, work, box, tail)) as outs:
                 async for out in outs:
                     comp = out.outputs[0]
                     lps = comp.logprobs or [None] * len(comp.token_ids)
@@ -458,9 +493,9 @@ class VLLMSession(Session):
         box["ids"] = generated
         box["reason"] = reason
         if addrs and "collected" in box:
-            box["captured"] = self._assemble(addrs, box["collected"], ids.shape[1] + len(generated) - 1)
+            box["captured"] = self._assemble(addrs, box["collected"])
 
-    def _assemble(self, addrs: list[Address], res: dict, n: int) -> dict[Address, torch.Tensor]:
+    def _assemble(self, addrs: list[Address], res: dict) -> dict[Address, torch.Tensor]:
         from ..eager.capture import slice_head
 
         out = {}
@@ -486,7 +521,7 @@ class VLLMSession(Session):
         if "captured" in box:
             from ..eager.inputs import str_tokens
 
-            full = torch.cat([ids, torch.tensor([gen_ids[:-1]], dtype=ids.dtype)], dim=1)
+            full = torch.cat([ids, torch.tensor([gen_ids], dtype=ids.dtype)], dim=1)
             cache = Cache(box["captured"], tokens=full, str_tokens=str_tokens(self._lm, full))
         return GenerationResult(ids, gen_ids, text, steps, box.get("reason", "length"), cache)
 
@@ -494,7 +529,7 @@ class VLLMSession(Session):
         return await self._on_loop(self._agenerate(prompt, max_new_tokens, **kwargs))
 
     def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
-        """Generate to the end. On vLLM a capture covers the positions the model ran: prompt + generated[:-1]."""
+        """Generate to the end. A capture covers prompt + every generated token, as on eager."""
         self._check_open()
         if print_tokens:
             return Session.generate(self, prompt, max_new_tokens, print_tokens=True, **kwargs)

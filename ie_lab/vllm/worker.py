@@ -33,12 +33,12 @@ from ..ops.attention import scores_and_probs
 
 # Points a backend hook can read on vLLM's module tree. Everything else is refused by the client.
 READ_POINTS = ("embeddings", "resid_pre", "attn_in", "q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value",
-               "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_act", "router_logits", "mlp_out",
+               "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_pre", "mlp_pre_linear", "mlp_act", "router_logits", "mlp_out",
                "mlp_out_post", "resid_post", "final_norm")
 RECOMPUTED = ("attn_scores", "attn_probs")
 STEERABLE = ("resid_pre", "attn_in", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_out", "mlp_out_post",
              "resid_post")
-SHARDED = ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value", "z", "mlp_act")
+SHARDED = ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value", "z", "mlp_pre", "mlp_pre_linear", "mlp_act")
 
 
 # ---- plain-data tensor transport (works with vLLM's msgspec IPC without insecure pickling) -------------
@@ -132,6 +132,8 @@ class LayerSites:
     down_proj: nn.Module | None  # None on sparse MoE layers
     router: nn.Module | None
     post_mlp_norm: nn.Module | None
+    up_proj: nn.Module | None = None  # the MLP's input projection; None on sparse MoE layers
+    gated: bool = False  # up_proj's output is [gate | up] (a merged gate_up_proj) on each rank
     kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
 
 
@@ -158,12 +160,14 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
                 layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm, mlp,
                 None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
                 getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
+            if not moe and hasattr(mlp, "gate_up_proj"):
+                sites.up_proj, sites.gated = mlp.gate_up_proj, True
             total_kv = getattr(attn, "total_num_kv_heads", None)
             sites.kv_replicated = bool(total_kv is not None and total_kv < _tp_size())
         elif hasattr(layer, "ln_1"):  # GPT-2: explicit residual adds inside the block
             attn = layer.attn
             sites = LayerSites(i, layer, False, attn, attn.attn, attn.c_proj, None, None, None, layer.ln_2, layer.mlp,
-                               layer.mlp.c_proj, None, None)
+                               layer.mlp.c_proj, None, None, up_proj=layer.mlp.c_fc)
         else:
             raise RuntimeError(f"ie_lab: layer type {type(layer).__name__} is not bound on vLLM yet")
         out.append(sites)
@@ -264,6 +268,10 @@ class IELabWorker:
                     present[name].append(L)
             if s.down_proj is not None:
                 present["mlp_act"].append(L)
+            if s.up_proj is not None:
+                present["mlp_pre"].append(L)
+                if s.gated:
+                    present["mlp_pre_linear"].append(L)
             if s.router is not None:
                 present["router_logits"].append(L)
         self._ie_installed = True
@@ -300,6 +308,8 @@ class IELabWorker:
         if s.down_proj is not None:
             h.append(s.down_proj.register_forward_pre_hook(self._pre_reader(f"mlp_act.{L}", sharded=True),
                                                            with_kwargs=True))
+        if s.up_proj is not None:
+            h.append(s.up_proj.register_forward_hook(self._up_reader(L, s.gated)))
         if s.router is not None:
             h.append(s.router.register_forward_hook(self._post_reader(f"router_logits.{L}")))
         outs = [f"mlp_out.{L}"] + ([] if s.post_mlp_norm is not None else [f"mlp_out_post.{L}"])
@@ -403,6 +413,21 @@ class IELabWorker:
         def hook(mod, args, out):
             if self._ie_rows is not None:
                 self._read(point, _first(out), sharded, flat)
+        return hook
+
+    def _up_reader(self, L: int, gated: bool) -> Callable:
+        """The MLP's input projection. A merged gate_up_proj holds this rank's [gate shard | up shard]: split
+        before gathering, so each half is reassembled from its own shards."""
+        def hook(mod, args, out):
+            if self._ie_rows is None:
+                return
+            t = _first(out)
+            if not gated:
+                self._read(f"mlp_pre.{L}", t, sharded=True)
+                return
+            gate, up = t.chunk(2, dim=-1)
+            self._read(f"mlp_pre.{L}", gate, sharded=True)
+            self._read(f"mlp_pre_linear.{L}", up, sharded=True)
         return hook
 
     def _tuple_post(self, point: str) -> Callable:

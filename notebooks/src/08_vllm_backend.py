@@ -25,6 +25,16 @@ print("attn_probs.1 equal to eager:", torch.allclose(a["attn_probs.1"], b["attn_
 print("greedy tokens equal:", v.generate(prompt, 8).ids == e.generate(prompt, 8).ids)
 
 # %% [markdown]
+# A capture during generation covers the prompt and every generated token, on both backends:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+gv = v.generate(prompt, 6, capture=["mlp_pre.1"])
+ge = e.generate(prompt, 6, capture=["mlp_pre.1"])
+print("positions:", gv.cache["mlp_pre.1"].shape[1], "=", gv.prompt_ids.shape[1], "+", len(gv.ids))
+print("equal to eager:", torch.allclose(gv.cache["mlp_pre.1"], ge.cache["mlp_pre.1"], atol=1e-4))
+
+# %% [markdown]
 # Many requests at once are batched:
 
 # %%
@@ -40,7 +50,7 @@ print(all(r.ids == e.generate(p, 12).ids for r, p in zip(results, prompts)))
 # %%
 # NBVAL_CHECK_OUTPUT
 try:
-    v.capture(prompt, ["mlp_pre.1"])
+    v.capture(prompt, ["lm_head"])
 except ie_lab.CapabilityUnsupported as err:
     print(err)
 
