@@ -1,4 +1,5 @@
-"""Tensor parallelism 2 on this CPU: every served point equals tensor_parallel_size=1 (real spawned workers).
+"""Tensor parallelism 2 on this CPU: every served point equals tensor_parallel_size=1 (real spawned workers),
+in the default eager-hook mode and in graph mode.
 
 Runs tests/vllm_tp_script.py in a subprocess (vLLM spawns its workers, which re-import __main__).
 About a minute: one in-process engine, then AsyncLLM with two workers pinned one core each.
@@ -33,4 +34,7 @@ def test_every_served_point_at_tp2_equals_tp1(tmp_path):
     assert r["shapes_equal"], r
     assert r["differ"] == [], r
     assert r["greedy_equal"] and r["workers_idle"], r
+    # graph mode (compiled trunk, static taps) at TP=2 gathers the same shards
+    assert {"z.0", "mlp_pre_linear.1", "q_norm_out.0", "k_norm_in.1", "resid_post.1"} <= set(r["graph_points"])
+    assert r["graph_differ"] == [] and r["graph_greedy_equal"], r
     assert r["orphans"] == [], f"processes left after Session.close(): {r['orphans']}"

@@ -134,8 +134,8 @@ def test_notebook7_renders_the_panels(lab):
     try:
         page.wait_for_selector(".iel-picker svg", timeout=30000)
         # greyed where vLLM cannot serve the point: the card says why, and nothing is selected
-        page.locator('.iel-pt.iel-off[data-name="mlp_pre"]').click()
-        assert "gate_up_proj" in page.locator(".iel-picker .iel-error").inner_text()
+        page.locator('.iel-pt.iel-off[data-name="lm_head"]').click()
+        assert "compute_logits" in page.locator(".iel-picker .iel-error").inner_text()
         page.locator('.iel-pt[data-name="mlp_out_post"]').click()
         assert _until(lambda: _kernel(srv, page, "str(p.address)") == "mlp_out_post.13")
         assert "post-MLP norm" in page.locator(".iel-picker svg").text_content()  # Gemma 2's sandwich norms drawn

@@ -33,6 +33,16 @@ def main(family: str, root: str) -> dict:
         tp = two._lm.info["tp_size"]
     finally:
         two.close()
+    # graph mode at TP=2: each rank's static buffers hold its shard; the gather runs after the compiled forward
+    graph_pts = [a for a in addrs if a.split(".")[0] in ("z", "value", "mlp_act", "mlp_pre", "mlp_pre_linear",
+                                                         "q_norm_out", "k_norm_in", "resid_post")]
+    three = ie_lab.Session(path, backend="vllm", engine="async", tensor_parallel_size=2, progress=False,
+                           replace=False, graph_points=graph_pts)
+    try:
+        c3 = three.capture(TEXT, graph_pts)
+        g3 = three.generate(TEXT, 10).ids
+    finally:
+        three.close()
     # close() must leave no worker or engine-core process behind
     import time
 
@@ -56,7 +66,8 @@ def main(family: str, root: str) -> dict:
     return {"family": family, "tp_size": tp, "addresses": addrs, "orphans": orphans,
             "differ": [a for a in addrs if not close(c1[a], c2[a], atol=1e-4)],
             "shapes_equal": all(c1[a].shape == c2[a].shape for a in addrs),
-            "greedy_equal": g1 == g2, "steered_len": len(steered),
+            "greedy_equal": g1 == g2, "steered_len": len(steered), "graph_points": graph_pts,
+            "graph_differ": [a for a in graph_pts if not close(c1[a], c3[a], atol=1e-4)], "graph_greedy_equal": g1 == g3,
             "workers_idle": all(not s["specs"] for s in state), "n_workers": len(state)}
 
 

@@ -22,7 +22,8 @@ WORKER_EXTENSION = "ie_lab.vllm.worker.IELabWorker"
 
 def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_parallel_size: int,
                 enable_prefix_caching: bool, max_model_len: int | None, seed: int, extra: dict,
-                async_engine: bool = False) -> Any:
+                async_engine: bool = False, graph_points: list[str] | None = None,
+                compile_dir: str | None = None) -> Any:
     from vllm import AsyncEngineArgs, EngineArgs
 
     kw = dict(model=model, tokenizer=tokenizer or model, dtype=dtype, enforce_eager=True,
@@ -31,6 +32,23 @@ def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_paralle
               load_format="safetensors")  # never unpickle weights
     if max_model_len:
         kw["max_model_len"] = max_model_len
+    if graph_points is not None:
+        from . import static_taps, worker  # noqa: F401 - importing the worker registers the loader
+
+        # Compiled trunk with static taps. A private compile cache: an artifact traced without these taps
+        # (or with other buffers) must never be loaded. PIECEWISE keeps the top-level model, where rows are
+        # split per request, out of the CUDA graphs.
+        kw.update(enforce_eager=False, load_format=static_taps.LOAD_FORMAT,
+                  model_loader_extra_config={static_taps.CONFIG_KEY: list(graph_points)})
+        comp: dict[str, Any] = {"cache_dir": compile_dir or ""}
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                comp["cudagraph_mode"] = "PIECEWISE"
+        except Exception:  # noqa: BLE001
+            pass
+        kw["compilation_config"] = comp
     kw.update(extra)
     return (AsyncEngineArgs if async_engine else EngineArgs)(**kw)
 

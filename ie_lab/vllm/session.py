@@ -72,6 +72,18 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
     if not v.verdict.ok:
         raise CapabilityUnsupported(f"{addr} on backend='vllm'", v.reason or f"{p.name} is {v.verdict.value} on vLLM.",
                                     "use backend='eager', which serves every point")
+    graph = lm.info.get("graph_points")
+    if graph is not None and p.name in RECOMPUTED:
+        raise CapabilityUnsupported(
+            f"{addr} in graph mode", "attention patterns are rebuilt from every q/k of a request after it ends, "
+            "which needs Python inside the compiled forward.",
+            "create the Session without graph_points for attention; its hooks run eagerly.")
+    if graph is not None and str(addr.without_head()) not in graph:
+        raise CapabilityUnsupported(
+            f"{addr} in graph mode", "graph mode reads only the points declared when the Session started "
+            f"({', '.join(graph)}): the compiled graph holds a static tap for each of them and for nothing else.",
+            "add it to graph_points= when creating the Session, or create the Session without graph_points "
+            "(hooks run eagerly and serve every point).")
     if addr.stream is not None or p.multi_stream_only:
         raise PointAbsent(str(addr), lm.family, "this trunk carries a single residual stream.", "use the plain point.")
     if p.scope is _points.Scope.TRUNK:
@@ -89,6 +101,31 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
                "router_logits": f"layer {addr.layer} is a dense MLP layer with no router."}.get(
                    p.name, f"{p.name} is not bound on layer {addr.layer} of this family.")
         raise PointAbsent(str(addr), lm.family, why, "see Session.points() for what this model serves.")
+
+
+def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
+    """Validate graph_points= before the engine starts: base addresses a static tap can read on this model."""
+    from .static_taps import TAPPABLE
+
+    out = []
+    for n in names:
+        a = n if isinstance(n, Address) else Address.parse(str(n))
+        p = a.point
+        if p.name not in TAPPABLE:
+            why = ("rebuilt from every q/k of a request after it ends, not read from one module"
+                   if p.name in RECOMPUTED else p.vllm.reason or f"{p.name} is not read by a module hook on vLLM")
+            raise CapabilityUnsupported(f"{a} as a graph-mode point", why + ".",
+                                        f"declare some of {', '.join(TAPPABLE)}, or create the Session without "
+                                        "graph_points.")
+        if p.scope is _points.Scope.LAYER:  # Address itself refuses a layer point without a layer
+            if not 0 <= a.layer < facts.n_layers:
+                raise AddressError(f"layer {a.layer} of {a}: this model has layers 0..{facts.n_layers - 1}.")
+        base = str(a.without_head())
+        if base not in out:
+            out.append(base)
+    if not out:
+        raise InputError("graph_points is empty: declare the points to read, e.g. ['resid_post.0'].")
+    return out
 
 
 @dataclass
@@ -121,13 +158,14 @@ VERIFIED_FAMILIES = quirks.VLLM_VERIFIED
 
 class VLLMSession(Session):
     """Session on vLLM. Extra keywords: tensor_parallel_size, engine ('auto' | 'inproc' | 'async'),
-    enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs)."""
+    enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs), graph_points
+    (graph mode: a compiled trunk with static taps for these points only; see docs/VLLM.md)."""
 
     def __init__(self, model: Any, backend: str = "vllm", device: Any = None, dtype: Any = None,
                  tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
                  progress: bool = True, tensor_parallel_size: int = 1, engine: str = "auto",
                  enable_prefix_caching: bool = True, max_model_len: int | None = None, seed: int = 0,
-                 engine_kwargs: dict | None = None):
+                 engine_kwargs: dict | None = None, graph_points: Iterable[Any] | None = None):
         from ..loading import resolve_dtype
 
         if not isinstance(model, (str, os.PathLike)):
@@ -170,6 +208,8 @@ class VLLMSession(Session):
         if self._name == DEMO_MODEL:
             self._name = "ie_lab.DEMO_MODEL"
         self._driver = None
+        self._graph_dir = None
+        self._graph = None if graph_points is None else list(graph_points)
         try:
             self._lm = self._call(self._aload(os.fspath(model), tokenizer, tensor_parallel_size, enable_prefix_caching,
                                               max_model_len, seed, trust_remote_code, dict(engine_kwargs or {})))
@@ -178,6 +218,10 @@ class VLLMSession(Session):
                 if self._driver is not None:
                     self._call(self._driver.shutdown())
             self._shutdown_loop()
+            if self._graph_dir:
+                import shutil
+
+                shutil.rmtree(self._graph_dir, ignore_errors=True)
             raise
         with _LIVE_LOCK:
             _LIVE[self._key] = weakref.ref(self)
@@ -205,11 +249,17 @@ class VLLMSession(Session):
         dtype = self._torch_dtype or getattr(cfg, "dtype", None) or torch.float32
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
+        self._max_len = int(max_model_len or facts.max_positions or 0) or None
+        if self._graph is not None:
+            import tempfile
+
+            self._graph = graph_point_names(facts, self._graph)
+            self._graph_dir = tempfile.mkdtemp(prefix="ie_lab-vllm-compile-")
         args = engine_args(path, tokenizer=tok_src, dtype=str(dtype).replace("torch.", ""), tensor_parallel_size=tp,
                            enable_prefix_caching=prefix, max_model_len=max_model_len or facts.max_positions,
                            seed=seed, extra={"trust_remote_code": trust_remote_code, **extra},
-                           async_engine=self.engine_kind == "async")
-        self._max_len = int(max_model_len or facts.max_positions or 0) or None
+                           async_engine=self.engine_kind == "async", graph_points=self._graph,
+                           compile_dir=self._graph_dir)
         self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
         await self._driver.build()
         info = (await self._driver.rpc("ie_install"))[0]
@@ -227,6 +277,10 @@ class VLLMSession(Session):
                 asyncio.run_coroutine_threadsafe(self._driver.shutdown(), self._loop).result(timeout=60)
         self._driver = None
         self._shutdown_loop()
+        if getattr(self, "_graph_dir", None):
+            import shutil
+
+            shutil.rmtree(self._graph_dir, ignore_errors=True)
         self.__dict__.pop("_lm", None)
         gc.collect()
         with _LIVE_LOCK:
@@ -243,7 +297,8 @@ class VLLMSession(Session):
     def describe(self) -> str:
         self._check_open()
         f, info = self._lm.facts, self._lm.info
-        return (f"{f.model_type} on vLLM ({info['model_class']}, {self.engine_kind} engine, tensor parallel "
+        mode = f", graph mode: {len(info['graph_points'])} static taps" if info.get("graph_points") else ""
+        return (f"{f.model_type} on vLLM ({info['model_class']}, {self.engine_kind} engine{mode}, tensor parallel "
                 f"{info['tp_size']}): {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim} "
                 f"({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.")
 
@@ -295,6 +350,8 @@ class VLLMSession(Session):
             else:
                 points.append(str(base))
         specs = list(self._active_steer) + _as_specs(steer)
+        if specs and self._graph is not None:
+            self._refuse_in_graph_mode("steering")
         payload = []
         for sp in specs:
             if getattr(sp, "lm", None) is not self._lm:
@@ -542,6 +599,8 @@ class VLLMSession(Session):
         from ..eager.steer import make_spec
 
         self._check_open()
+        if self._graph is not None:
+            self._refuse_in_graph_mode("steering")
         spec = make_spec(self._lm, address, vector, method=method, **kwargs)
         for a in spec.addresses:
             check_served(self._lm, a)
@@ -554,6 +613,9 @@ class VLLMSession(Session):
 
         from ..eager.inputs import str_tokens
         from ..eager.lens import LensResult
+
+        if self._graph is not None:
+            self._refuse_in_graph_mode("the logit lens")
         from ..ops.lens import describe_postprocess
         from ..points import Scope, Width
 
@@ -616,6 +678,12 @@ class VLLMSession(Session):
         return self._call(self._aattention(prompt, layers))
 
     # ---- what vLLM does not do -----------------------------------------------------------------------
+    def _refuse_in_graph_mode(self, what: str):
+        raise CapabilityUnsupported(
+            f"{what} in graph mode", "it needs per-request Python inside the model's forward, which the compiled "
+            "graph does not run (graph mode only copies the declared points into static buffers).",
+            "create the Session without graph_points for this; its hooks run eagerly.")
+
     def _refuse(self, name: str):
         from ..capabilities import require
 

@@ -245,6 +245,18 @@ class IELabWorker:
         h = self._ie_handles
         h.append(model.register_forward_pre_hook(self._ie_on_forward, with_kwargs=True))
         h.append(model.register_forward_hook(self._ie_after_forward))
+        self._ie_static = getattr(model, "_ie_static", None)
+        if self._ie_static is not None:
+            # Graph mode: the trunk is compiled with the static taps inside; no Python hook may go in there.
+            present: dict[str, list[int]] = defaultdict(list)
+            for point in self._ie_static.taps:
+                name, _, tail = point.partition(".")
+                present[name].append(int(tail) if tail else 0)
+            self._ie_installed = True
+            self._ie_info = {"model_class": type(model).__name__, "n_layers": len(layers), "present": dict(present),
+                             "tp_size": _tp_size(), "final_norm": final is not None,
+                             "graph_points": sorted(self._ie_static.taps)}
+            return self._ie_info
         # Gemma-style trunks scale the embedding outside the module on vLLM (HF scales inside it): apply the
         # trunk's normalizer so `embeddings` means the same tensor on both backends.
         trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
@@ -345,11 +357,22 @@ class IELabWorker:
             rows.append(Row(key, spec, qsl[i], qsl[i + 1], positions[qsl[i]:qsl[i + 1]].detach().to("cpu").clone()))
         self._ie_rows = rows or None
         self._ie_ids = input_ids if rows else None
+        if self._ie_static is not None and rows:
+            self._ie_static.arm()
         return None
 
     def _ie_after_forward(self, mod, args, out):
-        self._ie_rows = None
-        self._ie_ids = None
+        static = self._ie_static
+        try:
+            if static is not None and self._ie_rows is not None:
+                # Graph mode: the compiled trunk has written every declared point; file the rows outside it.
+                static.check()
+                n = max(r.end for r in self._ie_rows)
+                for point, tap in static.taps.items():
+                    self._read(point, tap.buffer[:n], sharded=tap.sharded)
+        finally:
+            self._ie_rows = None
+            self._ie_ids = None
 
     def _active(self) -> list[Row] | None:
         if self._ie_busy:
@@ -659,3 +682,10 @@ def _position_mask(positions: Any, absolute: torch.Tensor, prompt_len: int, ids:
         out[ok] = full[absolute[ok]]
         return out
     return torch.isin(absolute, torch.as_tensor(list(positions), dtype=absolute.dtype, device=dev))
+
+
+# Graph mode's model loader must be known wherever this module is imported: the client (which validates
+# load_format) and every worker (vLLM imports the extension class before it loads the model).
+from . import static_taps as _static_taps  # noqa: E402
+
+_static_taps.register_loader()
