@@ -741,6 +741,11 @@ def run_cell(spec: dict, engine_cls=None) -> dict:
     except NotApplicable as e:
         cell["status"], cell["reason"] = "n/a", str(e)
     except Exception as e:  # noqa: BLE001 - the engine failed on this workload: recorded, not hidden
+        if type(e).__name__ == "CapabilityUnsupported":  # ie_lab refused it, with its reason: n/a, not a failure
+            cell["status"], cell["reason"] = "n/a", str(e)
+            cell["peak_rss_mb"] = _peak_rss_mb()
+            cell["cuda_peak_mb"] = _cuda_peak_mb()
+            return cell
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         cell["status"], cell["reason"] = "error", f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
         cell["traceback"] = traceback.format_exc()[-1500:]

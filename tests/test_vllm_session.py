@@ -104,8 +104,9 @@ def test_steered_capture_equals_eager(s, eager):
 def test_a_sequence_needs_one_free_position_in_the_context(s, eager):
     ctx = s._lm.facts.max_positions
     full = list(range(3, 3 + ctx))
-    with pytest.raises(ie_lab.CapabilityUnsupported, match="one free position"):
-        s.capture(full, ["resid_post.0"])
+    for call in (lambda: s.capture(full, ["resid_post.0"]), lambda: s.logit_lens(full), lambda: s.attention(full, [0])):
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="one free position"):
+            call()
     c = s.capture(full[:-1], ["resid_post.0"])  # one position left: served, and equal to eager
     assert close(c["resid_post.0"], ie_lab.capture(eager, full[:-1], ["resid_post.0"])["resid_post.0"])
     with pytest.raises(ie_lab.CapabilityUnsupported, match="one free position"):

@@ -635,6 +635,7 @@ class VLLMSession(Session):
         ids = self._ids(prompt)
         if ids.shape[0] != 1:
             raise InputError("logit_lens takes one prompt.")
+        self._check_room(ids.shape[1], "a logit lens")
         work = _Work([], [], [], {"point": point, "layers": layers, "k": k})
         box: dict = {}
         async for _ in self._request(ids[0].tolist(), SamplingParams(max_tokens=1, temperature=0.0), work, box):
