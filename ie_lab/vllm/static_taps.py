@@ -78,8 +78,9 @@ def _stream(args: tuple, kwargs: dict) -> torch.Tensor:
     return h if res is None else h + res
 
 
-def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Callable, int, bool]]:
-    """point -> (module, 'pre' | 'post', extract, width on this rank, sharded), for every point this model has."""
+def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Callable, Any, bool]]:
+    """point -> (module, 'pre' | 'post', extract, width on this rank, sharded), for every point this model has.
+    Widths read off vLLM's modules are callables, evaluated only for the declared points."""
     from .worker import _tp_size, bind_vllm
 
     embed, final, layers = bind_vllm(model)
@@ -107,36 +108,37 @@ def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Ca
             out[f"resid_mid.{L}"] = (s.mid_norm, "pre", pre, d_model, False)
         out[f"mlp_in.{L}"] = (s.mid_norm, "post", post, d_model, False)
         out[f"attn_in.{L}"] = (attn, "pre", pre, d_model, False)
-        out[f"z.{L}"] = (s.o_proj, "pre", pre, s.o_proj.input_size_per_partition, True)
+        out[f"z.{L}"] = (s.o_proj, "pre", pre, lambda s=s: s.o_proj.input_size_per_partition, True)
         out[f"attn_out.{L}"] = (s.o_proj, "post", post, d_model, False)
         out[f"attn_out_post.{L}"] = ((s.post_attn_norm, "post", post, d_model, False) if s.post_attn_norm is not None
                                      else out[f"attn_out.{L}"])
         core = s.attn_core
-        kv_width = core.num_kv_heads * core.head_size
+        kv_width = lambda core=core: core.num_kv_heads * core.head_size  # noqa: E731
         out[f"value.{L}"] = (core, "pre", lambda a, k: (k["value"] if "value" in k else a[2]).reshape(
             (k["value"] if "value" in k else a[2]).shape[0], -1), kv_width, not s.kv_replicated)
         if s.q_norm is not None:
             flat_in = lambda a, k: _hidden(a, k).reshape(_hidden(a, k).shape[0], -1)  # noqa: E731
             flat_out = lambda a, o: _first(o).reshape(_first(o).shape[0], -1)  # noqa: E731
-            q_width = core.num_heads * core.head_size
+            q_width = lambda core=core: core.num_heads * core.head_size  # noqa: E731
             for nm, width, rep in (("q_norm", q_width, False), ("k_norm", kv_width, s.kv_replicated)):
                 mod = s.q_norm if nm == "q_norm" else s.k_norm
                 out[f"{nm}_in.{L}"] = (mod, "pre", flat_in, width, not rep)
                 out[f"{nm}_out.{L}"] = (mod, "post", flat_out, width, not rep)
         if s.down_proj is not None:
-            out[f"mlp_act.{L}"] = (s.down_proj, "pre", pre, s.down_proj.input_size_per_partition, True)
+            out[f"mlp_act.{L}"] = (s.down_proj, "pre", pre, lambda s=s: s.down_proj.input_size_per_partition, True)
         if s.up_proj is not None:
-            w = s.up_proj.output_size_per_partition
+            w = lambda s=s: s.up_proj.output_size_per_partition  # noqa: E731
             if s.gated:
+                half = lambda w=w: w() // 2  # noqa: E731
                 out[f"mlp_pre.{L}"] = (s.up_proj, "post", lambda a, o: _first(o)[..., : _first(o).shape[-1] // 2],
-                                       w // 2, True)
+                                       half, True)
                 out[f"mlp_pre_linear.{L}"] = (s.up_proj, "post",
-                                              lambda a, o: _first(o)[..., _first(o).shape[-1] // 2:], w // 2, True)
+                                              lambda a, o: _first(o)[..., _first(o).shape[-1] // 2:], half, True)
             else:
                 out[f"mlp_pre.{L}"] = (s.up_proj, "post", post, w, True)
         if s.router is not None:
-            n_experts = getattr(s.router, "output_size", None) or s.router.weight.shape[0]
-            out[f"router_logits.{L}"] = (s.router, "post", post, int(n_experts), False)
+            n_experts = lambda s=s: int(getattr(s.router, "output_size", None) or s.router.weight.shape[0])  # noqa: E731
+            out[f"router_logits.{L}"] = (s.router, "post", post, n_experts, False)
         out[f"mlp_out.{L}"] = (s.mlp, "post", post, d_model, False)
         out[f"mlp_out_post.{L}"] = ((s.post_mlp_norm, "post", post, d_model, False) if s.post_mlp_norm is not None
                                     else out[f"mlp_out.{L}"])
@@ -156,6 +158,7 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
     taps: dict[str, Tap] = {}
     for p in points:
         mod, kind, extract, width, sharded = sites[p]
+        width = int(width() if callable(width) else width)
         buf = torch.zeros(max_tokens, width, dtype=param.dtype, device=param.device)
         taps[p] = Tap(p, buf, sharded)
         if kind == "pre":
@@ -170,7 +173,7 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
             mod.register_forward_hook(hook)
     tick = torch.zeros(1, dtype=torch.int64, device=param.device)
     echo = torch.full((1,), -1, dtype=torch.int64, device=param.device)
-    embed = _sites(model, d_model)["embeddings"][0]
+    embed = sites["embeddings"][0]
     def canary(m, a, o):  # returns None: a forward hook's return value would replace the module's output
         echo.copy_(tick)
 
