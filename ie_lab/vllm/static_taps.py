@@ -60,28 +60,15 @@ class StaticTaps:
                 "restart the Session, or create it without graph_points.")
 
 
-def _first(out: Any) -> torch.Tensor:
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
-    if "hidden_states" in kwargs:
-        return kwargs["hidden_states"]
-    return next(a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
-
-
-def _stream(args: tuple, kwargs: dict) -> torch.Tensor:
-    """The residual stream entering a call that may defer the add: hidden (+ residual)."""
-    floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
-    h = kwargs.get("hidden_states", kwargs.get("x", floats[0] if floats else None))
-    res = kwargs.get("residual", floats[1] if len(floats) > 1 else None)
-    return h if res is None else h + res
-
-
 def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Callable, Any, bool]]:
     """point -> (module, 'pre' | 'post', extract, width on this rank, sharded), for every point this model has.
     Widths read off vLLM's modules are callables, evaluated only for the declared points."""
-    from .worker import _tp_size, bind_vllm
+    # the worker's readers of hooked calls; imported here because the worker module imports this one
+    from .worker import _first, _fused_args, _hidden, _tp_size, bind_vllm
+
+    def _stream(args: tuple, kwargs: dict) -> torch.Tensor:  # the residual entering a deferred-add call
+        h, res = _fused_args(args, kwargs)
+        return h if res is None else h + res
 
     embed, final, layers = bind_vllm(model)
     trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
