@@ -129,3 +129,13 @@ def test_gpt2_unfused_blocks_in_graph_mode(tmp_path_factory):
         g = s.generate(TEXT, 5, capture=["resid_post.1"])
         ge = ie_lab.generate(eager, TEXT, 5, capture=["resid_post.1"])
         assert g.ids == ge.ids and close(g.cache["resid_post.1"], ge.cache["resid_post.1"])
+
+
+def test_granite_scaled_outputs_in_graph_mode(tmp_path_factory):
+    # *_out_post is the sublayer output times residual_multiplier: the tap records the product in the graph
+    eager = eager_for("granite")
+    pts = ["attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "resid_post.1"]
+    with vllm_session("granite", tmp_path_factory.mktemp("graph_granite"), graph_points=pts) as s:
+        c = s.capture(TEXT, pts)
+        ce = ie_lab.capture(eager, TEXT, pts)
+        assert [p for p in pts if not close(c[p], ce[p])] == []

@@ -63,4 +63,4 @@ FOREIGN_ENGINE_CONVENTIONS = {
 # Families whose every served point equals eager's on vLLM (tests/test_vllm_parity.py and the validator's vLLM
 # column). Others are refused at load rather than served unchecked; add a family only with a passing parity run.
 VLLM_VERIFIED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
-                           "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3"})
+                           "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3", "granite", "granitemoe"})

@@ -21,8 +21,15 @@ def served_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def families_line() -> str:
+    from ..arch import quirks
+
+    return ("Families served on vLLM (every served point checked equal to eager; others are refused at load with "
+            "`CapabilityUnsupported`): " + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED)) + ".\n")
+
+
 def section() -> str:
-    return f"{BEGIN}\n\n{served_table()}\n{END}"
+    return f"{BEGIN}\n\n{families_line()}\n{served_table()}\n{END}"
 
 
 def update(path: str) -> None:

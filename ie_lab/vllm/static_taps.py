@@ -97,8 +97,10 @@ def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Ca
         out[f"attn_in.{L}"] = (attn, "pre", pre, d_model, False)
         out[f"z.{L}"] = (s.o_proj, "pre", pre, lambda s=s: s.o_proj.input_size_per_partition, True)
         out[f"attn_out.{L}"] = (s.o_proj, "post", post, d_model, False)
+        m = s.out_scale
+        scaled = post if m is None else (lambda a, o, m=m: _first(o) * m)
         out[f"attn_out_post.{L}"] = ((s.post_attn_norm, "post", post, d_model, False) if s.post_attn_norm is not None
-                                     else out[f"attn_out.{L}"])
+                                     else (s.o_proj, "post", scaled, d_model, False))
         core = s.attn_core
         kv_width = lambda core=core: core.num_kv_heads * core.head_size  # noqa: E731
         out[f"value.{L}"] = (core, "pre", lambda a, k: (k["value"] if "value" in k else a[2]).reshape(
@@ -128,7 +130,7 @@ def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Ca
             out[f"router_logits.{L}"] = (s.router, "post", post, n_experts, False)
         out[f"mlp_out.{L}"] = (s.mlp, "post", post, d_model, False)
         out[f"mlp_out_post.{L}"] = ((s.post_mlp_norm, "post", post, d_model, False) if s.post_mlp_norm is not None
-                                    else out[f"mlp_out.{L}"])
+                                    else (s.mlp, "post", scaled, d_model, False))
     if _tp_size() == 1:
         out = {k: (m, kind, f, w, False) for k, (m, kind, f, w, _) in out.items()}
     return out

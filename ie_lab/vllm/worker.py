@@ -21,6 +21,7 @@ runs the same hooks on the same layout, so the collective is matched); only rank
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -133,6 +134,7 @@ class LayerSites:
     router: nn.Module | None
     post_mlp_norm: nn.Module | None
     up_proj: nn.Module | None = None  # the MLP's input projection; None on sparse MoE layers
+    out_scale: float | None = None  # the layer scales each sublayer's output before adding it (Granite)
     gated: bool = False  # up_proj's output is [gate | up] (a merged gate_up_proj) on each rank
     kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
 
@@ -149,19 +151,22 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
         raise RuntimeError(f"ie_lab: {type(model).__name__} is not bound on vLLM yet")
     out = []
     for i, layer in enumerate(layers):
-        if hasattr(layer, "self_attn"):  # llama-like: fused residual
+        if hasattr(layer, "self_attn"):  # llama-like; most defer the residual add to the next fused add+norm
             attn = layer.self_attn
             mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
             moe = hasattr(mlp, "experts")
+            fused = "residual" in inspect.signature(layer.forward).parameters
             sites = LayerSites(
-                i, layer, True, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
+                i, layer, fused, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
                 getattr(attn, "k_norm", None), layer.post_attention_layernorm if sandwich else None,
                 layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm, mlp,
                 None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
                 getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
             if not moe and hasattr(mlp, "gate_up_proj"):
                 sites.up_proj, sites.gated = mlp.gate_up_proj, True
+            if not fused and getattr(layer, "residual_multiplier", None) is not None:
+                sites.out_scale = float(layer.residual_multiplier)
             total_kv = getattr(attn, "total_num_kv_heads", None)
             sites.kv_replicated = bool(total_kv is not None and total_kv < _tp_size())
         elif hasattr(layer, "ln_1"):  # GPT-2: explicit residual adds inside the block
@@ -308,7 +313,8 @@ class IELabWorker:
         h.append(s.attn_core.register_forward_pre_hook(self._attn_core(s), with_kwargs=True))
         h.append(s.o_proj.register_forward_pre_hook(self._pre_reader(f"z.{L}", sharded=True), with_kwargs=True))
         outs = [f"attn_out.{L}"] + ([] if s.post_attn_norm is not None else [f"attn_out_post.{L}"])
-        h.append(s.o_proj.register_forward_hook(self._post_rw(outs)))
+        scale = {f"attn_out_post.{L}": s.out_scale, f"mlp_out_post.{L}": s.out_scale} if s.out_scale else None
+        h.append(s.o_proj.register_forward_hook(self._post_rw(outs, scale)))
         if s.post_attn_norm is not None:
             h.append(s.post_attn_norm.register_forward_hook(self._post_rw([f"attn_out_post.{L}"])))
         if s.q_norm is not None:
@@ -325,7 +331,7 @@ class IELabWorker:
         if s.router is not None:
             h.append(s.router.register_forward_hook(self._post_reader(f"router_logits.{L}")))
         outs = [f"mlp_out.{L}"] + ([] if s.post_mlp_norm is not None else [f"mlp_out_post.{L}"])
-        h.append(s.mlp.register_forward_hook(self._post_rw(outs)))
+        h.append(s.mlp.register_forward_hook(self._post_rw(outs, scale)))
         if s.post_mlp_norm is not None:
             h.append(s.post_mlp_norm.register_forward_hook(self._post_rw([f"mlp_out_post.{L}"])))
 
@@ -541,7 +547,9 @@ class IELabWorker:
             return None
         return hook
 
-    def _post_rw(self, points: list[str]) -> Callable:
+    def _post_rw(self, points: list[str], scale: dict[str, float] | None = None) -> Callable:
+        """A module's output, read and steered; a point in ``scale`` is that output times the factor (what a
+        Granite layer adds to the residual): steered as such, handed on divided back."""
         def hook(mod, args, out):
             rows = self._active()
             if rows is None:
@@ -549,10 +557,13 @@ class IELabWorker:
             t = _first(out)
             changed = False
             for p in points:
-                new = self._steer(rows, p, t)
+                m = scale.get(p) if scale else None
+                view = t if m is None else t * m
+                new = self._steer(rows, p, view)
                 if new is not None:
-                    t, changed = new, True
-                self._read(p, t)
+                    view, changed = new, True
+                    t = new if m is None else new / m
+                self._read(p, view)
             if changed:
                 return (t,) + tuple(out[1:]) if isinstance(out, tuple) else t
             return None
