@@ -93,10 +93,13 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
         return
     present = lm.info["present"].get(p.name, [])
     if addr.layer not in present:
-        why = {"q_norm_in": "this family has no QK-norm.", "q_norm_out": "this family has no QK-norm.",
-               "k_norm_in": "this family has no QK-norm.", "k_norm_out": "this family has no QK-norm.",
-               "mlp_act": f"layer {addr.layer} is a sparse mixture-of-experts layer: each expert has its own neurons.",
-               "mlp_pre": f"layer {addr.layer} is a sparse mixture-of-experts layer: each expert has its own neurons.",
+        qk = ("this family's QK-norm modules are not bound on vLLM (use backend='eager')." if lm.facts.qk_norm
+              else "this family has no QK-norm.")
+        moe = addr.layer in lm.info["present"].get("router_logits", [])
+        neurons = (f"layer {addr.layer} is a sparse mixture-of-experts layer: each expert has its own neurons." if moe
+                   else f"{p.name} is not bound on vLLM for this family (use backend='eager').")
+        why = {"q_norm_in": qk, "q_norm_out": qk, "k_norm_in": qk, "k_norm_out": qk,
+               "mlp_act": neurons, "mlp_pre": neurons,
                "mlp_pre_linear": "this family's MLP is not gated, so there is no separate linear branch; use mlp_pre.",
                "router_logits": f"layer {addr.layer} is a dense MLP layer with no router."}.get(
                    p.name, f"{p.name} is not bound on layer {addr.layer} of this family.")
