@@ -12,5 +12,5 @@ py=.venv/bin/python; [ -x "$py" ] || py=python
 # eager-hook vLLM mode on a tiny model, and the eager backend on CUDA against CPU
 timeout 180 "$py" -m pytest -q -m gpu tests/test_gpu.py || echo "gpu tests FAILED (see above)"
 timeout 400 "$py" -m benchmarks.run --gpu --repeats 3 --timeout 120 \
-  --engine bare --engine ie_eager --engine ie_vllm --engine interp --engine tl --engine nnsight "${@:2}"
+  --engine bare --engine ie_eager --engine ie_vllm --engine ie_vllm_graph --engine interp --engine tl --engine nnsight "${@:2}"
 "$py" benchmarks/render.py > /dev/null
