@@ -131,11 +131,13 @@ def test_gpt2_unfused_blocks_in_graph_mode(tmp_path_factory):
         assert g.ids == ge.ids and close(g.cache["resid_post.1"], ge.cache["resid_post.1"])
 
 
-def test_granite_scaled_outputs_in_graph_mode(tmp_path_factory):
-    # *_out_post is the sublayer output times residual_multiplier: the tap records the product in the graph
-    eager = eager_for("granite")
-    pts = ["attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "resid_post.1"]
-    with vllm_session("granite", tmp_path_factory.mktemp("graph_granite"), graph_points=pts) as s:
+@pytest.mark.parametrize("family", ["granite", "exaone4"])
+def test_unfused_layers_in_graph_mode(family, tmp_path_factory):
+    # Granite: *_out_post is the sublayer output times residual_multiplier, a product the tap records in the graph;
+    # EXAONE 4 (post-norm): mlp_in is the MLP's own input, not a norm's output
+    eager = eager_for(family)
+    pts = ["attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "mlp_in.1", "resid_post.1"]
+    with vllm_session(family, tmp_path_factory.mktemp(f"graph_{family}"), graph_points=pts) as s:
         c = s.capture(TEXT, pts)
         ce = ie_lab.capture(eager, TEXT, pts)
         assert [p for p in pts if not close(c[p], ce[p])] == []

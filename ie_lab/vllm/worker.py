@@ -136,6 +136,7 @@ class LayerSites:
     up_proj: nn.Module | None = None  # the MLP's input projection; None on sparse MoE layers
     out_scale: float | None = None  # the layer scales each sublayer's output before adding it (Granite)
     gated: bool = False  # up_proj's output is [gate | up] (a merged gate_up_proj) on each rank
+    post_norm: bool = False  # norms only after each sublayer (EXAONE 4): mid_norm is then the MLP itself
     kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
 
 
@@ -156,13 +157,23 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
             mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
             moe = hasattr(mlp, "experts")
-            fused = "residual" in inspect.signature(layer.forward).parameters
-            sites = LayerSites(
-                i, layer, fused, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
-                getattr(attn, "k_norm", None), layer.post_attention_layernorm if sandwich else None,
-                layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm, mlp,
-                None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
-                getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
+            # Post-norm layers (no input norm) take and return a residual but keep the whole stream in hidden.
+            post_norm = not sandwich and not hasattr(layer, "input_layernorm") and hasattr(
+                layer, "post_feedforward_layernorm")
+            fused = "residual" in inspect.signature(layer.forward).parameters and not post_norm
+            if post_norm:
+                sites = LayerSites(
+                    i, layer, False, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None), layer.post_attention_layernorm, mlp, mlp,
+                    None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
+                    layer.post_feedforward_layernorm, post_norm=True)
+            else:
+                sites = LayerSites(
+                    i, layer, fused, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None), layer.post_attention_layernorm if sandwich else None,
+                    layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm, mlp,
+                    None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
+                    getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
             if not moe and hasattr(mlp, "gate_up_proj"):
                 sites.up_proj, sites.gated = mlp.gate_up_proj, True
             if not fused and getattr(layer, "residual_multiplier", None) is not None:
@@ -307,8 +318,12 @@ class IELabWorker:
         else:
             h.append(s.layer.register_forward_pre_hook(self._pre_rw(f"resid_pre.{L}"), with_kwargs=True))
             h.append(s.layer.register_forward_hook(self._post_rw([f"resid_post.{L}"])))
+            # resid_mid in place: the layer keeps a second reference to it as the residual
             h.append(s.mid_norm.register_forward_pre_hook(self._pre_inplace(f"resid_mid.{L}"), with_kwargs=True))
-            h.append(s.mid_norm.register_forward_hook(self._post_rw([f"mlp_in.{L}"])))
+            if s.post_norm:  # the MLP reads the stream itself: mlp_in is its input, steered for the MLP alone
+                h.append(s.mid_norm.register_forward_pre_hook(self._pre_rw(f"mlp_in.{L}"), with_kwargs=True))
+            else:
+                h.append(s.mid_norm.register_forward_hook(self._post_rw([f"mlp_in.{L}"])))
         h.append(s.attn_mod.register_forward_pre_hook(self._pre_rw(f"attn_in.{L}"), with_kwargs=True))
         h.append(s.attn_core.register_forward_pre_hook(self._attn_core(s), with_kwargs=True))
         h.append(s.o_proj.register_forward_pre_hook(self._pre_reader(f"z.{L}", sharded=True), with_kwargs=True))
