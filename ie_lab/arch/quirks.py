@@ -66,4 +66,5 @@ FOREIGN_ENGINE_CONVENTIONS = {
 # backend (olmo, glm, helium, ...). Building such an engine in-process patches HF's own model classes (vLLM applies
 # its compile decorator to them), which breaks eager models of that class in the same kernel.
 VLLM_VERIFIED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
-                           "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3", "granite", "granitemoe", "stablelm", "exaone4"})
+                           "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3", "granite", "granitemoe", "stablelm",
+                           "exaone4"})
