@@ -165,6 +165,7 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
     tick = torch.zeros(1, dtype=torch.int64, device=param.device)
     echo = torch.full((1,), -1, dtype=torch.int64, device=param.device)
     embed = sites["embeddings"][0]
+
     def canary(m, a, o):  # returns None: a forward hook's return value would replace the module's output
         echo.copy_(tick)
 
