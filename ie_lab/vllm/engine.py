@@ -40,14 +40,11 @@ def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_paralle
         # split per request, out of the CUDA graphs.
         kw.update(enforce_eager=False, load_format=static_taps.LOAD_FORMAT,
                   model_loader_extra_config={static_taps.CONFIG_KEY: list(graph_points)})
-        comp: dict[str, Any] = {"cache_dir": compile_dir or ""}
-        try:
-            import torch
+        import torch
 
-            if torch.cuda.is_available():
-                comp["cudagraph_mode"] = "PIECEWISE"
-        except Exception:  # noqa: BLE001
-            pass
+        comp: dict[str, Any] = {"cache_dir": compile_dir or ""}
+        if torch.cuda.is_available():
+            comp["cudagraph_mode"] = "PIECEWISE"
         kw["compilation_config"] = comp
     kw.update(extra)
     return (AsyncEngineArgs if async_engine else EngineArgs)(**kw)

@@ -221,10 +221,7 @@ class VLLMSession(Session):
                 if self._driver is not None:
                     self._call(self._driver.shutdown())
             self._shutdown_loop()
-            if self._graph_dir:
-                import shutil
-
-                shutil.rmtree(self._graph_dir, ignore_errors=True)
+            self._remove_graph_dir()
             raise
         with _LIVE_LOCK:
             _LIVE[self._key] = weakref.ref(self)
@@ -280,16 +277,21 @@ class VLLMSession(Session):
                 asyncio.run_coroutine_threadsafe(self._driver.shutdown(), self._loop).result(timeout=60)
         self._driver = None
         self._shutdown_loop()
-        if getattr(self, "_graph_dir", None):
-            import shutil
-
-            shutil.rmtree(self._graph_dir, ignore_errors=True)
+        self._remove_graph_dir()
         self.__dict__.pop("_lm", None)
         gc.collect()
         with _LIVE_LOCK:
             ref = _LIVE.get(self._key)
             if ref is not None and ref() is self:
                 del _LIVE[self._key]
+
+    def _remove_graph_dir(self) -> None:
+        """Graph mode's private compile cache goes with the engine that compiled into it."""
+        if getattr(self, "_graph_dir", None):
+            import shutil
+
+            shutil.rmtree(self._graph_dir, ignore_errors=True)
+            self._graph_dir = None
 
     # ---- facts ----------------------------------------------------------------------------------
     @property

@@ -480,9 +480,7 @@ class IELabWorker:
             rows = self._active()
             if rows is None:
                 return None
-            normed = _first(out)
-            new = self._steer(rows, point, normed)
-            self._read(point, new if new is not None else normed)
+            new = self._steer_and_read(rows, point, _first(out))
             if new is not None:
                 return (new, out[1]) if isinstance(out, tuple) else new
             return None
@@ -507,6 +505,12 @@ class IELabWorker:
             out[r.start:r.end] = new
         return out
 
+    def _steer_and_read(self, rows: list[Row], point: str, t: torch.Tensor) -> torch.Tensor | None:
+        """Steer the rows that ask for it, read what is handed on; the steered tensor, or None if unchanged."""
+        new = self._steer(rows, point, t)
+        self._read(point, t if new is None else new)
+        return new
+
     def _fused_pre(self, point: str) -> Callable:
         """resid_pre / resid_mid where the stream arrives as (h, residual) with the add deferred."""
         def hook(mod, args, kwargs):
@@ -514,9 +518,7 @@ class IELabWorker:
             if rows is None:
                 return None
             h, res = _fused_args(args, kwargs)
-            stream = h if res is None else h + res
-            new = self._steer(rows, point, stream)
-            self._read(point, new if new is not None else stream)
+            new = self._steer_and_read(rows, point, h if res is None else h + res)
             if new is not None:
                 return _replace_fused_args(args, kwargs, new, torch.zeros_like(new))
             return None
@@ -527,9 +529,7 @@ class IELabWorker:
             rows = self._active()
             if rows is None:
                 return None
-            stream = out[0] + out[1]
-            new = self._steer(rows, point, stream)
-            self._read(point, new if new is not None else stream)
+            new = self._steer_and_read(rows, point, out[0] + out[1])
             if new is not None:
                 return (new, torch.zeros_like(new))
             return None
@@ -540,9 +540,7 @@ class IELabWorker:
             rows = self._active()
             if rows is None:
                 return None
-            x = _hidden(args, kwargs)
-            new = self._steer(rows, point, x)
-            self._read(point, new if new is not None else x)
+            new = self._steer_and_read(rows, point, _hidden(args, kwargs))
             if new is not None:
                 return _set_hidden(args, kwargs, new)
             return None
@@ -573,12 +571,10 @@ class IELabWorker:
             changed = False
             for p in points:
                 m = scale.get(p) if scale else None
-                view = t if m is None else t * m
-                new = self._steer(rows, p, view)
+                new = self._steer_and_read(rows, p, t if m is None else t * m)
                 if new is not None:
-                    view, changed = new, True
+                    changed = True
                     t = new if m is None else new / m
-                self._read(p, view)
             if changed:
                 return (t,) + tuple(out[1:]) if isinstance(out, tuple) else t
             return None
