@@ -713,6 +713,26 @@ def tokens_of(workload: str, shape: dict) -> int | None:
             "capture_gen": shape["short_new"], "steer": shape["short_new"]}.get(workload)
 
 
+# Baselines timed inside each cell's process, interleaved with the engine: separate processes differ by about
+# +-15% here (placement, frequency), more than the gaps the targets ask about. A capture is also compared with the
+# plain forward, the floor its target names.
+BASELINES = {"capture_mid": ["capture_mid", "forward_512"], "capture_all": ["capture_all", "forward_512"]}
+
+
+def _baseline(spec, x, shape):
+    """(bare engine, workloads) to time beside the engine in this process, or None (bare itself; GPU runs, where a
+    second copy of the model would compete with vLLM's preallocated memory)."""
+    if spec["engine"] == "bare" or spec.get("device", "cpu") != "cpu" or not spec.get("baseline", True):
+        return None
+    if not spec.get("model_dir"):
+        return None
+    b = Bare(spec, x, shape)
+    work = BASELINES.get(spec["workload"], [spec["workload"]])
+    for bw in work:
+        b.run(bw)  # warm-up
+    return b, work
+
+
 def run_cell(spec: dict, engine_cls=None) -> dict:
     """Everything a cell does; returns the cell dict (also used by the tests with a fake engine)."""
     import torch
@@ -741,16 +761,29 @@ def run_cell(spec: dict, engine_cls=None) -> dict:
         first = eng.run(w)  # warm-up, and the output that is checked
         ok, detail = check(w, first, ref, shape)
         cell["check"] = detail
-        times = []
+        # the engine's own peak, before an in-process baseline adds a second model to this process
+        cell["peak_rss_mb"] = _peak_rss_mb()
+        cell["cuda_peak_mb"] = _cuda_peak_mb()
+        base = _baseline(spec, x, shape)
+        times, base_times = [], {bw: [] for bw in (base[1] if base else ())}
         for _ in range(spec["repeats"]):
             t = time.perf_counter()
             eng.run(w)
             times.append(time.perf_counter() - t)
+            for bw in base_times:  # interleaved: a slow spell of the machine hits both sides alike
+                t = time.perf_counter()
+                base[0].run(bw)
+                base_times[bw].append(time.perf_counter() - t)
         cell["times_s"] = times
         cell["median_s"] = statistics.median(times)
+        cell["torch_threads"] = torch.get_num_threads()
+        if base_times:
+            cell["base_times_s"] = base_times
+            cell["base_median_s"] = {bw: statistics.median(v) for bw, v in base_times.items()}
         if cell["tokens"]:
             cell["tok_per_s"] = cell["tokens"] / cell["median_s"]
         cell["status"] = "ok" if ok else "WRONG"
+        return cell
     except NotApplicable as e:
         cell["status"], cell["reason"] = "n/a", str(e)
     except Exception as e:  # noqa: BLE001 - the engine failed on this workload: recorded, not hidden

@@ -7,11 +7,18 @@ Operations on one Session queue behind an asyncio lock, so streams and captures 
 
 An interrupt (KeyboardInterrupt while a cell waits) cancels the operation: generation stops at the next
 token, a capture at the next layer; every hook and steering is removed and the next call works.
+
+The loop schedules; a plain call's own thread computes. While a plain call waits, the loop hands the
+operation's model work back to it (`_Host`): torch's OpenMP pool belongs to the thread that runs an op, and
+a second pool on the loop thread makes libgomp cut its spin-waits once the process holds more pool threads
+than CPUs, which made every call from a notebook (whose main thread has a pool) up to ~1.5x slower on CPU
+(`benchmarks/session_threads.py`). Awaited twins compute on the loop thread, as the caller's loop must stay free.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import html
@@ -45,9 +52,79 @@ def _source_key(model: Any, backend: str) -> Any:
     return ("object", id(model), backend)
 
 
+_WORKING = threading.local()  # .sessions: the Sessions whose operation this thread is computing right now
+
+
+class _Host:
+    """The thread of a plain call, lent to the loop for the operation's model work while it waits."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._open = True
+        self._lock = threading.Lock()
+
+    def put(self, item: tuple) -> None:
+        self.queue.put(item)
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future | None:
+        """Queue fn for the caller's thread; None once the caller has stopped waiting (run it on the loop)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if not self._open:
+                return None
+            self.queue.put(("job", (fn, fut)))
+        return fut
+
+    def close(self) -> None:
+        """The caller stops waiting: no new jobs; any not yet taken are cancelled."""
+        with self._lock:
+            self._open = False
+        while True:
+            try:
+                kind, item = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "job":
+                item[1].set_exception(OperationCancelled("interrupted"))
+
+    def run(self, job: tuple) -> None:
+        fn, fut = job
+        if not fut.set_running_or_notify_cancel():
+            return
+        working = getattr(_WORKING, "sessions", None)
+        if working is None:
+            working = _WORKING.sessions = []
+        working.append(self.owner)
+        try:
+            fut.set_result(fn())
+        except BaseException as e:
+            # A KeyboardInterrupt must not reach the loop thread (asyncio re-raises it out of the loop): the
+            # loop's side learns "cancelled", the interrupt itself goes on in the caller's thread.
+            fut.set_exception(e if isinstance(e, Exception) else OperationCancelled("interrupted"))
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            working.pop()
+
+    def serve(self, until: concurrent.futures.Future) -> Any:
+        """Run jobs until `until` is done; returns its result."""
+        until.add_done_callback(lambda f: self.queue.put(("done", None)))
+        while True:
+            try:
+                kind, item = self.queue.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            if kind == "job":
+                self.run(item)
+            elif kind == "done":
+                return until.result()
+
+
 class _CancelToken:
-    def __init__(self) -> None:
+    def __init__(self, host: _Host | None = None) -> None:
         self.cancelled = False
+        self.host = host  # the plain call's thread that computes for this operation, if any
 
 
 class Session:
@@ -90,7 +167,9 @@ class Session:
         if self._name == DEMO_MODEL:
             self._name = "ie_lab.DEMO_MODEL"  # not a machine-specific path in reprs and notebooks
         try:
-            self._lm = self._call(self._aload(model, tokenizer, device, dtype, trust_remote_code, progress))
+            token = _CancelToken(_Host(self))
+            self._lm = self._call(self._aload(model, tokenizer, device, dtype, trust_remote_code, progress, token),
+                                  token)
         except BaseException:
             self._shutdown_loop()
             raise
@@ -114,26 +193,38 @@ class Session:
     def _on_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
+    def _inside_own_operation(self) -> bool:
+        return self._on_loop_thread() or any(s is self for s in getattr(_WORKING, "sessions", ()))
+
     def _check_open(self) -> None:
         if self._closed:
             raise SessionClosed("this Session is closed; create a new one: Session(...).")
 
     def _call(self, coro: Any, token: _CancelToken | None = None) -> Any:
-        """Run a coroutine on the session loop from a plain (sync) call, honouring interrupts."""
-        if self._on_loop_thread():
+        """Run a coroutine on the session loop from a plain (sync) call, honouring interrupts; while it runs,
+        this thread computes whatever model work the operation hands it (token.host)."""
+        if self._inside_own_operation():
             coro.close()
-            raise RuntimeError("a synchronous Session method was called from the session's own loop thread, which "
-                               "would deadlock; inside coroutines on that loop use the async twin (await s.a...()).")
+            raise RuntimeError("a synchronous Session method was called from inside one of the same Session's "
+                               "operations (a function it runs, or its own loop thread), which would deadlock; inside "
+                               "s.run(fn) use the model handle fn receives, and in coroutines on the session's loop "
+                               "the async twin (await s.a...()).")
+        host = token.host if token is not None else None
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return fut.result()
+            return host.serve(fut) if host is not None else fut.result()
         except KeyboardInterrupt:
+            if host is not None:
+                host.close()
             if token is not None:
                 token.cancelled = True
             fut.cancel()
             with contextlib.suppress(BaseException):
                 fut.result(timeout=10)  # let the operation unwind (hooks out) before the cell returns
             raise
+        finally:
+            if host is not None:
+                host.close()
 
     async def _on_loop(self, coro: Any) -> Any:
         """Await a coroutine that must run on the session loop, from whichever loop we are on."""
@@ -159,38 +250,58 @@ class Session:
             for h in handles:
                 h.remove()
 
+    async def _compute(self, token: _CancelToken, fn: Callable[[], Any]) -> Any:
+        """Run model work on the plain caller's thread when one is waiting (see the module note), else here."""
+        fut = token.host.submit(fn) if token.host is not None else None
+        if fut is None:
+            return fn()
+        try:
+            return await asyncio.shield(asyncio.wrap_future(fut))
+        except asyncio.CancelledError:
+            token.cancelled = True  # the layer hooks stop the work; the lock is held until it has
+            with contextlib.suppress(BaseException):
+                await asyncio.wrap_future(fut)
+            raise
+
     async def _run(self, fn: Callable[[], Any], token: _CancelToken | None = None) -> Any:
         """One blocking backend operation, queued behind the session's lock, cancellable between layers."""
         self._check_open()
         token = token or _CancelToken()
+
+        def work():
+            with self._cancellable(token):
+                return fn()
+
         async with self._lock():
             self._tokens.add(token)
             try:
-                with self._cancellable(token):
-                    return fn()
+                return await self._compute(token, work)
             finally:
                 self._tokens.discard(token)
 
     def _sync(self, fn: Callable[[], Any]) -> Any:
-        """A plain-call operation: queued on the loop, cancellable by an interrupt."""
+        """A plain-call operation: queued on the loop, computed on this thread, cancellable by an interrupt."""
         self._check_open()
-        token = _CancelToken()
+        token = _CancelToken(_Host(self))
         return self._call(self._run(fn, token), token)
 
     async def _async(self, fn: Callable[[], Any]) -> Any:
         """The awaitable twin, from whichever event loop the caller is on."""
         return await self._on_loop(self._run(fn))
 
-    async def _aload(self, model, tokenizer, device, dtype, trust_remote_code, progress):
+    async def _aload(self, model, tokenizer, device, dtype, trust_remote_code, progress, token=None):
         from tqdm.auto import tqdm
 
         from .loading import load
 
-        with tqdm(total=2, desc="loading model", disable=not progress, leave=False) as bar:
-            lm = load(model, tokenizer, backend="eager", device=device, dtype=dtype,
-                      trust_remote_code=trust_remote_code, quiet=False)
-            bar.update(2)
-        return lm
+        def work():
+            with tqdm(total=2, desc="loading model", disable=not progress, leave=False) as bar:
+                lm = load(model, tokenizer, backend="eager", device=device, dtype=dtype,
+                          trust_remote_code=trust_remote_code, quiet=False)
+                bar.update(2)
+            return lm
+
+        return await self._compute(token or _CancelToken(), work)
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def _shutdown_loop(self) -> None:
@@ -315,14 +426,12 @@ class Session:
         async with self._lock():
             self._tokens.add(token)
             it = generate_stream(self._lm, prompt, max_new_tokens, **kwargs)
+            end = object()
             try:
                 with self._cancellable(token):
-                    while True:
-                        if token.cancelled:
-                            break
-                        try:
-                            step = next(it)
-                        except StopIteration:
+                    while not token.cancelled:
+                        step = await self._compute(token, lambda: next(it, end))
+                        if step is end:
                             break
                         yield step
                         await asyncio.sleep(0)  # a cancellation point between tokens
@@ -366,24 +475,29 @@ class Session:
     def generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
         """Yield GenStep objects as tokens are produced; an interrupt stops within one token."""
         self._check_open()
-        if self._on_loop_thread():
-            raise RuntimeError("generate_stream was called from the session's loop thread; use agenerate_stream.")
-        token = _CancelToken()
-        q: queue.Queue = queue.Queue()
-        fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs, q.put), self._loop)
+        if self._inside_own_operation():
+            raise RuntimeError("generate_stream was called from inside one of the same Session's operations (its "
+                               "own loop thread, or a function it runs), which would deadlock; use agenerate_stream "
+                               "on the loop, or the model handle inside s.run(fn).")
+        host = _Host(self)  # steps and model work arrive on one queue; the work runs here, between steps
+        token = _CancelToken(host)
+        fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs, host.put), self._loop)
         try:
             while True:
                 try:
-                    kind, item = q.get(timeout=0.05)
+                    kind, item = host.queue.get(timeout=0.05)
                 except queue.Empty:
                     continue
-                if kind == "step":
+                if kind == "job":
+                    host.run(item)
+                elif kind == "step":
                     yield item
                 elif kind == "error":
                     raise item
                 else:
                     break
         finally:
+            host.close()
             token.cancelled = True
             with contextlib.suppress(BaseException):
                 fut.result(timeout=10)
@@ -423,7 +537,8 @@ class Session:
         return await self._async(lambda: fn(self._lm))
 
     def run(self, fn: Callable[[Any], Any]):
-        """Run fn(model) on the session's loop thread (for custom analyses); interrupts stop it between layers."""
+        """Run fn(model) queued behind the session's other operations (for custom analyses), on the calling
+        thread; interrupts stop it between layers."""
         return self._sync(lambda: fn(self._lm))
 
     async def aattention(self, prompt: Any, layers: Any = None):

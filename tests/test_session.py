@@ -47,9 +47,40 @@ def test_every_operation_has_an_async_twin():
 
 
 def test_sync_call_from_the_loop_thread_is_refused(session):
-    with pytest.raises(RuntimeError, match="own loop thread"):
+    with pytest.raises(RuntimeError, match="would deadlock"):
         session.run(lambda lm: session.capture("Mary", ["resid_post.0"]))
     assert session.capture("Mary", ["resid_post.0"])["resid_post.0"].shape[1] == 1
+
+
+def test_plain_calls_compute_on_the_calling_thread_and_awaited_ones_on_the_loop(session):
+    # Why it matters: a second OpenMP pool on the loop thread made every CPU call from a notebook slower
+    # (ie_lab/session.py, module note). The forward itself must run where the plain call was made.
+    seen = []
+    h = session.model.register_forward_hook(lambda m, a, o: seen.append(threading.current_thread()))
+    try:
+        session.capture("Mary went", ["resid_post.0"])
+        session.generate("Mary went", 3)
+        steps = list(session.generate_stream("Mary went", 3))
+        assert len(steps) == 3
+        assert seen and all(t is threading.main_thread() for t in seen), {t.name for t in seen}
+        seen.clear()
+        asyncio.run(session.agenerate("Mary went", 2))
+        assert seen and all(t is session._thread for t in seen)
+        seen.clear()
+        worker_seen = []
+        th = threading.Thread(target=lambda: worker_seen.append(session.run(lambda lm: threading.current_thread())))
+        th.start()
+        th.join()
+        assert worker_seen == [th]
+    finally:
+        h.remove()
+    assert session.run(lambda lm: threading.current_thread()) is threading.main_thread()
+
+
+def test_nested_plain_call_inside_run_is_refused_not_deadlocked(session):
+    with pytest.raises(RuntimeError, match="would deadlock"):
+        session.run(lambda lm: list(session.generate_stream("Mary", 2)))
+    assert not session.model._forward_hooks and len(session.generate("Mary", 2).ids) == 2
 
 
 def test_concurrent_threads_queue_and_get_their_own_answers(session):
