@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 
@@ -24,6 +23,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from timing import interleaved_medians  # noqa: E402
 
 
 def build_model():
@@ -80,15 +81,7 @@ def main() -> int:
         return 1
 
     variants = {"bare_forward": bare, "one_hook": one_hook, "capture_mid": capture_mid, "capture_all": capture_all}
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in variants.values():  # warm-up
-        fn()
-    for _ in range(args.repeats):
-        for name, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians(variants, args.repeats)
     result = {
         "benchmark": "capture_overhead",
         "model": f"random Llama, hidden 512, 8 layers, {n_params / 1e6:.1f}M params",

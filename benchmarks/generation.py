@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -26,6 +25,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from timing import interleaved_medians  # noqa: E402
 
 
 def main() -> int:
@@ -103,15 +104,7 @@ def main() -> int:
     variants = {"hf_generate": lambda: hf(128), "ie_stream": ie_stream, "gen_then_rerun": gen_then_rerun,
                 "capture_gen": capture_gen, "gen_then_rerun_512": gen_then_rerun_512,
                 "capture_gen_512": capture_gen_512, "unsteered_32": unsteered, "steered_32": steered}
-    times = {k: [] for k in variants}
-    for fn in variants.values():
-        fn()
-    for _ in range(args.repeats):
-        for k, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians(variants, args.repeats)
     ratios = {
         "ie_stream_tok_s_vs_hf": med["hf_generate"] / med["ie_stream"],
         "capture_gen_speedup_vs_rerun": med["gen_then_rerun"] / med["capture_gen"],

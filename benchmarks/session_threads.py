@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -33,6 +32,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from timing import interleaved_medians  # noqa: E402
 
 
 def main() -> int:
@@ -72,23 +73,14 @@ def main() -> int:
         print("correctness check failed, not reporting speed:", checks, file=sys.stderr)
         return 1
 
-    def timed(vs: dict) -> dict:
-        times = {k: [] for k in vs}
-        for _ in range(args.repeats):
-            for k, fn in vs.items():
-                t0 = time.perf_counter()
-                fn()
-                times[k].append(time.perf_counter() - t0)
-        return {k: statistics.median(v) for k, v in times.items()}
-
     # Phase 1: only the main thread has computed (plain calls lend it to the session).
-    one = timed(variants)
+    one = interleaved_medians(variants, args.repeats, warm=False)
     # Phase 2: an awaited call computes on the loop thread, which grows a second pool for good (the old design).
     if agen["session_agenerate"]() != ref:
         print("correctness check failed: agenerate tokens differ", file=sys.stderr)
         return 1
-    two = timed({"direct_generate": variants["direct_generate"], "session_generate": variants["session_generate"],
-                 **agen})
+    two = interleaved_medians({"direct_generate": variants["direct_generate"], "session_generate": variants["session_generate"],
+                 **agen}, args.repeats, warm=False)
     S.close()
     med = {**{f"{k} (one pool)": v for k, v in one.items()}, **{f"{k} (two pools)": v for k, v in two.items()}}
     ratios = {

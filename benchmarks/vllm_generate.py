@@ -18,13 +18,13 @@ import asyncio
 import datetime
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from timing import interleaved_medians  # noqa: E402
 
 PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "Paris is the capital of France and",
            "John gave a book to", "the dog ran in the park", "Alice and Bob went to the beach",
@@ -88,15 +88,7 @@ def main() -> int:
         "vllm_plain_1": lambda: v.generate(PROMPTS[1], 1),
         "vllm_capture_1": lambda: v.capture(PROMPTS[1], all_res),
     }
-    for f in variants.values():
-        f()  # warm-up
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(args.repeats):
-        for k, f in variants.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    med = {k: statistics.median(x) for k, x in times.items()}
+    med = interleaved_medians(variants, args.repeats)
     tok1 = len(ref[PROMPTS[0]])
     tps = {"eager_8_sequential": tokens8 / med["eager_8_sequential"], "vllm_8_concurrent": tokens8 / med["vllm_8_concurrent"],
            "eager_1": tok1 / med["eager_1"], "vllm_1": tok1 / med["vllm_1"]}

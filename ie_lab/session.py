@@ -107,17 +107,23 @@ class _Host:
         finally:
             working.pop()
 
-    def serve(self, until: concurrent.futures.Future) -> Any:
-        """Run jobs until `until` is done; returns its result."""
-        until.add_done_callback(lambda f: self.queue.put(("done", None)))
+    def messages(self) -> Iterator[tuple]:
+        """Run the jobs that arrive; yield every other message, (kind, item)."""
         while True:
             try:
-                kind, item = self.queue.get(timeout=0.25)
+                kind, item = self.queue.get(timeout=0.05)
             except queue.Empty:
                 continue
             if kind == "job":
                 self.run(item)
-            elif kind == "done":
+            else:
+                yield kind, item
+
+    def serve(self, until: concurrent.futures.Future) -> Any:
+        """Run jobs until `until` is done; returns its result."""
+        until.add_done_callback(lambda f: self.queue.put(("done", None)))
+        for kind, _ in self.messages():
+            if kind == "done":
                 return until.result()
 
 
@@ -252,9 +258,11 @@ class Session:
 
     async def _compute(self, token: _CancelToken, fn: Callable[[], Any]) -> Any:
         """Run model work on the plain caller's thread when one is waiting (see the module note), else here."""
-        fut = token.host.submit(fn) if token.host is not None else None
-        if fut is None:
+        if token.host is None:
             return fn()
+        fut = token.host.submit(fn)
+        if fut is None:  # the caller stopped waiting (an interrupt): nothing is left to compute for
+            raise OperationCancelled("interrupted")
         try:
             return await asyncio.shield(asyncio.wrap_future(fut))
         except asyncio.CancelledError:
@@ -483,14 +491,8 @@ class Session:
         token = _CancelToken(host)
         fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs, host.put), self._loop)
         try:
-            while True:
-                try:
-                    kind, item = host.queue.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if kind == "job":
-                    host.run(item)
-                elif kind == "step":
+            for kind, item in host.messages():
+                if kind == "step":
                     yield item
                 elif kind == "error":
                     raise item
