@@ -283,6 +283,7 @@ class IEEager:
             self.sess = ie_lab.Session(spec["model_dir"], backend="eager", dtype=spec.get("dtype", "float32"),
                                        progress=False, replace=False)
             _no_eos_ie(self.sess)
+            self.own_thread = True  # awaited requests compute on the session's loop thread
         else:
             self.lm = ie_lab.load(_load_hf(spec, eager_attn=spec["workload"] == "attention"), tokenizer=_tok(spec))
             _no_eos_ie(self.lm)
@@ -380,6 +381,7 @@ class IEVllm(IEEager):
         self.sess = ie_lab.Session(spec["model_dir"], backend="vllm", dtype=spec.get("dtype", "float32"),
                                    progress=False, replace=False, **self.session_kwargs(shape))
         _no_eos_ie(self.sess)
+        self.own_thread = True  # the in-process engine steps on the session's loop thread
 
     def session_kwargs(self, shape):
         return {}
@@ -719,12 +721,17 @@ def tokens_of(workload: str, shape: dict) -> int | None:
 BASELINES = {"capture_mid": ["capture_mid", "forward_512"], "capture_all": ["capture_all", "forward_512"]}
 
 
-def _baseline(spec, x, shape):
-    """(bare engine, workloads) to time beside the engine in this process, or None (bare itself; GPU runs, where a
-    second copy of the model would compete with vLLM's preallocated memory)."""
+def _baseline(spec, x, shape, eng):
+    """(bare engine, workloads) to time beside the engine in this process, or None: for bare itself; on GPUs (a
+    second copy of the model would compete with vLLM's preallocated memory); and for engines that compute on a
+    thread of their own (`eng.own_thread`: vLLM's engine loop, the eager Session's awaited requests). torch's
+    OpenMP pool belongs to a thread, and two pools in one process slow each other (libgomp shortens its
+    spin-waits once a process holds more pool threads than CPUs), so a baseline beside such an engine would be
+    slowed by the engine's own thread layout, which must count against the engine: those cells are compared
+    across processes."""
     if spec["engine"] == "bare" or spec.get("device", "cpu") != "cpu" or not spec.get("baseline", True):
         return None
-    if not spec.get("model_dir"):
+    if not spec.get("model_dir") or getattr(eng, "own_thread", False):
         return None
     b = Bare(spec, x, shape)
     work = BASELINES.get(spec["workload"], [spec["workload"]])
@@ -764,7 +771,7 @@ def run_cell(spec: dict, engine_cls=None) -> dict:
         # the engine's own peak, before an in-process baseline adds a second model to this process
         cell["peak_rss_mb"] = _peak_rss_mb()
         cell["cuda_peak_mb"] = _cuda_peak_mb()
-        base = _baseline(spec, x, shape)
+        base = _baseline(spec, x, shape, eng)
         times, base_times = [], {bw: [] for bw in (base[1] if base else ())}
         for _ in range(spec["repeats"]):
             t = time.perf_counter()

@@ -259,8 +259,10 @@ def render_sidebyside(cells: list[dict], device: str, headline: bool = False) ->
            "(tokens equal HF greedy, tensors allclose): a wrong output is shown as **WRONG**, never as a speed. "
            "(Nx) is the cell's time over bare transformers' time for the same workload, timed in the cell's own process, "
            "interleaved with it (the two sides share every slow spell of the machine); (Nx\u2020) compares with the bare "
-           "cell's separate process instead (noisier, about \u00b115% here). Targets compare engines through these "
-           "in-process ratios. [n] points to the notes.", ""]
+           "cell's separate process instead (noisier, about \u00b115% here): engines that compute on a thread of "
+           "their own (vLLM's engine loop, ie_lab eager's awaited requests in generate_x8) are measured that way, "
+           "since a second OpenMP pool in one process would slow the baseline beside them too. Targets compare "
+           "engines through in-process ratios where both cells have one. [n] points to the notes.", ""]
     for model in _models(cells):
         notes: list[str] = []
         mc = [c for c in cells if c["model"] == model]
@@ -352,7 +354,7 @@ def write_charts() -> list[str]:
             import plotly.io as pio
 
             h = os.path.join(HERE, "charts", f"sidebyside-{device}.html")
-            pio.write_html(pio.from_json(json.dumps(fig)), h, include_plotlyjs="cdn", full_html=True)
+            pio.write_html(pio.from_json(json.dumps(fig)), h, include_plotlyjs=True, full_html=True)  # offline: no CDN
             written.append(h)
         except ImportError:
             pass

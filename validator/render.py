@@ -181,5 +181,5 @@ def write_all(results_dir: str = RESULTS, readme: str = README) -> None:
     with open(os.path.join(results_dir, "heatmap.json"), "w") as f:
         f.write(fig.to_json(pretty=False))
         f.write("\n")
-    fig.write_html(os.path.join(results_dir, "heatmap.html"), include_plotlyjs="cdn", full_html=True,
+    fig.write_html(os.path.join(results_dir, "heatmap.html"), include_plotlyjs=True, full_html=True,
                    div_id="validator-heatmap")
