@@ -1,6 +1,8 @@
 """The committed results re-render to exactly the table in validator/README.md (no model run)."""
 
+import glob
 import os
+import shutil
 
 from validator import render
 
@@ -30,4 +32,11 @@ def test_heatmap_renders_from_json(tmp_path):
     fig = render.heatmap(render.load())
     assert len(fig.data[0].y) == len({d["model"] for d in render.load()})
     assert os.path.exists(os.path.join(render.RESULTS, "heatmap.json"))
-    assert os.path.exists(os.path.join(render.RESULTS, "heatmap.html"))
+    # the HTML is written locally (not committed) and must open offline: plotly.js inside, no script from a CDN
+    for p in glob.glob(os.path.join(render.RESULTS, "*__*.json")):
+        shutil.copy(p, tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{render.START}\n{render.END}\n")
+    render.write_all(str(tmp_path), str(readme))
+    html = (tmp_path / "heatmap.html").read_text()
+    assert "<script src=" not in html and "validator-heatmap" in html and len(html) > 1_000_000
