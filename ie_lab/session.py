@@ -68,7 +68,7 @@ class _Host:
         self.queue.put(item)
 
     def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future | None:
-        """Queue fn for the caller's thread; None once the caller has stopped waiting (run it on the loop)."""
+        """Queue fn for the caller's thread; None once the caller has stopped waiting (an interrupt)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if not self._open:

@@ -119,3 +119,21 @@ def test_render_shows_wrong_and_na_and_target_verdicts():
     assert rows["ie_lab eager generate >= 0.90x bare HF generate (tok/s)"][1] == "met"
     assert rows["ie_lab eager generate >= interp-engine's (tok/s)"][1] == "met"
     assert rows["ie_lab eager capture_gen >= 1.5x interp-engine's (tok/s)"][1].startswith("not measured")
+
+
+def test_targets_use_each_cells_in_process_baseline():
+    # Across processes ie_lab looks 1.2x slower than interp-engine and 1.2x the bare forward; timed beside bare
+    # transformers in their own processes, ie_lab is 0.96x its baseline and interp-engine 1.11x its own.
+    ie = _c("ie_eager", "capture_all", s=1.2)
+    ie["base_median_s"] = {"capture_all": 1.25, "forward_512": 1.15}
+    interp = _c("interp", "capture_all", s=1.0)
+    interp["base_median_s"] = {"capture_all": 0.9, "forward_512": 0.85}
+    cells = [_c("bare", "forward_512", s=1.0), _c("bare", "capture_all", s=1.0), ie, interp]
+    rows = {a: (b, v) for a, b, v in RENDER["sbs_targets"](cells, "m")}
+    assert rows["ie_lab eager capture_all <= 1.10x bare forward"] == ("1.04x", "met")
+    assert rows["ie_lab eager capture_all <= every peer's"] == ("interp 0.86x", "met")
+    del interp["base_median_s"]  # a peer without one: compared across processes, and marked so
+    rows = {a: (b, v) for a, b, v in RENDER["sbs_targets"](cells, "m")}
+    assert rows["ie_lab eager capture_all <= every peer's"] == ("interp 1.20x\u2020", "**missed**")
+    md = "\n".join(RENDER["render_sidebyside"](cells, "cpu"))
+    assert "1.20 s (0.96x)" in md and "1.00 s (1.00x\u2020)" in md
