@@ -15,7 +15,6 @@ Each variant's output is checked against HF's greedy tokens before any time is r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved_medians, write_result  # noqa: E402
 
 
 def main() -> int:
@@ -117,11 +116,7 @@ def main() -> int:
                           "capture_gen_512_speedup_vs_rerun": ">= 1.5",
                           "steered_time_vs_unsteered": "<= 1.10"},
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "generation-cpu.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps(ratios, indent=2))
-    return 0
+    return write_result(args.out, "generation-cpu", result, ratios)
 
 
 if __name__ == "__main__":

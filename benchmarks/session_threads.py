@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -33,7 +32,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved_medians, write_result  # noqa: E402
 
 
 def main() -> int:
@@ -100,11 +99,7 @@ def main() -> int:
               "model": f"ie_lab demo model, {n} greedy tokens from a 64-token prompt; capture of every resid_post "
                        "over 128 tokens", "median_s": med, "ratios": ratios, "targets": targets,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "session_threads-cpu.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps(ratios, indent=2))
-    return 0
+    return write_result(args.out, "session_threads-cpu", result, ratios)
 
 
 if __name__ == "__main__":

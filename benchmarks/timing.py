@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from typing import Callable
@@ -19,3 +21,12 @@ def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int,
             fn()
             times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def write_result(out_dir: str, name: str, result: dict, shown: object) -> int:
+    """results/<name>.json (what render.py reads); prints `shown`; returns the exit status."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps(shown, indent=2))
+    return 0

