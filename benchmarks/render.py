@@ -192,7 +192,7 @@ def sbs_targets(cells, model) -> list[tuple[str, str, str]]:
 
     Two engines are compared through their in-process ratios to bare transformers (each cell times bare
     transformers beside itself), so the noise between processes cancels; a † marks a figure that had to fall
-    back to comparing separate processes (cells written before in-process baselines existed)."""
+    back to comparing separate processes (an engine that computes on a thread of its own, or an older cell)."""
     ix = _index(cells)
 
     def ok(engine, w):
@@ -215,9 +215,9 @@ def sbs_targets(cells, model) -> list[tuple[str, str, str]]:
     for label, engine, w, (other, ow), kind, factor in SBS_TARGETS:
         a = ok(engine, w)
         if other == "peers":
-            bs = [(e, ok(e, ow)) for e in SBS_PEERS if ok(e, ow)]
+            bs = [(e, c) for e in SBS_PEERS if (c := ok(e, ow))]
         else:
-            bs = [(other, ok(other, ow))] if ok(other, ow) else []
+            bs = [(other, c)] if (c := ok(other, ow)) else []
         if not a or not bs:
             if kind != "reported":
                 missing = why(engine, w) if not a else ("no right peer cell" if other == "peers" else why(other, ow))
@@ -330,9 +330,10 @@ def chart_figure(cells: list[dict], device: str) -> dict:
         for model in models:
             for w, label, _ in SBS_WORKLOADS[:-1]:
                 c, b = ix.get((model, e, w)), ix.get((model, "bare", w))
-                if c and b and c.get("median_s") and b.get("status") == "ok" and b.get("median_s"):
+                r = _vs_bare(c, b)[0] if c and c.get("median_s") else None  # the same ratio as the table's (Nx)
+                if r is not None:
                     xs.append(f"{model} {label}")
-                    ys.append(round(c["median_s"] / b["median_s"], 4))
+                    ys.append(round(r, 4))
                     texts.append("WRONG" if c["status"] == "WRONG" else "")
         data.append({"type": "bar", "name": title, "x": xs, "y": ys, "text": texts})
     return {"data": data, "layout": {"title": {"text": f"Side by side ({device}): time relative to bare transformers "
