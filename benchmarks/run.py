@@ -125,86 +125,86 @@ def main(argv=None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     if not args.gpu:
         widget_cells(out_dir, device)
-    tmp = tempfile.mkdtemp(prefix="ie_lab_sidebyside_")
-    dirs = model_dirs(models, tmp)
+    with tempfile.TemporaryDirectory(prefix="ie_lab_sidebyside_") as tmp:  # model copies: ~120 MB a run
+        dirs = model_dirs(models, tmp)
 
-    from transformers import AutoConfig
+        from transformers import AutoConfig
 
-    shapes = {}
-    for model, (mdir, desc) in dirs.items():
-        cfg = AutoConfig.from_pretrained(mdir)
-        cfg = getattr(cfg, "text_config", cfg)
-        shapes[model] = (cfg, shape_for(cfg.num_hidden_layers, getattr(cfg, "max_position_embeddings", 4096) or 4096))
+        shapes = {}
+        for model, (mdir, desc) in dirs.items():
+            cfg = AutoConfig.from_pretrained(mdir)
+            cfg = getattr(cfg, "text_config", cfg)
+            shapes[model] = (cfg, shape_for(cfg.num_hidden_layers, getattr(cfg, "max_position_embeddings", 4096) or 4096))
 
-    # every cell of this run is first "not run": what the run does not reach stays visible, with why
-    todo = []
-    for model in dirs:
-        for engine in engines:
-            for w in workloads:
-                p = cell_path(out_dir, model, engine, w)
-                if args.skip_existing and os.path.exists(p) and json.load(open(p)).get("status") != "not run":
-                    continue
-                py = python_for(engine)
-                if py is None:
-                    c = placeholder(model, engine, w, device, f"no environment .venvs/{ENV[engine]} (bash "
-                                    f"validator/envs/setup.sh {ENV[engine]})")
-                else:
-                    c = placeholder(model, engine, w, device, "the matrix run stopped before this cell (time budget)")
-                    todo.append((model, engine, w, py))
-                c["model_desc"], c["shape"] = dirs[model][1], shapes[model][1]
-                with open(p, "w") as f:
-                    json.dump(c, f, indent=1)
+        # every cell of this run is first "not run": what the run does not reach stays visible, with why
+        todo = []
+        for model in dirs:
+            for engine in engines:
+                for w in workloads:
+                    p = cell_path(out_dir, model, engine, w)
+                    if args.skip_existing and os.path.exists(p) and json.load(open(p)).get("status") != "not run":
+                        continue
+                    py = python_for(engine)
+                    if py is None:
+                        c = placeholder(model, engine, w, device, f"no environment .venvs/{ENV[engine]} (bash "
+                                        f"validator/envs/setup.sh {ENV[engine]})")
+                    else:
+                        c = placeholder(model, engine, w, device, "the matrix run stopped before this cell (time budget)")
+                        todo.append((model, engine, w, py))
+                    c["model_desc"], c["shape"] = dirs[model][1], shapes[model][1]
+                    with open(p, "w") as f:
+                        json.dump(c, f, indent=1)
 
-    # the cells the targets compare run first, so a run cut short by its time budget still decides them
-    first = {("bare", "forward_512"), ("bare", "generate"), ("ie_eager", "capture_all"), ("ie_eager", "generate"),
-             ("ie_eager", "capture_gen"), ("ie_eager", "generate_x8"), ("interp", "generate"),
-             ("interp", "capture_gen"), ("interp", "capture_all"), ("tl", "capture_all"), ("nnsight", "capture_all"),
-             ("ie_vllm", "generate_x8"), ("tl", "generate"), ("tl_nocache", "generate")}
-    todo.sort(key=lambda t: ((t[1], t[2]) not in first, list(dirs).index(t[0])))
+        # the cells the targets compare run first, so a run cut short by its time budget still decides them
+        first = {("bare", "forward_512"), ("bare", "generate"), ("ie_eager", "capture_all"), ("ie_eager", "generate"),
+                 ("ie_eager", "capture_gen"), ("ie_eager", "generate_x8"), ("interp", "generate"),
+                 ("interp", "capture_gen"), ("interp", "capture_all"), ("tl", "capture_all"), ("nnsight", "capture_all"),
+                 ("ie_vllm", "generate_x8"), ("tl", "generate"), ("tl_nocache", "generate")}
+        todo.sort(key=lambda t: ((t[1], t[2]) not in first, list(dirs).index(t[0])))
 
-    bases = {}
-    for model, (mdir, desc) in dirs.items():
-        cfg, shape = shapes[model]
-        base = {"model": model, "model_desc": desc, "model_dir": mdir, "shape": shape, "repeats": args.repeats,
-                "threads": args.threads, "device": device, "dtype": dtype, "vocab": cfg.vocab_size,
-                "d_model": cfg.hidden_size, "refs": os.path.join(tmp, f"{model}.refs.pt")}
-        spec_path = os.path.join(tmp, f"{model}.refs.json")
-        json.dump(base, open(spec_path, "w"))
-        t0 = time.time()
-        r = subprocess.run([python_for("bare"), os.path.join(HERE, "cell.py"), "--refs", spec_path],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            print(r.stderr[-3000:], file=sys.stderr)
-            return 1
-        print(f"[{model}] references from bare transformers in {time.time() - t0:.0f}s: {r.stdout.strip()}",
-              flush=True)
-        bases[model] = (base, desc, shape)
-    for (model, engine, w, py) in todo:
-        if model in bases:
-            base, desc, shape = bases[model]
-            spec = dict(base, engine=engine, workload=w, out=cell_path(out_dir, model, engine, w))
-            sp = os.path.join(tmp, f"{model}__{engine}__{w}.json")
-            json.dump(spec, open(sp, "w"))
-            t1 = time.time()
-            env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(args.threads))
-            try:
-                r = subprocess.run([py, os.path.join(HERE, "cell.py"), sp], capture_output=True, text=True,
-                                   timeout=args.timeout, env=env, cwd=ROOT)
-                ok = os.path.exists(spec["out"]) and json.load(open(spec["out"])).get("status") != "not run"
-                if not ok:
-                    lines = [ln for ln in (r.stderr or "").splitlines() if ln.strip()]
-                    c = placeholder(model, engine, w, device, f"the cell process died (rc {r.returncode}): "
-                                    f"{lines[-1][:250] if lines else ''}", status="error")
+        bases = {}
+        for model, (mdir, desc) in dirs.items():
+            cfg, shape = shapes[model]
+            base = {"model": model, "model_desc": desc, "model_dir": mdir, "shape": shape, "repeats": args.repeats,
+                    "threads": args.threads, "device": device, "dtype": dtype, "vocab": cfg.vocab_size,
+                    "d_model": cfg.hidden_size, "refs": os.path.join(tmp, f"{model}.refs.pt")}
+            spec_path = os.path.join(tmp, f"{model}.refs.json")
+            json.dump(base, open(spec_path, "w"))
+            t0 = time.time()
+            r = subprocess.run([python_for("bare"), os.path.join(HERE, "cell.py"), "--refs", spec_path],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                print(r.stderr[-3000:], file=sys.stderr)
+                return 1
+            print(f"[{model}] references from bare transformers in {time.time() - t0:.0f}s: {r.stdout.strip()}",
+                  flush=True)
+            bases[model] = (base, desc, shape)
+        for (model, engine, w, py) in todo:
+            if model in bases:
+                base, desc, shape = bases[model]
+                spec = dict(base, engine=engine, workload=w, out=cell_path(out_dir, model, engine, w))
+                sp = os.path.join(tmp, f"{model}__{engine}__{w}.json")
+                json.dump(spec, open(sp, "w"))
+                t1 = time.time()
+                env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(args.threads))
+                try:
+                    r = subprocess.run([py, os.path.join(HERE, "cell.py"), sp], capture_output=True, text=True,
+                                       timeout=args.timeout, env=env, cwd=ROOT)
+                    ok = os.path.exists(spec["out"]) and json.load(open(spec["out"])).get("status") != "not run"
+                    if not ok:
+                        lines = [ln for ln in (r.stderr or "").splitlines() if ln.strip()]
+                        c = placeholder(model, engine, w, device, f"the cell process died (rc {r.returncode}): "
+                                        f"{lines[-1][:250] if lines else ''}", status="error")
+                        json.dump(c, open(spec["out"], "w"), indent=1)
+                except subprocess.TimeoutExpired:
+                    c = placeholder(model, engine, w, device, f"timed out after {args.timeout}s", status="error")
                     json.dump(c, open(spec["out"], "w"), indent=1)
-            except subprocess.TimeoutExpired:
-                c = placeholder(model, engine, w, device, f"timed out after {args.timeout}s", status="error")
+                c = json.load(open(spec["out"]))
+                c["model_desc"], c["shape"] = desc, shape
                 json.dump(c, open(spec["out"], "w"), indent=1)
-            c = json.load(open(spec["out"]))
-            c["model_desc"], c["shape"] = desc, shape
-            json.dump(c, open(spec["out"], "w"), indent=1)
-            print(f"[{model} {engine} {w}] {c['status']} {c.get('median_s')} ({time.time() - t1:.0f}s) "
-                  f"{c.get('check') or c.get('reason')}", flush=True)
-    return 0
+                print(f"[{model} {engine} {w}] {c['status']} {c.get('median_s')} ({time.time() - t1:.0f}s) "
+                      f"{c.get('check') or c.get('reason')}", flush=True)
+        return 0
 
 
 if __name__ == "__main__":

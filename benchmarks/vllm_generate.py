@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import datetime
 import os
+import shutil
 import sys
 import tempfile
 
@@ -98,6 +99,7 @@ def main() -> int:
                "vllm_capture_1 / vllm_plain_1 (time)": "reported"}
     v.close()
     e.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     import vllm
 
     r = {"benchmark": "vllm_generate", "device": "cpu", "threads": threads, "date": datetime.date.today().isoformat(),

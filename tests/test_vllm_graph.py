@@ -8,6 +8,7 @@ a neighbouring tensor, or a buffer that kept an earlier step's rows, fails.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -129,6 +130,9 @@ def test_gpt2_unfused_blocks_in_graph_mode(tmp_path_factory):
         g = s.generate(TEXT, 5, capture=["resid_post.1"])
         ge = ie_lab.generate(eager, TEXT, 5, capture=["resid_post.1"])
         assert g.ids == ge.ids and close(g.cache["resid_post.1"], ge.cache["resid_post.1"])
+        compile_dir = s._graph_dir
+        assert os.path.isdir(compile_dir)
+    assert not os.path.exists(compile_dir), "close() leaves the private compile cache behind"
 
 
 @pytest.mark.parametrize("family", ["granite", "exaone4"])

@@ -251,10 +251,13 @@ class VLLMSession(Session):
             dtype = getattr(torch, dtype)
         self._max_len = int(max_model_len or facts.max_positions or 0) or None
         if self._graph is not None:
+            import shutil
             import tempfile
 
             self._graph = graph_point_names(facts, self._graph)
             self._graph_dir = tempfile.mkdtemp(prefix="ie_lab-vllm-compile-")
+            # also when the session is never closed (a notebook restarted, a script that just ends)
+            self._graph_dir_gone = weakref.finalize(self, shutil.rmtree, self._graph_dir, True)
         args = engine_args(path, tokenizer=tok_src, dtype=str(dtype).replace("torch.", ""), tensor_parallel_size=tp,
                            enable_prefix_caching=prefix, max_model_len=max_model_len or facts.max_positions,
                            seed=seed, extra={"trust_remote_code": trust_remote_code, **extra},
@@ -288,9 +291,7 @@ class VLLMSession(Session):
     def _remove_graph_dir(self) -> None:
         """Graph mode's private compile cache goes with the engine that compiled into it."""
         if getattr(self, "_graph_dir", None):
-            import shutil
-
-            shutil.rmtree(self._graph_dir, ignore_errors=True)
+            self._graph_dir_gone()
             self._graph_dir = None
 
     # ---- facts ----------------------------------------------------------------------------------
