@@ -63,3 +63,43 @@ def test_unfused_layers_steer_like_eager(family, tmp_path_factory):
             assert close(got.cache["resid_post.1"], want.cache["resid_post.1"]), addr
         plain = ie_lab.capture(eager, TEXT, ["resid_post.1"])["resid_post.1"]
         assert not close(got.cache["resid_post.1"][:, : plain.shape[1]], plain)  # the steering did change it
+
+
+@pytest.mark.parametrize("family", ["cohere", "gptj"])
+def test_parallel_blocks_capture_and_steer_like_eager(family, tmp_path_factory):
+    """Attention and MLP both read the layer's one normed input (Cohere returns the whole stream in hidden and a
+    residual nobody reads; GPT-J adds explicitly). There is no resid_mid; mlp_in is the MLP's own input, steered
+    for the MLP alone. One engine per family for parity and steering."""
+    import torch
+
+    from ie_lab.eager.steer import make_spec
+
+    eager = eager_for(family)
+    with vllm_session(family, tmp_path_factory.mktemp(f"vllm_{family}")) as s:
+        addrs = served_addresses(s)
+        for a in ("attn_in.1", "mlp_in.0", "mlp_pre.1", "mlp_act.0", "attn_probs.1", "z.0", "resid_post.1"):
+            assert a in addrs, f"{a} should be served on {family}"
+        with pytest.raises(ie_lab.PointAbsent):
+            s.capture(TEXT, ["resid_mid.0"])
+        c = s.capture(TEXT, addrs)
+        ce = ie_lab.capture(eager, TEXT, addrs)
+        assert [a for a in addrs if not close(c[a], ce[a])] == []
+        assert s.generate(TEXT, 12).ids == ie_lab.generate(eager, TEXT, 12).ids
+        v = torch.randn(128, generator=torch.Generator().manual_seed(5)) * 3
+        for addr in ("attn_in.0", "mlp_in.1", "attn_out.0", "mlp_out.1", "resid_pre.1", "resid_post.0"):
+            got = s.generate(TEXT, 4, capture=["resid_post.1"], steer=s.steer(addr, v, scale=2.0))
+            want = ie_lab.generate(eager, TEXT, 4, capture=["resid_post.1"], steer=make_spec(eager, addr, v, scale=2.0))
+            assert got.ids == want.ids, addr
+            assert close(got.cache["resid_post.1"], want.cache["resid_post.1"]), addr
+        # mlp_in steers the MLP's input only: attention (which reads the same normed input) is untouched
+        with s.steer("mlp_in.1", v, scale=2.0):
+            got = s.capture(TEXT, ["attn_out.1", "mlp_out.1"])
+        assert close(got["attn_out.1"], c["attn_out.1"]) and not close(got["mlp_out.1"], c["mlp_out.1"])
+        if family == "gptj":  # transformers hands out GPT-J's probabilities only: no scores to check vLLM's against
+            assert "attn_scores.0" not in addrs
+            with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs.0"):
+                s.capture(TEXT, ["attn_scores.0"])
+            att = s.attention(TEXT, [1])
+            assert att.scores[1] is None and any("scores unavailable" in n for n in att.notes)
+            assert close(att.probs[1][None], c["attn_probs.1"])
+        assert s.worker_state()[0]["specs"] == []

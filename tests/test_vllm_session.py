@@ -219,7 +219,23 @@ def test_abort_mid_generation_leaves_no_state(s, eager):
     assert s.generate(TEXT, 6).ids == base  # no steering left behind
 
 
-@pytest.mark.parametrize("family", ["olmo", "cohere"])
+@pytest.mark.parametrize("family,why", [("cohere2", "sliding_window \\+ 1 tokens"), ("apertus", "bfloat16")])
+def test_families_vllm_computes_differently_are_refused_with_the_difference(family, why, tmp_path):
+    from tests.families import saved_model_dir
+
+    with pytest.raises(ie_lab.CapabilityUnsupported, match=why):
+        ie_lab.Session(saved_model_dir(family, tmp_path), backend="vllm", progress=False)
+
+
+def test_tensor_parallel_cohere_is_refused(tmp_path):
+    # its layer sums attention and MLP before one all-reduce: no rank holds attn_out or mlp_out
+    from tests.families import saved_model_dir
+
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="tensor_parallel_size=1"):
+        ie_lab.Session(saved_model_dir("cohere", tmp_path), backend="vllm", progress=False, tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("family", ["olmo", "starcoder2"])
 def test_unverified_families_are_refused_not_served_unchecked(family, tmp_path):
     # The validator found points that differ from eager on these families; refusing beats a silent difference.
     from tests.families import saved_model_dir

@@ -24,8 +24,16 @@ def served_table() -> str:
 def families_line() -> str:
     from ..arch import quirks
 
-    return ("Families served on vLLM (every served point checked equal to eager; others are refused at load with "
-            "`CapabilityUnsupported`): " + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED)) + ".\n")
+    out = ("Families served on vLLM (every served point checked equal to eager; others are refused at load with "
+           "`CapabilityUnsupported`): " + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED)) + ".\n")
+    out += "\nWith limits: " + "; ".join(
+        [f"`{f}` refuses `attn_scores` (transformers hands out its probabilities only, so there is nothing to check "
+         "rebuilt scores against)" for f in sorted(quirks.VLLM_SCORES_UNCHECKED)]
+        + [f"`{f}` runs with `tensor_parallel_size=1` only (attention and MLP are summed before one all-reduce, so no "
+           "rank holds `attn_out` or `mlp_out`)" for f in sorted(quirks.VLLM_SINGLE_RANK)]) + ".\n"
+    out += "\nRefused because vLLM computes them differently from transformers:\n\n" + "".join(
+        f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items()))
+    return out
 
 
 def section() -> str:

@@ -84,6 +84,12 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
             f"({', '.join(graph)}): the compiled graph holds a static tap for each of them and for nothing else.",
             "add it to graph_points= when creating the Session, or create the Session without graph_points "
             "(hooks run eagerly and serve every point).")
+    if p.name == "attn_scores" and lm.family in quirks.VLLM_SCORES_UNCHECKED:
+        raise CapabilityUnsupported(
+            f"{addr} on {lm.family} (backend='vllm')",
+            f"transformers' {lm.family} hands out attention probabilities but never its pre-softmax scores, so "
+            "scores rebuilt from vLLM's q and k would have no reference to be checked against.",
+            f"capture attn_probs.{addr.layer} (checked against transformers on this family).")
     if addr.stream is not None or p.multi_stream_only:
         raise PointAbsent(str(addr), lm.family, "this trunk carries a single residual stream.", "use the plain point.")
     if p.scope is _points.Scope.TRUNK:
@@ -123,6 +129,9 @@ def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
         if p.scope is _points.Scope.LAYER:  # Address itself refuses a layer point without a layer
             if not 0 <= a.layer < facts.n_layers:
                 raise AddressError(f"layer {a.layer} of {a}: this model has layers 0..{facts.n_layers - 1}.")
+        if p.name == "resid_mid" and facts.parallel_block:
+            raise PointAbsent(str(a), facts.model_type, "attention and MLP both read the layer input on this "
+                              "parallel block, so no stream lies between them.", "declare mlp_in or resid_post.")
         base = str(a.without_head())
         if base not in out:
             out.append(base)
@@ -236,6 +245,10 @@ class VLLMSession(Session):
             path = os.path.expanduser(path)
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         facts = ArchFacts.from_config(cfg)
+        if facts.model_type in quirks.VLLM_DIFFERS:
+            raise CapabilityUnsupported(
+                f"{facts.model_type} on backend='vllm'", quirks.VLLM_DIFFERS[facts.model_type] + ".",
+                "use backend='eager', which runs transformers' own model.")
         if facts.model_type not in VERIFIED_FAMILIES:
             raise CapabilityUnsupported(
                 f"{facts.model_type} on backend='vllm'",
@@ -243,6 +256,12 @@ class VLLMSession(Session):
                 "(validator/README.md lists what differs or does not load), and ie_lab does not serve tensors it "
                 "has not checked.",
                 "use backend='eager', which serves every point on this family.")
+        if tp > 1 and facts.model_type in quirks.VLLM_SINGLE_RANK:
+            raise CapabilityUnsupported(
+                f"tensor_parallel_size={tp} on {facts.model_type}",
+                "vLLM's layer for this family adds attention and MLP outputs before a single all-reduce, so with "
+                "tensor parallelism no rank holds attn_out or mlp_out.",
+                "use tensor_parallel_size=1 (or backend='eager').")
         tok_src = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else path
         tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else \
             AutoTokenizer.from_pretrained(tok_src, trust_remote_code=trust_remote_code)
@@ -667,15 +686,19 @@ class VLLMSession(Session):
         from ..eager.attention import AttentionResult
 
         layers = list(range(self._lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
-        c = await self._acapture(prompt, [f"attn_probs.{L}" for L in layers] + [f"attn_scores.{L}" for L in layers]
-                                 + [f"value.{L}" for L in layers])
+        scored = self._lm.family not in quirks.VLLM_SCORES_UNCHECKED
+        c = await self._acapture(prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
+                                 + ([f"attn_scores.{L}" for L in layers] if scored else []))
         if c.tokens.shape[0] != 1:
             raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
         kv, d = self._lm.facts.n_kv_heads, self._lm.facts.head_dim
+        notes = ["rebuilt from the post-RoPE q and k the paged-attention kernel received"]
+        if not scored:  # as eager does on these families: probabilities only, and why
+            notes.append(f"scores unavailable: transformers' {self._lm.family} never hands out pre-softmax scores "
+                         "to check them against")
         return AttentionResult(layers, c.str_tokens[0], {L: c[f"attn_probs.{L}"][0] for L in layers},
-                               {L: c[f"attn_scores.{L}"][0] for L in layers},
-                               {L: c[f"value.{L}"][0].reshape(-1, kv, d) for L in layers},
-                               ["rebuilt from the post-RoPE q and k the paged-attention kernel received"])
+                               {L: c[f"attn_scores.{L}"][0] if scored else None for L in layers},
+                               {L: c[f"value.{L}"][0].reshape(-1, kv, d) for L in layers}, notes)
 
     async def aattention(self, prompt: Any, layers: Any = None):
         return await self._on_loop(self._aattention(prompt, layers))

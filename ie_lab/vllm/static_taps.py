@@ -92,10 +92,12 @@ def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Ca
         else:
             out[f"resid_pre.{L}"] = (s.layer, "pre", pre, d_model, False)
             out[f"resid_post.{L}"] = (s.layer, "post", post, d_model, False)
-            out[f"resid_mid.{L}"] = (s.mid_norm, "pre", pre, d_model, False)
-        # post-norm layers have no pre-MLP norm: mid_norm is the MLP itself, whose input is resid_mid and mlp_in
-        out[f"mlp_in.{L}"] = (s.mid_norm, "pre", pre, d_model, False) if s.post_norm else \
-            (s.mid_norm, "post", post, d_model, False)
+            if not s.parallel:
+                out[f"resid_mid.{L}"] = (s.mid_norm, "pre", pre, d_model, False)
+        # post-norm layers have no pre-MLP norm: mid_norm is the MLP itself, whose input is resid_mid and mlp_in;
+        # parallel blocks have none either: mlp_in is the MLP's own input
+        out[f"mlp_in.{L}"] = (s.mlp, "pre", pre, d_model, False) if s.parallel else \
+            (s.mid_norm, "pre", pre, d_model, False) if s.post_norm else (s.mid_norm, "post", post, d_model, False)
         out[f"attn_in.{L}"] = (attn, "pre", pre, d_model, False)
         out[f"z.{L}"] = (s.o_proj, "pre", pre, lambda s=s: s.o_proj.input_size_per_partition, True)
         out[f"attn_out.{L}"] = (s.o_proj, "post", post, d_model, False)

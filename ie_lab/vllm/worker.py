@@ -128,7 +128,7 @@ class LayerSites:
     q_norm: nn.Module | None
     k_norm: nn.Module | None
     post_attn_norm: nn.Module | None  # a plain norm applied to attention's output (Gemma 2)
-    mid_norm: nn.Module  # the norm between attention and the MLP: its input is resid_mid
+    mid_norm: nn.Module | None  # the norm between attention and the MLP: its input is resid_mid (None: parallel)
     mlp: nn.Module
     down_proj: nn.Module | None  # None on sparse MoE layers
     router: nn.Module | None
@@ -138,6 +138,7 @@ class LayerSites:
     gated: bool = False  # up_proj's output is [gate | up] (a merged gate_up_proj) on each rank
     post_norm: bool = False  # norms only after each sublayer (EXAONE 4): mid_norm is then the MLP itself
     kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
+    parallel: bool = False  # attention and MLP both read the layer's one normed input (no resid_mid, no mid_norm)
 
 
 def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[LayerSites]]:
@@ -160,8 +161,17 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
             # Post-norm layers (no input norm) take and return a residual but keep the whole stream in hidden.
             post_norm = not sandwich and not hasattr(layer, "input_layernorm") and hasattr(
                 layer, "post_feedforward_layernorm")
-            fused = "residual" in inspect.signature(layer.forward).parameters and not post_norm
-            if post_norm:
+            # Apertus names its pre-MLP norm feedforward_layernorm
+            mid = getattr(layer, "post_attention_layernorm", None) or getattr(layer, "feedforward_layernorm", None)
+            # Cohere: one input norm feeds both sublayers; it takes a residual argument but returns the whole
+            # stream in hidden (the residual it hands on is ignored by the next layer and the final norm)
+            parallel = mid is None and not sandwich and not post_norm
+            fused = "residual" in inspect.signature(layer.forward).parameters and not post_norm and not parallel
+            if parallel:
+                sites = LayerSites(
+                    i, layer, False, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None), None, None, mlp, mlp.down_proj, None, None, parallel=True)
+            elif post_norm:
                 sites = LayerSites(
                     i, layer, False, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
                     getattr(attn, "k_norm", None), layer.post_attention_layernorm, mlp, mlp,
@@ -171,15 +181,21 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
                 sites = LayerSites(
                     i, layer, fused, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
                     getattr(attn, "k_norm", None), layer.post_attention_layernorm if sandwich else None,
-                    layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm, mlp,
+                    layer.pre_feedforward_layernorm if sandwich else mid, mlp,
                     None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
                     getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
             if not moe and hasattr(mlp, "gate_up_proj"):
                 sites.up_proj, sites.gated = mlp.gate_up_proj, True
+            elif not moe and hasattr(mlp, "up_proj"):  # an ungated MLP (Apertus: up, xIELU, down)
+                sites.up_proj = mlp.up_proj
             if not fused and getattr(layer, "residual_multiplier", None) is not None:
                 sites.out_scale = float(layer.residual_multiplier)
             total_kv = getattr(attn, "total_num_kv_heads", None)
             sites.kv_replicated = bool(total_kv is not None and total_kv < _tp_size())
+        elif hasattr(layer, "ln_1") and not hasattr(layer, "ln_2"):  # GPT-J: a parallel block, explicit add
+            attn, mlp = layer.attn, layer.mlp
+            sites = LayerSites(i, layer, False, attn, attn.attn, attn.out_proj, None, None, None, None, mlp,
+                               mlp.fc_out, None, None, up_proj=mlp.fc_in, parallel=True)
         elif hasattr(layer, "ln_1"):  # GPT-2: explicit residual adds inside the block
             attn = layer.attn
             sites = LayerSites(i, layer, False, attn, attn.attn, attn.c_proj, None, None, None, layer.ln_2, layer.mlp,
@@ -290,7 +306,8 @@ class IELabWorker:
             L = s.index
             for name in ("resid_pre", "attn_in", "value", "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in",
                          "mlp_out", "mlp_out_post", "resid_post", "attn_scores", "attn_probs"):
-                present[name].append(L)
+                if not (s.parallel and name == "resid_mid"):
+                    present[name].append(L)
             if s.q_norm is not None:
                 for name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
                     present[name].append(L)
@@ -315,6 +332,10 @@ class IELabWorker:
             h.append(s.layer.register_forward_hook(self._fused_post(f"resid_post.{L}")))
             h.append(s.mid_norm.register_forward_pre_hook(self._fused_pre(f"resid_mid.{L}"), with_kwargs=True))
             h.append(s.mid_norm.register_forward_hook(self._tuple_post(f"mlp_in.{L}")))
+        elif s.parallel:  # no stream between the sublayers; the MLP's own input is mlp_in, steered for it alone
+            h.append(s.layer.register_forward_pre_hook(self._pre_rw(f"resid_pre.{L}"), with_kwargs=True))
+            h.append(s.layer.register_forward_hook(self._post_rw([f"resid_post.{L}"])))
+            h.append(s.mlp.register_forward_pre_hook(self._pre_rw(f"mlp_in.{L}"), with_kwargs=True))
         else:
             h.append(s.layer.register_forward_pre_hook(self._pre_rw(f"resid_pre.{L}"), with_kwargs=True))
             h.append(s.layer.register_forward_hook(self._post_rw([f"resid_post.{L}"])))
