@@ -12,7 +12,7 @@ pytest.importorskip("vllm")
 import ie_lab  # noqa: E402
 from tests.vllm_helpers import TEXT, close, eager_for, served_addresses, vllm_session  # noqa: E402
 
-FAMILIES = ["llama", "gpt2", "qwen3", "gemma2", "mixtral", "granite", "stablelm", "exaone4"]
+FAMILIES = ["llama", "gpt2", "qwen3", "gemma2", "mixtral", "granite", "stablelm", "exaone4", "opt"]
 # What each family must exercise, so a binding that silently drops a point is caught.
 MUST = {"qwen3": ["q_norm_in.0", "k_norm_out.1", "mlp_pre.0", "mlp_pre_linear.1"],
         "mixtral": ["router_logits.0", "mlp_out.1"],
@@ -20,7 +20,9 @@ MUST = {"qwen3": ["q_norm_in.0", "k_norm_out.1", "mlp_pre.0", "mlp_pre_linear.1"
         "llama": ["resid_post.1", "attn_probs.1", "mlp_pre.0", "mlp_pre_linear.1"],
         "granite": ["attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "resid_post.1"],
         "stablelm": ["resid_mid.1", "resid_post.0", "mlp_pre_linear.1", "attn_probs.0"],
-        "exaone4": ["attn_out_post.0", "mlp_out_post.2", "resid_mid.1", "mlp_in.1", "k_norm_out.2", "attn_probs.2"]}
+        "exaone4": ["attn_out_post.0", "mlp_out_post.2", "resid_mid.1", "mlp_in.1", "k_norm_out.2", "attn_probs.2"],
+        # OPT's MLP is two linears on the layer itself (fc1, fc2), no MLP module
+        "opt": ["embeddings", "resid_mid.1", "mlp_in.0", "mlp_pre.1", "mlp_act.0", "mlp_out.1", "final_norm"]}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -43,12 +45,12 @@ def test_served_points_and_greedy_tokens_match_eager(family, tmp_path_factory):
         assert s.worker_state()[0]["specs"] == []
 
 
-@pytest.mark.parametrize("family", ["granite", "stablelm", "exaone4"])
+@pytest.mark.parametrize("family", ["granite", "stablelm", "exaone4", "opt"])
 def test_unfused_layers_steer_like_eager(family, tmp_path_factory):
     """Layers that add the residual themselves (no deferred add): Granite adds residual_multiplier x each sublayer
     output, so *_out_post is that product and steering it hands the module its output divided back; StableLM
-    adds plainly; EXAONE 4 normalises after each sublayer only, so its MLP reads the stream itself (mlp_in steers
-    the MLP's input alone, resid_mid the stream)."""
+    and OPT add plainly (OPT's mlp_out is fc2's output); EXAONE 4 normalises after each sublayer only, so its MLP
+    reads the stream itself (mlp_in steers the MLP's input alone, resid_mid the stream)."""
     import torch
 
     from ie_lab.eager.steer import make_spec

@@ -227,6 +227,22 @@ def test_families_vllm_computes_differently_are_refused_with_the_difference(fami
         ie_lab.Session(saved_model_dir(family, tmp_path), backend="vllm", progress=False)
 
 
+def test_opt_350m_layout_is_refused(tmp_path):
+    # post-norm OPT layers with projected embeddings: not the layout the worker was checked on
+    import json
+    import os
+
+    from tests.families import saved_model_dir
+
+    path = saved_model_dir("opt", tmp_path)
+    cfg_path = os.path.join(path, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["do_layer_norm_before"] = False
+    json.dump(cfg, open(cfg_path, "w"))
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="OPT-350m"):
+        ie_lab.Session(path, backend="vllm", progress=False)
+
+
 def test_tensor_parallel_cohere_is_refused(tmp_path):
     # its layer sums attention and MLP before one all-reduce: no rank holds attn_out or mlp_out
     from tests.families import saved_model_dir

@@ -256,6 +256,13 @@ class VLLMSession(Session):
                 "(validator/README.md lists what differs or does not load), and ie_lab does not serve tensors it "
                 "has not checked.",
                 "use backend='eager', which serves every point on this family.")
+        if facts.model_type == "opt" and (not getattr(cfg, "do_layer_norm_before", True)
+                                          or getattr(cfg, "word_embed_proj_dim", cfg.hidden_size) != cfg.hidden_size):
+            raise CapabilityUnsupported(
+                "OPT-350m's layout on backend='vllm'",
+                "this checkpoint normalises after each sublayer and projects its embeddings in and out; ie_lab's "
+                "vLLM worker binds only pre-norm OPT layers, the layout checked against eager.",
+                "use backend='eager'.")
         if tp > 1 and facts.model_type in quirks.VLLM_SINGLE_RANK:
             raise CapabilityUnsupported(
                 f"tensor_parallel_size={tp} on {facts.model_type}",

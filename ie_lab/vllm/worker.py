@@ -146,14 +146,22 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
     trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
     if trunk is None:
         raise RuntimeError(f"ie_lab: cannot find the trunk of {type(model).__name__}")
+    trunk = getattr(trunk, "decoder", None) or trunk  # OPT: OPTModel holds the decoder
     embed = getattr(trunk, "embed_tokens", None) or getattr(trunk, "wte", None)
-    final = getattr(trunk, "norm", None) or getattr(trunk, "ln_f", None)
+    final = getattr(trunk, "norm", None) or getattr(trunk, "ln_f", None) or getattr(trunk, "final_layer_norm", None)
     layers = getattr(trunk, "layers", None) or getattr(trunk, "h", None)
     if embed is None or layers is None:
         raise RuntimeError(f"ie_lab: {type(model).__name__} is not bound on vLLM yet")
     out = []
     for i, layer in enumerate(layers):
-        if hasattr(layer, "self_attn"):  # llama-like; most defer the residual add to the next fused add+norm
+        if hasattr(layer, "fc1") and hasattr(layer, "self_attn"):  # OPT: explicit adds, the MLP's linears on the layer
+            if not getattr(layer, "do_layer_norm_before", True):
+                raise RuntimeError("ie_lab: OPT layers that normalise after each sublayer (OPT-350m) are not bound "
+                                   "on vLLM")
+            attn = layer.self_attn
+            sites = LayerSites(i, layer, False, attn, attn.attn, attn.out_proj, None, None, None,
+                               layer.final_layer_norm, layer.fc2, layer.fc2, None, None, up_proj=layer.fc1)
+        elif hasattr(layer, "self_attn"):  # llama-like; most defer the residual add to the next fused add+norm
             attn = layer.self_attn
             mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
