@@ -67,13 +67,16 @@ def test_unfused_layers_steer_like_eager(family, tmp_path_factory):
         assert not close(got.cache["resid_post.1"][:, : plain.shape[1]], plain)  # the steering did change it
 
 
-@pytest.mark.parametrize("family", ["cohere", "gptj"])
+@pytest.mark.parametrize("family", ["cohere", "gptj", "falcon_4h", "falcon_mqa_4h"])
 def test_parallel_blocks_capture_and_steer_like_eager(family, tmp_path_factory):
     """Attention and MLP both read the layer's one normed input (Cohere returns the whole stream in hidden and a
-    residual nobody reads; GPT-J adds explicitly). There is no resid_mid; mlp_in is the MLP's own input, steered
-    for the MLP alone. One engine per family for parity and steering."""
+    residual nobody reads; GPT-J and Falcon add explicitly; Falcon-40B-style layers norm each half separately).
+    There is no resid_mid; mlp_in is the MLP's own input, steered for the MLP alone. Falcon's linears hand their
+    bias to the layer (falcon_4h has biases; steering must leave the layer's later add right). One engine per
+    family for parity and steering."""
     import torch
 
+    from ie_lab.arch import quirks
     from ie_lab.eager.steer import make_spec
 
     eager = eager_for(family)
@@ -97,7 +100,7 @@ def test_parallel_blocks_capture_and_steer_like_eager(family, tmp_path_factory):
         with s.steer("mlp_in.1", v, scale=2.0):
             got = s.capture(TEXT, ["attn_out.1", "mlp_out.1"])
         assert close(got["attn_out.1"], c["attn_out.1"]) and not close(got["mlp_out.1"], c["mlp_out.1"])
-        if family == "gptj":  # transformers hands out GPT-J's probabilities only: no scores to check vLLM's against
+        if s.facts.model_type in quirks.VLLM_SCORES_UNCHECKED:  # transformers hands out probabilities only: nothing to check
             assert "attn_scores.0" not in addrs
             with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs.0"):
                 s.capture(TEXT, ["attn_scores.0"])

@@ -227,28 +227,34 @@ def test_families_vllm_computes_differently_are_refused_with_the_difference(fami
         ie_lab.Session(saved_model_dir(family, tmp_path), backend="vllm", progress=False)
 
 
-def test_opt_350m_layout_is_refused(tmp_path):
-    # post-norm OPT layers with projected embeddings: not the layout the worker was checked on
+@pytest.mark.parametrize("family,change,why", [
+    ("opt", {"do_layer_norm_before": False}, "OPT-350m"),  # post-norm layers: not the layout checked
+    ("falcon_4h", {"alibi": True}, "ALiBi"),  # the attention read-out adds no ALiBi bias
+    ("falcon_4h", {"parallel_attn": False, "new_decoder_architecture": False}, "sequential"),  # Falcon-RW
+    ("falcon", {}, "4 x hidden_size = 512"),  # vLLM's Falcon cannot load another MLP width
+])
+def test_layouts_the_worker_was_not_checked_on_are_refused_before_the_engine(family, change, why, tmp_path):
     import json
     import os
 
     from tests.families import saved_model_dir
 
-    path = saved_model_dir("opt", tmp_path)
+    path = saved_model_dir(family, tmp_path)
     cfg_path = os.path.join(path, "config.json")
     cfg = json.load(open(cfg_path))
-    cfg["do_layer_norm_before"] = False
+    cfg.update(change)
     json.dump(cfg, open(cfg_path, "w"))
-    with pytest.raises(ie_lab.CapabilityUnsupported, match="OPT-350m"):
+    with pytest.raises(ie_lab.CapabilityUnsupported, match=why):
         ie_lab.Session(path, backend="vllm", progress=False)
 
 
-def test_tensor_parallel_cohere_is_refused(tmp_path):
-    # its layer sums attention and MLP before one all-reduce: no rank holds attn_out or mlp_out
+@pytest.mark.parametrize("family", ["cohere", "falcon_4h"])
+def test_tensor_parallel_is_refused_where_attention_and_mlp_share_one_all_reduce(family, tmp_path):
+    # no rank holds attn_out or mlp_out
     from tests.families import saved_model_dir
 
     with pytest.raises(ie_lab.CapabilityUnsupported, match="tensor_parallel_size=1"):
-        ie_lab.Session(saved_model_dir("cohere", tmp_path), backend="vllm", progress=False, tensor_parallel_size=2)
+        ie_lab.Session(saved_model_dir(family, tmp_path), backend="vllm", progress=False, tensor_parallel_size=2)
 
 
 @pytest.mark.parametrize("family", ["olmo", "starcoder2"])

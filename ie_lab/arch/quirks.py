@@ -67,7 +67,7 @@ FOREIGN_ENGINE_CONVENTIONS = {
 # its compile decorator to them), which breaks eager models of that class in the same kernel.
 VLLM_VERIFIED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
                            "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3", "granite", "granitemoe", "stablelm",
-                           "exaone4", "cohere", "gptj", "opt"})
+                           "exaone4", "cohere", "gptj", "opt", "falcon"})
 
 # Families vLLM runs natively but computes differently from transformers: the refusal names the difference.
 VLLM_DIFFERS = {
@@ -79,8 +79,8 @@ VLLM_DIFFERS = {
 
 # Families whose attention weights leave HF's module only as probabilities (eager refuses attn_scores there):
 # vLLM's scores, rebuilt from q and k, would have nothing to be checked against, so they are refused too.
-VLLM_SCORES_UNCHECKED = frozenset({"gptj"})
+VLLM_SCORES_UNCHECKED = frozenset({"gptj", "falcon"})
 
 # Families whose vLLM layer sums attention and MLP before one all-reduce: with tensor parallelism each rank's
 # o_proj / down_proj output is a partial sum, so attn_out and mlp_out exist on no single rank.
-VLLM_SINGLE_RANK = frozenset({"cohere"})
+VLLM_SINGLE_RANK = frozenset({"cohere", "falcon"})

@@ -26,11 +26,15 @@ def families_line() -> str:
 
     out = ("Families served on vLLM (every served point checked equal to eager; others are refused at load with "
            "`CapabilityUnsupported`): " + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED)) + ".\n")
-    out += "\nWith limits: " + "; ".join(
-        [f"`{f}` refuses `attn_scores` (transformers hands out its probabilities only, so there is nothing to check "
-         "rebuilt scores against)" for f in sorted(quirks.VLLM_SCORES_UNCHECKED)]
-        + [f"`{f}` runs with `tensor_parallel_size=1` only (attention and MLP are summed before one all-reduce, so no "
-           "rank holds `attn_out` or `mlp_out`)" for f in sorted(quirks.VLLM_SINGLE_RANK)]) + ".\n"
+    def names(fams: frozenset) -> str:
+        return ", ".join(f"`{f}`" for f in sorted(fams))
+
+    out += (f"\nWith limits: {names(quirks.VLLM_SCORES_UNCHECKED)} refuse `attn_scores` (transformers hands out "
+            "their probabilities only, so there is nothing to check rebuilt scores against); "
+            f"{names(quirks.VLLM_SINGLE_RANK)} run with `tensor_parallel_size=1` only (attention and MLP are summed "
+            "before one all-reduce, so no rank holds `attn_out` or `mlp_out`); `falcon` is served in its parallel "
+            "rotary layouts (7B, 40B, 180B) with the 4 x d_model MLP vLLM assumes, `opt` in its pre-norm layout "
+            "(not OPT-350m): other layouts are refused at load, with why.\n")
     out += "\nRefused because vLLM computes them differently from transformers:\n\n" + "".join(
         f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items()))
     return out

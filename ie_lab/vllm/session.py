@@ -263,6 +263,18 @@ class VLLMSession(Session):
                 "this checkpoint normalises after each sublayer and projects its embeddings in and out; ie_lab's "
                 "vLLM worker binds only pre-norm OPT layers, the layout checked against eager.",
                 "use backend='eager'.")
+        if facts.model_type == "falcon" and (getattr(cfg, "alibi", False) or not facts.parallel_block):
+            raise CapabilityUnsupported(
+                "Falcon with ALiBi or sequential blocks (Falcon-RW) on backend='vllm'",
+                "ie_lab's vLLM worker binds Falcon's parallel rotary blocks (7B, 40B, 180B), the layouts checked "
+                "against eager; its attention read-out does not add ALiBi biases.",
+                "use backend='eager'.")
+        ffn = getattr(cfg, "ffn_hidden_size", None)
+        if facts.model_type == "falcon" and ffn is not None and ffn != 4 * cfg.hidden_size:
+            raise CapabilityUnsupported(
+                f"Falcon with ffn_hidden_size={ffn} on backend='vllm'",
+                f"vLLM's Falcon sizes its MLP as 4 x hidden_size = {4 * cfg.hidden_size} (as every released Falcon "
+                "is) and cannot load these weights.", "use backend='eager'.")
         if tp > 1 and facts.model_type in quirks.VLLM_SINGLE_RANK:
             raise CapabilityUnsupported(
                 f"tensor_parallel_size={tp} on {facts.model_type}",

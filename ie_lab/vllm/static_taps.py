@@ -64,7 +64,7 @@ def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Ca
     """point -> (module, 'pre' | 'post', extract, width on this rank, sharded), for every point this model has.
     Widths read off vLLM's modules are callables, evaluated only for the declared points."""
     # the worker's readers of hooked calls; imported here because the worker module imports this one
-    from .worker import _first, _fused_args, _hidden, _tp_size, bind_vllm
+    from .worker import _first, _fused_args, _hidden, _out_and_bias, _tp_size, bind_vllm
 
     def _stream(args: tuple, kwargs: dict) -> torch.Tensor:  # the residual entering a deferred-add call
         h, res = _fused_args(args, kwargs)
@@ -100,9 +100,11 @@ def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Ca
             (s.mid_norm, "pre", pre, d_model, False) if s.post_norm else (s.mid_norm, "post", post, d_model, False)
         out[f"attn_in.{L}"] = (attn, "pre", pre, d_model, False)
         out[f"z.{L}"] = (s.o_proj, "pre", pre, lambda s=s: s.o_proj.input_size_per_partition, True)
-        out[f"attn_out.{L}"] = (s.o_proj, "post", post, d_model, False)
+        # a linear built with skip_bias_add hands its bias to the caller (Falcon): the output is x + bias
+        attn_o = lambda a, o, mod=s.o_proj: _out_and_bias(mod, o)[0]  # noqa: E731
+        out[f"attn_out.{L}"] = (s.o_proj, "post", attn_o, d_model, False)
         m = s.out_scale
-        scaled = post if m is None else (lambda a, o, m=m: _first(o) * m)
+        scaled = attn_o if m is None else (lambda a, o, m=m: _first(o) * m)
         out[f"attn_out_post.{L}"] = ((s.post_attn_norm, "post", post, d_model, False) if s.post_attn_norm is not None
                                      else (s.o_proj, "post", scaled, d_model, False))
         core = s.attn_core
@@ -128,13 +130,16 @@ def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Ca
                 out[f"mlp_pre_linear.{L}"] = (s.up_proj, "post",
                                               lambda a, o: _first(o)[..., _first(o).shape[-1] // 2:], half, True)
             else:
-                out[f"mlp_pre.{L}"] = (s.up_proj, "post", post, w, True)
+                out[f"mlp_pre.{L}"] = (s.up_proj, "post", lambda a, o, mod=s.up_proj: _out_and_bias(mod, o)[0], w,
+                                       True)
         if s.router is not None:
             n_experts = lambda s=s: int(getattr(s.router, "output_size", None) or s.router.weight.shape[0])  # noqa: E731
             out[f"router_logits.{L}"] = (s.router, "post", post, n_experts, False)
-        out[f"mlp_out.{L}"] = (s.mlp, "post", post, d_model, False)
+        mo = s.mlp_out_mod or s.mlp
+        mlp_o = lambda a, o, mod=mo: _out_and_bias(mod, o)[0]  # noqa: E731
+        out[f"mlp_out.{L}"] = (mo, "post", mlp_o, d_model, False)
         out[f"mlp_out_post.{L}"] = ((s.post_mlp_norm, "post", post, d_model, False) if s.post_mlp_norm is not None
-                                    else (s.mlp, "post", scaled, d_model, False))
+                                    else (mo, "post", mlp_o if m is None else scaled, d_model, False))
     if _tp_size() == 1:
         out = {k: (m, kind, f, w, False) for k, (m, kind, f, w, _) in out.items()}
     return out

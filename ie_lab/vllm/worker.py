@@ -64,6 +64,15 @@ def _first(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def _out_and_bias(mod: nn.Module, out: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(output, bias) of a call. A vLLM linear built with skip_bias_add returns (x, bias) and leaves the add to its
+    caller (Falcon): the module's output, as transformers computes it, is x + bias."""
+    t = _first(out)
+    if getattr(mod, "skip_bias_add", False) and isinstance(out, tuple) and len(out) > 1 and out[1] is not None:
+        return t + out[1], out[1]
+    return t, None
+
+
 def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
     if "hidden_states" in kwargs:
         return kwargs["hidden_states"]
@@ -139,6 +148,7 @@ class LayerSites:
     post_norm: bool = False  # norms only after each sublayer (EXAONE 4): mid_norm is then the MLP itself
     kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
     parallel: bool = False  # attention and MLP both read the layer's one normed input (no resid_mid, no mid_norm)
+    mlp_out_mod: nn.Module | None = None  # whose output is mlp_out, where that is not the MLP module's (Falcon)
 
 
 def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[LayerSites]]:
@@ -147,7 +157,8 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
     if trunk is None:
         raise RuntimeError(f"ie_lab: cannot find the trunk of {type(model).__name__}")
     trunk = getattr(trunk, "decoder", None) or trunk  # OPT: OPTModel holds the decoder
-    embed = getattr(trunk, "embed_tokens", None) or getattr(trunk, "wte", None)
+    embed = getattr(trunk, "embed_tokens", None) or getattr(trunk, "wte", None) or getattr(trunk, "word_embeddings",
+                                                                                           None)
     final = getattr(trunk, "norm", None) or getattr(trunk, "ln_f", None) or getattr(trunk, "final_layer_norm", None)
     layers = getattr(trunk, "layers", None) or getattr(trunk, "h", None)
     if embed is None or layers is None:
@@ -200,6 +211,13 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
                 sites.out_scale = float(layer.residual_multiplier)
             total_kv = getattr(attn, "total_num_kv_heads", None)
             sites.kv_replicated = bool(total_kv is not None and total_kv < _tp_size())
+        elif hasattr(layer, "self_attention") and not hasattr(layer, "post_attention_layernorm"):
+            # Falcon's parallel blocks (7B: one input norm; 40B / 180B: ln_attn and ln_mlp), explicit add. With
+            # tensor parallelism both halves are summed before one all-reduce (refused at load).
+            attn, mlp = layer.self_attention, layer.mlp
+            sites = LayerSites(i, layer, False, attn, attn.attn, attn.dense, None, None, None, None, mlp,
+                               mlp.dense_4h_to_h, None, None, up_proj=mlp.dense_h_to_4h, parallel=True,
+                               mlp_out_mod=mlp.dense_4h_to_h)  # FalconMLP returns (x, bias) for the layer to add
         elif hasattr(layer, "ln_1") and not hasattr(layer, "ln_2"):  # GPT-J: a parallel block, explicit add
             attn, mlp = layer.attn, layer.mlp
             sites = LayerSites(i, layer, False, attn, attn.attn, attn.out_proj, None, None, None, None, mlp,
@@ -375,7 +393,7 @@ class IELabWorker:
         if s.router is not None:
             h.append(s.router.register_forward_hook(self._post_reader(f"router_logits.{L}")))
         outs = [f"mlp_out.{L}"] + ([] if s.post_mlp_norm is not None else [f"mlp_out_post.{L}"])
-        h.append(s.mlp.register_forward_hook(self._post_rw(outs, scale)))
+        h.append((s.mlp_out_mod or s.mlp).register_forward_hook(self._post_rw(outs, scale)))
         if s.post_mlp_norm is not None:
             h.append(s.post_mlp_norm.register_forward_hook(self._post_rw([f"mlp_out_post.{L}"])))
 
@@ -494,7 +512,7 @@ class IELabWorker:
         def hook(mod, args, out):
             if self._ie_rows is None:
                 return
-            t = _first(out)
+            t = _out_and_bias(mod, out)[0]
             if not gated:
                 self._read(f"mlp_pre.{L}", t, sharded=True)
                 return
@@ -596,7 +614,7 @@ class IELabWorker:
             rows = self._active()
             if rows is None:
                 return None
-            t = _first(out)
+            t, bias = _out_and_bias(mod, out)
             changed = False
             for p in points:
                 m = scale.get(p) if scale else None
@@ -605,6 +623,8 @@ class IELabWorker:
                     changed = True
                     t = new if m is None else new / m
             if changed:
+                if bias is not None:  # the caller still adds the bias
+                    t = t - bias
                 return (t,) + tuple(out[1:]) if isinstance(out, tuple) else t
             return None
         return hook
