@@ -73,6 +73,8 @@ VLLM_VERIFIED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", 
 VLLM_DIFFERS = {
     "cohere2": "vLLM's Cohere 2 lets each sliding-window layer attend to sliding_window + 1 tokens (its training "
                "convention) where transformers attends to sliding_window, so every token past the window differs",
+    "bloom": "vLLM's Bloom uses the exact (erf) GELU where transformers' Bloom uses its tanh approximation, so "
+             "mlp_act differs by up to about 2e-4 and every later point by about 1e-4",
     "apertus": "vLLM's xIELU activation keeps its alpha parameters in bfloat16 whatever the model's dtype, so in "
                "float32 its mlp_act differs from transformers' by about 1e-3 of its size",
 }
