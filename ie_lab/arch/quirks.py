@@ -67,7 +67,7 @@ FOREIGN_ENGINE_CONVENTIONS = {
 # its compile decorator to them), which breaks eager models of that class in the same kernel.
 VLLM_VERIFIED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
                            "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3", "granite", "granitemoe", "stablelm",
-                           "exaone4", "cohere", "gptj", "opt", "falcon"})
+                           "exaone4", "cohere", "gptj", "opt", "falcon", "gpt_oss"})
 
 # Families vLLM runs natively but computes differently from transformers: the refusal names the difference.
 VLLM_DIFFERS = {

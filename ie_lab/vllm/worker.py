@@ -149,6 +149,11 @@ class LayerSites:
     kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
     parallel: bool = False  # attention and MLP both read the layer's one normed input (no resid_mid, no mid_norm)
     mlp_out_mod: nn.Module | None = None  # whose output is mlp_out, where that is not the MLP module's (Falcon)
+    sinks: torch.Tensor | None = None  # every head's attention-sink logit, gathered over ranks (GPT-OSS)
+
+
+def _router(mlp: nn.Module) -> nn.Module | None:
+    return getattr(mlp, "gate", None) or getattr(mlp, "router", None)  # GPT-OSS: router
 
 
 def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[LayerSites]]:
@@ -157,8 +162,8 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
     if trunk is None:
         raise RuntimeError(f"ie_lab: cannot find the trunk of {type(model).__name__}")
     trunk = getattr(trunk, "decoder", None) or trunk  # OPT: OPTModel holds the decoder
-    embed = getattr(trunk, "embed_tokens", None) or getattr(trunk, "wte", None) or getattr(trunk, "word_embeddings",
-                                                                                           None)
+    embed = (getattr(trunk, "embed_tokens", None) or getattr(trunk, "wte", None)
+             or getattr(trunk, "word_embeddings", None) or getattr(trunk, "embedding", None))
     final = getattr(trunk, "norm", None) or getattr(trunk, "ln_f", None) or getattr(trunk, "final_layer_norm", None)
     layers = getattr(trunk, "layers", None) or getattr(trunk, "h", None)
     if embed is None or layers is None:
@@ -172,8 +177,9 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
             attn = layer.self_attn
             sites = LayerSites(i, layer, False, attn, attn.attn, attn.out_proj, None, None, None,
                                layer.final_layer_norm, layer.fc2, layer.fc2, None, None, up_proj=layer.fc1)
-        elif hasattr(layer, "self_attn"):  # llama-like; most defer the residual add to the next fused add+norm
-            attn = layer.self_attn
+        elif hasattr(layer, "self_attn") or (hasattr(layer, "attn") and hasattr(layer, "input_layernorm")):
+            # llama-like (GPT-OSS names its attention attn); most defer the residual add to the next fused add+norm
+            attn = getattr(layer, "self_attn", None) or layer.attn
             mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
             moe = hasattr(mlp, "experts")
@@ -194,14 +200,14 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
                 sites = LayerSites(
                     i, layer, False, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
                     getattr(attn, "k_norm", None), layer.post_attention_layernorm, mlp, mlp,
-                    None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
+                    None if moe else mlp.down_proj, _router(mlp) if moe else None,
                     layer.post_feedforward_layernorm, post_norm=True)
             else:
                 sites = LayerSites(
                     i, layer, fused, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
                     getattr(attn, "k_norm", None), layer.post_attention_layernorm if sandwich else None,
                     layer.pre_feedforward_layernorm if sandwich else mid, mlp,
-                    None if moe else mlp.down_proj, getattr(mlp, "gate", None) if moe else None,
+                    None if moe else mlp.down_proj, _router(mlp) if moe else None,
                     getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
             if not moe and hasattr(mlp, "gate_up_proj"):
                 sites.up_proj, sites.gated = mlp.gate_up_proj, True
@@ -328,6 +334,9 @@ class IELabWorker:
             h.append(final.register_forward_hook(self._post_reader("final_norm")))
         present: dict[str, list[int]] = defaultdict(list)
         for s in layers:
+            sinks = getattr(s.attn_core.impl, "sinks", None)
+            if sinks is not None:  # this rank's heads: the read-out on rank 0 rebuilds every head (all ranks gather)
+                s.sinks = _gather(sinks.detach().float().reshape(1, -1))[0].cpu()
             self._install_layer(s)
             L = s.index
             for name in ("resid_pre", "attn_in", "value", "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in",
@@ -689,7 +698,7 @@ class IELabWorker:
             scores, probs = scores_and_probs(
                 qh, kh, scaling=float(impl.scale), softcap=getattr(impl, "logits_soft_cap", None) or None,
                 sliding_window=getattr(core, "sliding_window", None) or None,
-                sinks=getattr(impl, "sinks", None))
+                sinks=s.sinks)
             if f"attn_scores.{L}" in spec.points or L in spec.attn_layers:
                 out["attn"][L] = {"scores": pack(scores[0]), "probs": pack(probs[0])}
         for L, parts in spec.lens_rows.items():
