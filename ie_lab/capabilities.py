@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .arch import quirks
 from .errors import CapabilityUnsupported
 
 
@@ -42,8 +43,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                "no: the weights live inside vLLM's workers, not in this process", "use backend='eager'"),
     Capability("model families", "every family the binder can measure (41 tiny fixtures tested; others refused "
                "with StructureError)",
-               "the families verified point by point against eager: Llama, Mistral, Mixtral, Qwen 2 / 2-MoE / 3 / 3-MoE, "
-               "Gemma 1 / 2 / 3, GPT-2, OLMoE, Phi-3; others are refused at load", "use backend='eager'"),
+               "the families verified point by point against eager: "
+               + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED))
+               + "; others are refused at load (docs/VLLM.md lists the limits)", "use backend='eager'"),
     Capability("points absent on a family", "refused with PointAbsent naming the reason and a substitute",
                "refused the same way", ""),
     Capability("attn_scores on families that compute attention in their own module (Bloom, Falcon, GPT-J)",
