@@ -86,7 +86,7 @@ def test_parallel_blocks_capture_and_steer_like_eager(family, tmp_path_factory):
         addrs = served_addresses(s)
         for a in ("attn_in.1", "mlp_in.0", "mlp_pre.1", "mlp_act.0", "attn_probs.1", "z.0", "resid_post.1"):
             assert a in addrs, f"{a} should be served on {family}"
-        with pytest.raises(ie_lab.PointAbsent):
+        with pytest.raises(ie_lab.PointAbsent, match="parallel block"):
             s.capture(TEXT, ["resid_mid.0"])
         c = s.capture(TEXT, addrs)
         ce = ie_lab.capture(eager, TEXT, addrs)

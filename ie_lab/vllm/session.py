@@ -107,7 +107,9 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
         why = {"q_norm_in": qk, "q_norm_out": qk, "k_norm_in": qk, "k_norm_out": qk,
                "mlp_act": neurons, "mlp_pre": neurons,
                "mlp_pre_linear": "this family's MLP is not gated, so there is no separate linear branch; use mlp_pre.",
-               "router_logits": f"layer {addr.layer} is a dense MLP layer with no router."}.get(
+               "router_logits": f"layer {addr.layer} is a dense MLP layer with no router.",
+               "resid_mid": "attention and MLP both read the layer input on this parallel block, so no stream lies "
+                            "between them (use mlp_in or resid_post)."}.get(
                    p.name, f"{p.name} is not bound on layer {addr.layer} of this family.")
         raise PointAbsent(str(addr), lm.family, why, "see Session.points() for what this model serves.")
 
