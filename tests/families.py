@@ -145,6 +145,8 @@ FAMILIES: list[str] = list(_SPECS)
 VARIANTS = {
     "falcon_4h": ("falcon", {"ffn_hidden_size": 4 * _H}),
     "falcon_mqa_4h": ("falcon_mqa", {"ffn_hidden_size": 4 * _H}),
+    # vLLM serves Cohere 2 only within its sliding window; a window that holds a test prompt and its generation
+    "cohere2_w32": ("cohere2", {"sliding_window": 32}),
 }
 
 

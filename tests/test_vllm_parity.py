@@ -110,3 +110,25 @@ def test_parallel_blocks_capture_and_steer_like_eager(family, tmp_path_factory):
             assert att.scores[1] is None and any("scores unavailable" in n for n in att.notes)
             assert close(att.probs[1][None], c["attn_probs.1"])
         assert s.worker_state()[0]["specs"] == []
+
+
+def test_cohere2_is_served_within_its_sliding_window(tmp_path_factory):
+    """vLLM's Cohere 2 windows attend to one token more than transformers', so ie_lab caps the context at the
+    window, where the two agree exactly (global NoPE layers and windowed RoPE layers included), and refuses
+    what would run past it instead of letting vLLM stop early."""
+    eager = eager_for("cohere2_w32")
+    root = tmp_path_factory.mktemp("vllm_cohere2")
+    with vllm_session("cohere2_w32", root) as s:
+        assert s._max_len == 32
+        addrs = served_addresses(s)
+        assert {"attn_probs.0", "attn_probs.2", "z.2", "mlp_in.1", "resid_post.2"} <= set(addrs)
+        c = s.capture(TEXT, addrs)
+        ce = ie_lab.capture(eager, TEXT, addrs)
+        assert [a for a in addrs if not close(c[a], ce[a])] == []
+        assert s.generate(TEXT, 12).ids == ie_lab.generate(eager, TEXT, 12).ids
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="sliding_window \\+ 1"):
+            s.generate(TEXT, 30)
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="sliding window of 32"):
+            s.capture(" ".join([TEXT] * 4), ["resid_post.0"])
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="max_model_len <= 32"):
+        vllm_session("cohere2_w32", root, max_model_len=64)

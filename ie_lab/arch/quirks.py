@@ -67,16 +67,21 @@ FOREIGN_ENGINE_CONVENTIONS = {
 # its compile decorator to them), which breaks eager models of that class in the same kernel.
 VLLM_VERIFIED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
                            "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3", "granite", "granitemoe", "stablelm",
-                           "exaone4", "cohere", "gptj", "opt", "falcon", "gpt_oss"})
+                           "exaone4", "cohere", "cohere2", "gptj", "opt", "falcon", "gpt_oss"})
 
 # Families vLLM runs natively but computes differently from transformers: the refusal names the difference.
 VLLM_DIFFERS = {
-    "cohere2": "vLLM's Cohere 2 lets each sliding-window layer attend to sliding_window + 1 tokens (its training "
-               "convention) where transformers attends to sliding_window, so every token past the window differs",
     "bloom": "vLLM's Bloom uses the exact (erf) GELU where transformers' Bloom uses its tanh approximation, so "
              "mlp_act differs by up to about 2e-4 and every later point by about 1e-4",
     "apertus": "vLLM's xIELU activation keeps its alpha parameters in bfloat16 whatever the model's dtype, so in "
                "float32 its mlp_act differs from transformers' by about 1e-3 of its size",
+}
+
+# Families vLLM computes like transformers only while a sequence fits in the sliding window: served with the
+# context capped at sliding_window, where the two agree exactly; longer requests are refused with this reason.
+VLLM_WINDOW_CAPPED = {
+    "cohere2": "vLLM's Cohere 2 lets each sliding-window layer attend to sliding_window + 1 tokens (its training "
+               "convention) where transformers attends to sliding_window, so every token past the window differs",
 }
 
 # Families whose attention weights leave HF's module only as probabilities (eager refuses attn_scores there):

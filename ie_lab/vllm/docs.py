@@ -35,6 +35,8 @@ def families_line() -> str:
             "before one all-reduce, so no rank holds `attn_out` or `mlp_out`); `falcon` is served in its parallel "
             "rotary layouts (7B, 40B, 180B) with the 4 x d_model MLP vLLM assumes, `opt` in its pre-norm layout "
             "(not OPT-350m): other layouts are refused at load, with why.\n")
+    out += "".join(f"\n`{f}` is served with the context capped at its sliding window (longer requests are refused): "
+                   f"{why}.\n" for f, why in sorted(quirks.VLLM_WINDOW_CAPPED.items()))
     out += "\nRefused because vLLM computes them differently from transformers:\n\n" + "".join(
         f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items()))
     return out

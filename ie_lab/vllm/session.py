@@ -224,6 +224,7 @@ class VLLMSession(Session):
         self._driver = None
         self._graph_dir = None
         self._graph = None if graph_points is None else list(graph_points)
+        self._len_why = ""  # why the context is shorter than the model's own, where ie_lab caps it
         try:
             self._lm = self._call(self._aload(os.fspath(model), tokenizer, tensor_parallel_size, enable_prefix_caching,
                                               max_model_len, seed, trust_remote_code, dict(engine_kwargs or {})))
@@ -277,6 +278,14 @@ class VLLMSession(Session):
                 f"Falcon with ffn_hidden_size={ffn} on backend='vllm'",
                 f"vLLM's Falcon sizes its MLP as 4 x hidden_size = {4 * cfg.hidden_size} (as every released Falcon "
                 "is) and cannot load these weights.", "use backend='eager'.")
+        if facts.model_type in quirks.VLLM_WINDOW_CAPPED:
+            cap = int(cfg.sliding_window)
+            self._len_why = (f"{facts.model_type} is served on vLLM only up to its sliding window of {cap} tokens, "
+                             f"where vLLM and transformers agree: {quirks.VLLM_WINDOW_CAPPED[facts.model_type]}.")
+            if max_model_len is not None and max_model_len > cap:
+                raise CapabilityUnsupported(f"max_model_len={max_model_len} on {facts.model_type}", self._len_why,
+                                            f"use max_model_len <= {cap} (the default here), or backend='eager'.")
+            max_model_len = min(cap, facts.max_positions or cap)
         if tp > 1 and facts.model_type in quirks.VLLM_SINGLE_RANK:
             raise CapabilityUnsupported(
                 f"tensor_parallel_size={tp} on {facts.model_type}",
@@ -411,7 +420,8 @@ class VLLMSession(Session):
             raise CapabilityUnsupported(
                 f"{what} of {n_tokens} tokens on backend='vllm'",
                 f"vLLM computes a sequence only while scheduling one more token after it, so it needs one free "
-                f"position: {n_tokens} + 1 exceeds the context of {self._max_len}.",
+                f"position: {n_tokens} + 1 exceeds the context of {self._max_len}." + (
+                    f" {self._len_why}" if self._len_why else ""),
                 "shorten the prompt (or max_new_tokens) by one token, or use backend='eager', which captures a full "
                 "context.")
 
@@ -554,6 +564,10 @@ class VLLMSession(Session):
         if limit and ids.shape[1] + max_new_tokens > int(limit):
             raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                              f"context of {limit}; lower max_new_tokens or shorten the prompt.")
+        if self._len_why and ids.shape[1] + max_new_tokens > self._max_len:  # vLLM would stop early, silently
+            raise CapabilityUnsupported(
+                f"a generation of {ids.shape[1]} + {max_new_tokens} tokens on backend='vllm'", self._len_why,
+                f"keep prompt + max_new_tokens within {self._max_len}, or use backend='eager'.")
         n_lp = int(kwargs.get("n_logprobs", 0) or 0)
         params = self._params(max_new_tokens, kwargs.get("temperature", 0.0), kwargs.get("top_k"), kwargs.get("top_p"),
                               kwargs.get("seed"), kwargs.get("stop"), n_lp, kwargs.get("ignore_eos", False))
