@@ -26,6 +26,7 @@ def families_line() -> str:
 
     out = ("Families served on vLLM (every served point checked equal to eager; others are refused at load with "
            "`CapabilityUnsupported`): " + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED)) + ".\n")
+
     def names(fams: frozenset) -> str:
         return ", ".join(f"`{f}`" for f in sorted(fams))
 
