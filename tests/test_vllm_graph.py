@@ -135,15 +135,16 @@ def test_gpt2_unfused_blocks_in_graph_mode(tmp_path_factory):
     assert not os.path.exists(compile_dir), "close() leaves the private compile cache behind"
 
 
-@pytest.mark.parametrize("family", ["granite", "exaone4", "gptj", "opt", "falcon_4h"])
+@pytest.mark.parametrize("family", ["granite", "exaone4", "gptj", "cohere", "opt", "falcon_4h"])
 def test_unfused_layers_in_graph_mode(family, tmp_path_factory):
     # Granite: *_out_post is the sublayer output times residual_multiplier, a product the tap records in the graph;
     # EXAONE 4 (post-norm): mlp_in is the MLP's own input, not a norm's output; GPT-J (parallel block): no
-    # resid_mid, and mlp_in is the MLP's input (the same normed tensor attention reads); OPT: the MLP is fc1 / fc2
+    # resid_mid, and mlp_in is the MLP's input (the same normed tensor attention reads; Cohere also hands on a
+    # residual nobody reads); OPT: the MLP is fc1 / fc2
     # on the layer itself; Falcon's linears hand their biases to the layer (the taps add them)
     eager = eager_for(family)
     pts = ["attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "mlp_in.1", "resid_post.1"]
-    if family in ("gptj", "falcon_4h"):
+    if family in ("gptj", "cohere", "falcon_4h"):
         pts = ["attn_in.0", "attn_out.0", "mlp_in.1", "mlp_pre.1", "mlp_act.0", "mlp_out.0", "resid_post.1"]
         with pytest.raises(ie_lab.PointAbsent, match="parallel block"):  # before any engine starts
             vllm_session(family, tmp_path_factory.mktemp(f"graph_{family}_bad"), graph_points=pts + ["resid_mid.1"])
