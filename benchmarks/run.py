@@ -134,7 +134,8 @@ def main(argv=None) -> int:
         for model, (mdir, desc) in dirs.items():
             cfg = AutoConfig.from_pretrained(mdir)
             cfg = getattr(cfg, "text_config", cfg)
-            shapes[model] = (cfg, shape_for(cfg.num_hidden_layers, getattr(cfg, "max_position_embeddings", 4096) or 4096))
+            n_pos = getattr(cfg, "max_position_embeddings", 4096) or 4096
+            shapes[model] = (cfg, shape_for(cfg.num_hidden_layers, n_pos))
 
         # every cell of this run is first "not run": what the run does not reach stays visible, with why
         todo = []
@@ -149,17 +150,19 @@ def main(argv=None) -> int:
                         c = placeholder(model, engine, w, device, f"no environment .venvs/{ENV[engine]} (bash "
                                         f"validator/envs/setup.sh {ENV[engine]})")
                     else:
-                        c = placeholder(model, engine, w, device, "the matrix run stopped before this cell (time budget)")
+                        c = placeholder(model, engine, w, device,
+                                        "the matrix run stopped before this cell (time budget)")
                         todo.append((model, engine, w, py))
                     c["model_desc"], c["shape"] = dirs[model][1], shapes[model][1]
                     with open(p, "w") as f:
                         json.dump(c, f, indent=1)
 
         # the cells the targets compare run first, so a run cut short by its time budget still decides them
-        first = {("bare", "forward_512"), ("bare", "generate"), ("ie_eager", "capture_all"), ("ie_eager", "generate"),
-                 ("ie_eager", "capture_gen"), ("ie_eager", "generate_x8"), ("interp", "generate"),
-                 ("interp", "capture_gen"), ("interp", "capture_all"), ("tl", "capture_all"), ("nnsight", "capture_all"),
-                 ("ie_vllm", "generate_x8"), ("tl", "generate"), ("tl_nocache", "generate")}
+        first = {("bare", "forward_512"), ("bare", "generate"), ("ie_eager", "capture_all"),
+                 ("ie_eager", "generate"), ("ie_eager", "capture_gen"), ("ie_eager", "generate_x8"),
+                 ("interp", "generate"), ("interp", "capture_gen"), ("interp", "capture_all"), ("tl", "capture_all"),
+                 ("nnsight", "capture_all"), ("ie_vllm", "generate_x8"), ("tl", "generate"),
+                 ("tl_nocache", "generate")}
         todo.sort(key=lambda t: ((t[1], t[2]) not in first, list(dirs).index(t[0])))
 
         bases = {}

@@ -102,7 +102,8 @@ def test_parallel_blocks_capture_and_steer_like_eager(family, tmp_path_factory):
         with s.steer("mlp_in.1", v, scale=2.0):
             got = s.capture(TEXT, ["attn_out.1", "mlp_out.1"])
         assert close(got["attn_out.1"], c["attn_out.1"]) and not close(got["mlp_out.1"], c["mlp_out.1"])
-        if s.facts.model_type in quirks.VLLM_SCORES_UNCHECKED:  # transformers hands out probabilities only: nothing to check
+        # transformers hands out probabilities only on these families: no scores to check vLLM's against
+        if s.facts.model_type in quirks.VLLM_SCORES_UNCHECKED:
             assert "attn_scores.0" not in addrs
             with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs.0"):
                 s.capture(TEXT, ["attn_scores.0"])

@@ -185,7 +185,8 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
                 env["HF_HUB_OFFLINE"] = "1"
             env["PYTHONPATH"] = ROOT if e == "vllm" else ""
             t0 = time.time()
-            proc = subprocess.run([py, WORKER, path], env=env, cwd=work, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run([py, WORKER, path], env=env, cwd=work, capture_output=True, text=True,
+                                  timeout=timeout)
             log(f"[{e}] worker finished in {time.time() - t0:.1f}s (rc={proc.returncode})")
             if proc.returncode != 0:
                 unavailable[e] = f"the worker exited with {proc.returncode}: {proc.stderr.strip().splitlines()[-1:] }"
@@ -216,7 +217,8 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
                     elif a.spec is None:
                         row.update(verdict=S.NOT_ASKED, why=a.reason)
                     elif meta.get("status") != "ok":
-                        row.update(verdict=S.NOT_SERVED, why=f"the engine could not run this model: {meta.get('reason')}")
+                        row.update(verdict=S.NOT_SERVED,
+                                   why=f"the engine could not run this model: {meta.get('reason')}")
                     elif key not in tensors:
                         row.update(verdict=S.NOT_SERVED, why=meta["errors"].get(key, "no tensor came back"))
                     else:
@@ -237,7 +239,8 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
                 doc = {
                     "model": slug,
                     "family": d["model"].family,
-                    "source": "tiny random-weight fixture (tests/families.py)" if not d["model"].real else d["model"].source,
+                    "source": ("tiny random-weight fixture (tests/families.py)" if not d["model"].real
+                               else d["model"].source),
                     "engine": e,
                     "engine_title": eng.title,
                     "naming": eng.naming,
