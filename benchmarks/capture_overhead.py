@@ -12,7 +12,6 @@ JSON files into benchmarks/results-latest.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -24,7 +23,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved_medians, parser  # noqa: E402
 
 
 def build_model():
@@ -37,11 +36,8 @@ def build_model():
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = parser(repeats=15)
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -14,7 +14,6 @@ Each variant's output is checked against HF's greedy tokens before any time is r
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -25,15 +24,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from timing import interleaved_medians, write_result  # noqa: E402
+from timing import interleaved_medians, parser, write_result  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
-    args = ap.parse_args()
+    args = parser(repeats=5).parse_args()
     torch.set_num_threads(args.threads)
 
     import ie_lab

@@ -21,7 +21,6 @@ reported against phase 1's direct_generate. Tokens and tensors are checked equal
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -32,15 +31,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from timing import interleaved_medians, write_result  # noqa: E402
+from timing import interleaved_medians, parser, write_result  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
-    args = ap.parse_args()
+    args = parser(repeats=9).parse_args()
     torch.set_num_threads(args.threads)
     torch.randn(512, 512) @ torch.randn(512, 512)  # the main thread's pool exists, as after any notebook cell
 

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import time
 from typing import Callable
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def parser(repeats: int) -> argparse.ArgumentParser:
+    """The options every in-process benchmark takes; a script adds its own before parsing."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=RESULTS)
+    return ap
 
 
 def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int, warm: bool = True) -> dict[str, float]:
