@@ -18,7 +18,7 @@ from . import points as _points
 from .address import Address, AddressLike
 from .arch import quirks
 from .arch.config_facts import ArchFacts
-from .errors import AddressError, did_you_mean
+from .errors import AddressError, InputError, did_you_mean
 
 ENGINES = ("transformerlens", "transformerlens_bridge", "nnterp")
 
@@ -36,6 +36,70 @@ class _Shape:
     gated: bool
     qk_norm: bool
     moe_layers: tuple[int, ...]
+    moe_everywhere: bool = False  # from a family name: every layer routes (the layer count is not known)
+    live: bool = False  # measured on a loaded model (absent points are then refused by taps.resolve)
+    attn_in_module: bool = False  # attention weights computed inside the family's own module (no scores)
+    probs_need_eager: bool = False  # ... and under sdpa even the probabilities never leave it
+    attn_gate: bool = False
+    # From a family name: facts that the checkpoint's config decides, with the config keys that decide them.
+    depends: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def need(self, fact: str, what: str) -> None:
+        """Refuse when `what` hangs on a fact that a family name alone does not settle."""
+        keys = dict(self.depends).get(fact)
+        if keys:
+            raise AddressError(
+                f"{what} on {self.family} depends on the checkpoint's config ({', '.join(keys)}), which a family "
+                "name does not give: pass the loaded model (or its Session), or its config.")
+
+    def routes(self, layer: int | None) -> bool:
+        """Whether this layer's MLP is a routed mixture of experts."""
+        if layer is None:
+            return False
+        self.need("moe_layers", f"whether layer {layer} routes to experts")
+        return self.moe_everywhere or layer in self.moe_layers
+
+
+# Config keys that switch a structural fact on or off per checkpoint (the ones ArchFacts.from_config reads).
+_SWITCHES = {
+    "parallel": ("use_parallel_residual", "parallel_attn", "parallel_block", "new_decoder_architecture"),
+    "qk_norm": ("use_qk_norm", "qk_layernorm", "qk_norm"),
+    "moe_layers": ("decoder_sparse_step", "mlp_only_layers", "first_k_dense_replace"),
+    "post": ("residual_multiplier",),
+}
+
+
+def _attention_facts(family: str) -> tuple[bool, bool]:
+    """(attention computed in the family's own module, its probabilities only on the eager code path). The
+    second comes from the model class transformers registers: one that supports sdpa is loaded with it."""
+    if family not in quirks.ATTENTION_IN_MODULE:
+        return False, False
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(family, ""), None)
+    return True, bool(getattr(cls, "_supports_sdpa", False))
+
+
+def _family_facts(name: str) -> ArchFacts:
+    """A family name resolved the way a loaded model's config would be: transformers' config class for that
+    model_type, read by ArchFacts.from_config with the quirks table. Refuses names it cannot resolve."""
+    from transformers import CONFIG_MAPPING
+
+    if name not in CONFIG_MAPPING:
+        raise AddressError(f"unknown model family {name!r}: transformers has no model_type of that name."
+                           f"{did_you_mean(name, list(CONFIG_MAPPING.keys()))} Pass the loaded model (or its "
+                           "Session), or its config, and the structure is read from it.")
+    _require_measured(name)
+    return ArchFacts.from_config(CONFIG_MAPPING[name]())
+
+
+def _require_measured(family: str) -> None:
+    if family not in quirks.STRUCTURE_MEASURED:
+        raise AddressError(
+            f"ie_lab has not measured the block structure of {family!r} (where its norms sit, whether its sublayers "
+            "run in parallel), so without the model it cannot say which tensor another engine's name holds there. "
+            "Pass the loaded model (or its Session): the binder measures it.")
 
 
 def _shape(model: Any) -> _Shape:
@@ -46,19 +110,67 @@ def _shape(model: Any) -> _Shape:
         st = binding.structure
         return _Shape(binding.family, lb.post_attn_norm is not None or lb.attn_multiplier is not None,
                       lb.post_mlp_norm is not None or lb.mlp_multiplier is not None, lb.post_attn_norm is not None,
-                      lb.input_norm is not None, lb.parallel, bool(st["gated_mlp"]), st["qk_norm"], st["moe_layers"])
-    if isinstance(model, str):
-        from .arch import quirks
-
-        placement = quirks.NORM_PLACEMENT.get(model, "pre")
-        post = placement in ("sandwich", "post")
-        return _Shape(model, post, post, post, placement in ("pre", "sandwich"), model in quirks.ALWAYS_PARALLEL,
-                      model not in quirks.UNGATED_MLP, model in quirks.ALWAYS_QK_NORM, ())
-    facts = model if isinstance(model, ArchFacts) else ArchFacts.from_config(model)
+                      lb.input_norm is not None, lb.parallel, bool(st["gated_mlp"]), st["qk_norm"], st["moe_layers"],
+                      live=True)
+    by_name = isinstance(model, str)
+    if by_name:
+        facts = _family_facts(model.strip())
+    elif isinstance(model, ArchFacts):
+        facts = model
+    else:
+        try:
+            facts = ArchFacts.from_config(model)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"model must be a loaded model, a Session, a family name (a transformers model_type such "
+                             f"as 'llama'), a config or ArchFacts; got {type(model).__name__} ({e}).") from None
+    if not by_name:
+        _require_measured(facts.model_type)
+    raw = facts.raw or {}
+    depends: list[tuple[str, tuple[str, ...]]] = []
+    if by_name:
+        always = {"parallel": quirks.ALWAYS_PARALLEL, "qk_norm": quirks.ALWAYS_QK_NORM}
+        for fact, keys in _SWITCHES.items():
+            present = tuple(k for k in keys if k in raw)
+            if present and facts.model_type not in always.get(fact, ()) and (fact != "moe_layers" or facts.is_moe):
+                depends.append((fact, present))
     mult = bool(facts.residual_multiplier and facts.residual_multiplier != 1)
     post = facts.sandwich_norms or mult
+    in_module, probs_eager = _attention_facts(facts.model_type)
+    attn_impl = raw.get("_attn_implementation") or raw.get("attn_implementation")
     return _Shape(facts.model_type, post, post, facts.sandwich_norms, facts.pre_norms, facts.parallel_block,
-                  facts.gated_mlp, facts.qk_norm, facts.moe_layers)
+                  facts.gated_mlp, facts.qk_norm, facts.moe_layers, moe_everywhere=by_name and facts.is_moe,
+                  attn_in_module=in_module, probs_need_eager=probs_eager and attn_impl != "eager",
+                  attn_gate=bool(raw.get("attn_output_gate") or raw.get("use_gated_attention")
+                                 or raw.get("gated_attention")),
+                  depends=tuple(depends))
+
+
+def _refuse_absent(addr: Address, s: _Shape) -> None:
+    """Without a loaded model: the structural part of taps.resolve, so that no name is handed out for a point the
+    family does not have (a loaded model refuses the same points through resolve)."""
+    name, L = addr.name, addr.layer
+    if name == "resid_mid":
+        s.need("parallel", "whether it has a residual between attention and MLP (resid_mid)")
+        if s.parallel:
+            raise AddressError(f"{s.family} runs attention and MLP in parallel, so there is no residual between them "
+                               "(resid_mid does not exist there).")
+    if name in ("q_norm_in", "k_norm_in", "q_norm_out", "k_norm_out"):
+        s.need("qk_norm", f"whether it normalises queries and keys ({name})")
+    if name in ("router_logits", "expert_weights", "expert_indices") and not s.routes(L):
+        raise AddressError(f"layer {L} of {s.family} has no router, so {name} does not exist there.")
+    if name in ("mlp_pre", "mlp_pre_linear", "mlp_act") and s.routes(L):
+        raise AddressError(f"layer {L} of {s.family} is a sparse mixture-of-experts layer: each expert has its own "
+                           f"neurons, so there is no single {name}.")
+    if name == "mlp_pre_linear" and not s.gated:
+        raise AddressError(f"{s.family}'s MLP is not gated, so there is no mlp_pre_linear.")
+    if name == "attn_gate" and not s.attn_gate:
+        raise AddressError(f"{s.family} has no attention output gate, so attn_gate does not exist there.")
+    if name == "attn_scores" and s.attn_in_module:
+        raise AddressError(f"{s.family} computes attention inside its own module, so the pre-softmax scores never "
+                           "leave it (capture attn_probs).")
+    if name == "attn_probs" and s.probs_need_eager:
+        raise AddressError(f"{s.family}'s attention probabilities exist only on its eager code path, and the default "
+                           "is sdpa: load the model with attn_implementation='eager' and pass it.")
 
 
 _FOREIGN = quirks.FOREIGN_ENGINE_CONVENTIONS
@@ -112,7 +224,8 @@ def _to_regex(template: str) -> re.Pattern:
 def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens") -> str:
     """The other engine's name for an ie_lab address on this model (or family name / config)."""
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+        raise InputError(f"unknown engine {engine!r}: engine must be one of {', '.join(map(repr, ENGINES))}."
+                         f"{did_you_mean(str(engine), ENGINES)}")
     addr = Address.parse(address)
     if addr.head is not None or addr.stream is not None:
         raise AddressError(f"translate the whole point ({addr.without_head()}) and slice heads on the other side.")
@@ -128,8 +241,8 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
             resolve(lm, addr.check(lm.facts))
         except (PointAbsent, CapabilityUnsupported) as e:
             raise AddressError(f"{addr} has no name in {engine} on this model: {e}") from None
-    elif name in ("router_logits", "expert_weights", "expert_indices") and L not in s.moe_layers:
-        raise AddressError(f"layer {L} of {s.family} has no router, so {name} does not exist there.")
+    else:
+        _refuse_absent(addr, s)
     fq = _FOREIGN.get(s.family, {})
     eng_name = {"transformerlens": "TransformerLens", "transformerlens_bridge": "TransformerBridge",
                 "nnterp": "nnterp"}[engine]
@@ -161,8 +274,10 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
     if engine == "transformerlens":
         # Block-level outputs: which ie_lab point TransformerLens' name stands for depends on the family.
         if name in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post"):
-            post = s.post_attn if name.startswith("attn") else s.post_mlp
             hook = "hook_attn_out" if name.startswith("attn") else "hook_mlp_out"
+            s.need("post", f"which tensor blocks.{L}.{hook} holds (the sublayer output times a residual multiplier "
+                           "unless it is 1)")
+            post = s.post_attn if name.startswith("attn") else s.post_mlp
             if name.endswith("_post") or not post:
                 return f"blocks.{L}.{hook}"
             raise AddressError(
@@ -170,11 +285,12 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
                 f"post-sublayer norm/multiplier, i.e. it is {name}_post.{L}. The raw output is "
                 f"{to_engine(addr, model, 'transformerlens_bridge')} on TransformerBridge."
             )
-    if name in ("q_norm_in", "k_norm_in", "q_norm_out", "k_norm_out") and not s.qk_norm:
+    if name in ("q_norm_in", "k_norm_in", "q_norm_out", "k_norm_out") and not s.qk_norm:  # (by name: settled above)
         raise AddressError(f"{s.family} has no QK-norm, so {name} does not exist there (TransformerLens' hook_q / "
                            "hook_k are then plain projections with no ie_lab point).")
     if engine == "transformerlens_bridge":
         if name in ("attn_out_post", "mlp_out_post"):
+            s.need("post", f"whether {name} differs from the raw sublayer output (a residual multiplier other than 1)")
             post, norm = (s.post_attn, s.post_norm) if name.startswith("attn") else (s.post_mlp, s.post_norm)
             if not post:
                 return to_engine(Address(name[:-5], L), model, engine)  # equal to the raw output here
@@ -194,7 +310,11 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
 def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Address:
     """The ie_lab address for another engine's name on this model; refused where no faithful equivalent exists."""
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+        raise InputError(f"unknown engine {engine!r}: engine must be one of {', '.join(map(repr, ENGINES))}."
+                         f"{did_you_mean(str(engine), ENGINES)}")
+    if not isinstance(name, str):
+        raise InputError(f"name must be the other engine's name as a string (e.g. 'blocks.3.hook_resid_post'), "
+                         f"got {type(name).__name__}.")
     s = _shape(model)
     text = name.strip()
     fq = _FOREIGN.get(s.family, {})
@@ -220,6 +340,7 @@ def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Addre
     m = re.fullmatch(r"blocks\.(\d+)\.hook_(attn|mlp)_out", text)
     if m and engine.startswith("transformerlens"):  # the legacy alias is also live on TransformerBridge
         L, which = int(m.group(1)), m.group(2)
+        s.need("post", f"which tensor {text} holds (the sublayer output times a residual multiplier unless it is 1)")
         post = s.post_attn if which == "attn" else s.post_mlp
         return Address(f"{which}_out_post" if post else f"{which}_out", L)
     if engine == "transformerlens_bridge":
@@ -227,15 +348,19 @@ def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Addre
         if m:
             L, which = int(m.group(1)), m.group(2)
             if which == "gate":
-                return Address("router_logits" if L in s.moe_layers else "mlp_pre", L)
+                return Address("router_logits" if s.routes(L) else "mlp_pre", L)
             return Address("mlp_pre_linear" if s.gated else "mlp_pre", L)
     m = re.fullmatch(r"blocks\.(\d+)\.attn\.hook_([qk])", text)
+    if m:
+        s.need("qk_norm", f"which tensor {text} holds (a QK-norm's input, or a plain projection)")
     if m and not s.qk_norm:
         raise AddressError(f"{text} is the plain {m.group(2)} projection on {s.family} (no QK-norm); ie_lab has no such "
                            "point: attn_scores holds q·k.")
     for point, template in _templates(engine):
         m = _to_regex(template).match(text)
         if m:
+            if point == "resid_mid":
+                s.need("parallel", f"whether {text} exists (attention and MLP in sequence or in parallel)")
             if point == "resid_mid" and s.parallel:
                 raise AddressError(f"{text} does not exist on {s.family}: attention and MLP run in parallel, so there "
                                    "is no residual between them.")

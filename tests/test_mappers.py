@@ -108,3 +108,93 @@ def test_validator_findings_map_to_what_the_names_really_hold():
     # and these mappings are true on ie_lab's own captures
     c = ie_lab.capture(lm_for("granite"), ids(), ["embeddings", "resid_pre.0"])
     torch.testing.assert_close(c["embeddings"] * lm_for("granite").facts.embedding_multiplier, c["resid_pre.0"])
+
+
+def _answer(fn, *args):
+    """A translation's outcome: the name, 'refused', or 'depends' (a family name alone cannot settle it)."""
+    try:
+        return str(fn(*args))
+    except AddressError as e:
+        return "depends" if "depends on the checkpoint's config" in str(e) else "refused"
+
+
+@pytest.mark.parametrize("fam", SUPPORTED)
+def test_family_name_and_config_translate_as_the_live_model_does(fam):
+    # Issue 13.2: without a model, a family name resolves through transformers' config class and the quirks
+    # table; where the checkpoint's config decides (residual_multiplier, use_parallel_residual, MoE layer
+    # pattern, ...) it refuses instead of guessing. A config (here the fixture's own) settles those: then every
+    # answer equals the live model's, names and refusals alike.
+    from tests.families import _SPECS, make_config
+
+    lm, family, config = lm_for(fam), _SPECS[fam][0], make_config(fam)
+    equal = 0
+    for row in table(lm, layer=1):
+        for engine in ENGINES:
+            live_to = row[engine] or "refused"
+            assert _answer(to_engine, row["address"], config, engine) == live_to, (row["address"], engine)
+            by_name = _answer(to_engine, row["address"], family, engine)
+            assert by_name in (live_to, "depends"), (row["address"], engine, live_to, by_name)
+            equal += by_name == live_to
+            if row[engine]:
+                live_from = _answer(from_engine, row[engine], lm, engine)
+                assert _answer(from_engine, row[engine], config, engine) == live_from, row[engine]
+                by_name = _answer(from_engine, row[engine], family, engine)
+                assert by_name in (live_from, "depends"), (row[engine], engine, live_from, by_name)
+                equal += by_name == live_from
+    assert equal >= 100  # most names do not hang on the checkpoint: the family name answers them
+
+
+@pytest.mark.parametrize("family,fragment", [
+    ("glm4", "has not measured the block structure"),  # a real model_type whose norm placement ie_lab never measured
+    ("totally_made_up", "unknown model family"),
+    ("lama", "Did you mean 'llama'"),
+])
+def test_families_it_cannot_resolve_refuse_and_say_to_pass_the_model(family, fragment):
+    for call in (lambda: from_engine("blocks.5.hook_mlp_out", family), lambda: to_engine("mlp_out.5", family)):
+        with pytest.raises(AddressError) as e:
+            call()
+        assert fragment in str(e.value) and "Pass the loaded model" in str(e.value)
+
+
+def test_checkpoint_dependent_answers_name_the_config_key():
+    with pytest.raises(AddressError, match="residual_multiplier"):
+        from_engine("blocks.5.hook_mlp_out", "granite")
+    with pytest.raises(AddressError, match="first_k_dense_replace"):
+        from_engine("blocks.1.mlp.gate.hook_out", "deepseek_v3", "transformerlens_bridge")
+    with pytest.raises(AddressError, match="use_parallel_residual"):
+        from_engine("blocks.1.hook_resid_mid", "gpt_neox")
+    # the same questions answered from a config, and they match what the loaded fixture measures
+    from tests.families import make_config
+
+    assert from_engine("blocks.5.hook_mlp_out", make_config("granite")) == Address("mlp_out_post", 5)
+    assert from_engine("blocks.1.mlp.gate.hook_out", make_config("deepseek_v3"), "transformerlens_bridge") == \
+        from_engine("blocks.1.mlp.gate.hook_out", lm_for("deepseek_v3"), "transformerlens_bridge") == \
+        Address("router_logits", 1)
+
+
+def test_bad_model_and_engine_arguments_are_refused():
+    with pytest.raises(ie_lab.InputError, match="family name"):
+        from_engine("blocks.0.hook_resid_post", 3)
+    with pytest.raises(ie_lab.InputError, match="engine must be one of"):
+        to_engine("resid_post.0", "llama", "tl")
+    with pytest.raises(ie_lab.InputError, match="as a string"):
+        from_engine(["blocks.0.hook_resid_post"], "llama")
+
+
+def test_a_session_is_accepted_wherever_a_model_is():
+    s = ie_lab.Session(lm_for("gemma2").hf, tokenizer=lm_for("gemma2").tokenizer, progress=False)
+    try:
+        assert from_engine("blocks.1.hook_mlp_out", s) == Address("mlp_out_post", 1)
+        assert to_engine("mlp_out.1", s, "nnterp") == "mlps_output[1]"
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("fam", SUPPORTED)
+def test_attention_in_module_quirk_matches_the_binder(fam):
+    from ie_lab.arch import quirks
+    from tests.families import _SPECS
+
+    measured = not any(lb.uses_attention_interface for lb in lm_for(fam).binding.layers)
+    assert (_SPECS[fam][0] in quirks.ATTENTION_IN_MODULE) == measured
+    assert _SPECS[fam][0] in quirks.STRUCTURE_MEASURED

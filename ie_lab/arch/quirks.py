@@ -39,6 +39,22 @@ ALWAYS_QK_NORM = frozenset({"qwen3", "qwen3_moe", "olmo2", "olmo3", "olmoe", "ge
 # (layer_types or use_sliding_window say which layers slide instead).
 WINDOW_KEY_UNUSED = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 
+# Families whose attention computes its weights inside its own module rather than through transformers'
+# attention-function registry (the binder measures this per layer as uses_attention_interface): their
+# pre-softmax scores never leave the module, and under sdpa neither do their probabilities.
+ATTENTION_IN_MODULE = frozenset({"bloom", "falcon", "gptj"})
+
+# Families whose block structure the binder has measured on a real model (tests/test_arch_facts.py checks the
+# structural entries above against that measurement; tests/test_mappers.py this list and ATTENTION_IN_MODULE).
+# Config-only callers given just a family name (the mappers) answer only for these: for any other family the
+# defaults above ("pre-norm", "gated", ...) would be a guess.
+STRUCTURE_MEASURED = frozenset({
+    "gpt2", "gpt_neox", "gptj", "bloom", "opt", "falcon", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe",
+    "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmoe", "phi", "phi3", "granite",
+    "granitemoe", "stablelm", "starcoder2", "cohere", "cohere2", "glm", "helium", "smollm3", "exaone4", "ministral",
+    "seed_oss", "arcee", "apertus", "olmo3", "hunyuan_v1_dense", "gpt_oss", "deepseek_v3",
+})
+
 # Families whose trunk multiplies the token embedding by a config factor (for callers given only a name).
 EMBEDDING_MULTIPLIER = frozenset({"granite", "granitemoe"})
 
