@@ -100,8 +100,25 @@ def test_breaking_out_of_a_stream_removes_hooks():
 
 @pytest.mark.parametrize("kwargs,fragment", [
     (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=True), "max_new_tokens"),
     (dict(max_new_tokens=8, temperature=-1.0), "temperature"),
+    (dict(max_new_tokens=8, temperature=float("nan")), "temperature"),
+    (dict(max_new_tokens=8, temperature=float("inf")), "temperature"),
+    (dict(max_new_tokens=8, temperature="hot"), "temperature"),
     (dict(max_new_tokens=8, top_p=0.0), "top_p"),
+    (dict(max_new_tokens=8, top_p=float("nan")), "top_p"),
+    (dict(max_new_tokens=8, top_k=0), "top_k"),
+    (dict(max_new_tokens=8, top_k=2.5), "top_k"),
+    (dict(max_new_tokens=8, n_logprobs=513), "n_logprobs"),
+    (dict(max_new_tokens=8, n_logprobs=-1), "n_logprobs"),
+    (dict(max_new_tokens=8, n_logprobs=1.5), "n_logprobs"),
+    (dict(max_new_tokens=8, seed=-1), "seed"),
+    (dict(max_new_tokens=8, seed="x"), "seed"),
+    (dict(max_new_tokens=8, stop=[None]), "stop"),
+    (dict(max_new_tokens=8, stop=""), "stop"),
+    (dict(max_new_tokens=8, stop=5), "stop"),
+    (dict(max_new_tokens=8, keep_logits="no"), "keep_logits"),
+    (dict(max_new_tokens=8, ignore_eos=1), "ignore_eos"),
     (dict(max_new_tokens=300), "context of 256"),
 ])
 def test_bad_generation_arguments(kwargs, fragment):
@@ -109,6 +126,42 @@ def test_bad_generation_arguments(kwargs, fragment):
     with pytest.raises(ie_lab.InputError, match=fragment):
         ie_lab.generate(lm, PROMPT, **kwargs)
     assert_clean(lm)
+
+
+@pytest.mark.parametrize("prompt", [[], [[]], torch.tensor([], dtype=torch.long)])
+def test_empty_prompt_is_refused_as_empty(prompt):
+    lm = lm_for("llama")
+    with pytest.raises(ie_lab.InputError, match="empty input"):
+        ie_lab.generate(lm, prompt, 3)
+    assert_clean(lm)
+
+
+def test_bad_arguments_are_refused_before_any_forward():
+    lm = lm_for("llama")
+    calls = []
+    h = lm.hf.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        for kwargs in (dict(stop=[None]), dict(n_logprobs=10**6), dict(temperature=float("nan"))):
+            with pytest.raises(ie_lab.InputError):
+                ie_lab.generate(lm, PROMPT, 4, **kwargs)
+    finally:
+        h.remove()
+    assert calls == []
+    assert_clean(lm)
+
+
+def test_tiny_temperature_samples_the_argmax():
+    lm = lm_for("llama")
+    greedy = ie_lab.generate(lm, PROMPT, 6).ids
+    for t in (1e-45, 1e-300, 5e-324):
+        assert ie_lab.generate(lm, PROMPT, 6, temperature=t, seed=0).ids == greedy
+
+
+def test_n_logprobs_up_to_the_vocabulary():
+    lm = lm_for("llama")
+    step = next(iter(ie_lab.generate_stream(lm, PROMPT, 1, n_logprobs=lm.facts.vocab_size)))
+    assert len(step.top_logprobs) > 1
+    assert step.logprob == pytest.approx(max(step.top_logprobs.values()))
 
 
 def test_ignore_eos_runs_to_the_requested_length():
@@ -121,3 +174,76 @@ def test_ignore_eos_runs_to_the_requested_length():
         assert len(r.ids) == 5 and r.stop_reason == "length" and r.ids == first.ids
     finally:
         lm.hf.generation_config.eos_token_id = 2
+
+
+# ---- captures on streamed steps (issue 13.4) ------------------------------------------------------------
+
+def _join_steps(steps, addr, total):
+    """Concatenate each step's rows of one point along positions (attention: pad keys to the full length)."""
+    rows = [s.captured[addr] for s in steps]
+    if rows[0].dim() == 4:  # [batch, heads, new queries, keys so far]
+        fill = float("-inf") if addr.startswith("attn_scores") else 0.0
+        rows = [torch.nn.functional.pad(r, (0, total - r.shape[-1]), value=fill) for r in rows]
+        return torch.cat(rows, dim=2)
+    return torch.cat(rows, dim=1)
+
+
+def _check_streamed_captures(steps, res, addrs):
+    assert [s.token_id for s in steps] == res.ids
+    total = res.cache.tokens.shape[1]
+    # Step 0 holds the prompt's rows, each later step one row, the last step also its own token's row.
+    assert steps[0].captured_positions == range(0, PROMPT.shape[1])
+    for prev, s in zip(steps, steps[1:]):
+        assert s.captured_positions.start == prev.captured_positions.stop
+    assert steps[-1].captured_positions.stop == total
+    for s in steps:
+        assert torch.equal(s.captured.tokens, res.cache.tokens[:, s.captured_positions.start:s.captured_positions.stop])
+    for a in addrs:
+        assert torch.equal(_join_steps(steps, a, total), res.cache[a]), a
+    # The last step carries the whole cache; no earlier one does.
+    assert all(s.cache is None for s in steps[:-1])
+    for a in addrs:
+        assert torch.equal(steps[-1].cache[a], res.cache[a]), a
+
+
+@pytest.mark.parametrize("fam", ["llama", "mistral_sliding", "gpt2"])
+def test_streamed_steps_carry_their_captures(fam):
+    lm = lm_for(fam)
+    addrs = ["resid_post.0", "z.1.head-1", "mlp_out.1"]
+    if lm.binding.layers[0].uses_attention_interface:
+        addrs += ["attn_probs.0", "attn_scores.1"]
+    res = ie_lab.generate(lm, PROMPT, 7, capture=addrs)
+    steps = list(ie_lab.generate_stream(lm, PROMPT, 7, capture=addrs))
+    _check_streamed_captures(steps, res, addrs)
+    assert_clean(lm)
+
+
+def test_streamed_captures_stop_early_at_a_stop_string():
+    lm = lm_for("llama")
+    first = ie_lab.generate(lm, PROMPT, 5)
+    word = lm.tokenizer.decode([first.ids[1]])
+    res = ie_lab.generate(lm, PROMPT, 5, stop=word, capture=["resid_post.1"])
+    steps = list(ie_lab.generate_stream(lm, PROMPT, 5, stop=word, capture=["resid_post.1"]))
+    assert len(steps) == 2 and res.stop_reason == "stop"
+    _check_streamed_captures(steps, res, ["resid_post.1"])
+    assert res.cache["resid_post.1"].shape[1] == PROMPT.shape[1] + 2
+
+
+def test_session_streams_carry_captures():
+    import asyncio
+
+    from tests.families import make_model, make_tokenizer
+
+    addrs = ["resid_post.0", "attn_probs.1"]
+    with ie_lab.Session(make_model("llama"), tokenizer=make_tokenizer(), progress=False) as s:
+        res = s.generate(PROMPT, 6, capture=addrs)
+        _check_streamed_captures(list(s.generate_stream(PROMPT, 6, capture=addrs)), res, addrs)
+
+        async def consume():
+            return [step async for step in s.agenerate_stream(PROMPT, 6, capture=addrs)]
+        _check_streamed_captures(asyncio.run(consume()), res, addrs)
+
+
+def test_steps_without_capture_carry_no_rows():
+    steps = list(ie_lab.generate_stream(lm_for("llama"), PROMPT, 3))
+    assert all(s.captured is None and s.cache is None and s.captured_positions is None for s in steps)

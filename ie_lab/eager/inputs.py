@@ -41,6 +41,8 @@ def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | 
         raise InputError(f"expected text (str or list of str) or token ids (tensor or list of ints), "
                          f"got {type(tokens_or_text).__name__}.")
 
+    if ids.numel() == 0:  # before the dtype check: torch reads an empty list as float32
+        raise InputError("empty input: there are no tokens to run; give at least one token.")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise InputError(f"token ids must be integers, got dtype {ids.dtype}: convert with tokens.long() "
                          "(or pass the text itself).")
