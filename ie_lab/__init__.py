@@ -53,10 +53,13 @@ def load(*args: Any, **kwargs: Any):
 load.__doc__ = "See ie_lab.loading.load."
 
 
-def capture(model: Any, tokens_or_text: Any, addresses: Any, **kwargs: Any) -> Cache:
+def capture(model: Any, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Cache:
     from .eager.capture import capture as _capture
+    from .eager.steer import issued_specs, run_issued
 
-    return _capture(model, tokens_or_text, addresses, **kwargs)
+    lm = _as_lm(model)
+    specs = issued_specs(lm, steer)  # the `with` blocks open in this context, then steer=
+    return run_issued(lm, specs, lambda: _capture(lm, tokens_or_text, addresses, **kwargs))
 
 
 capture.__doc__ = "See ie_lab.eager.capture.capture."
@@ -71,8 +74,11 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
 def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
     """Yield one GenStep per token (greedy by default; temperature/top_k/top_p/seed to sample)."""
     from .eager.generate import generate_stream as _stream
+    from .eager.steer import issued_specs
 
-    return _stream(model, prompt, max_new_tokens, **kwargs)
+    lm = _as_lm(model)
+    kwargs["steer"] = issued_specs(lm, kwargs.get("steer"))  # read now, where the stream is issued
+    return _stream(lm, prompt, max_new_tokens, **kwargs)
 
 
 def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: Any):

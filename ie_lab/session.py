@@ -417,15 +417,30 @@ class Session:
                 f"{html.escape(self.describe())}</div>")
 
     # ---- operations: async twins first, sync methods delegate ---------------------------------------
-    async def acapture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any):
+    def _steered(self, steer: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """fn carrying the steering of the caller's context, read now, where the request is issued: the
+        `with s.steer(...)` blocks open in this task or thread, then steer= (docs/STEERING.md, Scope)."""
+        from .eager.steer import issued_specs, run_issued
+
+        self._check_open()
+        specs = issued_specs(self._lm, steer)
+        return lambda: run_issued(self._lm, specs, fn)
+
+    def _issued(self, steer: Any) -> Any:
+        from .eager.steer import issued_specs
+
+        self._check_open()
+        return issued_specs(self._lm, steer)
+
+    async def acapture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any):
         from .eager.capture import capture
 
-        return await self._async(lambda: capture(self._lm, tokens_or_text, addresses, **kwargs))
+        return await self._async(self._steered(steer, lambda: capture(self._lm, tokens_or_text, addresses, **kwargs)))
 
-    def capture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any):
+    def capture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any):
         from .eager.capture import capture
 
-        return self._sync(lambda: capture(self._lm, tokens_or_text, addresses, **kwargs))
+        return self._sync(self._steered(steer, lambda: capture(self._lm, tokens_or_text, addresses, **kwargs)))
 
     async def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
         from .eager.generate import generate_stream
@@ -447,7 +462,11 @@ class Session:
                 it.close()  # hooks and steering out, whatever happened
                 self._tokens.discard(token)
 
-    async def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
+    def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
+        kwargs["steer"] = self._issued(kwargs.get("steer"))  # fixed here, in the caller's context
+        return self._agenerate_stream(prompt, max_new_tokens, **kwargs)
+
+    async def _agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
         token = _CancelToken()
         if asyncio.get_running_loop() is self._loop:
             async for step in self._astream(token, prompt, max_new_tokens, kwargs):
@@ -482,6 +501,10 @@ class Session:
 
     def generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
         """Yield GenStep objects as tokens are produced; an interrupt stops within one token."""
+        kwargs["steer"] = self._issued(kwargs.get("steer"))  # fixed here, in the caller's context
+        return self._generate_stream(prompt, max_new_tokens, **kwargs)
+
+    def _generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
         self._check_open()
         if self._inside_own_operation():
             raise RuntimeError("generate_stream was called from inside one of the same Session's operations (its "
@@ -507,6 +530,7 @@ class Session:
     async def agenerate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
         from .eager.generate import generate
 
+        kwargs["steer"] = self._issued(kwargs.get("steer"))
         return await self._async(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs))
 
     def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
@@ -515,6 +539,7 @@ class Session:
         if not print_tokens:
             from .eager.generate import generate
 
+            kwargs["steer"] = self._issued(kwargs.get("steer"))
             return self._sync(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs))
         from .eager.generate import GenerationResult
 
@@ -536,62 +561,62 @@ class Session:
 
     async def arun(self, fn: Callable[[Any], Any]):
         """Run fn(model) on the session's loop, queued like every other operation."""
-        return await self._async(lambda: fn(self._lm))
+        return await self._async(self._steered(None, lambda: fn(self._lm)))
 
     def run(self, fn: Callable[[Any], Any]):
         """Run fn(model) queued behind the session's other operations (for custom analyses), on the calling
         thread; interrupts stop it between layers."""
-        return self._sync(lambda: fn(self._lm))
+        return self._sync(self._steered(None, lambda: fn(self._lm)))
 
     async def aattention(self, prompt: Any, layers: Any = None):
         from .eager.attention import attention
 
-        return await self._async(lambda: attention(self._lm, prompt, layers))
+        return await self._async(self._steered(None, lambda: attention(self._lm, prompt, layers)))
 
     def attention(self, prompt: Any, layers: Any = None):
         from .eager.attention import attention
 
-        return self._sync(lambda: attention(self._lm, prompt, layers))
+        return self._sync(self._steered(None, lambda: attention(self._lm, prompt, layers)))
 
     async def alogit_lens(self, prompt: Any, **kwargs: Any):
         from .eager.lens import logit_lens
 
-        return await self._async(lambda: logit_lens(self._lm, prompt, **kwargs))
+        return await self._async(self._steered(None, lambda: logit_lens(self._lm, prompt, **kwargs)))
 
     def logit_lens(self, prompt: Any, **kwargs: Any):
         from .eager.lens import logit_lens
 
-        return self._sync(lambda: logit_lens(self._lm, prompt, **kwargs))
+        return self._sync(self._steered(None, lambda: logit_lens(self._lm, prompt, **kwargs)))
 
     async def apatch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
         from .eager.patching import patch
 
-        return await self._async(lambda: patch(self._lm, prompt, source, addresses, **kwargs))
+        return await self._async(self._steered(None, lambda: patch(self._lm, prompt, source, addresses, **kwargs)))
 
     def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
         from .eager.patching import patch
 
-        return self._sync(lambda: patch(self._lm, prompt, source, addresses, **kwargs))
+        return self._sync(self._steered(None, lambda: patch(self._lm, prompt, source, addresses, **kwargs)))
 
     async def apatch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
         from .eager.patching import patch_sweep
 
-        return await self._async(lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs))
+        return await self._async(self._steered(None, lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs)))
 
     def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
         from .eager.patching import patch_sweep
 
-        return self._sync(lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs))
+        return self._sync(self._steered(None, lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs)))
 
     async def agradients(self, prompt: Any, metric: Any, addresses: Any):
         from .eager.patching import gradients
 
-        return await self._async(lambda: gradients(self._lm, prompt, metric, addresses))
+        return await self._async(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses)))
 
     def gradients(self, prompt: Any, metric: Any, addresses: Any):
         from .eager.patching import gradients
 
-        return self._sync(lambda: gradients(self._lm, prompt, metric, addresses))
+        return self._sync(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses)))
 
 
     # ---- notebook panels (ie_lab/widgets; JS/CSS in widgets/) ----------------------------------------

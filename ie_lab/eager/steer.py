@@ -1,9 +1,28 @@
-"""Steering on the eager backend: specs, position masks, and the context that installs them."""
+"""Steering on the eager backend: specs, their checks, position masks, and where a spec applies.
+
+Where a spec applies (docs/STEERING.md, "Scope"):
+
+- ``with spec:`` opens a *scope* in the current ``contextvars`` context only (an asyncio task, a thread,
+  or a copy of either). Every operation reads the scopes open in the context that issues it, once, when it
+  is issued (``issued_specs``), and carries them like a per-call ``steer=``; an operation issued in another
+  task or thread sees none of them.
+- An operation installs hooks for its specs and marks the forwards it runs (``running``); its hooks act
+  only on forwards marked for it, so a forward that another thread runs meanwhile is never touched.
+- Raw ``lm.hf(...)`` forwards inside a ``with`` block are steered too: the block installs hooks that act
+  only on unmarked forwards run in a context where that very scope is open.
+
+The vLLM backend keeps the same contract with ``enter_scope`` / ``exit_scope`` / ``active_specs``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
+import numbers
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import torch
 
@@ -25,7 +44,7 @@ class ForwardState:
     prompt_len: int | None = None  # None: every position is prompt (a plain forward)
 
 
-@dataclass
+@dataclass(eq=False)
 class SteerSpec:
     """One steering intervention. Use as a context manager, or pass to generate(..., steer=...)."""
 
@@ -39,7 +58,6 @@ class SteerSpec:
     max: float | None = None
     target: float = 0.0
     positions: Positions = "all"
-    _ctx: Any = field(default=None, repr=False)
 
     def method_kwargs(self) -> dict[str, Any]:
         """The arguments this spec passes to its ops.steering function (shared by every backend)."""
@@ -57,14 +75,18 @@ class SteerSpec:
         return apply
 
     def __enter__(self) -> "SteerSpec":
-        self._ctx = steering(self.lm, [self])
-        self._ctx.__enter__()
+        scope = enter_scope(self)
+        try:
+            # Raw forwards (lm.hf(...)) in this context are steered by these hooks; operations carry the spec.
+            scope.hooks = steering(self.lm, [self], gate=scope.applies)
+            scope.hooks.install()
+        except BaseException:
+            exit_scope(self)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        ctx, self._ctx = self._ctx, None
-        if ctx is not None:
-            ctx.__exit__(*exc)
+        exit_scope(self)
 
     def __repr__(self) -> str:
         extra = {"add": f"scale={self.scale}" + (", normalize" if self.normalize else ""),
@@ -73,6 +95,240 @@ class SteerSpec:
         where = ", ".join(str(a) for a in self.addresses)
         pos = self.positions if isinstance(self.positions, str) else "custom"
         return f"SteerSpec({self.method} at {where}; {extra}; positions={pos}; |v|={float(self.vector.float().norm()):.3g})"
+
+
+# ---- scopes: which `with` blocks are open in the calling context --------------------------------------
+
+@dataclass(eq=False)
+class _Scope:
+    spec: Any
+    open: bool = True
+    hooks: "steering | None" = None
+
+    def applies(self) -> bool:
+        """Gate of this scope's raw-forward hooks: an unmarked forward, in a context where this scope is the
+        first open one of its spec (so a spec entered twice, or inherited and re-entered, acts once)."""
+        if _OP.get() is not None or not self.open:
+            return False
+        for sc in _SCOPES.get():
+            if sc.spec is self.spec and sc.open:
+                return sc is self
+        return False
+
+    def close(self) -> None:
+        self.open = False
+        hooks, self.hooks = self.hooks, None
+        if hooks is not None:
+            hooks.remove()
+
+
+_SCOPES: contextvars.ContextVar[tuple[_Scope, ...]] = contextvars.ContextVar("ie_lab_steer_scopes", default=())
+_OPEN: dict[int, list[_Scope]] = {}  # id(spec) -> its open scopes in any context (to close one exited elsewhere)
+_OPEN_LOCK = threading.Lock()
+
+
+def enter_scope(spec: Any) -> _Scope:
+    """Open a `with spec:` scope in the current context (every backend's __enter__)."""
+    scope = _Scope(spec)
+    _SCOPES.set(_SCOPES.get() + (scope,))
+    with _OPEN_LOCK:
+        _OPEN.setdefault(id(spec), []).append(scope)
+    return scope
+
+
+def exit_scope(spec: Any) -> None:
+    """Close the innermost scope of spec in the current context (every backend's __exit__).
+
+    A block exited in another context than it was entered in (a generator resumed elsewhere) closes the
+    most recent open scope of the spec wherever it is: a closed scope is ignored everywhere, so nothing
+    stays steered and no hook is left.
+    """
+    cur = _SCOPES.get()
+    scope = next((cur[i] for i in range(len(cur) - 1, -1, -1) if cur[i].spec is spec and cur[i].open), None)
+    with _OPEN_LOCK:
+        mine = _OPEN.get(id(spec), [])
+        if scope is None and mine:
+            scope = mine[-1]
+        if scope in mine:
+            mine.remove(scope)
+        if not mine:
+            _OPEN.pop(id(spec), None)
+    if scope is None:
+        return
+    _SCOPES.set(tuple(sc for sc in cur if sc is not scope and sc.open))
+    scope.close()
+
+
+def active_specs(owner: Any) -> list[Any]:
+    """The specs on `owner` (a spec's .lm) that a request issued now, in this context, carries: those of an
+    operation this code runs inside, else the `with` blocks open here, outermost first, each once."""
+    op = _OP.get()
+    if op is not None:
+        return [sp for sp in op.specs if sp.lm is owner]
+    out: list[Any] = []
+    for sc in _SCOPES.get():
+        if sc.open and sc.spec.lm is owner and not any(s is sc.spec for s in out):
+            out.append(sc.spec)
+    return out
+
+
+class Issued(tuple):
+    """The specs one request carries, fixed where it was issued (a later read adds nothing)."""
+
+
+def issued_specs(lm: Any, steer: Any = None) -> Issued:
+    """The `with` scopes open in the calling context on lm, then the per-call `steer=` specs, checked.
+
+    Call it where the operation is issued (the Session method, the free function), in the caller's context.
+    """
+    if isinstance(steer, Issued):
+        return steer
+    per_call = as_specs(steer)
+    for sp in per_call:
+        if sp.lm is not lm:
+            raise InputError("steer=: this steering spec was made on another model; make it on this one with "
+                             "s.steer(...) or ie_lab.steer(lm, ...).")
+    out: list[SteerSpec] = []
+    for sp in active_specs(lm) + per_call:
+        if not any(s is sp for s in out):  # one spec applies once per request, however it arrived
+            out.append(sp)
+    return Issued(out)
+
+
+def as_specs(steer: Any) -> list[SteerSpec]:
+    """steer= as a list of specs; anything else is refused naming how to make one."""
+    if steer is None:
+        return []
+    items = list(steer) if isinstance(steer, (list, tuple)) else [steer]
+    for it in items:
+        if not isinstance(it, SteerSpec):
+            got = repr(it) if isinstance(it, str) else type(it).__name__
+            raise InputError(f"steer= takes a steering spec or a list of them, got {got}; make one with "
+                             "s.steer(address, vector, ...) (or ie_lab.steer(lm, address, vector, ...)) and pass "
+                             "it as steer=spec.")
+    return items
+
+
+# ---- operations: the forwards an operation runs are marked for its own hooks ---------------------------
+
+@dataclass(eq=False)
+class _Op:
+    specs: tuple
+    ctx: "steering | None"
+
+
+_OP: contextvars.ContextVar[_Op | None] = contextvars.ContextVar("ie_lab_steer_op", default=None)
+
+
+@contextlib.contextmanager
+def running(ctx: "steering | None", specs: Sequence[Any] = (), *, offset: int = 0,
+            shape: tuple[int, int] | None = None) -> Iterator[None]:
+    """Mark the forwards run inside as an operation's: its own hooks (ctx) act, `with`-block hooks do not.
+
+    Set and reset within one synchronous stretch, so it never spans a generator's yield.
+    """
+    if ctx is not None:
+        ctx.writers.offset = ctx.state.offset = offset
+        if shape is not None:
+            ctx.writers.shape = shape
+    token = _OP.set(_Op(tuple(ctx.specs) if ctx is not None else tuple(specs), ctx))
+    try:
+        yield
+    finally:
+        _OP.reset(token)
+
+
+def run_issued(lm: Any, specs: Sequence[SteerSpec], fn: Callable[[], Any]) -> Any:
+    """Run fn (an operation of plain forwards: capture, lens, patching, run) steered by exactly `specs`."""
+    ctx = steering(lm, specs) if specs else None
+    if ctx is not None:
+        ctx.install()
+    try:
+        with running(ctx, specs):
+            return fn()
+    finally:
+        if ctx is not None:
+            ctx.remove()
+
+
+# ---- checks -------------------------------------------------------------------------------------------
+
+def _number(name: str, x: Any) -> float:
+    """A finite real number: Python, numpy scalar or 0-d tensor; bools, complex and NaN/inf refused."""
+    fix = f"pass {name} as a finite real number, e.g. {name}=2.0."
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 0 or x.is_complex() or x.dtype == torch.bool:
+            raise InputError(f"{name} must be a real number or a 0-d real tensor, got a tensor of shape "
+                             f"{list(x.shape)} and dtype {x.dtype}; {fix}")
+        x = x.item()
+    elif not isinstance(x, (int, float)) and hasattr(x, "item") and getattr(x, "shape", None) == ():
+        x = x.item()  # numpy scalars and 0-d arrays
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise InputError(f"{name} must be a real number, got {x!r} ({type(x).__name__}); {fix}")
+    x = float(x)
+    if not math.isfinite(x):
+        raise InputError(f"{name} must be finite, got {x}; {fix}")
+    return x
+
+
+def _vector(vector: Any) -> torch.Tensor:
+    if not isinstance(vector, torch.Tensor):
+        try:
+            vector = torch.as_tensor(vector)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise InputError(f"vector must be a 1-D tensor of d_model numbers, got {type(vector).__name__} ({e}).") from None
+    if vector.is_complex():
+        raise InputError("vector is complex; steering adds a real direction, and dropping the imaginary part would "
+                         "change it silently: pass vector.real (or the direction you meant) as a real tensor.")
+    if vector.dtype == torch.bool:
+        raise InputError("vector is a bool tensor; a steering direction is a real tensor (e.g. mask.float() if "
+                         "that is really the direction you mean).")
+    return vector
+
+
+def _positions(positions: Any) -> Positions:
+    """'all' / 'prompt' / 'generated' / 'special', a bool mask, or distinct non-negative integer indices."""
+    hint = ("pass a bool tensor for a mask (torch.tensor([True, False, False, True])) or the token indices to "
+            "steer ([0, 3]).")
+    if isinstance(positions, str):
+        if positions not in POSITION_KINDS:
+            raise InputError(f"unknown positions {positions!r}; use one of {POSITION_KINDS}, a list of token "
+                             "indices, or a boolean mask.")
+        return positions
+    if not isinstance(positions, torch.Tensor):
+        if isinstance(positions, (int, float)) or not isinstance(positions, Iterable) and not hasattr(positions, "__array__"):
+            raise InputError(f"positions={positions!r} is not a list; pass a list of token indices, e.g. "
+                             f"positions=[{positions!r}], or one of {POSITION_KINDS}.")
+        items = list(positions.tolist() if hasattr(positions, "tolist") else positions)
+        if items and all(isinstance(p, bool) for p in items):
+            return torch.tensor(items, dtype=torch.bool)
+        try:
+            positions = torch.as_tensor(items) if items else torch.zeros(0, dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(f"positions {items!r} are not token indices; {hint}") from None
+    t = positions.detach().cpu()
+    if t.dtype == torch.bool:
+        if t.dim() == 2 and t.shape[0] == 1:
+            t = t[0]
+        if t.dim() != 1:
+            raise InputError(f"a positions mask is 1-D over prompt + generated tokens, got shape {list(t.shape)}; "
+                             "pass mask[0] for one row (every row of a batch is steered at the same positions).")
+        return t
+    if t.dtype == torch.uint8:
+        raise InputError(f"positions is a uint8 tensor, which reads both as a 0/1 mask and as indices; {hint}")
+    if t.is_floating_point() or t.is_complex():
+        raise InputError(f"positions {t.tolist()} are not integers, and rounding them would steer other tokens "
+                         f"than meant; {hint}")
+    if t.dim() > 1:
+        raise InputError(f"positions indices are a flat list, got shape {list(t.shape)}; {hint}")
+    idx = [int(p) for p in t.tolist()]
+    if any(p < 0 for p in idx):
+        raise InputError(f"positions must be non-negative token indices, got {idx}.")
+    if len(set(idx)) != len(idx):
+        # [1, 0, 0, 1] is a 0/1 mask written as integers far more often than a list of indices with repeats.
+        raise InputError(f"positions {idx} repeat an index, so they read as a 0/1 mask written as integers; "
+                         f"integer positions are always token indices: {hint}")
+    return tuple(idx)
 
 
 def position_mask(positions: Positions, shape: tuple[int, ...], offset: int, state: ForwardState,
@@ -99,18 +355,18 @@ def position_mask(positions: Positions, shape: tuple[int, ...], offset: int, sta
             pad = torch.zeros(offset + s - full.shape[0], dtype=torch.bool, device=device)
             full = torch.cat([full, pad])
         return full[offset:offset + s][None].expand(b, s)
-    idx = torch.as_tensor(list(positions) if not isinstance(positions, torch.Tensor) else positions, device=device)
+    idx = torch.as_tensor(list(positions), dtype=torch.long, device=device)
     return torch.isin(absolute, idx)[None].expand(b, s)
 
 
-def make_spec(lm: Any, address: AddressLike | Iterable[AddressLike], vector: torch.Tensor, *, method: str = "add",
-              scale: float = 1.0, normalize: bool = False, min: float | None = None, max: float | None = None,  # noqa: A002
-              target: float = 0.0, positions: Positions = "all") -> SteerSpec:
+def make_spec(lm: Any, address: AddressLike | Iterable[AddressLike], vector: Any, *, method: str = "add",
+              scale: Any = 1.0, normalize: bool = False, min: Any = None, max: Any = None,  # noqa: A002
+              target: Any = 0.0, positions: Any = "all") -> SteerSpec:
     """Validate everything before any hook exists; the spec is inert until entered or passed to a call."""
     from .. import _as_lm
 
     lm = _as_lm(lm)
-    if method not in ops.METHODS:
+    if not isinstance(method, str) or method not in ops.METHODS:
         raise InputError(f"unknown steering method {method!r}; choose one of {', '.join(ops.METHODS)}.")
     addrs = [address] if isinstance(address, (str, Address)) else list(address)
     if not addrs:
@@ -123,82 +379,116 @@ def make_spec(lm: Any, address: AddressLike | Iterable[AddressLike], vector: tor
                                "per-layer d_model-wide points (resid_pre, resid_mid, resid_post, attn_out, "
                                "attn_out_post, mlp_out, mlp_out_post, attn_in, mlp_in).")
         parsed.append(a)
-    if not isinstance(vector, torch.Tensor):
-        vector = torch.as_tensor(vector, dtype=torch.float32)
+    vector = _vector(vector)
+    if not isinstance(normalize, bool) and type(normalize).__name__ != "bool_":
+        raise InputError(f"normalize must be True or False, got {normalize!r}.")
+    scale, target = _number("scale", scale), _number("target", target)
+    min = None if min is None else _number("min", min)  # noqa: A001
+    max = None if max is None else _number("max", max)  # noqa: A001
     try:
-        ops.check_vector(vector, lm.facts.d_model, needs_unit=method != "add" or normalize)
-        ops.check_scalars(scale=scale, min=min, max=max, target=target)
+        ops.check_vector(vector, lm.facts.d_model, needs_unit=method != "add" or bool(normalize))
         if method == "cap" and min is None and max is None:
             raise ValueError("cap needs min, max or both")
         if method == "cap" and min is not None and max is not None and min > max:
             raise ValueError(f"cap min ({min}) is above max ({max})")
     except (ValueError, TypeError) as e:
         raise InputError(str(e)) from None
-    if isinstance(positions, str) and positions not in POSITION_KINDS:
-        raise InputError(f"unknown positions {positions!r}; use one of {POSITION_KINDS}, a list of token indices, "
-                         "or a boolean mask.")
-    if not isinstance(positions, str):
-        if isinstance(positions, torch.Tensor) and positions.dtype == torch.bool:
-            pass
-        else:
-            idx = [int(p) for p in (positions.tolist() if isinstance(positions, torch.Tensor) else positions)]
-            if any(p < 0 for p in idx):
-                raise InputError(f"positions must be non-negative token indices, got {idx}.")
-            positions = tuple(idx)
+    positions = _positions(positions)
     vector = vector.detach().to(device=lm.device, dtype=torch.float32)
-    return SteerSpec(lm, tuple(parsed), vector, method, float(scale), normalize, min, max, float(target), positions)
+    return SteerSpec(lm, tuple(parsed), vector, method, scale, bool(normalize), min, max, target, positions)
 
 
 def check_positions_fit(specs: Sequence[SteerSpec], total_len: int) -> None:
     for sp in specs:
-        if isinstance(sp.positions, tuple) and sp.positions and max(sp.positions) >= total_len:
-            raise InputError(f"steering positions {list(sp.positions)} reach past the {total_len} tokens this call "
+        pos = sp.positions
+        if isinstance(pos, tuple) and pos and max(pos) >= total_len:
+            raise InputError(f"steering positions {list(pos)} reach past the {total_len} tokens this call "
                              "will run; positions count from 0 over prompt + generated tokens.")
+        if isinstance(pos, torch.Tensor) and bool(pos[total_len:].any()):
+            raise InputError(f"the steering mask marks positions past the {total_len} tokens this call will run "
+                             f"(it is {pos.shape[0]} long); positions count from 0 over prompt + generated tokens.")
+
+
+# ---- the hooks ----------------------------------------------------------------------------------------
+
+class _Local(threading.local):
+    ids: torch.Tensor | None = None
+    shape: tuple[int, int] = (0, 0)
+
+
+class _ThreadState(ForwardState):
+    """A plain-forward state whose ids are per thread: a `with` block's hooks may see forwards from two
+    threads that share its context (asyncio.to_thread copies it)."""
+
+    def __init__(self) -> None:
+        self._local = _Local()
+        super().__init__()
+
+    ids = property(lambda self: self._local.ids, lambda self, v: setattr(self._local, "ids", v))
+
+
+class _GatedWriters(Writers):
+    """Writers whose hooks pass every tensor through untouched unless gate() says this forward is theirs."""
+
+    def __init__(self, lm: Any, edits: list, gate: Callable[[], bool]):
+        self._local = _Local()
+        self.gate = gate
+        super().__init__(lm, edits)
+
+    shape = property(lambda self: self._local.shape, lambda self, v: setattr(self._local, "shape", v))
+
+    def _edit3(self, t: torch.Tensor, edit: Any) -> torch.Tensor:
+        return super()._edit3(t, edit) if self.gate() else t
 
 
 class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):`
-    """Install steering specs for the duration of a ``with`` block; every hook is removed on exit."""
+    """Hooks for steering specs, acting only on the forwards gate() accepts; every hook is removed on exit.
 
-    def __init__(self, lm: Any, specs: Sequence[SteerSpec], state: ForwardState | None = None):
+    Without a gate they act on the forwards marked for this object (``running(ctx)``): an operation's own.
+    """
+
+    def __init__(self, lm: Any, specs: Sequence[SteerSpec], state: ForwardState | None = None,
+                 gate: Callable[[], bool] | None = None):
         from .. import _as_lm
 
         self.lm = _as_lm(lm)
         self.specs = list(specs)
-        self.state = state or ForwardState()
+        self.state = state or (_ThreadState() if gate is not None else ForwardState())
         tok = self.lm.tokenizer
         self.special = frozenset(getattr(tok, "all_special_ids", []) or [])
+        self.gate = gate or self._mine
         edits = [(a, sp.edit(self.state, self.special)) for sp in self.specs for a in sp.addresses]
-        self.writers = Writers(self.lm, edits)
+        self.writers = _GatedWriters(self.lm, edits, self.gate)
         self._ids_hook = None
 
-    def __enter__(self) -> "steering":
-        # The lock is held only while hooks go in and come out, never across the user's block: a Session
-        # runs operations on its own thread, which must be able to take the lock inside the block.
-        with self.lm.lock:
-            self._install()
-        return self
+    def _mine(self) -> bool:
+        op = _OP.get()
+        return op is not None and op.ctx is self
 
-    def _install(self) -> None:
+    def install(self) -> None:
+        # No lock: the hooks of a forward in flight elsewhere are read once at its start, and these act on
+        # no forward but their own (the gate), so installing never changes someone else's forward.
         try:
             self.writers.__enter__()
 
             def record_ids(mod, args):
-                if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
+                if self.gate() and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
                     self.state.ids = args[0]
                     self.writers.shape = tuple(args[0].shape[:2])
             self._ids_hook = self.lm.binding.embed.register_forward_pre_hook(record_ids)
-            # Generation loops find the active contexts here to tell them where the prompt ends.
-            self.lm.__dict__.setdefault("_steering_active", []).append(self)
         except BaseException:
-            self.writers.close()
+            self.remove()
             raise
 
+    def remove(self) -> None:
+        if self._ids_hook is not None:
+            self._ids_hook.remove()
+            self._ids_hook = None
+        self.writers.close()
+
+    def __enter__(self) -> "steering":
+        self.install()
+        return self
+
     def __exit__(self, *exc) -> None:
-        with self.lm.lock:
-            active = self.lm.__dict__.get("_steering_active", [])
-            if self in active:
-                active.remove(self)
-            if self._ids_hook is not None:
-                self._ids_hook.remove()
-                self._ids_hook = None
-            self.writers.close()
+        self.remove()
