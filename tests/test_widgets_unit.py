@@ -2,6 +2,7 @@
 
 import os
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -41,6 +42,19 @@ HOSTILE = [
     {"cmd": "prompt", "seq": 1, "prompt": "x" * 100_000}, {"cmd": "address", "seq": 1, "address": "lm_head"},
     {"cmd": "address", "seq": 1, "address": "resid_post.99"}, {"cmd": "select", "address": "attn_probs.0.head-1", "multi": True},
     {f"k{i}": i for i in range(100)},
+    # JSON can carry lone surrogates; the tokenizer fails on them later (a TypeError), so they are refused on arrival
+    {"cmd": "prompt", "seq": 1, "prompt": "Mary \ud800"}, {"cmd": "contrast", "seq": 1, "positive": ["\udfff"], "negative": ["b"]},
+]
+
+# Whole comm messages as ipywidgets receives them, malformed below the level of a panel's commands.
+MALFORMED_COMM = [
+    {"content": {"data": {"method": "update", "state": {"layer": 1}, "buffer_paths": [["layer", "x"]]}},
+     "buffers": [memoryview(b"1234")]},
+    {"content": {"data": {"method": "update", "state": {"a": {}}, "buffer_paths": [["a", "b", "c"]]}}, "buffers": []},
+    {"content": {"data": {"method": "update", "state": "junk"}}, "buffers": []},
+    {"content": {"data": {"method": "custom", "content": {"cmd": "cancel"}}}, "buffers": "not a list"},
+    {"content": {"data": {"method": "exec", "code": "import os"}}, "buffers": []},
+    {"content": {"data": {"method": 5}}}, {"content": {"data": ["update"]}}, {"content": "x"}, {}, "junk",
 ]
 
 
@@ -134,6 +148,44 @@ def test_hostile_messages_are_rejected_without_side_effects(session, monkeypatch
     assert_clean(session._lm)
 
 
+def test_malformed_comm_messages_are_refused_in_the_panel(session, monkeypatch):
+    """Below the commands: ipywidgets would apply buffer_paths (and fail on bad ones) before set_state refuses."""
+    p = session.picker()
+    a = session.show_attention("Mary went to the park")
+    sp = session.steering_panel("Mary went to the", vector=torch.ones(128), max_new_tokens=4)
+    for w in (p, a, sp):
+        state = {k: v for k, v in w.get_state().items() if k != "error"}
+        out = _outbox(w, monkeypatch)
+        for msg in MALFORMED_COMM:
+            n = len(out)
+            w._handle_msg(msg)
+            assert len(out) == n + 1 and out[-1]["type"] == "error", (type(w).__name__, msg, out[n:])
+            assert w.error == out[-1]["message"]  # on screen, and in the kernel's state
+        assert {k: v for k, v in w.get_state().items() if k != "error"} == state
+        # a well-formed message still works afterwards
+        w._handle_msg({"content": {"data": {"method": "custom", "content": {"cmd": "cancel"} if w is sp else
+                                            {"cmd": "clear"} if w is p else {"cmd": "select", "layer": 1, "head": 3}}},
+                       "buffers": []})
+    assert (a.layer, a.head) == (1, 3) and a.error == ""
+    assert_clean(session._lm)
+
+
+def test_picker_error_is_cleared_by_the_next_valid_selection(session):
+    p = session.picker()
+    p._on_front_end_msg(p, {"cmd": "select", "address": "q_norm_in.0", "multi": False}, [])
+    assert "not served" in p.error and p.address is None  # the refusal is on screen and in the kernel's state
+    p._on_front_end_msg(p, {"cmd": "select", "address": "mlp_out.0", "multi": False}, [])
+    assert p.error == "" and str(p.address) == "mlp_out.0"
+    p._on_front_end_msg(p, {"cmd": "select", "address": "resid_post.9", "multi": True}, [])
+    assert "out of range" in p.error and [str(x) for x in p.addresses] == ["mlp_out.0"]
+    p.select("resid_post.1")  # a selection from Python (or a linked cell) clears it too
+    assert p.error == "" and str(p.address) == "resid_post.1"
+    p._on_front_end_msg(p, {"cmd": "select", "address": "lm_head.3", "multi": False}, [])
+    assert p.error
+    p._on_front_end_msg(p, {"cmd": "clear"}, [])
+    assert p.error == "" and p.address is None
+
+
 # ---- attention viewer -------------------------------------------------------------------------------------
 def test_attention_viewer_sends_one_head_at_a_time(session):
     a = session.show_attention("When Mary and John went to the store", layers=[0, 1])
@@ -223,3 +275,104 @@ def test_static_state_holds_what_is_on_screen(session):
     sp = session.steering_panel("Mary went to the", vector=torch.ones(128), max_new_tokens=4)
     assert sp.get_state()["steered"] == sp.steered and sp.get_state()["baseline"]
     assert os.path.basename(_static.folder()) == "widgets"
+
+
+def test_a_prompt_the_model_cannot_continue_is_refused_and_the_last_one_keeps_working(session, monkeypatch):
+    v = torch.randn(128, generator=torch.Generator().manual_seed(3))
+    sp = session.steering_panel("Mary went to the", vector=v, max_new_tokens=8)
+    limit = session.facts.max_positions
+    fits_alone = "word " * (limit - 6)  # inside the context, but not with 8 new tokens
+    assert session.tokens(fits_alone).shape[-1] == limit - 6
+    with pytest.raises(ie_lab.InputError, match=f"context of {limit}"):
+        session.steering_panel(fits_alone, vector=v, max_new_tokens=8)
+    out = _outbox(sp, monkeypatch)
+    for seq, prompt in ((1, fits_alone), (2, "word " * (limit + 40))):
+        sp._on_front_end_msg(sp, {"cmd": "prompt", "seq": seq, "prompt": prompt}, [])
+        sp.wait()
+        assert sp.prompt == "Mary went to the", "a prompt over the context replaced the working one"
+        assert re.search(f"context (of|is) {limit}", sp.error) and out[-1] == {"type": "error", "message": sp.error}
+    # every later command works with the previous prompt
+    sp._on_front_end_msg(sp, {"cmd": "steer", "seq": 3, "scale": 8.0}, [])
+    sp.wait()
+    assert sp.status == "ready" and sp.error == "" and sp.seq == 3
+    ref = session.generate("Mary went to the", 8, steer=session.steer("resid_post.1", v, scale=8.0))
+    assert sp.steered_ids == ref.ids
+    sp._on_front_end_msg(sp, {"cmd": "prompt", "seq": 4, "prompt": "John went to the"}, [])
+    sp.wait()
+    assert sp.prompt == "John went to the" and sp.baseline_ids == session.generate("John went to the", 8).ids
+    assert_clean(session._lm)
+
+
+def _gate_progress(panel, at=1):
+    """Hold the vector job when it reports `at` prompts done (on the session's loop thread), until released."""
+    reached, release, seen = threading.Event(), threading.Event(), []
+
+    def gate(change):
+        seen.append((change["new"][0], threading.get_ident()))
+        if change["new"][0] == at:
+            reached.set()
+            release.wait(60)
+    panel.observe(gate, "progress")
+    return reached, release, seen
+
+
+CONTRAST = {"positive": [f"happy good day {i}" for i in range(64)], "negative": [f"sad bad night {i}" for i in range(64)]}
+
+
+def test_the_largest_contrast_runs_in_the_background_with_progress(session, monkeypatch):
+    sp = session.steering_panel("Mary went to the", vector=torch.ones(128), max_new_tokens=4)
+    assert sp.has_trait("progress"), "the panel has no progress to show"
+    reached, release, seen = _gate_progress(sp)
+    out = _outbox(sp, monkeypatch)
+    try:
+        sp._on_front_end_msg(sp, {"cmd": "contrast", "seq": 3, **CONTRAST}, [])
+        # the handler has returned while the job is held after its first prompt: the kernel's shell is free
+        assert reached.wait(60), "the vector job never reported progress"
+        assert sp.status == "vector" and sp.progress == [1, 128]
+        assert torch.equal(sp.vector, torch.ones(128)) and sp.vector_source == "given tensor"  # nothing committed yet
+    finally:
+        release.set()
+    sp.wait()
+    assert all(tid != threading.get_ident() for n, tid in seen if n > 0), "prompts were captured on the kernel's thread"
+    assert [n for n, _ in seen if n > 0] == list(range(1, 129))
+
+    def mean(prompts):
+        return torch.stack([session.capture(p, ["resid_post.1"])["resid_post.1"][0].float().mean(0)
+                            for p in prompts]).mean(0)
+    ref = mean(CONTRAST["positive"]) - mean(CONTRAST["negative"])
+    assert torch.allclose(sp.vector, ref, atol=1e-5)
+    assert sp.vector_source == "difference of means at resid_post.1 (64 vs 64 prompts)"
+    assert sp.status == "ready" and sp.seq == 3 and sp.progress == [128, 128] and sp.error == ""
+    gen = session.generate("Mary went to the", 4, steer=session.steer("resid_post.1", sp.vector, scale=sp.scale))
+    assert sp.steered_ids == gen.ids
+    assert [m["type"] for m in out][-1] == "done" and out[-1]["seq"] == 3
+    assert_clean(session._lm)
+
+
+@pytest.mark.parametrize("how", ["newer message", "close"])
+def test_a_newer_message_or_close_cancels_the_contrast(session, monkeypatch, how):
+    v = torch.randn(128, generator=torch.Generator().manual_seed(4))
+    sp = session.steering_panel("Mary went to the", vector=v, max_new_tokens=4)
+    reached, release, seen = _gate_progress(sp)
+    out = _outbox(sp, monkeypatch)
+    try:
+        sp._on_front_end_msg(sp, {"cmd": "contrast", "seq": 3, **CONTRAST}, [])
+        assert reached.wait(60), "the vector job never reported progress"
+        if how == "close":
+            sp.close()
+        else:
+            sp._on_front_end_msg(sp, {"cmd": "steer", "seq": 4, "scale": 2.0}, [])
+    finally:
+        release.set()
+    sp.wait()
+    assert max(n for n, _ in seen) < 128, "the cancelled job captured every prompt"
+    assert torch.equal(sp.vector, v) and sp.vector_source == "given tensor" and sp.positive == []
+    if how == "close":
+        assert sp._future.cancelled() and sp.status == "ready"
+    else:
+        assert sp.seq == 4 and sp.status == "ready"
+        assert [m["seq"] for m in out if m["type"] == "done"] == [4]
+        ref = session.generate("Mary went to the", 4, steer=session.steer("resid_post.1", v, scale=2.0))
+        assert sp.steered_ids == ref.ids
+    assert session.capture("Mary", ["resid_post.0"])["resid_post.0"].shape[-1] == 128  # the session still works
+    assert_clean(session._lm)

@@ -216,7 +216,9 @@ function render({ model, el }) {
   prev.addEventListener("click", () => setLayer(layer - 1));
   next.addEventListener("click", () => setLayer(layer + 1));
 
-  const onSelected = () => refreshSelection();
+  // The kernel's error trait is the truth: a selection it accepted (from any view, or from Python) clears it,
+  // so a refusal shown earlier in this view does not outlive it.
+  const onSelected = () => { refreshSelection(); error.textContent = model.get("error"); };
   const onLayer = () => setLayer(model.get("layer"));
   const onError = () => { error.textContent = model.get("error"); };
   const onMsg = (msg) => { if (msg && msg.type === "error") error.textContent = msg.message; };
@@ -226,6 +228,7 @@ function render({ model, el }) {
   model.on("msg:custom", onMsg);
 
   sel.value = String(layer);
+  error.textContent = model.get("error");
   drawDiagram();
   const sel0 = model.get("selected");
   showCard(sel0.length ? sel0[sel0.length - 1].split(".")[0] : "resid_post");

@@ -22,6 +22,8 @@ function render({ model, el }) {
   const methodSel = h("select", { "aria-label": "method" });
   const sliders = h("div", { class: "iel-sliders" });
   const status = h("span", { class: "iel-status", "aria-live": "polite" });
+  const bar = h("progress", { class: "iel-progress", max: "1", value: "0", "aria-label": "vector progress" });
+  const stopBtn = h("button", { class: "iel-btn", type: "button", text: "stop", title: "cancel the work in flight" });
   const source = h("div", { class: "iel-source" });
   const pos = h("textarea", { rows: "3", "aria-label": "positive prompts, one per line", placeholder: "positive prompts, one per line" });
   const neg = h("textarea", { rows: "3", "aria-label": "negative prompts, one per line", placeholder: "negative prompts, one per line" });
@@ -35,7 +37,7 @@ function render({ model, el }) {
     title,
     h("div", { class: "iel-row" }, h("label", { class: "iel-grow" }, "prompt", prompt)),
     h("div", { class: "iel-row iel-controls" }, h("label", {}, "point ", pointSel), h("label", {}, "layer ", layerIn),
-      h("label", {}, "method ", methodSel), status),
+      h("label", {}, "method ", methodSel), status, bar, stopBtn),
     sliders, source, contrast,
     h("div", { class: "iel-cols" },
       h("div", { class: "iel-col" }, h("div", { class: "iel-colhead", text: "baseline" }), baseBox),
@@ -102,8 +104,15 @@ function render({ model, el }) {
 
   function drawStatus() {
     const st = model.get("status");
-    status.textContent = live ? "generating…" : (st === "generating" ? "generating…" : st);
-    root.classList.toggle("iel-busy", !!live || st === "generating");
+    const [done, total] = model.get("progress");
+    const vec = st === "vector";
+    status.textContent = vec ? `computing the vector: ${done}/${total} prompts…`
+      : live ? "generating…" : (st === "generating" ? "generating…" : st);
+    bar.hidden = !vec;
+    bar.max = String(Math.max(1, total)); bar.value = String(done);
+    const busy = !!live || st === "generating" || vec;
+    stopBtn.hidden = !busy;
+    root.classList.toggle("iel-busy", busy);
   }
 
   function knobs() {
@@ -131,6 +140,7 @@ function render({ model, el }) {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); e.stopPropagation(); seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); }
   });
   prompt.addEventListener("change", () => { if (prompt.value !== model.get("prompt")) { seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); } });
+  stopBtn.addEventListener("click", () => { sendSoon.flush(); model.send({ cmd: "cancel" }); });
   computeBtn.addEventListener("click", () => {
     const lines = (t) => t.value.split("\n").map((x) => x.trim()).filter(Boolean);
     seq = Math.max(seq, current) + 1;
@@ -176,13 +186,14 @@ function render({ model, el }) {
   };
   const onMethod = () => { drawSliders(); drawHeader(); };
   const onError = () => { error.textContent = model.get("error"); };
-  const listeners = [["msg:custom", onMsg], ["change:status", drawStatus], ["change:error", onError], ["change:method", onMethod]];
+  const listeners = [["msg:custom", onMsg], ["change:status", drawStatus], ["change:progress", drawStatus], ["change:error", onError],
+    ["change:method", onMethod]];
   for (const k of ["steered", "baseline", "seq", "address", "prompt", "vector_source", "positive", "negative"]) listeners.push(["change:" + k, onState]);
   for (const k of ["scale_range", "proj_range"]) listeners.push(["change:" + k, onRanges]);
   for (const k of ["scale", "cap_min", "cap_max", "target"]) listeners.push(["change:" + k, onKnob]);
   for (const [ev, fn] of listeners) model.on(ev, fn);
 
-  drawHeader(); drawSliders(); drawTexts(); drawStatus();
+  drawHeader(); drawSliders(); drawTexts(); drawStatus(); onError();
   return () => { for (const [ev, fn] of listeners) model.off(ev, fn); sendSoon.flush(); };
 }
 

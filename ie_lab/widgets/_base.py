@@ -55,6 +55,10 @@ def text(max_len: int = MAX_TEXT) -> Callable[[Any], str]:
             raise Rejected(f"expected text, got {type(x).__name__}")
         if len(x) > max_len:
             raise Rejected(f"text of {len(x)} characters is over the {max_len} limit")
+        try:  # JSON can carry a lone surrogate ("\ud800"); the tokenizer would fail on it much later
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Rejected("text is not valid Unicode (it holds a lone surrogate)") from None
         return x
     return check
 
@@ -113,12 +117,38 @@ class Panel(anywidget.AnyWidget):
         self._reject(f"state update from the front end ignored ({', '.join(map(str, keys))[:200]})")
 
     def _reject(self, why: str) -> None:
+        """Refuse a command: the reason stays on screen (the ``error`` trait) until a later command succeeds."""
         self.rejected.append(why)
         del self.rejected[:-20]
+        self.error = why
         try:
             self.send({"type": "error", "message": why})
         except Exception:  # noqa: BLE001 - no comm (plain Python): nothing to answer
             pass
+
+    def _handle_msg(self, msg: Any) -> None:
+        """Every comm message from the front end, before ipywidgets reads it.
+
+        ipywidgets would apply ``buffer_paths`` to the state before ``set_state`` refuses it, and a malformed
+        message raises inside ipywidgets (a traceback in the kernel's log); here each part is checked first.
+        """
+        try:
+            data = msg["content"]["data"] if isinstance(msg, dict) and isinstance(msg.get("content"), dict) else None
+            method = data.get("method") if isinstance(data, dict) else None
+            if not isinstance(method, str):
+                raise Rejected("malformed widget message (no data.method)")
+            if method == "update":
+                state = data.get("state")
+                self.set_state(state if isinstance(state, dict) else {"(not an object)": None})
+            elif method == "request_state":
+                self.send_state()
+            elif method == "custom":
+                buffers = msg.get("buffers") or []
+                self._on_front_end_msg(self, data.get("content"), buffers if isinstance(buffers, list) else [b""])
+            else:
+                raise Rejected(f"unknown widget message method {method[:40]!r}")
+        except Rejected as e:
+            self._reject(str(e))
 
     def _on_front_end_msg(self, _widget: Any, content: Any, buffers: Any) -> None:
         try:

@@ -80,6 +80,7 @@ class AttentionViewer(_base.Panel):
                 self.thumbs = _thumbs(probs, self.thumb_side)
             self.pattern = probs[head].contiguous().numpy().astype("<f4").tobytes()
             self.layer, self.head = layer, head
+            self.error = ""
 
     def head_pattern(self) -> torch.Tensor:
         """The pattern on screen, [q, k] float32."""

@@ -215,6 +215,7 @@ class Picker(_base.Panel):
             if a.layer is not None:
                 self.layer = a.layer
             self.selected = [str(x) for x in current]
+            self.error = ""  # an earlier refusal no longer describes what is on screen
         return a
 
     def clear(self) -> None:
@@ -222,6 +223,7 @@ class Picker(_base.Panel):
             self.addresses = ()
             self.address = None
             self.selected = []
+            self.error = ""
 
     # ---- from the front end (validated by the base class) ----------------------------------------
     def on_select(self, address: str, multi: bool) -> None:

@@ -99,14 +99,13 @@ class SteeringPanel(_base.Panel):
     steered = traitlets.List(traitlets.Unicode()).tag(sync=True)
     steered_ids = traitlets.List(traitlets.Int()).tag(sync=True)
     seq = traitlets.Int(0).tag(sync=True)
-    status = traitlets.Unicode("ready").tag(sync=True)
+    status = traitlets.Unicode("ready").tag(sync=True)  # ready | generating | vector (computing one) | error
+    progress = traitlets.List(traitlets.Int(), [0, 0]).tag(sync=True)  # [prompts captured, of] while status == vector
 
     def __init__(self, session: Any, prompt: str, *, address: Any = None, vector: Any = None,
                  positive: Sequence[str] | None = None, negative: Sequence[str] | None = None, method: str = "add",
                  scale: float = 4.0, cap_min: float | None = None, cap_max: float | None = None, target: float = 0.0,
                  max_new_tokens: int = 24, scale_range: tuple[float, float] = (-10.0, 10.0)):
-        if not isinstance(prompt, str) or not prompt:
-            raise InputError("the steering panel needs a non-empty text prompt.")
         if method not in METHODS:
             raise InputError(f"unknown steering method {method!r}; choose one of {', '.join(METHODS)}.")
         if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
@@ -115,11 +114,13 @@ class SteeringPanel(_base.Panel):
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise InputError(f"scale_range must be two finite numbers, low < high; got {scale_range!r}.")
         self._session = session
-        facts = session._lm.facts
+        self._check_prompt(prompt, max_new_tokens)
+        facts = session.facts
         addr = Address.parse(address) if address is not None else Address("resid_post", facts.n_layers // 2)
         self._check_address(addr, facts)
         self._vector: torch.Tensor | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._active: object | None = None  # the job allowed to commit results; a newer command replaces it
         self._future: concurrent.futures.Future | None = None
         self._done = threading.Event()
         self._done.set()
@@ -140,8 +141,27 @@ class SteeringPanel(_base.Panel):
         if addr.name not in STEERABLE or addr.head is not None or addr.stream is not None:
             raise AddressError(f"{addr} cannot be steered: choose a per-layer d_model point ({', '.join(STEERABLE)}).")
 
+    def _check_prompt(self, prompt: Any, max_new_tokens: int | None = None) -> None:
+        """A prompt the model can continue by max_new_tokens; refused here, before it replaces the current one."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InputError("the steering panel needs a non-empty text prompt.")
+        new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        n = self._session.tokens(prompt).shape[-1]  # refuses a prompt over the model's context itself
+        limit = self._session.facts.max_positions
+        if limit and n + new > int(limit):
+            raise InputError(f"the prompt has {n} tokens; with max_new_tokens={new} that is over the model's "
+                             f"context of {limit} tokens: shorten the prompt to at most {int(limit) - new} tokens.")
+
+    def _check_contrast(self, positive: Sequence[str], negative: Sequence[str]) -> tuple[list[str], list[str]]:
+        pos, neg = [p for p in positive if p.strip()], [n for n in negative if n.strip()]
+        if not pos or not neg:
+            raise InputError("a difference of means needs at least one prompt on each side.")
+        for p in pos + neg:
+            self._session.tokens(p)  # over the context: refused before any capture
+        return pos, neg
+
     def _check_vector(self) -> None:
-        d = self._session._lm.facts.d_model
+        d = self._session.facts.d_model
         v = self._vector
         if v is None:
             return
@@ -153,16 +173,26 @@ class SteeringPanel(_base.Panel):
         """Slider ranges for cap/swap from the prompt's own projections on the direction."""
         if self._vector is None or float(self._vector.norm()) == 0:
             return
-        u = self._vector / self._vector.norm()
-        h = self._session.capture(self.prompt, [self.address])[self.address][0].float().cpu()
-        proj = h @ u
+        h = self._session.capture(self.prompt, [self.address])[self.address][0]
+        self._apply_ranges(self._ranges(self._vector, h, cap_min, cap_max))
+
+    @staticmethod
+    def _ranges(vector: torch.Tensor, h: torch.Tensor, cap_min: float | None = None,
+                cap_max: float | None = None) -> dict[str, Any] | None:
+        if float(vector.norm()) == 0:
+            return None
+        proj = h.float().cpu() @ (vector / vector.norm())
         span = max(1e-3, float(proj.abs().max()) * 2)
         mag = 10 ** math.floor(math.log10(span))
         span = math.ceil(span / mag) * mag
-        self.proj_range = [-span, span, span / 100]
         lo = float(proj.min()) if cap_min is None else float(cap_min)
         hi = float(proj.max()) if cap_max is None else float(cap_max)
-        self.cap_min, self.cap_max = round(lo, 4), round(hi, 4)
+        return {"proj_range": [-span, span, span / 100], "cap_min": round(lo, 4), "cap_max": round(hi, 4)}
+
+    def _apply_ranges(self, ranges: dict[str, Any] | None) -> None:
+        if ranges is not None:
+            self.proj_range = ranges["proj_range"]
+            self.cap_min, self.cap_max = ranges["cap_min"], ranges["cap_max"]
 
     def _spec(self):
         if self._vector is None:
@@ -189,7 +219,7 @@ class SteeringPanel(_base.Panel):
         return self._decode(self.steered_ids, self.steered)
 
     def _decode(self, ids: list[int], toks: list[str]) -> str:
-        tok = self._session._lm.tokenizer
+        tok = self._session.tokenizer
         return tok.decode(ids) if tok is not None else "".join(toks)
 
     # ---- generation ---------------------------------------------------------------------------------
@@ -206,7 +236,7 @@ class SteeringPanel(_base.Panel):
             self.steered_ids = list(r.ids)
             self.status = "ready"
 
-    async def _job(self, seq: int, spec: Any, baseline: bool) -> None:
+    async def _job(self, seq: int, spec: Any, baseline: bool, previous_prompt: str | None = None) -> None:
         s = self._session
         try:
             self.send({"type": "start", "seq": seq, "baseline": baseline})
@@ -232,27 +262,84 @@ class SteeringPanel(_base.Panel):
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - shown in the panel
-            self.error = f"{type(e).__name__}: {e}"
-            self.status = "error"
-            self.send({"type": "error", "seq": seq, "message": self.error})
+            if previous_prompt is not None:
+                self.prompt = previous_prompt  # a prompt the model cannot continue must not break later commands
+            self._fail(seq, e)
         finally:
             self._done.set()
 
-    def _start(self, seq: int, baseline: bool = False) -> None:
-        """Cancel what is in flight and start a new generation; returns at once."""
+    def _fail(self, seq: int, e: Exception) -> None:
+        self.error = str(e) if isinstance(e, IELabError) else f"{type(e).__name__}: {e}"
+        self.status = "error"
+        self.send({"type": "error", "seq": seq, "message": self.error})
+
+    async def _vector_job(self, job: object, seq: int, pos: list[str], neg: list[str], address: str) -> None:
+        """A difference of means, one prompt at a time on the session's loop, then the steered text.
+
+        The kernel's shell is free meanwhile (128 prompts take seconds on a real model); progress is the
+        ``progress`` trait, and a newer command or close() cancels it between two prompts. Nothing is committed
+        (vector, address, lists, ranges) unless it finishes while still the newest job.
+        """
+        s = self._session
+        total = len(pos) + len(neg)
         try:
-            spec = self._spec()
-        except IELabError as e:
-            self.error = str(e)
-            self.status = "error"
-            self.send({"type": "error", "seq": seq, "message": str(e)})
+            means = []
+            done = 0
+            for side in (pos, neg):
+                rows = []
+                for p in side:
+                    rows.append((await s.acapture(p, [address]))[address][0].float().mean(0).cpu())
+                    done += 1
+                    with self._lock:
+                        live = self._active is job
+                    if live:  # set outside the lock: an observer of progress may take its time
+                        self.progress = [done, total]
+                    await asyncio.sleep(0)  # a cancellation point between prompts
+                means.append(torch.stack(rows).mean(0))
+            vector = means[0] - means[1]
+            h = (await s.acapture(self.prompt, [address]))[address][0]
+            ranges = self._ranges(vector, h)
+            with self._lock:
+                if self._active is not job:
+                    return
+                with self.hold_sync():
+                    self._vector = vector
+                    self.address = address
+                    self.positive, self.negative = pos, neg
+                    self.vector_source = f"difference of means at {address} ({len(pos)} vs {len(neg)} prompts)"
+                    self._apply_ranges(ranges)
+                    self.status = "generating"
+                spec = self._spec()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - shown in the panel; the previous vector stays
+            self._fail(seq, e)
+            self._done.set()
             return
+        await self._job(seq, spec, False)
+
+    def _start(self, seq: int, baseline: bool = False, contrast: tuple[list[str], list[str], str] | None = None,
+               previous_prompt: str | None = None) -> None:
+        """Cancel what is in flight and start a new job (a generation, or a vector then a generation); returns at once."""
         with self._lock:
             if self._future is not None:
                 self._future.cancel()
-            self.status = "generating"
+            job = self._active = object()
+            if contrast is None:
+                try:
+                    spec = self._spec()
+                except IELabError as e:
+                    self._fail(seq, e)
+                    return
+                coro = self._job(seq, spec, baseline, previous_prompt)
+                self.status = "generating"
+            else:
+                coro = self._vector_job(job, seq, *contrast)
+                with self.hold_sync():
+                    self.progress = [0, len(contrast[0]) + len(contrast[1])]
+                    self.status = "vector"
             self._done.clear()
-            self._future = asyncio.run_coroutine_threadsafe(self._job(seq, spec, baseline), self._session._loop)
+            self._future = asyncio.run_coroutine_threadsafe(coro, self._session._loop)
             self._future.add_done_callback(lambda f: self._done.set())
 
     def wait(self, timeout: float = 60) -> "SteeringPanel":
@@ -283,10 +370,11 @@ class SteeringPanel(_base.Panel):
         return self.wait() if wait else self
 
     def set_contrast(self, positive: Sequence[str], negative: Sequence[str], *, regenerate: bool = True) -> None:
-        """The vector as mean(positive) - mean(negative) of the panel's address, averaged over tokens."""
-        pos, neg = [p for p in positive if p.strip()], [n for n in negative if n.strip()]
-        if not pos or not neg:
-            raise InputError("a difference of means needs at least one prompt on each side.")
+        """The vector as mean(positive) - mean(negative) of the panel's address, averaged over tokens.
+
+        Blocks until done (a Python call); the panel's own box runs the same computation in the background.
+        """
+        pos, neg = self._check_contrast(positive, negative)
         a = self.address
 
         def mean(prompts: list[str]) -> torch.Tensor:
@@ -317,35 +405,42 @@ class SteeringPanel(_base.Panel):
     def on_address(self, seq: int, address: str) -> None:
         try:
             addr = Address.parse(address)
-            self._check_address(addr, self._session._lm.facts)
+            self._check_address(addr, self._session.facts)
         except IELabError as e:
             self._reject(str(e))
             return
+        if self.positive and self.negative and self.vector_source.startswith("difference of means"):
+            # the vector is re-measured at the new point; the address moves with it when that is done
+            self._start(seq, contrast=(list(self.positive), list(self.negative), str(addr)))
+            return
         self.address = str(addr)
-        if self.positive and self.negative and not self.vector_source.startswith(("saved", "given", "capture")):
-            self.set_contrast(self.positive, self.negative)
         self._start(seq)
 
     def on_contrast(self, seq: int, positive: list[str], negative: list[str]) -> None:
         try:
-            self.set_contrast(positive, negative)
+            pos, neg = self._check_contrast(positive, negative)
         except IELabError as e:
             self._reject(str(e))
             return
-        self._start(seq)
+        self._start(seq, contrast=(pos, neg, self.address))
 
     def on_prompt(self, seq: int, prompt: str) -> None:
-        if not prompt.strip():
-            self._reject("the prompt is empty")
+        try:
+            self._check_prompt(prompt)
+        except IELabError as e:
+            self._reject(str(e))  # the previous prompt stays, and so does everything that works with it
             return
-        self.prompt = prompt
-        self._start(seq, baseline=True)
+        previous, self.prompt = self.prompt, prompt
+        self._start(seq, baseline=True, previous_prompt=previous)
 
     def on_cancel(self) -> None:
         with self._lock:
+            self._active = None
             if self._future is not None:
                 self._future.cancel()
-            self.status = "ready"
+            with self.hold_sync():
+                self.status = "ready"
+                self.progress = [0, 0]
 
     def close(self) -> None:
         if getattr(self, "_lock", None) is not None:  # a panel whose construction failed has nothing in flight
