@@ -296,12 +296,16 @@ def _positions(positions: Any) -> Positions:
                              "indices, or a boolean mask.")
         return positions
     if not isinstance(positions, torch.Tensor):
-        if isinstance(positions, (int, float)) or not isinstance(positions, Iterable) and not hasattr(positions, "__array__"):
+        items = positions.tolist() if hasattr(positions, "tolist") else positions  # numpy arrays and scalars
+        if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
             raise InputError(f"positions={positions!r} is not a list; pass a list of token indices, e.g. "
                              f"positions=[{positions!r}], or one of {POSITION_KINDS}.")
-        items = list(positions.tolist() if hasattr(positions, "tolist") else positions)
-        if items and all(isinstance(p, bool) for p in items):
+        items = list(items)
+        n_bool = sum(isinstance(p, bool) for p in items)
+        if items and n_bool == len(items):
             return torch.tensor(items, dtype=torch.bool)
+        if n_bool:
+            raise InputError(f"positions {items!r} are not token indices: they mix True/False with numbers; {hint}")
         try:
             positions = torch.as_tensor(items) if items else torch.zeros(0, dtype=torch.long)
         except (TypeError, ValueError, RuntimeError):
