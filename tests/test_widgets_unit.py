@@ -316,7 +316,8 @@ def _gate_progress(panel, at=1):
     return reached, release, seen
 
 
-CONTRAST = {"positive": [f"happy good day {i}" for i in range(64)], "negative": [f"sad bad night {i}" for i in range(64)]}
+CONTRAST = {"positive": [f"happy good day {i}" for i in range(64)],  # the largest message: 64 prompts a side
+            "negative": [f"sad bad night {i}" for i in range(64)]}
 
 
 def test_the_largest_contrast_runs_in_the_background_with_progress(session, monkeypatch):

@@ -37,7 +37,7 @@ function render({ model, el }) {
     title,
     h("div", { class: "iel-row" }, h("label", { class: "iel-grow" }, "prompt", prompt)),
     h("div", { class: "iel-row iel-controls" }, h("label", {}, "point ", pointSel), h("label", {}, "layer ", layerIn),
-      h("label", {}, "method ", methodSel), status, bar, stopBtn),
+      h("label", {}, "method ", methodSel), h("span", { class: "iel-busybox" }, status, bar, stopBtn)),
     sliders, source, contrast,
     h("div", { class: "iel-cols" },
       h("div", { class: "iel-col" }, h("div", { class: "iel-colhead", text: "baseline" }), baseBox),

@@ -320,7 +320,10 @@ class SteeringPanel(_base.Panel):
 
     def _start(self, seq: int, baseline: bool = False, contrast: tuple[list[str], list[str], str] | None = None,
                previous_prompt: str | None = None) -> None:
-        """Cancel what is in flight and start a new job (a generation, or a vector then a generation); returns at once."""
+        """Cancel what is in flight and start a new job (a generation, or a vector then its generation).
+
+        Returns at once; the job runs on the session's loop.
+        """
         with self._lock:
             if self._future is not None:
                 self._future.cancel()
