@@ -44,6 +44,8 @@ HOSTILE = [
     {f"k{i}": i for i in range(100)},
     # JSON can carry lone surrogates; the tokenizer fails on them later (a TypeError), so they are refused on arrival
     {"cmd": "prompt", "seq": 1, "prompt": "Mary \ud800"}, {"cmd": "contrast", "seq": 1, "positive": ["\udfff"], "negative": ["b"]},
+    # an integer literal too long for a float (JSON may carry one; float() raised OverflowError into the kernel)
+    {"cmd": "steer", "seq": 1, "scale": 10 ** 400}, {"cmd": "steer", "seq": 10 ** 400, "scale": 1.0},
 ]
 
 # Whole comm messages as ipywidgets receives them, malformed below the level of a panel's commands.

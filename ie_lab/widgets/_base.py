@@ -42,7 +42,10 @@ def number(lo: float, hi: float) -> Callable[[Any], float]:
     def check(x: Any) -> float:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise Rejected(f"expected a number, got {type(x).__name__}")
-        x = float(x)
+        try:
+            x = float(x)
+        except OverflowError:  # an integer literal of hundreds of digits in the JSON
+            raise Rejected(f"a {len(str(x))}-digit integer is not a number in [{lo}, {hi}]") from None
         if not math.isfinite(x) or not lo <= x <= hi:
             raise Rejected(f"{x} is not a finite number in [{lo}, {hi}]")
         return x
