@@ -120,7 +120,7 @@ def test_threads_each_steer_only_their_own_requests(session):
             cap = session.capture(PROMPT, ["resid_post.1"])
             gen = session.generate(PROMPT, 6, capture=["resid_post.1"])
             stream = [st.token_id for st in session.generate_stream(PROMPT, 4)]
-            ran = session.run(lambda lm: lm.hf(input_ids=IDS).logits)
+            ran = session.run(_raw)
             if barrier is not None:
                 barrier.wait(timeout=120)
         return {"ids": gen.ids, "capture": cap["resid_post.1"], "gen_cache": gen.cache["resid_post.1"],
@@ -245,9 +245,38 @@ def test_a_block_exited_from_another_thread_leaves_nothing():
     assert torch.equal(ie_lab.capture(lm, IDS, ["resid_post.1"])["resid_post.1"], plain)
 
 
+def _raw(lm):
+    with torch.no_grad():
+        return lm.hf(input_ids=IDS).logits
+
+
 class _nothing:  # noqa: N801 - an unsteered task's stand-in for a `with` block
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         return None
+
+
+def test_a_block_inside_a_function_run_by_the_session_steers_what_that_function_runs(session):
+    v = torch.randn(128, generator=torch.Generator().manual_seed(6)) * 6
+    spec = session.steer("resid_post.0", v)
+    with spec:
+        want_raw = session.run(_raw)
+        want_cap = session.capture(IDS, ["resid_post.1"])["resid_post.1"]
+        want_ids = session.generate(IDS, 5).ids
+
+    def inside(lm):
+        with spec:
+            with torch.no_grad():
+                raw = lm.hf(input_ids=IDS).logits
+            return raw, ie_lab.capture(lm, IDS, ["resid_post.1"])["resid_post.1"], ie_lab.generate(lm, IDS, 5).ids
+
+    raw, cap, ids = session.run(inside)
+    assert torch.equal(raw, want_raw) and torch.equal(cap, want_cap) and ids == want_ids
+    # and a block around s.run(fn) steers fn's forwards exactly once, even when fn enters it again
+    with spec:
+        again = session.run(inside)
+    assert torch.equal(again[0], want_raw) and torch.equal(again[1], want_cap) and again[2] == want_ids
+    assert_clean(session._lm)
+    assert not torch.equal(session.capture(IDS, ["resid_post.1"])["resid_post.1"], want_cap)

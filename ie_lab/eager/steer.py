@@ -102,16 +102,21 @@ class SteerSpec:
 @dataclass(eq=False)
 class _Scope:
     spec: Any
+    op: Any = None  # the operation whose code entered the block (s.run(fn)), None at the top level
     open: bool = True
     hooks: "steering | None" = None
 
     def applies(self) -> bool:
-        """Gate of this scope's raw-forward hooks: an unmarked forward, in a context where this scope is the
-        first open one of its spec (so a spec entered twice, or inherited and re-entered, acts once)."""
-        if _OP.get() is not None or not self.open:
+        """Gate of this scope's raw-forward hooks: a forward run by the same level of code that entered the
+        block (not an operation's own forward), in a context where this scope is the first open one of its
+        spec at that level (so a spec entered twice, or inherited and re-entered, acts once)."""
+        op = _OP.get()
+        if op is not self.op or not self.open:
             return False
+        if op is not None and any(s is self.spec for s in op.specs):
+            return False  # the operation already carries this spec (a block around s.run(fn), entered again)
         for sc in _SCOPES.get():
-            if sc.spec is self.spec and sc.open:
+            if sc.spec is self.spec and sc.open and sc.op is self.op:
                 return sc is self
         return False
 
@@ -129,7 +134,7 @@ _OPEN_LOCK = threading.Lock()
 
 def enter_scope(spec: Any) -> _Scope:
     """Open a `with spec:` scope in the current context (every backend's __enter__)."""
-    scope = _Scope(spec)
+    scope = _Scope(spec, _OP.get())
     _SCOPES.set(_SCOPES.get() + (scope,))
     with _OPEN_LOCK:
         _OPEN.setdefault(id(spec), []).append(scope)
@@ -160,14 +165,13 @@ def exit_scope(spec: Any) -> None:
 
 
 def active_specs(owner: Any) -> list[Any]:
-    """The specs on `owner` (a spec's .lm) that a request issued now, in this context, carries: those of an
-    operation this code runs inside, else the `with` blocks open here, outermost first, each once."""
+    """The specs on `owner` (a spec's .lm) that a request issued now, in this context, carries: those of the
+    operation this code runs inside (s.run(fn)), then the `with` blocks open here at this level, outermost
+    first, each once. Blocks inherited from outside an operation already travel in its specs."""
     op = _OP.get()
-    if op is not None:
-        return [sp for sp in op.specs if sp.lm is owner]
-    out: list[Any] = []
+    out: list[Any] = [sp for sp in op.specs if sp.lm is owner] if op is not None else []
     for sc in _SCOPES.get():
-        if sc.open and sc.spec.lm is owner and not any(s is sc.spec for s in out):
+        if sc.open and sc.op is op and sc.spec.lm is owner and not any(s is sc.spec for s in out):
             out.append(sc.spec)
     return out
 

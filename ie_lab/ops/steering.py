@@ -1,7 +1,8 @@
 """Steering arithmetic: one function per method, on [..., d_model] tensors.
 
-Pure tensor math shared by every backend (the eager hooks call these; the vLLM worker will too), so
-that a steering method means the same thing everywhere. ``v`` is the steering direction; ``u`` is its
+Pure tensor math shared by every backend (the eager hooks and the vLLM worker call these), so
+that a steering method means the same thing everywhere. Argument checks (what a user may pass) live with
+the specs in ie_lab/eager/steer.py. ``v`` is the steering direction; ``u`` is its
 unit vector. Every function leaves positions where ``mask`` is False untouched.
 
 | method | formula |
@@ -15,8 +16,6 @@ unit vector. Every function leaves positions where ``mask`` is False untouched.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -91,9 +90,3 @@ def check_vector(v: torch.Tensor, d_model: int, *, needs_unit: bool) -> None:
         raise ValueError("the steering vector contains NaN or inf; check how it was computed.")
     if needs_unit and float(v.float().norm()) == 0.0:
         raise ValueError("the steering vector is all zeros, so it has no direction to normalise or project on.")
-
-
-def check_scalars(**values: float | None) -> None:
-    for k, x in values.items():
-        if x is not None and (not isinstance(x, (int, float)) or not math.isfinite(x)):
-            raise ValueError(f"{k} must be a finite number, got {x!r}")
