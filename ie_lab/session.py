@@ -430,6 +430,8 @@ class Session:
         from .eager.steer import issued_specs
 
         self._check_open()
+        if self.backend != "eager":  # the vLLM session reads its own (it inherits the stream methods)
+            return steer
         return issued_specs(self._lm, steer)
 
     async def acapture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any):
