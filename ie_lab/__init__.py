@@ -39,6 +39,9 @@ def _as_lm(model: Any):
         return _WRAPPED[model]
     except (KeyError, TypeError):
         pass
+    if not hasattr(model, "config") or not callable(getattr(model, "forward", None)):
+        raise InputError(f"model must be a Session, a model from ie_lab.load(...), or a transformers model; got "
+                         f"{type(model).__name__}. Load one first: lm = ie_lab.load('path or HF id').")
     lm = EagerModel(model)
     _WRAPPED[model] = lm
     return lm
@@ -108,6 +111,8 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
     """The address picker for a family name, config or ArchFacts, with no weights loaded (see ie_lab.widgets)."""
     from .widgets.picker import cheatsheet as _cheatsheet
 
+    if backend not in ("eager", "vllm"):
+        raise InputError(f"backend must be 'eager' or 'vllm', got {backend!r}.")
     return _cheatsheet(family_or_config, backend, layer)
 
 

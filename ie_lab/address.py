@@ -18,8 +18,11 @@ from .points import Scope
 if TYPE_CHECKING:
     from .arch.config_facts import ArchFacts
 
-_HEAD = re.compile(r"head-(\d+)")
-_STREAM = re.compile(r"stream-(\d+)")
+# ASCII digits only: str.isdigit and \d also accept '²' or Arabic-Indic '١', which int() then rejects or reads
+# as a number the user never typed.
+_LAYER = re.compile(r"[0-9]+")
+_HEAD = re.compile(r"head-([0-9]+)")
+_STREAM = re.compile(r"stream-([0-9]+)")
 
 
 @dataclass(frozen=True, order=True)
@@ -30,11 +33,23 @@ class Address:
     stream: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise AddressError(f"an address's name is a point name string like 'resid_post', got "
+                               f"{type(self.name).__name__}.")
         point = _points.get(self.name)  # raises with a suggestion for unknown names
         for coord in ("layer", "head", "stream"):
             value = getattr(self, coord)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise AddressError(f"{self.name}: {coord} must be a non-negative integer, got {value!r}.")
+            if value is None:
+                continue
+            if not isinstance(value, int) and not isinstance(value, bool) and hasattr(value, "__index__"):
+                try:  # numpy / torch integer scalars: store the plain int (hashing and equality follow it)
+                    value = value.__index__()
+                    object.__setattr__(self, coord, value)
+                except TypeError:
+                    pass
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise AddressError(f"{self.name}: {coord} must be a non-negative integer, got {value!r}"
+                                   f" ({type(value).__name__}).")
         if point.scope is Scope.TRUNK and self.layer is not None:
             raise AddressError(
                 f"{self.name!r} is a trunk point (one per forward), so it takes no layer: write {self.name!r}, "
@@ -75,7 +90,7 @@ class Address:
         _points.get(name)  # unknown name: error with suggestion before looking at coordinates
         layer = head = stream = None
         i = 0
-        if i < len(rest) and rest[i].isdigit():
+        if i < len(rest) and _LAYER.fullmatch(rest[i]):
             layer = int(rest[i])
             i += 1
         if i < len(rest) and (m := _HEAD.fullmatch(rest[i])):
@@ -87,7 +102,9 @@ class Address:
         if i < len(rest):
             bad = rest[i]
             hint = ""
-            if bad.lstrip("-").isdigit():
+            if any(ch.isdigit() and ch not in "0123456789" for ch in bad):
+                hint = " Write numbers with the ASCII digits 0-9."
+            elif bad.lstrip("-").isdigit():
                 hint = " Layers are non-negative integers."
             elif bad.startswith("head") or bad.startswith("stream"):
                 hint = f" Write it as '{bad.split('-')[0].rstrip('0123456789')}-N' (e.g. 'head-2'), after the layer."
@@ -147,3 +164,37 @@ AddressLike = Union[str, Address]
 
 def as_address(a: AddressLike) -> Address:
     return Address.parse(a)
+
+
+def layer_list(layers: object, facts: "ArchFacts", *, arg: str = "layers") -> list[int]:
+    """A user's layer selection as a checked list: None (every layer), one layer, or a list of distinct layers,
+    each an integer in 0..n_layers-1. Everything else is refused naming `arg`, before any work starts."""
+    n = facts.n_layers
+    if layers is None:
+        return list(range(n))
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        layers = [layers]
+    try:
+        items = list(layers)  # type: ignore[call-overload]
+    except TypeError:
+        items = [layers]
+    out: list[int] = []
+    for x in items:
+        value = x
+        if not isinstance(x, (bool, float, str, bytes)) and hasattr(x, "__index__"):
+            try:
+                value = x.__index__()
+            except TypeError:
+                value = x
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise AddressError(f"{arg} must be layer numbers (integers 0..{n - 1}) or None for all; got {x!r} "
+                               f"({type(x).__name__}) in {arg}.")
+        if not 0 <= value < n:
+            raise AddressError(f"{arg} contains {value}, but this model has {n} layers (0..{n - 1}). Negative layers "
+                               f"are not accepted; write {n - 1} for the last.")
+        if value in out:
+            raise AddressError(f"{arg} names layer {value} twice; list each layer once.")
+        out.append(value)
+    if not out:
+        raise AddressError(f"{arg} is empty: name at least one layer (0..{n - 1}), or pass None for every layer.")
+    return out

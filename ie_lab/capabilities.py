@@ -10,13 +10,25 @@ from .errors import CapabilityUnsupported
 
 @dataclass(frozen=True)
 class Capability:
+    """One row of the table. Each backend's cell is "yes ...", "no: <why>", or (on a partial row) what it does.
+
+    The cell is also the refusal's reason, so every "no" carries one: the refusal reads
+    "<name> is not supported on backend='B': <why>. Instead: <instead>".
+    """
+
     name: str
-    eager: str  # "yes", or why not
+    eager: str
     vllm: str
     instead: str = ""
+    refusable: bool = True  # False: a descriptive row (what is covered), not an operation one can ask for
 
     def supported(self, backend: str) -> bool:
-        return getattr(self, backend) == "yes"
+        return getattr(self, backend).startswith("yes")
+
+    def why_not(self, backend: str) -> str:
+        """The reason in the backend's cell, without the cell's "no: " verdict."""
+        cell = getattr(self, backend)
+        return cell[4:] if cell.startswith("no: ") else cell
 
 
 CAPABILITIES: tuple[Capability, ...] = (
@@ -33,7 +45,8 @@ CAPABILITIES: tuple[Capability, ...] = (
                "capture the residuals, or use backend='eager' for transports and fitting"),
     Capability("concurrent requests batched together", "no: operations on one Session queue behind a lock",
                "yes", "use backend='vllm'"),
-    Capability("tensor parallelism", "no", "yes (sharded points gathered across ranks)", "use backend='vllm'"),
+    Capability("tensor parallelism", "no: the eager backend runs transformers' own forward, unsharded, in this process",
+               "yes (sharded points gathered across ranks)", "use backend='vllm'"),
     Capability("activation patching and sweeps", "yes",
                "no: patching replaces activations mid-forward for one request, which vLLM's batched kernels do not "
                "expose", "use backend='eager'"),
@@ -45,14 +58,18 @@ CAPABILITIES: tuple[Capability, ...] = (
                "with StructureError)",
                "the families verified point by point against eager: "
                + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED))
-               + "; others are refused at load (docs/VLLM.md lists the limits)", "use backend='eager'"),
+               + "; others are refused at load (docs/VLLM.md lists the limits)", "use backend='eager'",
+               refusable=False),
     Capability("points absent on a family", "refused with PointAbsent naming the reason and a substitute",
-               "refused the same way", ""),
+               "refused the same way", "", refusable=False),
     Capability("attn_scores on families that compute attention in their own module (Bloom, Falcon, GPT-J)",
-               "no: the pre-softmax matrix never leaves the module", "no", "capture attn_probs"),
+               "no: the pre-softmax matrix never leaves the module",
+               "no: transformers never hands these scores out, so scores rebuilt from vLLM's q and k would have "
+               "nothing to be checked against", "capture attn_probs"),
     Capability("attn_probs on those families running sdpa",
                "no: their probabilities exist only on the eager code path",
-               "no", "load with attn_implementation='eager'"),
+               "yes (rebuilt from q and k, checked against transformers' eager path)",
+               "load with attn_implementation='eager'"),
 )
 
 _BY_NAME = {c.name: c for c in CAPABILITIES}
@@ -61,9 +78,11 @@ _BY_NAME = {c.name: c for c in CAPABILITIES}
 def require(name: str, backend: str) -> None:
     """Raise CapabilityUnsupported unless the backend supports the named capability."""
     cap = _BY_NAME[name]
+    if not cap.refusable:
+        raise KeyError(f"{name!r} describes coverage; it is not an operation to require")
     if not cap.supported(backend):
-        raise CapabilityUnsupported(f"{name} on backend={backend!r}", getattr(cap, backend) + ".",
-                                    cap.instead or "see ie_lab.capabilities.CAPABILITIES")
+        raise CapabilityUnsupported(name, cap.why_not(backend), cap.instead or "see ie_lab.capabilities.CAPABILITIES",
+                                    backend=f"backend={backend!r}")
 
 
 def markdown_table() -> str:

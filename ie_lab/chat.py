@@ -21,23 +21,44 @@ class Span:
         return f"Span({self.role}#{self.index}: tokens {self.start}..{self.end - 1})"
 
 
+def is_messages(x: Any) -> bool:
+    """A conversation: a non-empty list or tuple whose items are all dicts (checked further by _check)."""
+    return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(m, dict) for m in x)
+
+
 def _check(lm: Any, messages: Sequence[dict]) -> Any:
+    if not isinstance(messages, (list, tuple)) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
+            for m in messages):
+        raise InputError("messages must be a non-empty list of {'role': str, 'content': str} dicts, e.g. "
+                         "[{'role': 'user', 'content': 'Hello'}].")
     tok = getattr(lm, "tokenizer", None)
     if tok is None:
-        raise InputError("chat templates need the model's tokenizer; load it with one.")
+        raise InputError("a conversation needs the model's tokenizer to render it with its chat template, and this "
+                         "model was loaded without one: load it with its tokenizer, or pass token ids.")
     if not getattr(tok, "chat_template", None):
-        raise InputError("this tokenizer has no chat template; set tokenizer.chat_template (a Jinja string), or "
-                         "build the prompt text yourself.")
-    if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-        raise InputError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts.")
+        raise InputError("this tokenizer has no chat template, so a list of {'role', 'content'} messages cannot be "
+                         "rendered: set tokenizer.chat_template (a Jinja string) and pass the messages again "
+                         "(ie_lab.apply_chat_template(model, messages) then shows the ids they become), or pass the "
+                         "prompt as text or token ids.")
     return tok
 
 
 def _ids(tok: Any, messages: Sequence[dict], add_generation_prompt: bool) -> list[int]:
-    out = tok.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=add_generation_prompt)
+    try:
+        out = tok.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # the template's own Jinja raised (e.g. it refuses a role order)
+        raise InputError(f"the chat template could not render these messages: {e}. Check the roles and their "
+                         "order against what this model's template accepts.") from None
     if isinstance(out, dict) or hasattr(out, "keys"):
         out = out["input_ids"]
-    return list(out)
+    return [int(i) for i in out]
+
+
+def render(lm: Any, messages: Sequence[dict]) -> list[int]:
+    """Token ids of a conversation as the model sees it just before replying (with the generation prompt):
+    how every operation reads a list of messages."""
+    return _ids(_check(lm, messages), messages, add_generation_prompt=True)
 
 
 def apply_chat_template(model: Any, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> torch.Tensor:
@@ -45,6 +66,8 @@ def apply_chat_template(model: Any, messages: Sequence[dict], *, add_generation_
     from . import _as_lm
 
     lm = _as_lm(model)
+    if not isinstance(add_generation_prompt, bool):
+        raise InputError(f"add_generation_prompt must be True or False, got {add_generation_prompt!r}.")
     tok = _check(lm, messages)
     return torch.tensor([_ids(tok, messages, add_generation_prompt)])
 

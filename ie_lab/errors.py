@@ -32,9 +32,11 @@ class PointAbsent(IELabError, ValueError):
 class CapabilityUnsupported(IELabError, RuntimeError):
     """A backend cannot do what was asked. Raised instead of returning something subtly different."""
 
-    def __init__(self, what: str, why: str, instead: str):
-        self.what, self.why, self.instead = what, why, instead
-        super().__init__(f"{what} is not supported: {why} Instead: {instead}")
+    def __init__(self, what: str, why: str, instead: str, backend: str | None = None):
+        self.what, self.why, self.instead, self.backend = what, why, instead, backend
+        where = f" on {backend}" if backend else ""
+        # One sentence per part, whichever way the caller punctuated them.
+        super().__init__(f"{what} is not supported{where}: {why.rstrip('. ')}. Instead: {instead.rstrip('. ')}.")
 
 
 class InputError(IELabError, ValueError):

@@ -218,7 +218,7 @@ def _templates(engine: str) -> list[tuple[str, str]]:
 
 
 def _to_regex(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(re.escape("{L}"), r"(\d+)") + "$")
+    return re.compile("^" + re.escape(template).replace(re.escape("{L}"), r"([0-9]+)") + "$")
 
 
 def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens") -> str:
@@ -309,6 +309,17 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
 
 def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Address:
     """The ie_lab address for another engine's name on this model; refused where no faithful equivalent exists."""
+    addr = _from_engine(name, model, engine)
+    lm = getattr(model, "_lm", model)
+    facts = lm if isinstance(lm, ArchFacts) else getattr(lm, "facts", None)
+    if facts is None and not isinstance(model, str):
+        facts = ArchFacts.from_config(model)  # a config (it was read once already, so it reads)
+    if facts is not None:
+        addr.check(facts)  # a model or config knows its layer count; a family name does not
+    return addr
+
+
+def _from_engine(name: str, model: Any, engine: str) -> Address:
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r}: engine must be one of {', '.join(map(repr, ENGINES))}."
                          f"{did_you_mean(str(engine), ENGINES)}")
@@ -324,33 +335,33 @@ def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Addre
         if emb_mult or (fq.get("tl_embed_after_norm") and text == "hook_embed"):
             return Address("resid_pre", 0)  # scaled / normalised embedding: what layer 0 reads
     if fq.get("modules_add_residual"):
-        m = re.fullmatch(r"blocks\.(\d+)\.(attn|mlp)\.hook_out|(attentions|mlps)_output\[(\d+)\]", text)
+        m = re.fullmatch(r"blocks\.([0-9]+)\.(attn|mlp)\.hook_out|(attentions|mlps)_output\[([0-9]+)\]", text)
         if m:
             L = int(m.group(1) or m.group(4))
             which = m.group(2) or ("attn" if m.group(3) == "attentions" else "mlp")
             return Address("resid_mid" if which == "attn" else "resid_post", L)
-        if re.fullmatch(r"blocks\.\d+\.hook_(attn|mlp)_out", text):
+        if re.fullmatch(r"blocks\.[0-9]+\.hook_(attn|mlp)_out", text):
             raise AddressError(f"{text} on {s.family}: its modules add the residual themselves, so this name's "
                                "tensor is not a sublayer output ie_lab can vouch for; capture attn_out / mlp_out.")
-    if fq.get("tl_scores_are_pattern") and re.fullmatch(r"blocks\.\d+\.attn\.hook_attn_scores", text):
+    if fq.get("tl_scores_are_pattern") and re.fullmatch(r"blocks\.[0-9]+\.attn\.hook_attn_scores", text):
         raise AddressError(f"{text} on {s.family} holds the post-softmax pattern in TransformerLens: use attn_probs.")
-    if fq.get("qk_norm_after_rope") and re.fullmatch(r"blocks\.\d+\.attn\.hook_[qk]", text):
+    if fq.get("qk_norm_after_rope") and re.fullmatch(r"blocks\.[0-9]+\.attn\.hook_[qk]", text):
         raise AddressError(f"{text} is taken before RoPE, but {s.family} normalises rotated queries/keys: no ie_lab "
                            "point holds it.")
-    m = re.fullmatch(r"blocks\.(\d+)\.hook_(attn|mlp)_out", text)
+    m = re.fullmatch(r"blocks\.([0-9]+)\.hook_(attn|mlp)_out", text)
     if m and engine.startswith("transformerlens"):  # the legacy alias is also live on TransformerBridge
         L, which = int(m.group(1)), m.group(2)
         s.need("post", f"which tensor {text} holds (the sublayer output times a residual multiplier unless it is 1)")
         post = s.post_attn if which == "attn" else s.post_mlp
         return Address(f"{which}_out_post" if post else f"{which}_out", L)
     if engine == "transformerlens_bridge":
-        m = re.fullmatch(r"blocks\.(\d+)\.mlp\.(gate|in)\.hook_out", text)
+        m = re.fullmatch(r"blocks\.([0-9]+)\.mlp\.(gate|in)\.hook_out", text)
         if m:
             L, which = int(m.group(1)), m.group(2)
             if which == "gate":
                 return Address("router_logits" if s.routes(L) else "mlp_pre", L)
             return Address("mlp_pre_linear" if s.gated else "mlp_pre", L)
-    m = re.fullmatch(r"blocks\.(\d+)\.attn\.hook_([qk])", text)
+    m = re.fullmatch(r"blocks\.([0-9]+)\.attn\.hook_([qk])", text)
     if m:
         s.need("qk_norm", f"which tensor {text} holds (a QK-norm's input, or a plain projection)")
     if m and not s.qk_norm:
@@ -365,7 +376,7 @@ def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Addre
                 raise AddressError(f"{text} does not exist on {s.family}: attention and MLP run in parallel, so there "
                                    "is no residual between them.")
             return Address(point, int(m.group(1)) if m.groups() else None)
-    tail = re.sub(r"^blocks\.\d+\.(attn\.|mlp\.)?", "", text)
+    tail = re.sub(r"^blocks\.[0-9]+\.(attn\.|mlp\.)?", "", text)
     if tail.startswith(("q_norm.", "k_norm.")) and tail.endswith("hook_normalized"):
         tail = "ln1.hook_normalized"
     if tail in _NO_EQUIVALENT or text in _NO_EQUIVALENT:

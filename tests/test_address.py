@@ -3,6 +3,7 @@ from hypothesis import given, strategies as st
 
 import ie_lab
 from ie_lab import Address, AddressError
+from ie_lab.arch.config_facts import ArchFacts
 from ie_lab.points import REGISTRY, Scope
 
 
@@ -82,3 +83,39 @@ def test_head_slices_are_the_heads_of_the_full_point():
     assert not torch.equal(c["z.1.head-2"], c["z.1"][..., 1 * d:2 * d])
     torch.testing.assert_close(c["attn_probs.0.head-3"], c["attn_probs.0"][:, 3])
     assert c["value.1.head-1"].shape == (1, 4, d)
+
+
+@pytest.mark.parametrize("text", ["resid_post.²", "resid_post.١", "resid_post.۳", "z.0.head-١", "z.1.head-²",
+                                  "resid_post.𝟘"])
+def test_only_ascii_digits_are_numbers(text):
+    # str.isdigit accepts these; int() then fails ('²') or reads a number the user never typed ('١' -> 1).
+    with pytest.raises(AddressError, match="ASCII digits 0-9"):
+        Address.parse(text)
+
+
+def test_integer_scalars_of_numpy_and_torch_are_plain_ints():
+    import numpy as np
+    import torch
+
+    a = Address("resid_post", np.int64(3))
+    assert a == Address("resid_post", 3) and hash(a) == hash(Address("resid_post", 3)) and type(a.layer) is int
+    assert Address("z", torch.tensor(1), torch.tensor(2)) == Address.parse("z.1.head-2")
+    for bad in (1.0, "1", True, torch.tensor(1.5), float("nan")):
+        with pytest.raises(AddressError, match="layer must be a non-negative integer"):
+            Address("resid_post", bad)
+    with pytest.raises(AddressError, match="point name string"):
+        Address(["resid_post"], 0)
+
+
+def test_layer_lists_are_checked_against_the_model():
+    from ie_lab.address import layer_list
+
+    facts = ArchFacts.from_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3,
+                                   "num_attention_heads": 4})
+    assert layer_list(None, facts) == [0, 1, 2]
+    assert layer_list(2, facts) == [2] and layer_list((2, 0), facts) == [2, 0]
+    for bad, fragment in [([3], "has 3 layers"), ([-1], "Negative layers"), ([1.0], "integers 0..2"),
+                          (["1"], "integers 0..2"), ([True], "integers 0..2"), ([], "empty"), ([1, 1], "twice"),
+                          (float("nan"), "integers 0..2")]:
+        with pytest.raises(AddressError, match=fragment):
+            layer_list(bad, facts, arg="layers")

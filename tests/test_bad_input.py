@@ -90,3 +90,105 @@ def test_cache_lookup_errors_are_helpful(lm):
     with pytest.raises(ie_lab.AddressError, match="was not captured"):
         c["resid_post.1"]
     assert "resid_post.0" in repr(c) and "[1, 3, 128]" in repr(c)
+
+
+def test_capability_refusals_read_as_one_sentence_each():
+    # Issue 13.6: the table's cells are "no: <why>", and the refusal used to paste the cell in whole
+    # ("... is not supported: no: patching replaces ...").
+    import re
+
+    from ie_lab.capabilities import CAPABILITIES, require
+
+    shape = re.compile(r"(?P<name>.+) is not supported on backend='(?P<b>eager|vllm)': (?P<why>[^.].+)\. "
+                       r"Instead: (?P<instead>.+)\.")
+    n = 0
+    for cap in CAPABILITIES:
+        for backend in ("eager", "vllm"):
+            if not cap.refusable or cap.supported(backend):
+                continue
+            with pytest.raises(ie_lab.CapabilityUnsupported) as e:
+                require(cap.name, backend)
+            msg = str(e.value)
+            m = shape.fullmatch(msg)
+            assert m, msg
+            assert m["name"] == cap.name and m["b"] == backend and m["instead"].rstrip(".") == cap.instead.rstrip(".")
+            assert "no:" not in msg and ".." not in msg and not m["why"].lower().startswith(("no ", "no,", "no;"))
+            assert e.value.why == m["why"] and e.value.backend == f"backend={backend!r}"
+            n += 1
+    assert n >= 8
+    # the vLLM session's refusals come from the same table
+    with pytest.raises(ie_lab.CapabilityUnsupported, match=r"^activation patching and sweeps is not supported on "
+                                                           r"backend='vllm': patching replaces"):
+        require("activation patching and sweeps", "vllm")
+
+
+def test_refusals_built_anywhere_end_each_part_once():
+    e = ie_lab.CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
+    assert str(e) == "attention() on a batch is not supported: the viewer shows one prompt. Instead: call it per prompt."
+    e = ie_lab.CapabilityUnsupported("x", "no reason given", "do y")
+    assert str(e) == "x is not supported: no reason given. Instead: do y."
+
+
+@pytest.fixture
+def chat_lm():
+    """A model whose tokenizer has a chat template (a copy: the fixture tokenizer is shared)."""
+    import copy
+
+    from tests.families import make_model, make_tokenizer
+
+    tok = copy.deepcopy(make_tokenizer())
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}She{% else %}He{% endif %} said : "
+                         "{{ m['content'] }} . {% endfor %}{% if add_generation_prompt %}He said :{% endif %}")
+    return ie_lab.load(make_model("llama"), tok)
+
+
+def test_a_conversation_is_rendered_with_the_chat_template(chat_lm):
+    # Issue 13.6: ie_lab.generate(lm, [{"role": ..., "content": ...}], 3) raised "Could not infer dtype of dict".
+    msgs = [{"role": "user", "content": "When Mary went to the store"}]
+    want = ie_lab.apply_chat_template(chat_lm, msgs)
+    toks = chat_lm.tokenizer.convert_ids_to_tokens(want[0].tolist())
+    assert toks[:3] == ["She", "said", ":"] and toks[-3:] == ["He", "said", ":"]  # the generation prompt
+    out = ie_lab.generate(chat_lm, msgs, 3)
+    assert torch.equal(out.prompt_ids.cpu(), want)
+    assert out.ids == ie_lab.generate(chat_lm, want, 3).ids
+    c = ie_lab.capture(chat_lm, msgs, ["resid_post.0"])
+    assert torch.equal(c.tokens.cpu(), want)
+    assert_clean(chat_lm)
+
+
+def test_a_conversation_without_a_template_is_refused_naming_the_helper(lm):
+    msgs = [{"role": "user", "content": "hi"}]
+    for call in (lambda: ie_lab.generate(lm, msgs, 3), lambda: ie_lab.capture(lm, msgs, ["resid_post.0"])):
+        with pytest.raises(ie_lab.InputError, match="no chat template") as e:
+            call()
+        assert "apply_chat_template" in str(e.value) and "chat_template" in str(e.value)
+    with pytest.raises(ie_lab.InputError, match=r"'content': str"):
+        ie_lab.capture(lm, [{"role": "user"}], ["resid_post.0"])
+    with pytest.raises(ie_lab.InputError, match="wrap a message in a list"):
+        ie_lab.capture(lm, {"role": "user", "content": "hi"}, ["resid_post.0"])
+    assert_clean(lm)
+
+
+@pytest.mark.parametrize("call,fragment", [
+    (lambda lm: ie_lab.attention(lm, [5, 6, 7], layers=[99]), "has 2 layers"),
+    (lambda lm: ie_lab.attention(lm, [5, 6, 7], layers=[1.7]), "integers 0..1"),
+    (lambda lm: ie_lab.attention(lm, [[5, 6, 7], [5, 6, 8]]), "one prompt"),
+    (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], layers=["١"]), "integers 0..1"),
+    (lambda lm: ie_lab.logit_lens(lm, [[5, 6, 7], [5, 6, 8]]), "batch of 2"),
+    (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], k=True), "k (how many top tokens"),
+    (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], k=10_000), "vocabulary size 512"),
+    (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], layers=[0], transports={0: (torch.eye(3), torch.zeros(3))}),
+     "A [128, 128]"),
+    (lambda lm: ie_lab.fit_tuned_lens(lm, "the cat sat"), "character by character"),
+    (lambda lm: ie_lab.fit_tuned_lens(lm, ["the cat"], ridge=float("nan")), "ridge"),
+    (lambda lm: ie_lab.capture(lm, [None], ["resid_post.0"]), "could not read the token list"),
+    (lambda lm: ie_lab.capture(lm, [], ["resid_post.0"]), "the token list is empty"),
+    (lambda lm: ie_lab.capture(lm, [5, 6, 7], 3), "list of them"),
+    (lambda lm: ie_lab.capture(None, [5, 6, 7], ["resid_post.0"]), "model must be"),
+])
+def test_viewer_and_lens_arguments_are_refused_before_any_work(lm, call, fragment):
+    # attention(layers=[99]) used to raise IndexError, logit_lens on a batch silently read the first prompt only.
+    with pytest.raises(ie_lab.IELabError) as e:
+        call(lm)
+    assert fragment in str(e.value)
+    assert_clean(lm)

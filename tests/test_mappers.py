@@ -12,8 +12,11 @@ from tests.conftest import SUPPORTED, lm_for, ids
     ("gemma2", "mlp_out_post.5"), ("olmo2", "mlp_out_post.5"), ("gemma3_text", "mlp_out_post.5"),
 ])
 def test_hook_mlp_out_is_model_aware(fam, expected):
-    assert str(from_engine("blocks.5.hook_mlp_out", fam)) == expected
-    assert str(from_engine("blocks.5.hook_mlp_out", lm_for(fam))) == expected
+    assert str(from_engine("blocks.5.hook_mlp_out", fam)) == expected  # a family name: any layer
+    live = expected.replace(".5", ".1")  # the fixture has 2 layers, and a loaded model range-checks
+    assert str(from_engine("blocks.1.hook_mlp_out", lm_for(fam))) == live
+    with pytest.raises(AddressError, match="out of range"):
+        from_engine("blocks.5.hook_mlp_out", lm_for(fam))
 
 
 def test_model_aware_by_measurement_on_a_multiplier_family():
@@ -166,7 +169,7 @@ def test_checkpoint_dependent_answers_name_the_config_key():
     # the same questions answered from a config, and they match what the loaded fixture measures
     from tests.families import make_config
 
-    assert from_engine("blocks.5.hook_mlp_out", make_config("granite")) == Address("mlp_out_post", 5)
+    assert from_engine("blocks.1.hook_mlp_out", make_config("granite")) == Address("mlp_out_post", 1)
     assert from_engine("blocks.1.mlp.gate.hook_out", make_config("deepseek_v3"), "transformerlens_bridge") == \
         from_engine("blocks.1.mlp.gate.hook_out", lm_for("deepseek_v3"), "transformerlens_bridge") == \
         Address("router_logits", 1)

@@ -7,8 +7,10 @@ from typing import Any, Sequence
 
 import torch
 
+from ..address import layer_list
 from ..errors import CapabilityUnsupported
 from .capture import capture
+from .inputs import prepare
 
 
 @dataclass
@@ -44,13 +46,14 @@ def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> A
     from .. import _as_lm
 
     lm = _as_lm(model)
-    layers = list(range(lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
+    layers = layer_list(layers, lm.facts)
+    ids, _ = prepare(lm, prompt)
+    if ids.shape[0] != 1:
+        raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
     # One forward: scores with probs wherever the family exposes them (its attention goes through the tap).
     with_scores = [L for L in layers if lm.binding.layers[L].uses_attention_interface]
-    c = capture(lm, prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
+    c = capture(lm, ids, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
                 + [f"attn_scores.{L}" for L in with_scores])
-    if c.tokens.shape[0] != 1:
-        raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
     notes: list[str] = []
     scores: dict[int, torch.Tensor | None] = {L: c[f"attn_scores.{L}"][0] for L in with_scores}
     missing = [L for L in layers if L not in scores]

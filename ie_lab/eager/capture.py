@@ -16,6 +16,9 @@ from .taps import Taps
 def parse_addresses(lm: Any, addresses: AddressLike | Iterable[AddressLike]) -> list[Address]:
     if isinstance(addresses, (str, Address)):
         addresses = [addresses]
+    if not isinstance(addresses, (list, tuple, set, frozenset)) and not hasattr(addresses, "__next__"):
+        raise AddressError(f"addresses must be an address string like 'resid_post.0' or a list of them, got "
+                           f"{type(addresses).__name__}.")
     out = []
     for a in addresses:
         out.append(Address.parse(a).check(lm.facts))

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
+from .. import chat
 from ..errors import InputError
 
 
 def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Return ([batch, seq] long input ids on the model's device, attention mask or None)."""
     mask = None
+    if isinstance(tokens_or_text, dict):
+        raise InputError("expected text (str or list of str), token ids (tensor or list of ints) or a conversation "
+                         "(a list of {'role', 'content'} dicts), got a single dict: wrap a message in a list, e.g. "
+                         "[{'role': 'user', 'content': 'Hello'}].")
+    if chat.is_messages(tokens_or_text):
+        # A conversation: rendered with the model's own chat template, as it reads it just before replying.
+        tokens_or_text = torch.tensor([chat.render(lm, tokens_or_text)])
     if isinstance(tokens_or_text, str) or (
         isinstance(tokens_or_text, (list, tuple)) and tokens_or_text and all(isinstance(t, str) for t in tokens_or_text)
     ):
@@ -31,10 +40,13 @@ def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | 
             mask = enc["attention_mask"]
     elif isinstance(tokens_or_text, torch.Tensor):
         ids = tokens_or_text
-    elif isinstance(tokens_or_text, (list, tuple)):
+    elif isinstance(tokens_or_text, (list, tuple, np.ndarray)):
+        if len(tokens_or_text) == 0:
+            raise InputError("empty input: the token list is empty; give at least one token id (or a string).")
         try:
-            ids = torch.tensor(tokens_or_text)
-        except (TypeError, ValueError) as e:
+            ids = torch.as_tensor(np.asarray(tokens_or_text) if isinstance(tokens_or_text, np.ndarray)
+                                  else tokens_or_text)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as e:
             raise InputError(f"could not read the token list ({e}); pass a list of ints, a list of equal-length "
                              "lists of ints, or a string.") from None
     else:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import torch
 
-from ..address import Address
+from ..address import Address, layer_list
 from ..errors import AddressError, InputError
 from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
 from ..points import Scope, Width
@@ -82,6 +82,39 @@ def _apply_transport(t: Transport, h: torch.Tensor) -> torch.Tensor:
     return h @ A.to(h) + bias.to(h)
 
 
+def _lens_point(point: Any) -> Any:
+    from .. import points as _points
+
+    if not isinstance(point, str):
+        raise AddressError(f"point must be a point name such as 'resid_post' (no layer: the lens adds them), got "
+                           f"{type(point).__name__}.")
+    if "." in point:
+        raise AddressError(f"point takes the name alone ({point.split('.')[0]!r}), not {point!r}: pick the layers "
+                           "with layers=[...].")
+    return _points.get(point)
+
+
+def _check_transports(transports: Any, layers: list[int], d: int) -> dict[int, Transport]:
+    """Every transport checked before the forward: keyed by a lens layer, and a callable or (A [d, d], b [d])."""
+    if transports is None:
+        return {}
+    if not isinstance(transports, Mapping):
+        raise InputError(f"transports must be a dict {{layer: (A, b) or callable}}, got {type(transports).__name__}.")
+    out = {}
+    for L, t in transports.items():
+        if isinstance(L, bool) or not isinstance(L, int) or L not in layers:
+            raise InputError(f"a transport is given for layer {L!r}, which is not among the lens layers {layers}.")
+        if not callable(t):
+            ok = (isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, torch.Tensor) for x in t)
+                  and tuple(t[0].shape) == (d, d) and tuple(t[1].shape) == (d,)
+                  and t[0].is_floating_point() and t[1].is_floating_point())
+            if not ok:
+                raise InputError(f"the transport for layer {L} must be a callable h -> h' or a pair (A, b) of float "
+                                 f"tensors with A [{d}, {d}] and b [{d}] (h @ A + b); got {type(t).__name__}.")
+        out[L] = t
+    return out
+
+
 def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, k: int = 5,
                point: str = "resid_post", transports: Mapping[int, Transport] | None = None,
                keep_logits: bool = False) -> LensResult:
@@ -94,20 +127,24 @@ def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, 
     from .. import points as _points
 
     lm = _as_lm(model)
-    p = _points.get(point)
+    p = _lens_point(point)
     if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
         raise AddressError(f"a lens decodes d_model-wide per-layer points (resid_pre, resid_mid, resid_post, ...); "
                            f"{point} is {p.width.value} wide" + (" and a trunk point" if p.scope is Scope.TRUNK else "")
                            + ", so it has no read-out.")
-    if not isinstance(k, int) or k < 1:
-        raise InputError(f"k must be a positive integer, got {k!r}.")
-    layers = list(range(lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
+    vocab = lm.facts.vocab_size
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (vocab and k > vocab):
+        raise InputError(f"k (how many top tokens per cell) must be an integer from 1 to the vocabulary size "
+                         f"{vocab}, got {k!r}.")
+    if not isinstance(keep_logits, bool):
+        raise InputError(f"keep_logits must be True or False, got {keep_logits!r}.")
+    layers = layer_list(layers, lm.facts)
     addrs = [Address(point, L).check(lm.facts) for L in layers]
-    transports = dict(transports or {})
-    for L in transports:
-        if L not in layers:
-            raise InputError(f"a transport is given for layer {L}, which is not among the lens layers {layers}.")
-    cache = capture(lm, prompt, addrs)
+    transports = _check_transports(transports, layers, lm.facts.d_model)
+    ids, _ = prepare(lm, prompt)
+    if ids.shape[0] != 1:
+        raise InputError(f"logit_lens reads one prompt, got a batch of {ids.shape[0]}: call it once per prompt.")
+    cache = capture(lm, ids, addrs)
     ids = cache.tokens
     all_logits, top_ids, top_probs = [], [], []
     for a in addrs:
@@ -143,9 +180,23 @@ def fit_tuned_lens(model: Any, corpus: Iterable[Any], layers: Sequence[int] | No
     """Fit h_L @ A + b ≈ h_last (the residual the final norm reads) by ridge least squares over a corpus."""
     from .. import _as_lm
 
+    import math
+
     lm = _as_lm(model)
     last = lm.facts.n_layers - 1
-    layers = [L for L in (range(lm.facts.n_layers) if layers is None else layers)]
+    p = _lens_point(point)
+    if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
+        raise AddressError(f"a tuned lens maps d_model-wide per-layer points (resid_pre, resid_mid, resid_post, ...); "
+                           f"{point} is not one.")
+    layers = layer_list(layers, lm.facts)
+    for L in layers:
+        Address(point, L).check(lm.facts)
+    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not math.isfinite(ridge) or ridge < 0:
+        raise InputError(f"ridge must be a finite number >= 0 (the L2 penalty), got {ridge!r}.")
+    if isinstance(corpus, (str, bytes, torch.Tensor)) or not hasattr(corpus, "__iter__"):
+        raise InputError("corpus must be an iterable of prompts (texts or token ids), e.g. a list of strings; got "
+                         f"{type(corpus).__name__}" + (" (a single string would be read character by character)"
+                                                       if isinstance(corpus, str) else "") + ".")
     xs: dict[int, list[torch.Tensor]] = {L: [] for L in layers}
     ys: list[torch.Tensor] = []
     n = 0

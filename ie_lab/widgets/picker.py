@@ -186,7 +186,10 @@ class Picker(_base.Panel):
             raise ValueError(f"unknown backend {backend!r}; expected one of {_points.BACKENDS}")
         self._facts = facts
         spec = describe(facts, backend, lm=lm)
-        L = facts.n_layers // 2 if layer is None else int(layer)
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+            raise AddressError(f"layer must be a layer number (an integer 0..{facts.n_layers - 1}) or None, got "
+                               f"{layer!r}.")
+        L = facts.n_layers // 2 if layer is None else layer
         if not 0 <= L < facts.n_layers:
             raise AddressError(f"layer {L} is out of range: this model has {facts.n_layers} layers.")
         super().__init__(spec=spec, layer=L)
@@ -264,5 +267,10 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
                                "Pass a transformers model_type, a config, or a config dict.")
         facts = ArchFacts.from_config(CONFIG_MAPPING[src]())
     else:
-        facts = ArchFacts.from_config(src)
+        try:
+            facts = ArchFacts.from_config(src)
+        except (TypeError, ValueError) as e:
+            raise AddressError(f"family_or_config must be a family name (a transformers model_type such as 'llama'), "
+                               f"a config (object or dict), ArchFacts or a Session; could not read "
+                               f"{type(src).__name__}: {e}") from None
     return Picker(facts, backend, layer=layer)
