@@ -109,6 +109,7 @@ def test_breaking_out_of_a_stream_removes_hooks():
     (dict(max_new_tokens=8, top_p=float("nan")), "top_p"),
     (dict(max_new_tokens=8, top_k=0), "top_k"),
     (dict(max_new_tokens=8, top_k=2.5), "top_k"),
+    (dict(max_new_tokens=8, top_k=10**12), "top_k"),
     (dict(max_new_tokens=8, n_logprobs=513), "n_logprobs"),
     (dict(max_new_tokens=8, n_logprobs=-1), "n_logprobs"),
     (dict(max_new_tokens=8, n_logprobs=1.5), "n_logprobs"),

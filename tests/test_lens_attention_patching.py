@@ -170,3 +170,111 @@ def test_capture_with_grad_stays_on_the_graph_and_survives_in_place_updates():
     assert any(p.grad is not None for p in lm.hf.parameters())
     lm.hf.zero_grad(set_to_none=True)
     assert_clean(lm)
+
+
+# ---- gradients between captured points (issue 13.5) ------------------------------------------------------
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _hand_grad(lm, at, u, read, *, pre=False, head=None):
+    """Reference d(sum(u * read's output)) / d(at's output, or input with pre=True), by swapping a leaf in by hand."""
+    box = {}
+
+    def leaf_for(t):
+        base = t.detach().clone()
+        if head is None:
+            box["x"] = base.requires_grad_()
+            return box["x"].clone()  # a clone, so in-place updates later in the forward are allowed
+        d = lm.facts.head_dim
+        box["x"] = base[..., head * d:(head + 1) * d].clone().requires_grad_()
+        return torch.cat([base[..., :head * d], box["x"], base[..., (head + 1) * d:]], -1)
+
+    if pre:
+        h1 = at.register_forward_pre_hook(lambda m, args: (leaf_for(args[0]),) + tuple(args[1:]))
+    else:
+        h1 = at.register_forward_hook(lambda m, args, out: (leaf_for(out[0]),) + tuple(out[1:])
+                                      if isinstance(out, tuple) else leaf_for(out))
+    h2 = read.register_forward_hook(lambda m, args, out: box.__setitem__("y", _first(out)))
+    try:
+        with torch.enable_grad():
+            lm.hf(input_ids=PROMPT, use_cache=False)
+        return torch.autograd.grad((box["y"] * u).sum(), box["x"])[0]
+    finally:
+        h1.remove()
+        h2.remove()
+
+
+@pytest.mark.parametrize("fam", ["llama", "falcon", "gpt2", "opt"])
+def test_capture_grad_links_points_through_the_model(fam):
+    lm = lm_for(fam)
+    b = lm.binding
+    c = ie_lab.capture(lm, PROMPT, ["resid_post.0", "mlp_out.0", "z.1.head-1", "resid_post.1"], grad=True)
+    plain = ie_lab.capture(lm, PROMPT, ["resid_post.0", "mlp_out.0", "z.1.head-1", "resid_post.1"])
+    for a in plain:  # linking changes no number
+        assert torch.equal(c[a].detach(), plain[a]), a
+    u = torch.randn(c["resid_post.1"].shape, generator=torch.Generator().manual_seed(0))
+    y = (c["resid_post.1"] * u).sum()
+    g_resid, g_mlp, g_head = torch.autograd.grad(y, [c["resid_post.0"], c["mlp_out.0"], c["z.1.head-1"]])
+    torch.testing.assert_close(g_resid, _hand_grad(lm, b.layers[0].layer, u, b.layers[1].layer), atol=1e-5, rtol=1e-4)
+    ref_mlp = _hand_grad(lm, b.layers[0].mlp_out_module, u, b.layers[1].layer)
+    torch.testing.assert_close(g_mlp, ref_mlp.reshape(g_mlp.shape), atol=1e-5, rtol=1e-4)  # OPT: [tokens, width]
+    torch.testing.assert_close(g_head, _hand_grad(lm, b.layers[1].o_proj, u, b.layers[1].layer, pre=True, head=1),
+                               atol=1e-5, rtol=1e-4)
+    assert float(g_resid.abs().sum()) > 0 and float(g_head.abs().sum()) > 0
+    lm.hf.zero_grad(set_to_none=True)
+    assert_clean(lm)
+
+
+def test_capture_grad_through_a_residual_multiplier():
+    lm = lm_for("granite")  # mlp_out_post = 0.22 * the MLP's output
+    lb = lm.binding.layers[0]
+    c = ie_lab.capture(lm, PROMPT, ["mlp_out_post.0", "resid_post.1"], grad=True)
+    torch.testing.assert_close(c["mlp_out_post.0"].detach(), ie_lab.capture(lm, PROMPT, ["mlp_out_post.0"])["mlp_out_post.0"],
+                               atol=0, rtol=0)
+    u = torch.randn(c["resid_post.1"].shape, generator=torch.Generator().manual_seed(1))
+    (g,) = torch.autograd.grad((c["resid_post.1"] * u).sum(), [c["mlp_out_post.0"]])
+    ref = _hand_grad(lm, lb.mlp_out_module, u, lm.binding.layers[1].layer) / lb.mlp_multiplier
+    torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-4)
+    lm.hf.zero_grad(set_to_none=True)
+    assert_clean(lm)
+
+
+def test_capture_grad_on_frozen_weights_still_links_points():
+    lm = lm_for("llama")
+    flags = [p.requires_grad for p in lm.hf.parameters()]
+    for p in lm.hf.parameters():
+        p.requires_grad_(False)
+    try:
+        c = ie_lab.capture(lm, PROMPT, ["resid_post.0", "final_norm"], grad=True)
+        (g,) = torch.autograd.grad(c["final_norm"].sum(), [c["resid_post.0"]])
+    finally:
+        for p, f in zip(lm.hf.parameters(), flags):
+            p.requires_grad_(f)
+    ones = torch.ones_like(c["final_norm"])
+    torch.testing.assert_close(g, _hand_grad(lm, lm.binding.layers[0].layer, ones, lm.binding.final_norm))
+    assert_clean(lm)
+
+
+def test_gradients_of_a_metric_on_any_point():
+    lm = lm_for("llama")
+    u = torch.randn(1, PROMPT.shape[1], lm.facts.d_model, generator=torch.Generator().manual_seed(2))
+    g = ie_lab.gradients(lm, PROMPT, lambda t: (t * u).sum(), ["resid_post.0"], of="resid_post.1")
+    ref = _hand_grad(lm, lm.binding.layers[0].layer, u, lm.binding.layers[1].layer)
+    torch.testing.assert_close(g["resid_post.0"], ref, atol=1e-5, rtol=1e-4)
+    # A Cache of several points; one upstream of the point differentiated contributes nothing.
+    g2 = ie_lab.gradients(lm, PROMPT, lambda c: (c["resid_post.1"] * u).sum() + c["resid_pre.0"].sum(),
+                          ["resid_post.0"], of=["resid_post.1", "resid_pre.0"])
+    torch.testing.assert_close(g2["resid_post.0"], ref, atol=1e-5, rtol=1e-4)
+    # Attention patterns are measurable too: d(attention of layer 1 to token 0) / d resid_post.0.
+    g3 = ie_lab.gradients(lm, PROMPT, lambda p: p[0, :, -1, 0].sum(), ["resid_post.0"], of="attn_probs.1")
+    assert float(g3["resid_post.0"].abs().sum()) > 0
+    with pytest.raises(ie_lab.InputError, match="scalar"):
+        ie_lab.gradients(lm, PROMPT, lambda t: t, ["resid_post.0"], of="resid_post.1")
+    with pytest.raises(ie_lab.AddressError):
+        ie_lab.gradients(lm, PROMPT, lambda t: t.sum(), ["resid_post.0"], of="resid_pist.1")
+    with pytest.raises(ie_lab.InputError, match="metric"):
+        ie_lab.gradients(lm, PROMPT, "logits", ["resid_post.0"])
+    lm.hf.zero_grad(set_to_none=True)
+    assert_clean(lm)

@@ -1,16 +1,31 @@
-"""capture(): one forward of the raw model with hooks at the requested points."""
+"""capture(): one forward of the raw model with hooks at the requested points.
+
+With grad=True the returned tensors form one autograd graph: where a point is a module boundary the rest of
+the forward reads (a residual, a branch input or output), the tensor returned is the one the forward goes on
+from, so ``torch.autograd.grad(c["resid_post.3"].sum(), c["resid_post.0"])`` is the model's own derivative.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections import defaultdict
 from typing import Any, Iterable
 
 import torch
 
 from ..address import Address, AddressLike
+from ..arch.binder import first_tensor, hidden_arg
 from ..cache import Cache
-from ..errors import AddressError, StructureError
+from ..errors import AddressError, InputError, StructureError
 from .inputs import prepare, str_tokens
-from .taps import Taps
+from .taps import Taps, resolve
+
+# Points whose tensor is a module's input or output that the rest of the forward reads, in full, from that
+# very boundary: returning the tensor the forward goes on from makes later points functions of it. resid_mid
+# is left out: it is read at the MLP norm's input, while the residual add reads the stream itself.
+LINKABLE = frozenset({"embeddings", "resid_pre", "resid_post", "attn_in", "z", "attn_out", "attn_out_post",
+                      "mlp_in", "mlp_pre", "mlp_pre_linear", "mlp_act", "mlp_out", "mlp_out_post", "final_norm",
+                      "value"})
 
 
 def parse_addresses(lm: Any, addresses: AddressLike | Iterable[AddressLike]) -> list[Address]:
@@ -35,29 +50,152 @@ def slice_head(addr: Address, t: torch.Tensor, facts: Any) -> torch.Tensor:
     return t.reshape(*t.shape[:-1], -1, facts.head_dim)[..., addr.head, :]
 
 
+def _replace_input(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor) -> tuple[tuple, dict]:
+    """The module call's arguments with the hidden-states tensor `old` (found by hidden_arg) swapped for `new`."""
+    kwargs = dict(kwargs)
+    for k, v in kwargs.items():
+        if v is old:
+            kwargs[k] = new
+            return args, kwargs
+    return tuple(new if a is old else a for a in args), kwargs
+
+
+def _replace_first(out: Any, new: torch.Tensor) -> Any:
+    if isinstance(out, torch.Tensor):
+        return new
+    items = list(out)
+    i = next(j for j, t in enumerate(items) if isinstance(t, torch.Tensor))
+    items[i] = new
+    return type(out)(items) if type(out) in (tuple, list) else out.__class__(*items)
+
+
+def _is_identity(transform: Any) -> bool:
+    probe = torch.zeros(1, 1, 2)
+    try:
+        return transform(probe) is probe
+    except Exception:  # transforms that need a real shape (fused qkv) are not the identity
+        return False
+
+
+class _Links:
+    """Hooks that put the returned tensor of each linkable point on the forward's own path (grad=True).
+
+    At the boundary the hook clones the point's value into P (what capture returns) and hands the rest of
+    the forward ``t.detach() + (P - P.detach()) / m``: the same numbers exactly (it adds zeros), but the rest
+    of the forward now depends on t only through P, so d(anything later) / dP is the model's derivative with
+    respect to that point and gradients to earlier points pass through P once. P itself never flows on, so
+    in-place updates later in the forward cannot change it. Heads asked of a point are cloned one by one and P is stacked
+    from them, so a single head is a differentiable input too."""
+
+    def __init__(self, lm: Any, addrs: list[Address]):
+        self.lm = lm
+        self.shape = (0, 0)
+        self.bases: dict[Address, tuple[Any, float | None, bool]] = {}  # base -> (source, multiplier, per head)
+        for a in addrs:
+            if a.name not in LINKABLE:
+                continue
+            src = resolve(lm, a.without_head())
+            if src.kind not in ("pre", "post"):
+                continue  # read from inside the attention call: no boundary the forward goes on from
+            mult = None
+            if a.name in ("attn_out_post", "mlp_out_post"):
+                lb = lm.binding.layers[a.layer]
+                mult = lb.attn_multiplier if a.name == "attn_out_post" else lb.mlp_multiplier
+            if mult is None and not _is_identity(src.transform):
+                continue  # a reshaping view (per-layout q/k norms, a fused qkv slice): returned by the taps
+            prev = self.bases.get(a.without_head())
+            self.bases[a.without_head()] = (src, mult, a.head is not None or bool(prev and prev[2]))
+        self.got: dict[Address, list[torch.Tensor]] = defaultdict(list)
+        self.heads: dict[Address, list[list[torch.Tensor]]] = defaultdict(list)
+        self._handles: list[Any] = []
+
+    def _link(self, base: Address, t: torch.Tensor) -> torch.Tensor | None:
+        src, mult, per_head = self.bases[base]
+        b, s = self.shape
+        t3 = t.reshape(b, s, -1) if t.dim() == 2 and b and t.shape[0] == b * s else t  # OPT flattens tokens
+        v = src.transform(t3)
+        if not v.requires_grad:  # frozen weights: the point is still a differentiable input for what follows
+            v = v.detach().requires_grad_()
+        if per_head:
+            pieces = [p.clone() for p in v.reshape(*v.shape[:-1], -1, self.lm.facts.head_dim).unbind(-2)]
+            point = torch.stack(pieces, dim=-2).reshape(v.shape)
+            self.heads[base].append(pieces)
+        else:
+            point = v.clone()
+        self.got[base].append(point)
+        # The rest of the forward depends on t only through the point (t itself goes on detached), so nothing
+        # upstream is counted twice; adding zeros keeps its numbers exactly t's.
+        zero = point - point.detach()
+        flow = t3.detach() + (zero / mult if mult is not None else zero)
+        return flow.reshape(t.shape)
+
+    def __enter__(self) -> "_Links":
+        for base, (src, _, _) in self.bases.items():
+            if src.kind == "pre":
+                def pre(mod, args, kwargs, base=base):
+                    h = hidden_arg(args, kwargs)
+                    return _replace_input(args, kwargs, h, self._link(base, h))
+                # Prepended, so the taps and any other hook on this module see what flows on.
+                self._handles.append(src.module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
+            else:
+                def post(mod, args, kwargs, out, base=base):
+                    return _replace_first(out, self._link(base, first_tensor(out)))
+                self._handles.append(src.module.register_forward_hook(post, with_kwargs=True, prepend=True))
+        return self
+
+    def serves(self, a: Address) -> bool:
+        return a.without_head() in self.bases
+
+    def value(self, a: Address) -> list[torch.Tensor] | None:
+        base = a.without_head()
+        if base not in self.got:
+            return None
+        if a.head is None:
+            return self.got[base]
+        return [pieces[a.head] for pieces in self.heads[base]]
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
 def capture(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[AddressLike], *,
             grad: bool = False) -> Cache:
     """Run one forward and return the requested points, keyed by Address.
 
     Per-token points come back [batch, seq, width]; attention matrices [batch, heads, query, key].
-    With grad=True the tensors stay attached to the autograd graph.
+    With grad=True the tensors form one autograd graph: a later point is differentiable with respect to an
+    earlier one (residuals, branch inputs and outputs, z and its heads; see docs/ATTENTION_AND_PATCHING.md).
     """
     from .. import _as_lm
 
     lm = _as_lm(model)
     addrs = parse_addresses(lm, addresses)
+    if not isinstance(grad, bool):
+        raise InputError(f"grad must be True or False, got {grad!r}.")
     ids, mask = prepare(lm, tokens_or_text)
     with lm.lock:
-        taps = Taps(lm, addrs, grad=grad)  # refuses absent points before any hook is placed
+        links = _Links(lm, addrs) if grad else None  # refuses absent points before any hook is placed
+        taps = Taps(lm, [a for a in addrs if links is None or not links.serves(a)], grad=grad)
         taps.shape = (ids.shape[0], ids.shape[1])
         kwargs: dict[str, Any] = {"use_cache": False}
         if taps.needs_output_attentions:
             kwargs["output_attentions"] = True
         ctx = torch.enable_grad() if grad else torch.no_grad()
-        with ctx, taps:
+        with ctx, taps, (links if links is not None else contextlib.nullcontext()):
+            if links is not None:
+                links.shape = taps.shape
             lm.hf(input_ids=ids, attention_mask=mask, **kwargs)
     out: dict[Address, torch.Tensor] = {}
     for a in addrs:
+        linked = links.value(a) if links is not None else None
+        if linked is not None:
+            if len(linked) != 1:
+                raise StructureError(f"{a} was seen {len(linked)} times in one forward (expected once): the module "
+                                     "it is read from is shared or skipped on this family, so ie_lab will not pick one.")
+            out[a] = linked[0]
+            continue
         parts = taps.collected.get(a.without_head(), [])
         if len(parts) != 1:
             raise StructureError(

@@ -122,8 +122,9 @@ def _check_args(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, n
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
         raise InputError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}.")
-    if top_k is not None and (not _is_int(top_k) or top_k < 1):
-        raise InputError(f"top_k must be a positive integer or None (no top-k cut), got {top_k!r}.")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1 or (vocab and top_k > vocab)):
+        raise InputError(f"top_k must be None (no top-k cut) or an integer from 1 to the vocabulary size "
+                         f"({vocab or 'of the model'}), got {top_k!r}.")
     if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):  # a nan fails the comparison too
         raise InputError(f"top_p must be a number in (0, 1] or None (no nucleus cut), got {top_p!r}.")
     if not _is_int(n_logprobs) or n_logprobs < 0 or (vocab and n_logprobs > vocab):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -9,12 +10,13 @@ import torch
 
 from ..address import Address, AddressLike
 from ..cache import Cache
-from ..errors import CapabilityUnsupported, InputError
-from .capture import capture, parse_addresses
+from ..errors import CapabilityUnsupported, InputError, StructureError
+from .capture import capture, parse_addresses, slice_head
 from .inputs import prepare, str_tokens
+from .taps import Taps
 from .writers import WRITABLE, Writers
 
-Metric = Callable[[torch.Tensor], Any]  # logits [batch, seq, vocab] -> scalar
+Metric = Callable[[torch.Tensor], Any]  # logits [batch, seq, vocab] -> scalar (gradients(of=...): a point or a Cache)
 
 
 def logit_diff(good: int, bad: int, position: int = -1) -> Metric:
@@ -157,20 +159,31 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     return PatchGrid(grid, [str(a) for a in addrs], cols, clean_m, corr_m, getattr(metric, "__name__", "metric"))
 
 
-def gradients(model: Any, prompt: Any, metric: Metric, addresses: AddressLike | Iterable[AddressLike]) -> Cache:
-    """d metric / d point for each address (the total derivative through everything downstream)."""
+def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: AddressLike | Iterable[AddressLike],
+              *, of: AddressLike | Iterable[AddressLike] | None = None) -> Cache:
+    """d metric / d point for each address (the total derivative through everything downstream).
+
+    The metric receives the logits [batch, seq, vocab] by default; with ``of="resid_post.3"`` the tensor of
+    that point instead, with ``of=[...]`` a Cache of those points (read in the same forward, so any point
+    capture serves can be measured, including attention patterns). It returns a scalar tensor.
+    """
     from .. import _as_lm
 
     lm = _as_lm(model)
     if getattr(lm, "backend", "eager") != "eager":
         raise CapabilityUnsupported("gradients", f"the {lm.backend} backend runs inference kernels without autograd.",
                                     "load the model with backend='eager'.")
+    if not callable(metric):
+        raise InputError(f"metric must be a function returning a scalar tensor, got {type(metric).__name__}; e.g. "
+                         "ie_lab.logit_diff(good_id, bad_id), or lambda t: t[0, -1].norm() with of='resid_post.1'.")
     addrs = parse_addresses(lm, addresses)
     for a in addrs:
         if a.name not in WRITABLE:
             raise CapabilityUnsupported(f"gradients with respect to {a.name}",
                                         "it is read inside the attention call, off the autograd path ie_lab can tap.",
                                         "take gradients with respect to z or a residual point.")
+    single = isinstance(of, (str, Address))
+    measured = parse_addresses(lm, of) if of is not None else []
     ids, mask = prepare(lm, prompt)
     leaves: dict[Address, torch.Tensor] = {}
 
@@ -181,12 +194,36 @@ def gradients(model: Any, prompt: Any, metric: Metric, addresses: AddressLike | 
             return t + leaf  # same value; its gradient is d metric / d point
         return edit
 
-    with lm.lock, torch.enable_grad(), Writers(lm, [(a, probe(a)) for a in addrs]) as w:
+    taps = Taps(lm, measured, grad=True) if measured else None  # refuses absent points before any hook exists
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(lm.lock)
+        stack.enter_context(torch.enable_grad())
+        w = stack.enter_context(Writers(lm, [(a, probe(a)) for a in addrs]))
         w.shape = (ids.shape[0], ids.shape[1])
-        value = metric(_forward(lm, ids, mask))
+        if taps is not None:
+            stack.enter_context(taps)
+            taps.shape = w.shape
+        logits = _forward(lm, ids, mask)
+        if taps is None:
+            arg: Any = logits
+        else:
+            seen = {}
+            for m in measured:
+                parts = taps.collected.get(m.without_head(), [])
+                if len(parts) != 1:
+                    raise StructureError(f"{m} was seen {len(parts)} times in one forward (expected once), so "
+                                         "ie_lab will not pick one to measure.")
+                seen[m] = slice_head(m, parts[0], lm.facts)
+            arg = seen[measured[0]] if single else Cache(seen, tokens=ids, str_tokens=str_tokens(lm, ids))
+        value = metric(arg)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise InputError("the metric must return a scalar tensor computed from the logits.")
-        grads = torch.autograd.grad(value, [leaves[a] for a in addrs], allow_unused=True)
+            what = "the logits" if taps is None else ("the point's tensor" if single else "the cache of points")
+            raise InputError(f"the metric must return a scalar tensor computed from {what}, got "
+                             f"{type(value).__name__}" + (f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor)
+                                                         else "") + "; reduce it, e.g. with .sum() or .mean().")
+        # A metric read upstream of every point (or not from the model at all) does not depend on them: zeros.
+        grads = (torch.autograd.grad(value, [leaves[a] for a in addrs], allow_unused=True) if value.requires_grad
+                 else [None] * len(addrs))
     out = {a: (g if g is not None else torch.zeros_like(leaves[a])).detach() for a, g in zip(addrs, grads)}
     return Cache(out, tokens=ids, str_tokens=str_tokens(lm, ids))
 
