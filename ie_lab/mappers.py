@@ -222,7 +222,8 @@ def _to_regex(template: str) -> re.Pattern:
 
 
 def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens") -> str:
-    """The other engine's name for an ie_lab address on this model (or family name / config)."""
+    """The other engine's name for an ie_lab address on this model (a loaded model or Session, a config, or a
+    family name; see docs/MAPPERS.md for what a family name can and cannot settle)."""
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r}: engine must be one of {', '.join(map(repr, ENGINES))}."
                          f"{did_you_mean(str(engine), ENGINES)}")

@@ -4,6 +4,10 @@
 # A hook name is a claim about which tensor you get. `ie_lab.mappers` translates names both ways and is
 # *model-aware*: TransformerLens' `blocks.L.hook_mlp_out` is taken where the MLP's output joins the residual,
 # which is the raw MLP output on Llama but the post-norm output on Gemma 2.
+#
+# Pass the Session itself (or a loaded model): the answer is for the structure ie_lab measured on this
+# checkpoint. A config or a family name works without weights; a family name refuses where the checkpoint's
+# config decides the answer.
 
 # %%
 import ie_lab
@@ -16,7 +20,7 @@ s = ie_lab.Session(ie_lab.DEMO_MODEL, device="cpu", progress=False)
 for name in ["blocks.2.hook_resid_post", "blocks.2.hook_mlp_out", "blocks.1.attn.hook_pattern",
              "blocks.1.attn.hook_z", "blocks.3.mlp.hook_post", "ln_final.hook_normalized"]:
     try:
-        print(f"{name:30} -> {from_engine(name, s._lm)}")
+        print(f"{name:30} -> {from_engine(name, s)}")
     except ie_lab.AddressError as e:
         print(f"{name:30} -> refused: {e}")
 
@@ -28,7 +32,7 @@ for family in ["llama", "gemma2", "olmo2"]:
 # %%
 # NBVAL_CHECK_OUTPUT
 for engine in ["transformerlens", "transformerlens_bridge", "nnterp"]:
-    print(engine, "<-", to_engine("resid_post.2", s._lm, engine), "|", to_engine("mlp_out.2", s._lm, engine))
+    print(engine, "<-", to_engine("resid_post.2", s, engine), "|", to_engine("mlp_out.2", s, engine))
 
 # %% [markdown]
 # | TransformerLens | nnsight / nnterp | ie_lab |

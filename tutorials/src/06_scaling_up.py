@@ -35,7 +35,7 @@ print(s.logit_lens("The Eiffel Tower is in", k=3))
 g = ie_lab.Session("google/gemma-2-2b", dtype="bfloat16")
 print(g.describe())                                      # sandwich norms, sliding windows, softcaps: measured
 from ie_lab.mappers import from_engine
-print(from_engine("blocks.5.hook_mlp_out", g._lm))       # mlp_out_post.5 on Gemma 2
+print(from_engine("blocks.5.hook_mlp_out", g))           # mlp_out_post.5 on Gemma 2
 
 # %% [markdown]
 # ## Many requests at once: the vLLM backend
