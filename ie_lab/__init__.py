@@ -10,8 +10,11 @@ from .address import Address
 from .cache import Cache
 from .errors import (
     AddressError,
+    ArchitectureUnsupported,
     CapabilityUnsupported,
+    ComputeDiffersWarning,
     IELabError,
+    IELabWarning,
     InputError,
     PointAbsent,
     StructureError,
@@ -117,7 +120,7 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
 
 
 __all__ = [
-    "Address", "AddressError", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent",
+    "Address", "AddressError", "ArchitectureUnsupported", "ComputeDiffersWarning", "IELabWarning", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent",
     "StructureError", "DEMO_MODEL", "apply_chat_template", "attention", "attribution_patch", "capture", "cheatsheet",
     "fit_tuned_lens", "generate", "generate_stream", "gradients", "load", "logit_diff", "logit_lens",
     "message_spans", "patch", "patch_sweep", "points", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",

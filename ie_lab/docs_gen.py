@@ -28,8 +28,18 @@ def capabilities_md() -> str:
         "# Capabilities\n\n"
         "What each backend can do. Anything marked otherwise raises `ie_lab.CapabilityUnsupported(what, why, "
         "instead)`; no backend ever returns a silently different result.\n\n"
-        f"{_MARK}\n\n" + capabilities.markdown_table()
+        f"{_MARK}\n\n" + capabilities.markdown_table() + _options_md()
     )
+
+
+def _options_md() -> str:
+    from . import loading  # its OPTIONS table is checked row by row by tests/test_option_audit.py
+
+    return ("\n## Options that change the answer\n\n"
+            "What each option of `ie_lab.load` / `Session` does to the tensors you get back on the eager backend. Each "
+            "either gives the raw transformers model's answer under the same option or refuses; the load line says "
+            "which kernel, dtype and device were used and whether your model object was copied or put in eval mode.\n\n"
+            + loading.options_markdown())
 
 
 def demo_model_md() -> str:

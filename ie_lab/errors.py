@@ -47,6 +47,26 @@ class StructureError(IELabError, RuntimeError):
     """The binder could not understand a model's module tree well enough to serve it faithfully."""
 
 
+class ArchitectureUnsupported(StructureError, ValueError):
+    """A family whose structure ie_lab does not bind yet (state-space, recurrent or hybrid blocks, ...).
+
+    Raised at load, before weights are read where the config alone tells; also a ValueError, as the
+    config-arithmetic refusal it replaces was."""
+
+    def __init__(self, what: str, why: str, instead: str):
+        self.what, self.why, self.instead = what, why, instead
+        super().__init__(f"{what}: {why} Instead: {instead}")
+
+
+class IELabWarning(UserWarning):
+    """Base class: ie_lab goes ahead as asked, but tells you something you should know."""
+
+
+class ComputeDiffersWarning(IELabWarning):
+    """The model will compute a different answer from its reference implementation (e.g. an attention kernel
+    that leaves out the family's soft-cap), because that is what was asked for or what the object was built with."""
+
+
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The nearest valid spelling, for 'did you mean' hints."""
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 from typing import Any
 
 import torch
 
-from .errors import CapabilityUnsupported, InputError
+from .errors import ArchitectureUnsupported, CapabilityUnsupported, InputError
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -51,42 +53,128 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _on(p: torch.Tensor, want: torch.device) -> bool:
+    return p.device.type == want.type and (want.index is None or p.device.index == want.index
+                                           or (p.device.index is None and want.index == 0))
+
+
+def _needs_change(model: torch.nn.Module, dev: torch.device | None, dtype: torch.dtype | None) -> bool:
+    for p in model.parameters():
+        if dev is not None and not _on(p, dev):
+            return True
+        if dtype is not None and p.is_floating_point() and p.dtype != dtype:
+            return True
+    return False
+
+
+def _json_in(src: str, filename: str) -> dict:
+    """A JSON file of a folder or hub repo (the file only: nothing in it runs), or {} when there is none."""
+    if os.path.isdir(src):
+        path = os.path.join(src, filename)
+        path = path if os.path.isfile(path) else None
+    else:
+        from transformers.utils import cached_file
+
+        try:
+            path = cached_file(src, filename, _raise_exceptions_for_missing_entries=False,
+                               _raise_exceptions_for_connection_errors=False)
+        except OSError:
+            path = None
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _tokenizer_code(src: str) -> str | None:
+    """The custom tokenizer class a folder or repo names through auto_map, if any (read, never imported)."""
+    for filename in ("tokenizer_config.json", "config.json"):
+        auto = _json_in(src, filename).get("auto_map") or {}
+        ref = auto.get("AutoTokenizer") if isinstance(auto, dict) else None
+        if ref:
+            names = [r for r in (ref if isinstance(ref, (list, tuple)) else [ref]) if r]
+            return f"{' / '.join(names)} (auto_map in {filename})"
+    return None
+
+
+def _refuse_tokenizer_code(src: str, trust_remote_code: bool) -> None:
+    code = _tokenizer_code(src)
+    if code and not trust_remote_code:
+        raise InputError(
+            f"the tokenizer at {src!r} is custom code: {code}. ie_lab runs no code from a model's files unless you "
+            "pass trust_remote_code=True after reading it, and it will not swap in a generic tokenizer that may split "
+            "text differently. Pass trust_remote_code=True, or tokenizer= a tokenizer you built yourself.")
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "tokenizer.tiktoken")
+
+
+def _load_tokenizer(src: str, trust_remote_code: bool, asked: bool):
+    """The tokenizer at `src`, or None where there is none (the load line says so); custom code only if trusted."""
+    from transformers import AutoTokenizer
+
+    _refuse_tokenizer_code(src, trust_remote_code)
+    if not asked and os.path.isdir(src) and not any(os.path.isfile(os.path.join(src, f)) for f in _TOKENIZER_FILES):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        if not asked and not os.path.isdir(src) and not (_json_in(src, "tokenizer_config.json")
+                                                         or _json_in(src, "tokenizer.json")):
+            return None  # a hub repo that ships no tokenizer
+        raise InputError(f"could not load the tokenizer at {src!r} ({type(e).__name__}: {str(e).strip()[:300]}). "
+                         "Pass tokenizer= a tokenizer object, or the id or folder of one.") from None
+
+
+def _check_tokenizer_arg(tokenizer: Any, trust_remote_code: bool):
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return _load_tokenizer(os.path.expanduser(os.fspath(tokenizer)), trust_remote_code, asked=True)
+    return tokenizer
+
+
 def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", device: Any = None, dtype: Any = None,
-         *, trust_remote_code: bool = False, quiet: bool = False):
+         *, attn_implementation: str | None = None, trust_remote_code: bool = False, quiet: bool = False):
     """Wrap a raw transformers causal LM for ie_lab.
 
     model_or_path: an HF id, a local folder, or an already-built model object (pass its tokenizer too).
-    Weights load from safetensors only; remote code runs only with trust_remote_code=True.
+    Weights load from safetensors only; remote code (model or tokenizer) runs only with trust_remote_code=True.
+    attn_implementation: by default the kernel that computes everything the config asks for (eager where sdpa would
+    drop a soft-cap, else transformers' default); another one is honoured with a ComputeDiffersWarning if it drops
+    something. A model object is never changed behind your back: asking for another dtype or device works on a
+    copy, and the eval mode ie_lab needs is undone by Session.close() or lm.release(). The load line says each.
     """
-    from .eager.model import EagerModel
+    from .eager.model import EagerModel, choose_attention
 
     if backend not in ("eager", "vllm", "auto"):
         raise InputError(f"unknown backend {backend!r}; use 'eager', 'vllm' or 'auto'.")
+    if attn_implementation is not None and not isinstance(attn_implementation, str):
+        raise InputError(f"attn_implementation must be a name such as 'eager' or 'sdpa', got {attn_implementation!r}.")
     if backend == "vllm":
         # vLLM loads its own weights inside its workers: the handle is a Session on the vLLM backend.
         if isinstance(model_or_path, torch.nn.Module):
             raise CapabilityUnsupported(
                 "a model object on backend='vllm'", "vLLM loads the weights itself from a folder or HF id.",
                 "pass the folder or id (save_pretrained first), or use backend='eager'.")
+        if attn_implementation is not None:
+            raise CapabilityUnsupported(
+                "attn_implementation on backend='vllm'", "vLLM runs its own attention kernels (docs/VLLM.md).",
+                "leave attn_implementation unset, or use backend='eager'.")
         from .session import Session
 
         return Session(model_or_path, backend="vllm", device=device, dtype=dtype, tokenizer=tokenizer,
                        trust_remote_code=trust_remote_code, progress=not quiet)
     torch_dtype = resolve_dtype(dtype)
     if isinstance(model_or_path, torch.nn.Module):
-        model = model_or_path
-        if device is not None or torch_dtype is not None:
-            dev, _ = pick_device(device) if device is not None else (None, "")
-            model = model.to(device=dev, dtype=torch_dtype)
-        model.eval()
-        if not quiet:
-            p = next(model.parameters())
-            print(f"ie_lab: model object on {p.device}, {str(p.dtype).replace('torch.', '')}"
-                  + (" (as asked)" if device is not None or torch_dtype is not None else " (kept as given)"))
-        return EagerModel(model, tokenizer)
+        return _load_object(model_or_path, tokenizer, device, torch_dtype, attn_implementation,
+                            trust_remote_code, quiet)
     if not isinstance(model_or_path, (str, os.PathLike)):
         raise InputError(f"expected an HF id, a folder path or a model object, got {type(model_or_path).__name__}.")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     src = os.fspath(model_or_path)
     looks_local = src.startswith((".", "/", "~")) or os.sep in src and not src.count("/") == 1
@@ -99,11 +187,9 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
                              "(convert with model.save_pretrained(path, safe_serialization=True)).")
     dev, why = pick_device(device)
     torch_dtype = torch_dtype or default_dtype(dev)
-    if not quiet:
-        print(f"ie_lab: {why}; dtype {str(torch_dtype).replace('torch.', '')}")
+    # Everything that can refuse does so from the config and the tokenizer files, before any weights are read.
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=torch_dtype, use_safetensors=True, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
     except OSError as e:
         raise InputError(f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
                          "in the local HF cache or a folder.") from None
@@ -112,12 +198,109 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
             raise InputError(f"{src!r} needs custom code from its repository; ie_lab runs none unless you pass "
                              "trust_remote_code=True after reading that code.") from None
         raise
+    from .arch.config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
+
+    found = unbound_structure(config)
+    if found is not None:
+        raise ArchitectureUnsupported(found[0], found[1], UNBOUND_INSTEAD)
+    facts = ArchFacts.from_config(config)  # refuses a config it cannot read, naming what is missing
+    asked_tokenizer = tokenizer is not None
+    if asked_tokenizer:
+        tokenizer = _check_tokenizer_arg(tokenizer, trust_remote_code)
+    else:
+        _refuse_tokenizer_code(src, trust_remote_code)
+    impl, attn_words = choose_attention(facts.raw, attn_implementation)
+    kwargs = {"attn_implementation": impl} if impl else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=torch_dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs)
+    except OSError as e:
+        raise InputError(f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
+                         "in the local HF cache or a folder.") from None
+    except (ValueError, ImportError) as e:
+        if attn_implementation is not None:
+            raise InputError(f"attn_implementation={attn_implementation!r} cannot run here: {e}. Use 'eager' or "
+                             "'sdpa', or leave it unset.") from None
+        raise
     model.to(dev).eval()
-    if tokenizer is None:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError):
-            tokenizer = None
-    elif isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=trust_remote_code)
-    return EagerModel(model, tokenizer, name=os.fspath(model_or_path))
+    if not asked_tokenizer:
+        tokenizer = _load_tokenizer(src, trust_remote_code, asked=False)
+    lm = EagerModel(model, tokenizer, name=os.fspath(model_or_path))
+    if not quiet:
+        words = [why, f"dtype {_name(torch_dtype)}"]
+        words.append(attn_words or f"attention {getattr(model.config, '_attn_implementation', '?')}")
+        if tokenizer is None:
+            words.append("no tokenizer found: pass ids, or tokenizer= to use text")
+        print("ie_lab: " + "; ".join(words))
+    return lm
+
+
+def _load_object(model: torch.nn.Module, tokenizer: Any, device: Any, torch_dtype: torch.dtype | None,
+                 attn_implementation: str | None, trust_remote_code: bool, quiet: bool):
+    from .eager.model import EagerModel
+
+    if attn_implementation is not None:
+        # Switching kernels on the caller's object would change their model; ie_lab leaves that to them.
+        raise CapabilityUnsupported(
+            "attn_implementation= with a model object", "the kernel is part of the object you built, and ie_lab does "
+            "not change your object.",
+            f"call model.set_attn_implementation({attn_implementation!r}) yourself first, or load from the folder "
+            f"or id with attn_implementation={attn_implementation!r}.")
+    tokenizer = _check_tokenizer_arg(tokenizer, trust_remote_code)
+    dev = pick_device(device)[0] if device is not None else None
+    p = next(model.parameters())
+    given = f"{p.device}, {_name(p.dtype)}"
+    notes = []
+    if _needs_change(model, dev, torch_dtype):
+        # Never cast or move the caller's object in place: casting back does not restore the weights.
+        target = copy.deepcopy(model).to(device=dev, dtype=torch_dtype)
+        target.eval()
+        q = next(target.parameters())
+        notes.append(f"working on a copy in {_name(q.dtype)} on {q.device} (your object stays {given}; the copy "
+                     "takes memory of its own)")
+        lm = EagerModel(target, tokenizer)
+    else:
+        lm = EagerModel(model, tokenizer)
+        notes.append(f"model object on {given} (kept as given)")
+        if lm.hold_eval():
+            notes.append("switched from training to eval mode (dropout off); Session.close() or lm.release() "
+                         "restores each module's mode")
+    if not quiet:
+        notes.append(f"attention {getattr(lm.hf.config, '_attn_implementation', '?')}")
+        print("ie_lab: " + "; ".join(notes))
+    return lm
+
+
+# What each option of load() / Session() does to the answer on the eager backend (docs/CAPABILITIES.md is generated
+# from this). tests/test_option_audit.py checks every row: the result equals the raw transformers model run with
+# the same option, or the call refuses.
+OPTIONS: tuple[tuple[str, str, str], ...] = (
+    ("`dtype`", "the weights and every activation are computed in that dtype; from a folder or id the weights load "
+     "in it (`from_pretrained(dtype=...)`), a model object is copied and cast (your object is left as it is). "
+     "Default: float32 on CPU, bfloat16 (or float16) on CUDA, float16 on MPS",
+     "equals the raw model loaded (or cast) with the same dtype, bit for bit; unknown names refuse"),
+    ("`device`", "where the model runs; a model object elsewhere is copied there (your object stays put). Default: "
+     "CUDA, then MPS, then CPU, with the reason in the load line",
+     "cpu audited here (equals the raw model); a device that is not present refuses"),
+    ("`attn_implementation`", "the attention kernel. Unset: the one that computes everything the config asks for "
+     "(eager where sdpa would drop `attn_logit_softcapping`, as on Gemma 2; transformers' default elsewhere, where "
+     "the kernels agree to float noise); the load line names it and why. Set: honoured, with a "
+     "`ComputeDiffersWarning` when it drops something (`quirks.ATTENTION_KERNEL_DROPS`). A model object keeps the "
+     "kernel it was built with (warned the same way); passing the option with an object refuses",
+     "equals the raw model with the same kernel; unset, equals the eager reference and differs from sdpa on Gemma 2; "
+     "a kernel that cannot run here refuses"),
+    ("`tokenizer`", "how text becomes ids: unset, the folder's or id's own tokenizer (none found: the load line says "
+     "so and text input refuses); a path or id loads that one; an object is used as given",
+     "ids equal the raw tokenizer's on the same text; a tokenizer that fails to load refuses"),
+    ("`trust_remote_code`", "lets custom code from the model's files run (model or tokenizer classes named by "
+     "`auto_map`). Without it such a model or tokenizer refuses before any of its code is imported, never replaced "
+     "by a generic class", "refusal checked with code that would leave a trace if imported"),
+    ("`backend='vllm'` engine arguments", "vLLM's own kernels and options; see docs/VLLM.md",
+     "audited by the vLLM tests (docs/VLLM.md)"),
+)
+
+
+def options_markdown() -> str:
+    rows = ["| option | what it does to the answer (eager) | audit |", "| --- | --- | --- |"]
+    rows += [f"| {o} | {what} | {audit} |" for o, what, audit in OPTIONS]
+    return "\n".join(rows) + "\n"

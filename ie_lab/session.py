@@ -336,7 +336,9 @@ class Session:
             t.cancelled = True
         self._closed = True
         self._shutdown_loop()
-        self.__dict__.pop("_lm", None)  # the session's references go; memory follows unless the caller holds the model
+        lm = self.__dict__.pop("_lm", None)  # the session's references go; memory follows unless the caller holds the model
+        if hasattr(lm, "release"):
+            lm.release()  # the caller's model object goes back in the training mode it came in
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

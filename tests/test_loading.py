@@ -79,3 +79,234 @@ def test_raw_hf_model_is_accepted_directly():
     m = make_model("gpt2")
     c = ie_lab.capture(m, ids(), ["resid_post.0"])
     assert c["resid_post.0"].shape == (2, 11, 128)
+
+
+# ---- the answer: the attention kernel is chosen from the model's facts -----------------------------------------
+
+
+def _logits(model, x):
+    with torch.no_grad():
+        return model(x).logits
+
+
+def _raw(path, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
+
+
+@pytest.fixture(scope="module")
+def gemma2_dir(tmp_path_factory):
+    return saved_model_dir("gemma2", tmp_path_factory.mktemp("gemma2"))
+
+
+def test_gemma2_folder_computes_its_attention_softcap(gemma2_dir, capsys):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ie_lab.ComputeDiffersWarning)  # the chosen kernel drops nothing
+        lm = ie_lab.load(gemma2_dir)
+    line = capsys.readouterr().out
+    assert "attention eager" in line and "attn_logit_softcapping" in line, line
+    x = ids()
+    got = _logits(lm.hf, x)
+    torch.testing.assert_close(got, _logits(_raw(gemma2_dir, attn_implementation="eager"), x), rtol=0, atol=1e-6)
+    # the plausible wrong answer (what sdpa, transformers' default on 5.19, computes) is caught by that comparison
+    assert (got - _logits(_raw(gemma2_dir, attn_implementation="sdpa"), x)).abs().max() > 1e-3
+    # and ie_lab's own captures come from that forward
+    c = ie_lab.capture(lm, x, ["lm_head"])
+    torch.testing.assert_close(c["lm_head"], lm.hf.lm_head(lm.hf.model(x).last_hidden_state), rtol=0, atol=1e-6)
+    assert_clean(lm)
+
+
+def test_session_on_a_gemma2_folder_uses_the_same_kernel(gemma2_dir):
+    with ie_lab.Session(gemma2_dir, backend="eager", progress=False) as s:
+        got = s.run(lambda lm: _logits(lm.hf, ids()))
+    torch.testing.assert_close(got, _logits(_raw(gemma2_dir, attn_implementation="eager"), ids()), rtol=0, atol=1e-6)
+
+
+def test_forcing_sdpa_on_gemma2_warns_and_names_the_difference(gemma2_dir):
+    with pytest.warns(ie_lab.ComputeDiffersWarning, match="attn_logit_softcapping"):
+        lm = ie_lab.load(gemma2_dir, attn_implementation="sdpa", quiet=True)
+    # what was asked for is what runs: the raw model with the same option
+    torch.testing.assert_close(_logits(lm.hf, ids()), _logits(_raw(gemma2_dir, attn_implementation="sdpa"), ids()),
+                               rtol=0, atol=1e-6)
+
+
+def test_a_user_built_sdpa_object_is_detected_and_warned_about():
+    import warnings
+
+    with pytest.warns(ie_lab.ComputeDiffersWarning, match="set_attn_implementation"):
+        ie_lab.load(make_model("gemma2"), make_tokenizer(), quiet=True)
+    with pytest.warns(ie_lab.ComputeDiffersWarning, match="sdpa"):
+        ie_lab.capture(make_model("gemma2"), ids(), ["resid_post.0"])  # a raw object handed to an operation
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ie_lab.ComputeDiffersWarning)
+        ie_lab.load(make_model("gemma2", attn_implementation="eager"), quiet=True)
+        ie_lab.load(make_model("llama"), quiet=True)  # sdpa drops nothing there
+
+
+def test_attn_implementation_on_a_model_object_is_refused_with_the_fix():
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="set_attn_implementation"):
+        ie_lab.load(make_model("llama"), attn_implementation="eager")
+
+
+# ---- the caller's object is never changed behind their back ---------------------------------------------------
+
+
+def test_dtype_on_a_model_object_works_on_a_copy(capsys):
+    m = make_model("llama")
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    lm = ie_lab.load(m, make_tokenizer(), dtype="bfloat16")
+    assert "copy" in capsys.readouterr().out
+    assert lm.hf is not m and lm.dtype == torch.bfloat16
+    for k, v in m.state_dict().items():
+        assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
+    # the copy computes what the raw model cast to bfloat16 computes
+    import copy
+
+    ref = copy.deepcopy(m).to(torch.bfloat16)
+    assert torch.equal(_logits(lm.hf, ids()), _logits(ref, ids()))
+
+
+def test_same_dtype_and_device_keeps_the_object():
+    m = make_model("llama")
+    lm = ie_lab.load(m, dtype="float32", device="cpu", quiet=True)
+    assert lm.hf is m
+
+
+def _modes(m):
+    return {name: sub.training for name, sub in m.named_modules()}
+
+
+def test_training_mode_is_restored_by_release(capsys):
+    m = make_model("llama").train()
+    m.model.layers[0].eval()  # a mixed state must come back exactly, module by module
+    want = _modes(m)
+    lm = ie_lab.load(m, make_tokenizer())
+    assert "release" in capsys.readouterr().out
+    assert not any(_modes(m).values())  # dropout off while ie_lab works
+    lm.release()
+    assert _modes(m) == want
+
+
+def test_training_mode_is_restored_at_session_close():
+    m = make_model("llama").train()
+    want = _modes(m)
+    s = ie_lab.Session(m, backend="eager", tokenizer=make_tokenizer(), progress=False)
+    assert not m.training
+    s.close()
+    assert _modes(m) == want
+
+
+# ---- families the binder does not bind are refused with what is missing and what to do instead ----------------
+
+_S = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_UNBOUND = {
+    # config class name -> (kwargs, a word the refusal must name)
+    "MambaConfig": (dict(hidden_size=64, num_hidden_layers=2, state_size=8, intermediate_size=128,
+                         time_step_rank=8), "state-space"),
+    "FalconMambaConfig": (dict(hidden_size=64, num_hidden_layers=2, state_size=8, intermediate_size=128,
+                               time_step_rank=8), "state-space"),
+    "RwkvConfig": (dict(hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128,
+                        context_length=64), "recurrence"),
+    "NemotronHConfig": (dict(hidden_size=64, layers_block_type=["mamba", "attention"], num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, intermediate_size=128, mamba_num_heads=4,
+                             mamba_head_dim=32, n_groups=1, ssm_state_size=8, chunk_size=16, n_routed_experts=2,
+                             moe_intermediate_size=32, moe_shared_expert_intermediate_size=32), "state-space"),
+    "JambaConfig": (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, num_experts=2, num_experts_per_tok=1, attn_layer_period=2,
+                         attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8,
+                         mamba_dt_rank=8), "state-space"),
+    "XGLMConfig": (dict(d_model=64, num_layers=2, attention_heads=4, ffn_dim=128, max_position_embeddings=64),
+                   "head count"),
+    "CodeGenConfig": (dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64, n_ctx=64), "fused QKV"),
+}
+
+
+def _unbound_model(name):
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cls(**_S, **_UNBOUND[name][0]), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("name", sorted(_UNBOUND))
+def test_unbound_family_is_refused_with_an_instead(name):
+    with pytest.raises(ie_lab.IELabError) as e:
+        ie_lab.load(_unbound_model(name), quiet=True)
+    text = str(e.value)
+    assert _UNBOUND[name][1] in text, text
+    assert "Instead:" in text and "register_forward_hook" in text, text
+
+
+def test_unbound_folder_is_refused_before_weights_are_read(tmp_path):
+    path = str(tmp_path / "mamba")
+    _unbound_model("MambaConfig").save_pretrained(path)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(b"not weights")  # reading them would fail differently
+    with pytest.raises(ie_lab.ArchitectureUnsupported, match="state-space .* Instead:"):
+        ie_lab.load(path, quiet=True)
+
+
+def test_linear_attention_layers_are_named_in_the_refusal():
+    with pytest.raises(ie_lab.StructureError, match="linear-attention layer.*Instead:"):
+        ie_lab.load(make_model("qwen3_next"), quiet=True)
+
+
+# ---- a tokenizer that is custom code is refused, or loaded when trusted; never silently replaced ---------------
+
+_TOKENIZER_CODE = """
+open({marker!r}, "w").write("imported")
+from transformers import PreTrainedTokenizerFast
+
+
+class FolderTokenizer(PreTrainedTokenizerFast):
+    pass
+"""
+
+
+@pytest.fixture
+def custom_tokenizer_dir(tmp_path, saved):
+    import json
+    import shutil
+
+    d = tmp_path / "custom_tok"
+    shutil.copytree(saved, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["auto_map"] = {"AutoTokenizer": [None, "tok_code.FolderTokenizer"]}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    marker = tmp_path / "CODE_RAN"
+    (d / "tok_code.py").write_text(_TOKENIZER_CODE.format(marker=str(marker)))
+    return str(d), marker
+
+
+def test_custom_code_tokenizer_is_refused_before_any_code_runs(custom_tokenizer_dir):
+    path, marker = custom_tokenizer_dir
+    with pytest.raises(ie_lab.InputError, match="trust_remote_code=True"):
+        ie_lab.load(path, quiet=True)
+    with pytest.raises(ie_lab.InputError, match="FolderTokenizer"):
+        ie_lab.load(make_model("qwen3"), tokenizer=path, quiet=True)  # the same folder named as tokenizer=
+    assert not marker.exists()
+
+
+def test_custom_code_tokenizer_loads_when_trusted(custom_tokenizer_dir, monkeypatch, tmp_path):
+    import transformers.dynamic_module_utils as dmu
+
+    monkeypatch.setattr(dmu, "HF_MODULES_CACHE", str(tmp_path / "modules"))  # keep the copied module in tmp
+    path, marker = custom_tokenizer_dir
+    lm = ie_lab.load(path, trust_remote_code=True, quiet=True)
+    assert type(lm.tokenizer).__name__ == "FolderTokenizer" and marker.exists()
+
+
+def test_a_folder_without_a_tokenizer_says_so(tmp_path, capsys):
+    path = str(tmp_path / "no_tok")
+    make_model("qwen3").save_pretrained(path)
+    lm = ie_lab.load(path)
+    assert lm.tokenizer is None and "no tokenizer found" in capsys.readouterr().out
+    with pytest.raises(ie_lab.InputError, match="without a tokenizer"):
+        ie_lab.capture(lm, "some text", ["resid_post.0"])

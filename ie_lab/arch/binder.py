@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import StructureError
-from .config_facts import ArchFacts
+from ..errors import ArchitectureUnsupported, StructureError
+from .config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
 
 ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
@@ -288,8 +288,22 @@ def _measure_fused_layout(
 
 
 def bind(model: nn.Module, facts: ArchFacts | None = None) -> Binding:
-    """Bind roles on a live causal LM, measuring structure with one small probe forward."""
+    """Bind roles on a live causal LM, measuring structure with one small probe forward.
+
+    Every refusal names what did not add up and, as every ie_lab error does, what to do instead."""
     facts = facts or ArchFacts.from_config(model.config)
+    found = unbound_structure(model.config)
+    if found is not None:
+        raise ArchitectureUnsupported(found[0], found[1], UNBOUND_INSTEAD)
+    try:
+        return _bind(model, facts)
+    except StructureError as e:
+        if "Instead:" in str(e):
+            raise
+        raise StructureError(f"{e} Instead: {UNBOUND_INSTEAD}") from e.__cause__
+
+
+def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
     family = facts.model_type
     layers_path, layer_list = _find_layers(model, facts.n_layers)
     embed = model.get_input_embeddings()
@@ -302,7 +316,9 @@ def bind(model: nn.Module, facts: ArchFacts | None = None) -> Binding:
     for i, layer in enumerate(layer_list):
         a = _child(layer, ATTN_NAMES)
         if a is None:
-            raise StructureError(f"{family} layer {i}: no attention module among {ATTN_NAMES}.")
+            kind = facts.layer_kinds[i] if i < len(facts.layer_kinds) else "global"
+            what = " (a linear-attention layer: those are not bound yet)" if kind == "linear" else ""
+            raise StructureError(f"{family} layer {i}: no attention module among {ATTN_NAMES}{what}.")
         attn_name, attn = a
         o = _child(attn, O_NAMES)
         if o is None:
@@ -373,7 +389,7 @@ def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) ->
     def listener(module, call):
         seen.add(id(module))
 
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]  # per module: model.train(flag) would flatten a mixed state
     model.eval()
     try:
         with rec, attention_tap.listening({id(lb.attn): listener for lb in binding.layers}):
@@ -383,7 +399,8 @@ def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) ->
     except Exception as e:
         raise StructureError(f"{binding.family}: the probe forward failed ({type(e).__name__}: {e}).") from e
     finally:
-        model.train(was_training)
+        for m, flag in modes:
+            m.training = flag
     return seen
 
 
@@ -425,7 +442,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             layout = _measure_fused_layout(rec2.out(lb.fused_qkv), rec2.inp(lb.o_proj), probs, binding.facts)
             if layout is None:
                 raise StructureError(
-                    f"{binding.family} layer {lb.index}: could not measure which slice of the fused QKV output is the value."
+                    f"{binding.family} layer {lb.index}: could not measure which slice of the fused QKV output is the "
+                    "value (its q/k/v layout is none of those ie_lab knows: contiguous, per head, grouped)."
                 )
             lb.fused_qkv_layout = layout
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..errors import ArchitectureUnsupported
 from . import quirks
 
 
@@ -42,6 +43,42 @@ def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
         if d.get(k) is not None:
             return d[k]
     return default
+
+
+# What a refusal of an unbound family offers instead (one sentence, shared by every such refusal).
+UNBOUND_INSTEAD = ("ie_lab binds decoder-only transformer families (the tested ones are listed in docs/BINDER.md); "
+                   "meanwhile run the raw transformers model and read its modules with torch forward hooks "
+                   "(module.register_forward_hook).")
+
+# Config keys that state a state-space (Mamba-style) mixer: their presence is the fact, whatever the family.
+_SSM_KEYS = ("state_size", "ssm_state_size", "mamba_d_state", "mamba_d_ssm")
+
+
+def unbound_structure(config: Any) -> tuple[str, str] | None:
+    """(what, why) when the config alone shows blocks the binder does not bind yet; None otherwise.
+
+    Read from config facts (SSM keys, block and layer type lists); model_type only where no key states it
+    (quirks.RECURRENT_BLOCKS). Lets load refuse before any weights are read."""
+    d = _as_dict(config)
+    mt = d.get("model_type", "unknown")
+    if mt in quirks.RECURRENT_BLOCKS:
+        return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[mt] + ", and recurrent blocks are not bound yet."
+    ssm = next((k for k in _SSM_KEYS if d.get(k)), None)
+    if ssm is not None:
+        heads = _first(d, "num_attention_heads", "n_head")  # not num_heads: Mamba 2 counts its SSM heads there
+        if heads:
+            return (f"{mt} mixes state-space (Mamba) layers with attention layers",
+                    f"its config states an SSM state size ({ssm}={d[ssm]}), and state-space blocks are not bound "
+                    "yet, so its residual stream cannot be served layer by layer.")
+        return (f"{mt} has no attention layers",
+                f"its blocks are state-space (Mamba) mixers (config {ssm}={d[ssm]}, no attention head count), "
+                "and state-space blocks are not bound yet.")
+    kinds = [str(t) for t in (d.get("block_types") or d.get("layer_types") or ())]
+    odd = sorted({t for t in kinds if any(w in t for w in ("recurrent", "conv", "mamba"))})
+    if odd:
+        return (f"{mt} has {', '.join(odd)} layers",
+                f"its config lists layer types {odd} among its blocks, and those blocks are not bound yet.")
+    return None
 
 
 @dataclass(frozen=True)
@@ -104,10 +141,17 @@ class ArchFacts:
         n_layers = _first(d, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
         n_heads = _first(d, "num_attention_heads", "n_head", "num_heads", "n_heads")
         if d_model is None or n_layers is None or n_heads is None:
-            raise ValueError(
-                f"config of model_type {mt!r} does not state hidden size, layer count and head count under any "
-                "spelling ie_lab knows (hidden_size/n_embd/d_model, num_hidden_layers/n_layer, num_attention_heads/n_head)."
-            )
+            found = unbound_structure(d)
+            if found is not None:
+                raise ArchitectureUnsupported(found[0], found[1], UNBOUND_INSTEAD)
+            missing = [name for name, v in (("hidden size (hidden_size/n_embd/d_model)", d_model),
+                                            ("layer count (num_hidden_layers/n_layer/num_layers)", n_layers),
+                                            ("attention head count (num_attention_heads/n_head)", n_heads))
+                       if v is None]
+            raise ArchitectureUnsupported(
+                f"config of model_type {mt!r}",
+                f"it states no {' and no '.join(missing)} under any spelling ie_lab reads, so ie_lab has never bound "
+                "this family.", UNBOUND_INSTEAD)
         head_dim = _first(d, "head_dim", "attention_head_size") or d_model // n_heads
         if d.get("multi_query") and not d.get("new_decoder_architecture"):
             n_kv = 1

@@ -55,6 +55,30 @@ STRUCTURE_MEASURED = frozenset({
     "seed_oss", "arcee", "apertus", "olmo3", "hunyuan_v1_dense", "gpt_oss", "deepseek_v3",
 })
 
+# What an attention kernel leaves out of the computation, keyed by the config key that asks for it (it counts when
+# set and nonzero) and then by the kernel (transformers' attn_implementation name). Found by running every fixture
+# family under sdpa and eager on the same weights: only these keys made the logits differ beyond float noise
+# (tests/test_option_audit.py repeats that sweep and fails if a family differs where this table predicts nothing).
+# flex_attention applied the cap in the same sweep (not re-run in CI: it compiles); the flash kernels are not
+# measured here, so they are not listed.
+ATTENTION_KERNEL_DROPS = {
+    "attn_logit_softcapping": {
+        "sdpa": "transformers' sdpa kernel ignores attn_logit_softcapping (the tanh cap on attention logits); "
+                "the eager kernel applies it, so every point after the first attention differs",
+    },
+}
+
+# The kernel ie_lab loads a model with when the default one (sdpa) would drop something above: it computes
+# everything the config asks for on every family.
+FAITHFUL_ATTENTION = "eager"
+
+# Families whose blocks are recurrences that no config key names (the state-space and hybrid families state
+# themselves through their SSM keys; see config_facts.unbound_structure). The binder cannot bind them yet.
+RECURRENT_BLOCKS = {
+    "rwkv": "RWKV's blocks are time-mixing recurrences (no attention layers)",
+    "xlstm": "xLSTM's blocks are mLSTM recurrences (no attention layers)",
+}
+
 # Families whose trunk multiplies the token embedding by a config factor (for callers given only a name).
 EMBEDDING_MULTIPLIER = frozenset({"granite", "granitemoe"})
 

@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
-from typing import Any
+import warnings
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from ..arch import quirks
 from ..arch.binder import Binding, bind
 from ..arch.config_facts import ArchFacts
+from ..errors import ComputeDiffersWarning
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel for the first frame outside ie_lab, so a warning points at the user's line."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(pkg):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def attention_drops(config: Mapping[str, Any], impl: str | None) -> list[str]:
+    """What attention kernel `impl` leaves out of this config's computation (quirks.ATTENTION_KERNEL_DROPS)."""
+    return [f"{per[impl]} ({key}={config[key]})" for key, per in quirks.ATTENTION_KERNEL_DROPS.items()
+            if config.get(key) and impl in per]
+
+
+def choose_attention(config: Mapping[str, Any], asked: str | None) -> tuple[str | None, str]:
+    """The attn_implementation to load with and the load line's words for it.
+
+    Unasked, a config whose features the default kernel (sdpa) would drop gets the faithful kernel; asked, the
+    user's choice stands (EagerModel warns if it drops something)."""
+    if asked is not None:
+        drops = attention_drops(config, asked)
+        return asked, f"attention {asked} (as asked" + ("; it drops: " + "; ".join(drops) if drops else "") + ")"
+    drops = attention_drops(config, "sdpa")
+    if drops:
+        return quirks.FAITHFUL_ATTENTION, (f"attention {quirks.FAITHFUL_ATTENTION} (chosen because "
+                                           + "; ".join(drops) + ")")
+    return None, ""
 
 
 class EagerModel:
@@ -27,6 +62,34 @@ class EagerModel:
         self.binding: Binding = bind(hf_model, self.facts)
         # One operation at a time per model: hooks and steering are per-model state.
         self.lock = threading.RLock()
+        # Each module's training flag as the caller handed it over, while ie_lab holds it in eval mode.
+        self._modes: list[tuple[nn.Module, bool]] | None = None
+        impl = getattr(hf_model.config, "_attn_implementation", None)
+        drops = attention_drops(self.facts.raw, impl)
+        if drops:
+            warnings.warn(ComputeDiffersWarning(
+                f"{self.name} runs {impl!r} attention, which changes its answers: {'; '.join(drops)}. To compute "
+                f"what the model defines, load it with attn_implementation={quirks.FAITHFUL_ATTENTION!r} (a folder or "
+                f"id: ie_lab.load(path) picks it), or call model.set_attn_implementation("
+                f"{quirks.FAITHFUL_ATTENTION!r}) on your object first."), stacklevel=_caller_level())
+
+    def hold_eval(self) -> bool:
+        """Put the model in eval mode (dropout off) for ie_lab's deterministic forwards, remembering each module's
+        flag so release() can hand it back exactly. Returns whether anything was training."""
+        modes = [(m, m.training) for m in self.hf.modules()]
+        if not any(t for _, t in modes):
+            return False
+        if self._modes is None:
+            self._modes = modes
+        self.hf.eval()
+        return True
+
+    def release(self) -> None:
+        """Give the model back as it came: every module's training flag as before load. Session.close() calls this;
+        operations after it run in whatever mode the model is then in."""
+        modes, self._modes = self._modes, None
+        for m, was in modes or ():
+            m.training = was  # per module, not m.train(): a parent's flag must not overwrite its children's
 
     @property
     def family(self) -> str:
