@@ -248,3 +248,21 @@ def test_session_streams_carry_captures():
 def test_steps_without_capture_carry_no_rows():
     steps = list(ie_lab.generate_stream(lm_for("llama"), PROMPT, 3))
     assert all(s.captured is None and s.cache is None and s.captured_positions is None for s in steps)
+
+
+# ---- no deprecated transformers call path (issue 13, "Also") --------------------------------------------
+
+@pytest.mark.parametrize("fam", ["llama", "gpt2", "gemma2", "falcon", "opt", "bloom", "mistral_sliding"])
+def test_generate_uses_no_deprecated_transformers_path(fam):
+    # transformers 5.24 warns (FutureWarning) when the KV cache is passed as `past_key_values`, removed in 5.40;
+    # `./dev test` runs this on the newest transformers too.
+    import warnings
+
+    lm = lm_for(fam)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        res = ie_lab.generate(lm, PROMPT, 4, capture=["resid_post.0"], ignore_eos=True)
+        steps = list(ie_lab.generate_stream(lm, PROMPT, 2, ignore_eos=True))
+    assert len(res.ids) == 4 and len(steps) == 2
+    assert_clean(lm)
