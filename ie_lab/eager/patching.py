@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ..address import Address, AddressLike
+from ..address import Address, AddressLike, layer_list
 from ..cache import Cache
 from ..errors import CapabilityUnsupported, InputError, StructureError
 from .capture import capture, parse_addresses, slice_head
@@ -19,9 +19,26 @@ from .writers import WRITABLE, Writers
 Metric = Callable[[torch.Tensor], Any]  # logits [batch, seq, vocab] -> scalar (gradients(of=...): a point or a Cache)
 
 
+def _int_arg(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"logit_diff: {name} must be an integer, got {value!r} ({type(value).__name__}).")
+    return value
+
+
 def logit_diff(good: int, bad: int, position: int = -1) -> Metric:
     """A metric: logit[good] - logit[bad] at one position (the last by default), averaged over the batch."""
+    good, bad, position = _int_arg("good", good), _int_arg("bad", bad), _int_arg("position", position)
+    for name, tok in (("good", good), ("bad", bad)):
+        if tok < 0:
+            raise InputError(f"logit_diff: {name} is a token id, so it cannot be negative (got {tok}).")
+
     def metric(logits: torch.Tensor) -> torch.Tensor:
+        seq, vocab = logits.shape[1], logits.shape[-1]
+        for name, tok in (("good", good), ("bad", bad)):
+            if tok >= vocab:
+                raise InputError(f"logit_diff: {name} token id {tok} is outside the vocabulary (0..{vocab - 1}).")
+        if not -seq <= position < seq:
+            raise InputError(f"logit_diff: position {position} is outside the {seq}-token prompt.")
         return (logits[:, position, good] - logits[:, position, bad]).mean()
     metric.__name__ = f"logit_diff({good}, {bad})"
     return metric
@@ -29,6 +46,36 @@ def logit_diff(good: int, bad: int, position: int = -1) -> Metric:
 
 def _forward(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return lm.hf(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+
+def _check_positions(positions: Any, seq: int) -> list[int] | None:
+    """Patch positions: None (every position) or distinct token indices inside the prompt (negative from the end)."""
+    if positions is None:
+        return None
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, (list, tuple, range, torch.Tensor)):
+        raise InputError(f"positions must be a list of token indices (or None for every position), got "
+                         f"{type(positions).__name__}.")
+    items = positions.tolist() if isinstance(positions, torch.Tensor) else list(positions)
+    if isinstance(items, (int, float)):
+        items = [items]
+    if not items:
+        raise InputError("positions is empty: name at least one token index, or pass None to patch every position.")
+    out = []
+    for p in items:
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise InputError(f"positions must be integer token indices, got {p!r} ({type(p).__name__}).")
+        if not -seq <= p < seq:
+            raise InputError(f"patch positions {items} are outside the {seq}-token prompt.")
+        if p % seq in [q % seq for q in out]:
+            raise InputError(f"positions names token {p % seq} twice; list each position once.")
+        out.append(p)
+    return out
+
+
+def _check_metric(metric: Any) -> None:
+    if not callable(metric):
+        raise InputError(f"metric must be a function of the logits [batch, seq, vocab] returning a scalar, got "
+                         f"{type(metric).__name__}; e.g. ie_lab.logit_diff(good_id, bad_id).")
 
 
 def _replacement(src: torch.Tensor, positions: Sequence[int] | None) -> Callable[[torch.Tensor, int], torch.Tensor]:
@@ -48,7 +95,10 @@ def run_with_patches(model: Any, prompt: Any, patches: Mapping[AddressLike, torc
     from .. import _as_lm
 
     lm = _as_lm(model)
+    if not isinstance(patches, Mapping):
+        raise InputError(f"patches must be a dict {{address: tensor}}, got {type(patches).__name__}.")
     ids, mask = prepare(lm, prompt)
+    positions = _check_positions(positions, ids.shape[1])
     edits = []
     for a, t in patches.items():
         addr = parse_addresses(lm, [a])[0]
@@ -60,12 +110,29 @@ def run_with_patches(model: Any, prompt: Any, patches: Mapping[AddressLike, torc
             got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise InputError(f"the patch for {addr} has shape {got} but this prompt needs [batch={expected[0]}, "
                              f"seq={expected[1]}, width]; patch sources must come from a prompt of the same length.")
-        if positions is not None and any(p < -expected[1] or p >= expected[1] for p in positions):
-            raise InputError(f"patch positions {list(positions)} are outside the {expected[1]}-token prompt.")
+        width = _width(lm, addr)
+        if width is not None and t.shape[-1] != width:
+            raise InputError(f"the patch for {addr} is {t.shape[-1]} wide, but {addr.name} is {width} wide on this "
+                             "model; patch with a tensor captured at the same point.")
+        if not t.is_floating_point():
+            raise InputError(f"the patch for {addr} has dtype {t.dtype}; activations are floating point (capture "
+                             "the source, or convert with .float()).")
+        if not bool(torch.isfinite(t).all()):
+            raise InputError(f"the patch for {addr} contains nan or inf values; they would spread through every later "
+                             "layer.")
         edits.append((addr, _replacement(t, positions)))
     with lm.lock, torch.no_grad(), Writers(lm, edits) as w:
         w.shape = (ids.shape[0], ids.shape[1])
         return _forward(lm, ids, mask)
+
+
+def _width(lm: Any, addr: Address) -> int | None:
+    """The last-axis width of a writable point on this model (None where it depends on the layer's experts)."""
+    from ..points import Width
+
+    f = lm.facts
+    return {Width.D_MODEL: f.d_model, Width.HEADS: f.n_heads * f.head_dim, Width.KV_HEADS: f.n_kv_heads * f.head_dim,
+            }.get(addr.point.width, None)
 
 
 def patch(model: Any, prompt: Any, source: Cache | Any, addresses: AddressLike | Iterable[AddressLike], *,
@@ -106,7 +173,12 @@ class PatchGrid:
 
 
 def _scalar(x: Any) -> float:
-    return float(x.detach() if isinstance(x, torch.Tensor) else x)
+    try:
+        return float(x.detach() if isinstance(x, torch.Tensor) else x)
+    except (TypeError, ValueError, RuntimeError):
+        shape = f" of shape {list(x.shape)}" if isinstance(x, torch.Tensor) else ""
+        raise InputError(f"the metric must return a scalar (a number or a one-element tensor), got "
+                         f"{type(x).__name__}{shape}; reduce it, e.g. with .sum() or .mean().") from None
 
 
 def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point: str = "resid_pre",
@@ -120,10 +192,14 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     from .. import _as_lm
 
     lm = _as_lm(model)
-    if over not in ("layer_position", "layer_head"):
+    if not isinstance(over, str) or over not in ("layer_position", "layer_head"):
         raise InputError(f"over must be 'layer_position' or 'layer_head', got {over!r}.")
+    _check_metric(metric)
+    if not isinstance(progress, bool):
+        raise InputError(f"progress must be True or False, got {progress!r}.")
     point = "z" if over == "layer_head" else point
-    layers = list(range(lm.facts.n_layers)) if layers is None else list(layers)
+    layers = layer_list(layers, lm.facts)
+    _check_patchable(point)
     c_ids, _ = prepare(lm, clean)
     x_ids, _ = prepare(lm, corrupted)
     if c_ids.shape != x_ids.shape:
@@ -157,6 +233,21 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     cols = ([f"{p}:{t}" for p, t in enumerate(str_tokens(lm, x_ids)[0])] if over == "layer_position"
             else [f"head {h}" for h in range(n_cols)])
     return PatchGrid(grid, [str(a) for a in addrs], cols, clean_m, corr_m, getattr(metric, "__name__", "metric"))
+
+
+def _check_patchable(point: Any) -> None:
+    if not isinstance(point, str):
+        raise InputError(f"point must be a point name such as 'resid_pre' (the layers come from layers=), got "
+                         f"{type(point).__name__}.")
+    if point not in WRITABLE:
+        from .. import points as _points
+
+        if "." in point:
+            raise InputError(f"point takes the name alone ({point.split('.')[0]!r}), not {point!r}: pick the layers "
+                             "with layers=[...].")
+        _points.get(point)  # an unknown name: the registry's error, with a suggestion
+        raise CapabilityUnsupported(f"patching {point}", "its value is read inside the attention call, so a "
+                                    "replacement would not flow on.", "patch z, attn_out or a residual point.")
 
 
 def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: AddressLike | Iterable[AddressLike],
@@ -234,7 +325,9 @@ def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Metric, po
     from .. import _as_lm
 
     lm = _as_lm(model)
-    layers = list(range(lm.facts.n_layers)) if layers is None else list(layers)
+    _check_metric(metric)
+    layers = layer_list(layers, lm.facts)
+    _check_patchable(point)
     addrs = [Address(point, L) for L in layers]
     c = capture(lm, clean, addrs)
     x = capture(lm, corrupted, addrs)
