@@ -152,9 +152,10 @@ def test_sdpa_recompute_equals_eager_probabilities(family):
     addrs = [f"attn_probs.{L}" for L in range(lm_sdpa.facts.n_layers)] + ["resid_post.0"]
     a = ie_lab.capture(lm_sdpa, x, addrs)
     b = ie_lab.capture(lm_eager, x, addrs)
-    if lm_sdpa.facts.attn_logit_softcap:
+    if lm_sdpa.facts.attn_logit_softcap and lm_sdpa.hf.config._attn_implementation == "sdpa":
         # transformers' sdpa kernel ignores the softcap, so the two forwards really differ; each capture must
-        # follow its own kernel (test_probs_times_value_is_z checks that on the sdpa model).
+        # follow its own kernel (test_probs_times_value_is_z checks that on the sdpa model). Newer transformers
+        # (>= 5.21) refuse sdpa on Gemma 2 and build it eager: then the two are the same model.
         assert not torch.allclose(a["attn_probs.0"], b["attn_probs.0"], **TOL)
         assert not torch.allclose(a["resid_post.0"], b["resid_post.0"], **TOL)
         return

@@ -1,3 +1,4 @@
+import inspect
 import os
 
 import pytest
@@ -6,6 +7,11 @@ import torch
 import ie_lab
 from tests.conftest import assert_clean, ids
 from tests.families import make_model, make_tokenizer, saved_model_dir
+
+# transformers >= 5.21 refuses sdpa on Gemma 2 (it would drop the softcap) and builds it eager: there is then no
+# silently different kernel to warn about or to compare against.
+_GEMMA2_SDPA = __import__("transformers").Gemma2PreTrainedModel._supports_sdpa
+_no_gemma2_sdpa = pytest.mark.skipif(not _GEMMA2_SDPA, reason="this transformers refuses sdpa on Gemma 2")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +118,8 @@ def test_gemma2_folder_computes_its_attention_softcap(gemma2_dir, capsys):
     got = _logits(lm.hf, x)
     torch.testing.assert_close(got, _logits(_raw(gemma2_dir, attn_implementation="eager"), x), rtol=0, atol=1e-6)
     # the plausible wrong answer (what sdpa, transformers' default on 5.19, computes) is caught by that comparison
-    assert (got - _logits(_raw(gemma2_dir, attn_implementation="sdpa"), x)).abs().max() > 1e-3
+    if _GEMMA2_SDPA:
+        assert (got - _logits(_raw(gemma2_dir, attn_implementation="sdpa"), x)).abs().max() > 1e-3
     # and ie_lab's own captures come from that forward
     c = ie_lab.capture(lm, x, ["lm_head"])
     torch.testing.assert_close(c["lm_head"], lm.hf.lm_head(lm.hf.model(x).last_hidden_state), rtol=0, atol=1e-6)
@@ -125,6 +132,7 @@ def test_session_on_a_gemma2_folder_uses_the_same_kernel(gemma2_dir):
     torch.testing.assert_close(got, _logits(_raw(gemma2_dir, attn_implementation="eager"), ids()), rtol=0, atol=1e-6)
 
 
+@_no_gemma2_sdpa
 def test_forcing_sdpa_on_gemma2_warns_and_names_the_difference(gemma2_dir):
     with pytest.warns(ie_lab.ComputeDiffersWarning, match="attn_logit_softcapping"):
         lm = ie_lab.load(gemma2_dir, attn_implementation="sdpa", quiet=True)
@@ -133,6 +141,7 @@ def test_forcing_sdpa_on_gemma2_warns_and_names_the_difference(gemma2_dir):
                                rtol=0, atol=1e-6)
 
 
+@_no_gemma2_sdpa
 def test_a_user_built_sdpa_object_is_detected_and_warned_about():
     import warnings
 
@@ -237,8 +246,18 @@ def _unbound_model(name):
 
 @pytest.mark.parametrize("name", sorted(_UNBOUND))
 def test_unbound_family_is_refused_with_an_instead(name):
+    model = _unbound_model(name)
+    if name == "CodeGenConfig" and "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(inspect.getmodule(type(model))):
+        # transformers 5.24 moved CodeGen onto the attention registry: the value is read from the attention call, not
+        # sliced out of the fused QKV, so it binds; its points must then hold together.
+        lm = ie_lab.load(model, quiet=True)
+        c = ie_lab.capture(lm, ids(1, 6), ["attn_probs.0", "value.0", "z.0"])
+        d = lm.facts.head_dim
+        v = c["value.0"].reshape(1, 6, -1, d).transpose(1, 2)
+        torch.testing.assert_close((c["attn_probs.0"] @ v).transpose(1, 2).reshape(1, 6, -1), c["z.0"])
+        return
     with pytest.raises(ie_lab.IELabError) as e:
-        ie_lab.load(_unbound_model(name), quiet=True)
+        ie_lab.load(model, quiet=True)
     text = str(e.value)
     assert _UNBOUND[name][1] in text, text
     assert "Instead:" in text and "register_forward_hook" in text, text

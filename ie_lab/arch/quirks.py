@@ -39,10 +39,24 @@ ALWAYS_QK_NORM = frozenset({"qwen3", "qwen3_moe", "olmo2", "olmo3", "olmoe", "ge
 # (layer_types or use_sliding_window say which layers slide instead).
 WINDOW_KEY_UNUSED = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 
+
+def _transformers_below(major: int, minor: int) -> bool:
+    """Whether the installed transformers is older than major.minor (read from its metadata, not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        parts = version("transformers").split(".")[:2]
+    except PackageNotFoundError:
+        return False
+    nums = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts)
+    return nums < (major, minor)
+
+
 # Families whose attention computes its weights inside its own module rather than through transformers'
 # attention-function registry (the binder measures this per layer as uses_attention_interface): their
-# pre-softmax scores never leave the module, and under sdpa neither do their probabilities.
-ATTENTION_IN_MODULE = frozenset({"bloom", "falcon", "gptj"})
+# pre-softmax scores never leave the module, and under sdpa neither do their probabilities. GPT-J did until
+# transformers 5.24 moved it onto the registry.
+ATTENTION_IN_MODULE = frozenset({"bloom", "falcon"} | ({"gptj"} if _transformers_below(5, 24) else set()))
 
 # Families whose block structure the binder has measured on a real model (tests/test_arch_facts.py checks the
 # structural entries above against that measurement; tests/test_mappers.py this list and ATTENTION_IN_MODULE).
