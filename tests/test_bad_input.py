@@ -192,3 +192,17 @@ def test_viewer_and_lens_arguments_are_refused_before_any_work(lm, call, fragmen
         call(lm)
     assert fragment in str(e.value)
     assert_clean(lm)
+
+
+def test_attention_viewer_arguments_are_checked_like_the_operations(lm):
+    s = ie_lab.Session(lm.hf, tokenizer=lm.tokenizer, progress=False)
+    try:
+        for kwargs, fragment in [({"layer": "1"}, "layer must be an integer"), ({"head": 1.5}, "head must be"),
+                                 ({"layers": [0.5]}, "integers 0..1"), ({"layers": [0, 0]}, "twice")]:
+            with pytest.raises(ie_lab.InputError, match=fragment):
+                s.show_attention("When Mary and John went to the store", **kwargs)
+        with pytest.raises(ie_lab.InputError, match="could not read the token list"):
+            s.show_attention([None])
+    finally:
+        s.close()
+    assert_clean(lm)

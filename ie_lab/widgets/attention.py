@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 import traitlets
 
-from ..errors import InputError
+from ..errors import AddressError, InputError
 from . import _base
 
 THUMB = 32  # thumbnail side in cells (patterns are max-pooled down to it)
@@ -103,12 +103,16 @@ class AttentionViewer(_base.Panel):
 def for_session(session: Any, prompt: Any, layers: Any = None, *, layer: int | None = None, head: int = 0) -> AttentionViewer:
     lm = session._lm
     n = lm.facts.n_layers
-    chosen = list(range(n)) if layers is None else [int(x) for x in ([layers] if isinstance(layers, int) else layers)]
-    if not chosen or any(not 0 <= x < n for x in chosen):
-        raise InputError(f"layers must be within 0..{n - 1}, got {chosen}.")
-    ids = session.tokens(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt)
-    if ids.dim() == 1:
-        ids = ids[None]
+    from ..address import layer_list
+
+    try:
+        chosen = layer_list(layers, lm.facts)
+    except AddressError as e:  # the viewer's arguments are InputErrors, as they always were
+        raise InputError(str(e)) from None
+    for name, value in (("layer", layer), ("head", head)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InputError(f"{name} must be an integer (or None), got {value!r} ({type(value).__name__}).")
+    ids = session.tokens(prompt)  # text, token ids or a conversation, checked as every operation checks them
     if ids.shape[0] != 1:
         raise InputError("the attention viewer shows one prompt; pass a single text or one row of ids.")
     tokens = session.to_str_tokens(ids)[0]
