@@ -119,3 +119,31 @@ def test_layer_lists_are_checked_against_the_model():
                           (float("nan"), "integers 0..2")]:
         with pytest.raises(AddressError, match=fragment):
             layer_list(bad, facts, arg="layers")
+
+
+_ADDRESSISH = st.text(alphabet=st.sampled_from(list("resid_post.zhead-stream0123456789²١۳𝟘 -_.")) | st.characters(),
+                      max_size=30)
+
+
+@given(st.one_of(_ADDRESSISH, st.sampled_from(sorted(REGISTRY)).flatmap(
+    lambda n: st.builds(lambda tail: n + tail, _ADDRESSISH))))
+def test_any_text_is_an_address_or_an_address_error(text):
+    # Nothing a user can type reaches int() or the registry unchecked (issue 14.9).
+    try:
+        a = Address.parse(text)
+    except AddressError:
+        return
+    assert Address.parse(str(a)) == a
+    assert all(ch.isascii() for ch in str(a))
+
+
+@given(_ADDRESSISH)
+def test_any_foreign_name_is_translated_or_refused(text):
+    from ie_lab.mappers import ENGINES, from_engine
+
+    for engine in ENGINES:
+        try:
+            a = from_engine(text, "llama", engine)
+        except AddressError:
+            continue
+        assert isinstance(a, Address) and all(ch.isascii() for ch in str(a))
