@@ -560,7 +560,8 @@ class Session:
         print()
         ids = self._lm.to_tokens(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt)
         text = self._lm.tokenizer.decode([s.token_id for s in steps]) if self._lm.tokenizer else ""
-        return GenerationResult(ids, [s.token_id for s in steps], text, steps, "streamed")
+        return GenerationResult(ids, [s.token_id for s in steps], text, steps, "streamed",
+                                steps[-1].cache if steps else None)  # with capture=, the last step holds it all
 
     def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
         """A steering spec on this model: `with s.steer(...):` or s.generate(..., steer=spec)."""

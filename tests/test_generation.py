@@ -243,6 +243,9 @@ def test_session_streams_carry_captures():
         async def consume():
             return [step async for step in s.agenerate_stream(PROMPT, 6, capture=addrs)]
         _check_streamed_captures(asyncio.run(consume()), res, addrs)
+        printed = s.generate(PROMPT, 6, capture=addrs, print_tokens=True)  # streamed into the cell
+        for a in addrs:
+            assert torch.equal(printed.cache[a], res.cache[a]), a
 
 
 def test_steps_without_capture_carry_no_rows():
