@@ -43,6 +43,10 @@ class InputError(IELabError, ValueError):
     """Tokens, text or arguments handed to an operation are unusable."""
 
 
+class RequestFailed(IELabError, RuntimeError):
+    """One request failed while the engine ran it (vLLM backend); the engine and other requests go on."""
+
+
 class StructureError(IELabError, RuntimeError):
     """The binder could not understand a model's module tree well enough to serve it faithfully."""
 

@@ -202,7 +202,11 @@ def test_abort_mid_generation_leaves_no_state(s, eager):
     # 2) a cancelled task
     async def cancel_one():
         t = asyncio.ensure_future(s.agenerate(TEXT, 200, capture=["z.1"], steer=s.steer("resid_mid.0", v)))
-        await asyncio.sleep(0.3)
+        for _ in range(2000):  # cancel once the request is in the engine (a fixed sleep can outlast it)
+            if s._inflight:
+                break
+            await asyncio.sleep(0.005)
+        assert not t.done()
         t.cancel()
         with pytest.raises(asyncio.CancelledError):
             await t

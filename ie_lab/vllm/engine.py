@@ -19,6 +19,103 @@ from typing import Any, AsyncIterator
 
 WORKER_EXTENSION = "ie_lab.vllm.worker.IELabWorker"
 
+# engine_kwargs a user may pass, each with why it cannot change what a hook reads or writes. Everything
+# else is refused at load (REFUSED says why, and what to use instead): an engine argument that quietly
+# compiles the trunk, changes numerics, or reorders work the hooks rely on would hand back tensors or
+# steering that differ from eager with nothing to show it. docs/VLLM.md renders both tables.
+SAFE_ENGINE_KWARGS: dict[str, str] = {
+    "max_num_seqs": "how many requests the scheduler batches; the hooks split every forward's rows per request.",
+    "max_num_batched_tokens": "the token budget of one forward; a prompt split into chunks is filed by absolute "
+                              "position, so chunking changes nothing a capture or steering sees.",
+    "enable_chunked_prefill": "as max_num_batched_tokens: chunks are filed by absolute position.",
+    "block_size": "the KV page size; capture and steering requests carry their own cache salt whatever it is.",
+    "gpu_memory_utilization": "memory sizing only.",
+    "kv_cache_memory_bytes": "memory sizing only.",
+    "max_logprobs": "the most top log-probabilities a request may ask for (raise it for n_logprobs above 20).",
+    "scheduling_policy": "the order waiting requests are admitted in; per-request work does not depend on it.",
+    "disable_log_stats": "logging only.",
+    "download_dir": "where a hub checkpoint is cached.",
+    "max_parallel_loading_workers": "loading only.",
+    "use_tqdm_on_load": "loading only.",
+}
+
+_COMPILED = ("it compiles the model (torch.compile, CUDA graphs), and ie_lab's Python hooks run only while the "
+             "graph is traced: steering is silently dropped and captures come back empty.",
+             "for compiled capture pass graph_points=[...] to the Session (docs/VLLM.md, graph mode); steering "
+             "needs the default eager engine.")
+_SESSION_KW = "it is a Session keyword, which ie_lab checks and passes on itself."
+_OURS = ("ie_lab sets it to install its worker extension and hooks; another value would leave requests without "
+         "them.", "leave it out.")
+REFUSED_ENGINE_KWARGS: dict[str, tuple[str, str]] = {
+    "enforce_eager": _COMPILED,
+    "compilation_config": _COMPILED,
+    "cudagraph_capture_sizes": _COMPILED,
+    "max_cudagraph_capture_size": _COMPILED,
+    "optimization_level": _COMPILED,
+    "enable_prefix_caching": (_SESSION_KW + " Capture and steering requests are salted so they never share KV "
+                              "blocks; plain generation uses the cache.", "Session(..., enable_prefix_caching=...)."),
+    "model": (_SESSION_KW, "pass the model as the Session's first argument."),
+    "tokenizer": (_SESSION_KW, "Session(..., tokenizer=...)."),
+    "dtype": (_SESSION_KW, "Session(..., dtype=...)."),
+    "tensor_parallel_size": (_SESSION_KW, "Session(..., tensor_parallel_size=...)."),
+    "seed": (_SESSION_KW, "Session(..., seed=...)."),
+    "max_model_len": (_SESSION_KW, "Session(..., max_model_len=...)."),
+    "trust_remote_code": (_SESSION_KW, "Session(..., trust_remote_code=...)."),
+    "worker_extension_cls": _OURS, "worker_cls": _OURS, "load_format": _OURS, "model_loader_extra_config": _OURS,
+    "kv_cache_dtype": ("a quantised KV cache changes what attention reads inside the kernel; the attention "
+                       "patterns ie_lab rebuilds from q and k, and every later point, would differ from eager by "
+                       "an amount no hook sees.", "keep the model's dtype for the KV cache."),
+    "quantization": ("quantised weights make every point differ from transformers' model, which is what ie_lab "
+                     "checks vLLM against.", "load a quantised checkpoint with backend='eager'."),
+    "quantization_config": ("as quantization: the weights differ from transformers' model.",
+                            "load a quantised checkpoint with backend='eager'."),
+    "speculative_config": ("draft tokens run through the model and are then rejected: hooks would capture and "
+                           "steer positions that never become output.", "leave speculative decoding off."),
+    "spec_method": ("as speculative_config: rejected draft tokens pass through the hooks.",
+                    "leave speculative decoding off."),
+    "spec_model": ("as speculative_config: rejected draft tokens pass through the hooks.",
+                   "leave speculative decoding off."),
+    "spec_tokens": ("as speculative_config: rejected draft tokens pass through the hooks.",
+                    "leave speculative decoding off."),
+    "pipeline_parallel_size": ("ie_lab's worker binds the whole trunk on every rank; a pipeline stage holds only "
+                               "some layers.", "use tensor_parallel_size=."),
+    "data_parallel_size": ("each data-parallel engine has its own workers, and a request's capture or steering is "
+                           "registered with one engine.", "run one Session per engine."),
+    "enable_lora": ("adapters change the weights per request, which ie_lab's checks against eager do not cover.",
+                    "merge the adapter into the weights, or use backend='eager'."),
+    "hf_overrides": ("it changes the config vLLM builds the model from, while ie_lab reads the checkpoint's own "
+                     "config: addresses and shapes would be checked against the wrong model.",
+                     "edit config.json and pass the folder."),
+    "model_impl": ("another implementation of the model is not the module tree ie_lab's worker binds and checks.",
+                   "leave it out."),
+    "disable_sliding_window": ("sliding-window layers would attend over the whole context, unlike transformers' "
+                               "model.", "leave it out."),
+    "async_scheduling": ("the scheduler runs a step ahead of the outputs; ie_lab's per-forward request layout and "
+                         "its follow-up capture forward are not checked under it.", "leave it out."),
+}
+
+
+def check_engine_kwargs(extra: dict) -> None:
+    """Refuse, before anything starts, an engine argument that is not known to leave hooks' results alone."""
+    from ..errors import CapabilityUnsupported, InputError, did_you_mean
+
+    for key, value in extra.items():
+        if not isinstance(key, str):
+            raise InputError(f"engine_kwargs keys are vLLM EngineArgs names (strings), got {key!r}.")
+        if key in SAFE_ENGINE_KWARGS:
+            continue
+        if key == "enforce_eager" and value is True:  # the default ie_lab already uses
+            continue
+        if key in REFUSED_ENGINE_KWARGS:
+            why, instead = REFUSED_ENGINE_KWARGS[key]
+            raise CapabilityUnsupported(f"engine_kwargs={{{key!r}: {value!r}}} on backend='vllm'", why, instead)
+        raise CapabilityUnsupported(
+            f"engine_kwargs={{{key!r}: ...}} on backend='vllm'",
+            "ie_lab passes on only the engine arguments known to leave what its hooks capture and steer unchanged, "
+            "and this one has not been checked." + did_you_mean(key, SAFE_ENGINE_KWARGS),
+            f"use one of {', '.join(sorted(SAFE_ENGINE_KWARGS))} (docs/VLLM.md says why each is safe), or "
+            "backend='eager'.")
+
 
 def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_parallel_size: int,
                 enable_prefix_caching: bool, max_model_len: int | None, seed: int, extra: dict,
@@ -60,6 +157,8 @@ class InprocDriver:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._error: BaseException | None = None
+        self.failures = 0  # engine steps that raised (each failed only the requests it was running)
+        self._failed_in_a_row = 0
 
     async def build(self) -> None:
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -78,18 +177,44 @@ class InprocDriver:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self._error is not None:
+                return
             try:
                 outs = eng.step()  # one scheduler step: every request added so far is batched together
-            except Exception as e:  # noqa: BLE001 - delivered to every waiting request
-                self._error = e
-                for q in self.queues.values():
-                    q.put_nowait(e)
-                raise
+            except Exception as e:  # noqa: BLE001 - fails the requests of this step, not the engine
+                self._fail_step(e)
+                await asyncio.sleep(0)
+                continue
+            self._failed_in_a_row = 0
             for o in outs:
                 q = self.queues.get(o.request_id)
                 if q is not None:
                     q.put_nowait(o)
             await asyncio.sleep(0)  # let callers add requests between steps
+
+    def _fail_step(self, error: BaseException) -> None:
+        """A step raised inside vLLM. vLLM cannot say which request caused it, so the requests it was running
+        fail with the error and are aborted (their KV blocks freed, the runner told to drop them); requests
+        still waiting to be scheduled, and every later request, run on the same engine. ie_lab's own checks
+        keep bad arguments out before this point, and its worker fails only the request a hook failed for."""
+        sched = getattr(getattr(getattr(self.engine, "engine_core", None), "engine_core", None), "scheduler", None)
+        internal = [r.request_id for r in getattr(sched, "running", ())]
+        # vLLM runs each request under an internal id; ours (the external one) is in the output processor's state
+        states = getattr(self.engine.output_processor, "request_states", {})
+        ours = {getattr(states.get(i), "external_req_id", i) for i in internal}
+        hit = [rid for rid in self.queues if rid in ours] or list(self.queues)
+        self.failures += 1
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row > 3:  # the engine itself is broken, not one request: stop rather than spin
+            self._error = error
+            hit = list(self.queues)
+        for rid in hit:
+            self.queues[rid].put_nowait(error)
+        with contextlib.suppress(Exception):
+            self.engine.abort_request(hit)
+        if internal:  # whatever else that step ran (not ours to report to) leaves too, or the next step fails again
+            with contextlib.suppress(Exception):
+                self.engine.abort_request(internal, internal=True)
 
     async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
         if self._error is not None:
@@ -103,7 +228,11 @@ class InprocDriver:
             while not finished:
                 o = await q.get()
                 if isinstance(o, BaseException):
-                    raise RuntimeError(f"the vLLM engine failed: {o!r}") from o
+                    from ..errors import RequestFailed
+
+                    raise RequestFailed(f"this request failed inside vLLM: {o!r}. The engine keeps running; the "
+                                        "other requests of the same step failed with it (vLLM cannot say which "
+                                        "request caused an error inside its step).") from o
                 finished = o.finished
                 yield o
         finally:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gc
 import html
+import math
 import os
 import threading
 import uuid
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 import torch
@@ -142,6 +144,64 @@ def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
     return out
 
 
+def _is_int(x: Any) -> bool:
+    import numbers
+
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    import numbers
+
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any, stop: Any,
+                   n_logprobs: Any, ignore_eos: Any, *, vocab: int | None, max_logprobs: int | None) -> list[str]:
+    """Every generation argument checked before vLLM sees it; the stop strings as a list.
+
+    A bad value that reaches vLLM fails inside the engine's step (a seed torch cannot use, a stop that is not a
+    string), which fails every request of that step: so nothing unchecked goes in. The rules are eager's
+    (ie_lab/eager/generate.py) plus what vLLM itself needs: a seed torch accepts, finite numbers, a vocabulary
+    bound on top_k and n_logprobs, and vLLM's max_logprobs."""
+    from ..eager.generate import _check_args
+
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise InputError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}.")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1 or (vocab and top_k > vocab)):
+        raise InputError(f"top_k must be None or an integer in 1..{vocab or 'vocabulary size'}, got {top_k!r}.")
+    if top_p is not None and (not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1):
+        raise InputError(f"top_p must be None or a number in (0, 1], got {top_p!r}.")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2 ** 63):
+        raise InputError(f"seed must be None or an integer in 0..2**63 - 1 (what torch's generator takes), got "
+                         f"{seed!r}; e.g. seed=0.")
+    if n_logprobs is None or not _is_int(n_logprobs) or n_logprobs < 0:
+        raise InputError(f"n_logprobs must be an integer >= 0, got {n_logprobs!r}.")
+    if vocab and n_logprobs > vocab:
+        raise InputError(f"n_logprobs={n_logprobs} exceeds the vocabulary of {vocab} tokens.")
+    if max_logprobs is not None and max_logprobs >= 0 and n_logprobs > max_logprobs:
+        raise InputError(f"n_logprobs={n_logprobs} exceeds the engine's max_logprobs={max_logprobs}; create the "
+                         f"Session with engine_kwargs={{'max_logprobs': {n_logprobs}}} or ask for fewer.")
+    if not isinstance(ignore_eos, bool):
+        raise InputError(f"ignore_eos must be True or False, got {ignore_eos!r}.")
+    if stop is None:
+        stops: list = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, (list, tuple)):
+        stops = list(stop)
+    else:
+        raise InputError(f"stop must be a string or a list of strings, got {type(stop).__name__}.")
+    for x in stops:
+        if not isinstance(x, str) or not x:
+            raise InputError(f"stop must hold non-empty strings (text to stop at), got {x!r} in {stop!r}; to stop at "
+                             "a token id, decode it first: tokenizer.decode([id]).")
+    _check_args(int(max_new_tokens), float(temperature), top_k, top_p, int(n_logprobs))  # eager's own rules too
+    return stops
+
+
 @dataclass
 class _Work:
     """What one request asks the worker for."""
@@ -150,6 +210,7 @@ class _Work:
     attn_layers: list[int]
     steer: list[dict]
     lens: dict | None = None
+    specs: list = field(default_factory=list)  # the steering specs behind `steer` (the block's and steer=)
 
     @property
     def empty(self) -> bool:
@@ -165,6 +226,89 @@ def _steer_payload(spec: Any) -> list[dict]:
         pos = [int(x) for x in pos]
     return [{"address": str(a), "method": spec.method, "kwargs": kwargs, "vector": pack(spec.vector.float()),
              "positions": pos} for a in spec.addresses]
+
+
+class _StepRows:
+    """A capture streamed with generate_stream: the worker hands over the rows filed since the last step (ie_drain),
+    and each GenStep carries the rows of the forward that chose it, as on eager: step 0 the prompt's, step i the row
+    of token i - 1, and the last step also its own token's row (read by the follow-up forward) plus the whole cache.
+    Attention patterns are rebuilt from every q/k once the request ends, so they come in the last step's cache only."""
+
+    def __init__(self, session: "VLLMSession", addrs: list[Address], ids: torch.Tensor):
+        self.s, self.ids, self.P = session, ids, ids.shape[1]
+        self.addrs = addrs
+        self.row_addrs = [a for a in addrs if a.name not in RECOMPUTED]
+        self.buffer: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.upto = 0  # positions below this have been handed to a step
+        self.parts: dict[Address, list[torch.Tensor]] = {a: [] for a in self.row_addrs}
+
+    async def drain(self, rid: str) -> None:
+        if not self.row_addrs:
+            return
+        res = (await self.s._driver.rpc("ie_drain", rid))[0]
+        _raise_if_failed(res)
+        for base, d in res.get("points", {}).items():
+            self.buffer.setdefault(base, []).append((unpack(d["positions"]), unpack(d["rows"])))
+
+    def _take(self, stop: int) -> dict[str, torch.Tensor]:
+        """Rows at positions upto..stop - 1 of every point (the latest copy of a recomputed position)."""
+        from .worker import _by_position
+
+        out = {}
+        for base in {str(a.without_head()) for a in self.row_addrs}:
+            pos, t = _by_position(self.buffer.get(base) or [(torch.zeros(0, dtype=torch.long), torch.zeros(0))])
+            keep = (pos >= self.upto) & (pos < stop)
+            if not torch.equal(pos[keep], torch.arange(self.upto, stop, dtype=pos.dtype)):
+                raise RuntimeError(f"ie_lab: the worker filed positions {pos[keep].tolist()} of {base} for a step that "
+                                   f"covers {self.upto}..{stop - 1}")  # never hand out a wrong row silently
+            out[base] = t[keep]
+            later = pos >= stop
+            self.buffer[base] = [(pos[later], t[later])] if bool(later.any()) else []
+        return out
+
+    def _cache(self, tensors: dict[Address, torch.Tensor], tokens: torch.Tensor) -> Cache:
+        from ..eager.inputs import str_tokens
+
+        return Cache(tensors, tokens=tokens, str_tokens=str_tokens(self.s._lm, tokens))
+
+    def _full(self, generated: list[int]) -> torch.Tensor:
+        return torch.cat([self.ids, torch.tensor([generated], dtype=self.ids.dtype)], dim=1)
+
+    def attach(self, step: Any, generated: list[int], stop: int | None = None) -> None:
+        from ..eager.capture import slice_head
+
+        stop = self.P + step.index if stop is None else stop
+        if not self.row_addrs:
+            step.captured = self._cache({}, self._full(generated)[:, self.upto:stop])
+            step.captured_positions = range(self.upto, stop)
+            self.upto = stop
+            return
+        got = self._take(stop)
+        new = {a: slice_head(a, got[str(a.without_head())][None].to(self.s._lm.dtype), self.s._lm.facts)
+               for a in self.row_addrs}
+        for a, t in new.items():
+            self.parts[a].append(t)
+        lo = self.upto if getattr(step, "captured_positions", None) is None else step.captured_positions.start
+        if getattr(step, "captured", None) is not None:  # the last step: its own token's row joins the rows already attached
+            new = {a: torch.cat([step.captured[a], t], dim=1) for a, t in new.items()}
+        step.captured = self._cache(new, self._full(generated)[:, lo:stop])
+        step.captured_positions = range(lo, stop)
+        self.upto = stop
+
+    def finish(self, step: Any, generated: list[int], collected: dict) -> None:
+        """The follow-up forward has read the last token: its row joins the last step, which also gets the whole
+        cache (the concatenation of every step's rows, and the attention patterns)."""
+        for base, t in collected.get("points", {}).items():
+            pos = unpack(collected["point_positions"][base])
+            self.buffer.setdefault(base, []).append((pos, unpack(t)))
+        self.attach(step, generated, stop=self.P + len(generated))
+        whole: dict[Address, torch.Tensor] = {}
+        for a in self.addrs:
+            if a.name in RECOMPUTED:
+                whole.update(self.s._assemble([a], collected))
+            else:
+                whole[a] = torch.cat(self.parts[a], dim=1)
+        step.cache = self._cache(whole, self._full(generated))
 
 
 VERIFIED_FAMILIES = quirks.VLLM_VERIFIED
@@ -186,6 +330,11 @@ class VLLMSession(Session):
             raise CapabilityUnsupported("a model object on backend='vllm'", "vLLM loads its own copy of the weights "
                                         "from a folder or HF id inside its workers.",
                                         "pass the folder or id (save_pretrained first), or use backend='eager'.")
+        if engine_kwargs is not None and not isinstance(engine_kwargs, dict):
+            raise InputError(f"engine_kwargs must be a dict of vLLM EngineArgs, got {type(engine_kwargs).__name__}.")
+        from .engine import check_engine_kwargs
+
+        check_engine_kwargs(dict(engine_kwargs or {}))  # before anything starts: see SAFE_ENGINE_KWARGS
         if engine not in ("auto", "inproc", "async"):
             raise InputError(f"unknown engine {engine!r}; use 'auto', 'inproc' or 'async'.")
         if device is not None and torch.device(device).type not in ("cpu", "cuda"):
@@ -214,7 +363,6 @@ class VLLMSession(Session):
         self._thread.start()
         self._op_lock = None
         self._tokens: set[_CancelToken] = set()
-        self._active_steer: list[Any] = []  # specs entered with `with spec:` (apply to every request)
         self._inflight: set[str] = set()
         self._name = os.fspath(model)
         from .. import DEMO_MODEL
@@ -404,7 +552,12 @@ class VLLMSession(Session):
                 attn.append(a.layer)
             else:
                 points.append(str(base))
-        specs = list(self._active_steer) + _as_specs(steer)
+        # The `with spec:` blocks of the calling context (read now, as the request is issued) and steer=. A spec
+        # entered twice, or also passed as steer=, applies once.
+        specs: list = []
+        for sp in self._entered_specs() + _as_specs(steer):
+            if not any(sp is x for x in specs):
+                specs.append(sp)
         if specs and self._graph is not None:
             self._refuse_in_graph_mode("steering")
         payload = []
@@ -412,7 +565,11 @@ class VLLMSession(Session):
             if getattr(sp, "lm", None) is not self._lm:
                 raise InputError("this steering spec was made on another model; make it with this Session's steer().")
             payload += _steer_payload(sp)
-        return addrs, _Work(sorted(set(points)), sorted(set(attn)), payload)
+        return addrs, _Work(sorted(set(points)), sorted(set(attn)), payload, specs=specs)
+
+    def _entered_specs(self) -> list:
+        """This Session's specs entered with `with spec:` in the calling context (task, thread, or cell)."""
+        return [w.spec for w in _ENTERED.get() if w.session is self]
 
     def _check_room(self, n_tokens: int, what: str) -> None:
         """vLLM schedules an output token after every sequence it runs, so a sequence needs one free position."""
@@ -448,6 +605,7 @@ class VLLMSession(Session):
             params.extra_args = {"ie_lab": rid}
             prompt["cache_salt"] = rid  # never share KV blocks with other requests: they are read or edited
         self._inflight.add(rid)
+        box["rid"] = rid
         done = False
         try:
             async with contextlib.aclosing(self._driver.generate(prompt, params, rid)) as stream:
@@ -469,6 +627,7 @@ class VLLMSession(Session):
             if registered:
                 res = (await self._driver.rpc("ie_collect", rid))[0]
                 registered = False
+                _raise_if_failed(res)
                 box["collected"] = res
         finally:
             self._inflight.discard(rid)
@@ -536,10 +695,9 @@ class VLLMSession(Session):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        from ..eager.generate import _check_args
-
-        _check_args(max_new_tokens, temperature, top_k, top_p, n_logprobs)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        max_logprobs = getattr(getattr(self._driver, "args", None), "max_logprobs", None)
+        stops = check_sampling(max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs, ignore_eos,
+                               vocab=self._lm.facts.vocab_size, max_logprobs=max_logprobs)
         return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
                               top_p=1.0 if top_p is None else top_p, seed=seed, stop=stops or None,
                               logprobs=n_logprobs, output_kind=RequestOutputKind.DELTA,
@@ -550,6 +708,7 @@ class VLLMSession(Session):
         from ..eager.generate import GenStep
 
         kwargs = dict(kwargs)
+        streaming = "_result" not in kwargs  # generate() collects once at the end; a stream drains every step
         box: dict = kwargs.pop("_result", None) if "_result" in kwargs else {}
         capture = kwargs.pop("capture", None)
         steer = kwargs.pop("steer", None)
@@ -557,6 +716,11 @@ class VLLMSession(Session):
         unknown = set(kwargs) - {"temperature", "top_k", "top_p", "seed", "stop", "n_logprobs", "ignore_eos"}
         if unknown:
             raise InputError(f"unknown generation argument(s) {sorted(unknown)}.")
+        # every argument is checked before the prompt is even prepared: nothing unchecked reaches the engine
+        params = self._params(max_new_tokens, kwargs.get("temperature", 0.0), kwargs.get("top_k"), kwargs.get("top_p"),
+                              kwargs.get("seed"), kwargs.get("stop"), kwargs.get("n_logprobs", 0),
+                              kwargs.get("ignore_eos", False))
+        n_lp = int(kwargs.get("n_logprobs", 0))
         ids = self._ids(prompt)
         if ids.shape[0] != 1:
             raise InputError("generate takes one prompt per call; concurrent calls are batched by vLLM.")
@@ -568,26 +732,27 @@ class VLLMSession(Session):
             raise CapabilityUnsupported(
                 f"a generation of {ids.shape[1]} + {max_new_tokens} tokens on backend='vllm'", self._len_why,
                 f"keep prompt + max_new_tokens within {self._max_len}, or use backend='eager'.")
-        n_lp = int(kwargs.get("n_logprobs", 0) or 0)
-        params = self._params(max_new_tokens, kwargs.get("temperature", 0.0), kwargs.get("top_k"), kwargs.get("top_p"),
-                              kwargs.get("seed"), kwargs.get("stop"), n_lp, kwargs.get("ignore_eos", False))
         addrs, work = self._work_for(capture, steer)
         from ..eager.steer import check_positions_fit
 
-        check_positions_fit(list(self._active_steer) + _as_specs(steer), ids.shape[1] + max_new_tokens)
+        check_positions_fit(work.specs, ids.shape[1] + max_new_tokens)
         if addrs:  # the follow-up forward that covers the last generated token needs its own free position
             self._check_room(ids.shape[1] + max_new_tokens, "a capture during generation")
         tok = self._lm.tokenizer
         generated: list[int] = []
         reason = "length"
+        rows = _StepRows(self, addrs, ids) if (streaming and addrs) else None
+        held = None  # the last step waits for the follow-up forward that reads its own token's row
         self._tokens.add(token)
         try:
             tail = (lambda: generated) if addrs else None
             async with contextlib.aclosing(self._request(ids[0].tolist(), params, work, box, tail)) as outs:
                 async for out in outs:
                     comp = out.outputs[0]
+                    if rows is not None and comp.token_ids:
+                        await rows.drain(box["rid"])
                     lps = comp.logprobs or [None] * len(comp.token_ids)
-                    for tid, lp in zip(comp.token_ids, lps):
+                    for k, (tid, lp) in enumerate(zip(comp.token_ids, lps)):
                         if token.cancelled:
                             return
                         top: dict[str, float] = {}
@@ -597,8 +762,16 @@ class VLLMSession(Session):
                             ranked = sorted(((v.rank, j, v.logprob) for j, v in lp.items() if v.rank is not None), key=lambda x: x[0])
                             top = {(tok.decode([j]) if tok is not None else str(j)): float(v) for r, j, v in ranked[:n_lp]} if n_lp else {}
                         generated.append(int(tid))
-                        yield GenStep(len(generated) - 1, int(tid), tok.decode([tid]) if tok is not None else str(tid),
-                                      logprob, top, None)
+                        step = GenStep(len(generated) - 1, int(tid), tok.decode([tid]) if tok is not None else str(tid),
+                                       logprob, top, None)
+                        if rows is not None:
+                            step.captured = None
+                            # step i carries the row of the token fed in to choose it (step 0: the prompt's rows)
+                            rows.attach(step, generated)
+                            if comp.finish_reason is not None and k == len(comp.token_ids) - 1:
+                                held = step
+                                continue
+                        yield step
                     if comp.finish_reason is not None:
                         reason = {"length": "length", "stop": "eos" if comp.stop_reason is None else "stop",
                                   "abort": "aborted"}.get(comp.finish_reason, comp.finish_reason)
@@ -607,9 +780,12 @@ class VLLMSession(Session):
                         return
         finally:
             self._tokens.discard(token)
+        if held is not None:
+            rows.finish(held, generated, box.get("collected", {}))
+            yield held
         box["ids"] = generated
         box["reason"] = reason
-        if addrs and "collected" in box:
+        if addrs and "collected" in box and not streaming:
             box["captured"] = self._assemble(addrs, box["collected"])
 
     def _assemble(self, addrs: list[Address], res: dict) -> dict[Address, torch.Tensor]:
@@ -654,8 +830,8 @@ class VLLMSession(Session):
 
     # ---- steering ---------------------------------------------------------------------------------
     def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
-        """A steering spec on this model: pass steer=spec to generate / capture, or `with spec:` for every
-        request started inside the block."""
+        """A steering spec on this model: pass steer=spec to generate / capture, or `with spec:` to steer the
+        requests issued inside the block from the same task or thread (other tasks and threads are untouched)."""
         from ..eager.steer import make_spec
 
         self._check_open()
@@ -786,8 +962,13 @@ class VLLMSession(Session):
         return self._call(self._driver.rpc("ie_state"))
 
 
+# The steering blocks entered in the current context, innermost last. A tuple, so a task's copy never changes
+# under another task.
+_ENTERED: contextvars.ContextVar[tuple] = contextvars.ContextVar("ie_lab_vllm_steering", default=())
+
+
 class _VLLMSteer:
-    """A steering spec on vLLM: pass as steer=..., or `with spec:` to steer every request started inside."""
+    """A steering spec on vLLM: pass as steer=..., or `with spec:` to steer the requests this context issues inside."""
 
     def __init__(self, spec: Any, session: VLLMSession):
         self.spec, self.session = spec, session
@@ -796,15 +977,30 @@ class _VLLMSteer:
         return getattr(self.spec, name)
 
     def __enter__(self) -> "_VLLMSteer":
-        self.session._active_steer.append(self.spec)
+        # Steers the requests issued inside the block from this context only: a ContextVar is copied into each
+        # asyncio task when it is created and starts empty in a new thread, so other tasks and threads are untouched.
+        self.session._check_open()
+        _ENTERED.set(_ENTERED.get() + (self,))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        with contextlib.suppress(ValueError):
-            self.session._active_steer.remove(self.spec)
+        entered = _ENTERED.get()
+        for i in range(len(entered) - 1, -1, -1):  # the innermost entry of this spec; an outer one stays
+            if entered[i] is self:
+                _ENTERED.set(entered[:i] + entered[i + 1:])
+                break
 
     def __repr__(self) -> str:
         return repr(self.spec).replace("SteerSpec(", "SteerSpec[vllm](", 1)
+
+
+def _raise_if_failed(res: dict) -> None:
+    """A hook failed for this request inside the worker: the request fails, the engine and other requests go on."""
+    if res.get("error"):
+        from ..errors import RequestFailed
+
+        raise RequestFailed(f"this request failed inside the vLLM worker ({res['error']}); its captures and "
+                            "steering were stopped there, the engine and every other request go on.")
 
 
 def _as_specs(steer: Any) -> list[Any]:

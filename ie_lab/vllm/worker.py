@@ -286,6 +286,7 @@ class Spec:
     lens_rows: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(
         default_factory=lambda: defaultdict(list))
     forwards: int = 0
+    error: str | None = None  # set when a hook failed for this request: its work stops, ie_collect reports it
 
 
 class IELabWorker:
@@ -326,12 +327,12 @@ class IELabWorker:
         trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
         norm = getattr(trunk, "normalizer", None)
         if norm is None:
-            h.append(embed.register_forward_hook(self._post_reader("embeddings")))
+            h.append(embed.register_forward_hook(self._guard(self._post_reader("embeddings"))))
         else:
-            h.append(embed.register_forward_hook(
-                lambda mod, args, out: self._read("embeddings", _first(out) * norm) if self._ie_rows is not None else None))
+            h.append(embed.register_forward_hook(self._guard(
+                lambda mod, args, out: self._read("embeddings", _first(out) * norm) if self._ie_rows is not None else None)))
         if final is not None:
-            h.append(final.register_forward_hook(self._post_reader("final_norm")))
+            h.append(final.register_forward_hook(self._guard(self._post_reader("final_norm"))))
         present: dict[str, list[int]] = defaultdict(list)
         for s in layers:
             sinks = getattr(s.attn_core.impl, "sinks", None)
@@ -363,48 +364,49 @@ class IELabWorker:
         h = self._ie_handles
         L = s.index
         if s.fused:
-            h.append(s.layer.register_forward_pre_hook(self._fused_pre(f"resid_pre.{L}"), with_kwargs=True))
-            h.append(s.layer.register_forward_hook(self._fused_post(f"resid_post.{L}")))
-            h.append(s.mid_norm.register_forward_pre_hook(self._fused_pre(f"resid_mid.{L}"), with_kwargs=True))
-            h.append(s.mid_norm.register_forward_hook(self._tuple_post(f"mlp_in.{L}")))
+            h.append(s.layer.register_forward_pre_hook(self._guard(self._fused_pre(f"resid_pre.{L}")), with_kwargs=True))
+            h.append(s.layer.register_forward_hook(self._guard(self._fused_post(f"resid_post.{L}"))))
+            h.append(s.mid_norm.register_forward_pre_hook(self._guard(self._fused_pre(f"resid_mid.{L}")), with_kwargs=True))
+            h.append(s.mid_norm.register_forward_hook(self._guard(self._tuple_post(f"mlp_in.{L}"))))
         elif s.parallel:  # no stream between the sublayers; the MLP's own input is mlp_in, steered for it alone
-            h.append(s.layer.register_forward_pre_hook(self._pre_rw(f"resid_pre.{L}"), with_kwargs=True))
-            h.append(s.layer.register_forward_hook(self._post_rw([f"resid_post.{L}"])))
-            h.append(s.mlp.register_forward_pre_hook(self._pre_rw(f"mlp_in.{L}"), with_kwargs=True))
+            h.append(s.layer.register_forward_pre_hook(self._guard(self._pre_rw(f"resid_pre.{L}")), with_kwargs=True))
+            h.append(s.layer.register_forward_hook(self._guard(self._post_rw([f"resid_post.{L}"]))))
+            h.append(s.mlp.register_forward_pre_hook(self._guard(self._pre_rw(f"mlp_in.{L}")), with_kwargs=True))
         else:
-            h.append(s.layer.register_forward_pre_hook(self._pre_rw(f"resid_pre.{L}"), with_kwargs=True))
-            h.append(s.layer.register_forward_hook(self._post_rw([f"resid_post.{L}"])))
+            h.append(s.layer.register_forward_pre_hook(self._guard(self._pre_rw(f"resid_pre.{L}")), with_kwargs=True))
+            h.append(s.layer.register_forward_hook(self._guard(self._post_rw([f"resid_post.{L}"]))))
             # resid_mid in place: the layer keeps a second reference to it as the residual
-            h.append(s.mid_norm.register_forward_pre_hook(self._pre_inplace(f"resid_mid.{L}"), with_kwargs=True))
+            h.append(s.mid_norm.register_forward_pre_hook(self._guard(self._pre_inplace(f"resid_mid.{L}")), with_kwargs=True))
             if s.post_norm:  # the MLP reads the stream itself: mlp_in is its input, steered for the MLP alone
-                h.append(s.mid_norm.register_forward_pre_hook(self._pre_rw(f"mlp_in.{L}"), with_kwargs=True))
+                h.append(s.mid_norm.register_forward_pre_hook(self._guard(self._pre_rw(f"mlp_in.{L}")), with_kwargs=True))
             else:
-                h.append(s.mid_norm.register_forward_hook(self._post_rw([f"mlp_in.{L}"])))
-        h.append(s.attn_mod.register_forward_pre_hook(self._pre_rw(f"attn_in.{L}"), with_kwargs=True))
-        h.append(s.attn_core.register_forward_pre_hook(self._attn_core(s), with_kwargs=True))
-        h.append(s.o_proj.register_forward_pre_hook(self._pre_reader(f"z.{L}", sharded=True), with_kwargs=True))
+                h.append(s.mid_norm.register_forward_hook(self._guard(self._post_rw([f"mlp_in.{L}"]))))
+        h.append(s.attn_mod.register_forward_pre_hook(self._guard(self._pre_rw(f"attn_in.{L}")), with_kwargs=True))
+        h.append(s.attn_core.register_forward_pre_hook(self._guard(self._attn_core(s)), with_kwargs=True))
+        h.append(s.o_proj.register_forward_pre_hook(self._guard(self._pre_reader(f"z.{L}", sharded=True)), with_kwargs=True))
         outs = [f"attn_out.{L}"] + ([] if s.post_attn_norm is not None else [f"attn_out_post.{L}"])
         scale = {f"attn_out_post.{L}": s.out_scale, f"mlp_out_post.{L}": s.out_scale} if s.out_scale else None
-        h.append(s.o_proj.register_forward_hook(self._post_rw(outs, scale)))
+        h.append(s.o_proj.register_forward_hook(self._guard(self._post_rw(outs, scale))))
         if s.post_attn_norm is not None:
-            h.append(s.post_attn_norm.register_forward_hook(self._post_rw([f"attn_out_post.{L}"])))
+            h.append(s.post_attn_norm.register_forward_hook(self._guard(self._post_rw([f"attn_out_post.{L}"]))))
         if s.q_norm is not None:
             for mod, nm in ((s.q_norm, "q_norm"), (s.k_norm, "k_norm")):
                 rep = nm == "k_norm" and s.kv_replicated
-                h.append(mod.register_forward_pre_hook(self._pre_reader(f"{nm}_in.{L}", sharded=not rep, flat=True),
-                                                       with_kwargs=True))
-                h.append(mod.register_forward_hook(self._post_reader(f"{nm}_out.{L}", sharded=not rep, flat=True)))
+                h.append(mod.register_forward_pre_hook(
+                    self._guard(self._pre_reader(f"{nm}_in.{L}", sharded=not rep, flat=True)), with_kwargs=True))
+                h.append(mod.register_forward_hook(
+                    self._guard(self._post_reader(f"{nm}_out.{L}", sharded=not rep, flat=True))))
         if s.down_proj is not None:
-            h.append(s.down_proj.register_forward_pre_hook(self._pre_reader(f"mlp_act.{L}", sharded=True),
+            h.append(s.down_proj.register_forward_pre_hook(self._guard(self._pre_reader(f"mlp_act.{L}", sharded=True)),
                                                            with_kwargs=True))
         if s.up_proj is not None:
-            h.append(s.up_proj.register_forward_hook(self._up_reader(L, s.gated)))
+            h.append(s.up_proj.register_forward_hook(self._guard(self._up_reader(L, s.gated))))
         if s.router is not None:
-            h.append(s.router.register_forward_hook(self._post_reader(f"router_logits.{L}")))
+            h.append(s.router.register_forward_hook(self._guard(self._post_reader(f"router_logits.{L}"))))
         outs = [f"mlp_out.{L}"] + ([] if s.post_mlp_norm is not None else [f"mlp_out_post.{L}"])
-        h.append((s.mlp_out_mod or s.mlp).register_forward_hook(self._post_rw(outs, scale)))
+        h.append((s.mlp_out_mod or s.mlp).register_forward_hook(self._guard(self._post_rw(outs, scale))))
         if s.post_mlp_norm is not None:
-            h.append(s.post_mlp_norm.register_forward_hook(self._post_rw([f"mlp_out_post.{L}"])))
+            h.append(s.post_mlp_norm.register_forward_hook(self._guard(self._post_rw([f"mlp_out_post.{L}"]))))
 
     # ---- per-forward layout ---------------------------------------------------------------------
     def _ie_on_forward(self, mod, args, kwargs):
@@ -428,7 +430,7 @@ class IELabWorker:
             extra = getattr(getattr(st, "sampling_params", None), "extra_args", None) or {}
             key = extra.get("ie_lab")
             spec = self._ie_specs.get(key) if key is not None else None
-            if spec is None or qsl[i + 1] <= qsl[i]:
+            if spec is None or spec.error is not None or qsl[i + 1] <= qsl[i]:
                 continue
             spec.forwards += 1
             rows.append(Row(key, spec, qsl[i], qsl[i + 1], positions[qsl[i]:qsl[i + 1]].detach().to("cpu").clone()))
@@ -450,6 +452,21 @@ class IELabWorker:
         finally:
             self._ie_rows = None
             self._ie_ids = None
+
+    def _guard(self, hook: Callable) -> Callable:
+        """A hook that fails fails the requests it was working for, not the engine: the forward goes on
+        unchanged at that point, every ie_lab request in it is marked failed (its work stops, ie_collect
+        reports why) and plain requests never notice. Never silent: a request whose steering could not be
+        applied here is failed, not returned unsteered."""
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return hook(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - attributed to the requests of this forward
+                for r in self._ie_rows or ():
+                    if r.spec.error is None:
+                        r.spec.error = f"{type(e).__name__}: {e}"
+                return None
+        return guarded
 
     def _active(self) -> list[Row] | None:
         if self._ie_busy:
@@ -550,15 +567,20 @@ class IELabWorker:
             return None
         out = t.clone()
         for r, s in todo:
-            seg = out[r.start:r.end]
-            mask = _position_mask(s["positions"], r.positions, r.spec.prompt_len,
-                                  self._ie_ids[r.start:r.end] if self._ie_ids is not None else None,
-                                  r.spec.special_ids)
-            fn = steer_ops.FUNCTIONS[s["method"]]
-            if mask is not None:
-                mask = mask.to(seg.device)[None]
-            new = fn(seg[None], s["vector_t"].to(seg.device), mask=mask, **s["kwargs"])[0]
-            out[r.start:r.end] = new
+            if r.spec.error is not None:
+                continue
+            try:  # one request's steering failing fails that request only; the others in this forward go on
+                seg = out[r.start:r.end]
+                mask = _position_mask(s["positions"], r.positions, r.spec.prompt_len,
+                                      self._ie_ids[r.start:r.end] if self._ie_ids is not None else None,
+                                      r.spec.special_ids)
+                fn = steer_ops.FUNCTIONS[s["method"]]
+                if mask is not None:
+                    mask = mask.to(seg.device)[None]
+                new = fn(seg[None], s["vector_t"].to(seg.device), mask=mask, **s["kwargs"])[0]
+                out[r.start:r.end] = new
+            except Exception as e:  # noqa: BLE001
+                r.spec.error = f"steering {point} with {s['method']}: {type(e).__name__}: {e}"
         return out
 
     def _steer_and_read(self, rows: list[Row], point: str, t: torch.Tensor) -> torch.Tensor | None:
@@ -673,15 +695,36 @@ class IELabWorker:
                                    frozenset(spec.get("special_ids", [])))
         return True
 
+    def ie_drain(self, key: str) -> dict:
+        """The point rows filed for a request since the last drain (a streamed capture), handed over and
+        forgotten here so a long stream holds nothing twice; {"error": ...} once a hook failed for it."""
+        spec = self._ie_specs.get(key)
+        if spec is None or _tp_rank() != 0:
+            return {}
+        if spec.error is not None:
+            return {"error": spec.error}
+        out: dict[str, Any] = {}
+        for point, parts in list(spec.store.items()):
+            if parts:
+                pos, t = _by_position(parts)
+                out[point] = {"positions": pack(pos), "rows": pack(t)}
+                parts.clear()
+        return {"points": out}
+
     def ie_collect(self, key: str) -> dict:
         spec = self._ie_specs.pop(key, None)
         if spec is None or _tp_rank() != 0:
             return {}
+        if spec.error is not None:
+            return {"error": spec.error}
         out: dict[str, Any] = {"points": {}, "attn": {}, "lens": {}, "forwards": spec.forwards}
         for point, parts in spec.store.items():
+            if not parts:  # everything was drained during a stream
+                continue
             pos, t = _by_position(parts)
             out["points"][point] = pack(t)
             out.setdefault("positions", pack(pos))
+            out.setdefault("point_positions", {})[point] = pack(pos)
         for L, parts in spec.qk.items():
             pos = torch.cat([p for p, _, _ in parts])
             q = torch.cat([x for _, x, _ in parts])
