@@ -278,3 +278,22 @@ def test_gradients_of_a_metric_on_any_point():
         ie_lab.gradients(lm, PROMPT, "logits", ["resid_post.0"])
     lm.hf.zero_grad(set_to_none=True)
     assert_clean(lm)
+
+
+def test_capture_grad_sees_steering_and_chains_points_on_one_module():
+    lm = lm_for("granite")  # attn_out and attn_out_post (0.22 x attn_out) are read at the same o_proj output
+    v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(3))
+    addrs = ["resid_post.0", "attn_out.1", "attn_out_post.1", "resid_post.1"]
+    u = torch.randn(1, PROMPT.shape[1], lm.facts.d_model, generator=torch.Generator().manual_seed(4))
+    lb = lm.binding.layers[1]
+    with ie_lab.steer(lm, "resid_post.0", v, scale=2.0):
+        c = ie_lab.capture(lm, PROMPT, addrs, grad=True)
+        plain = ie_lab.capture(lm, PROMPT, addrs)
+        ref = _hand_grad(lm, lb.o_proj, u, lb.layer)  # d / d attn_out (attn_out_post = m * attn_out), steered
+    for a in addrs:  # the steered value, as a capture without grad returns it
+        assert torch.equal(c[a].detach(), plain[a]), a
+    g_out, g_post = torch.autograd.grad((c["resid_post.1"] * u).sum(), [c["attn_out.1"], c["attn_out_post.1"]])
+    torch.testing.assert_close(g_out, ref, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(g_post, ref / lb.attn_multiplier, atol=1e-5, rtol=1e-4)
+    lm.hf.zero_grad(set_to_none=True)
+    assert_clean(lm)

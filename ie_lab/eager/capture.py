@@ -135,12 +135,13 @@ class _Links:
                 def pre(mod, args, kwargs, base=base):
                     h = hidden_arg(args, kwargs)
                     return _replace_input(args, kwargs, h, self._link(base, h))
-                # Prepended, so the taps and any other hook on this module see what flows on.
-                self._handles.append(src.module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
+                # Appended: steering and patching writers (prepended) run first, so P is the written value,
+                # the one a capture without grad returns.
+                self._handles.append(src.module.register_forward_pre_hook(pre, with_kwargs=True))
             else:
                 def post(mod, args, kwargs, out, base=base):
                     return _replace_first(out, self._link(base, first_tensor(out)))
-                self._handles.append(src.module.register_forward_hook(post, with_kwargs=True, prepend=True))
+                self._handles.append(src.module.register_forward_hook(post, with_kwargs=True))
         return self
 
     def serves(self, a: Address) -> bool:
