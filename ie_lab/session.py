@@ -1,18 +1,27 @@
 """Session: the one object a notebook user holds.
 
-Each Session owns a background asyncio loop in a daemon thread; every backend operation is a coroutine
-on that loop. Each operation exists twice: a plain method for cells and scripts (it works inside
-Jupyter's already-running loop, no nest_asyncio), and an ``a``-prefixed coroutine to ``await``.
-Operations on one Session queue behind an asyncio lock, so streams and captures never interleave.
+Each Session owns a background asyncio loop in a daemon thread; every backend operation is queued there. Each
+operation exists twice: a plain method for cells and scripts (it works inside Jupyter's already-running loop,
+no nest_asyncio), and an ``a``-prefixed coroutine to ``await``. Operations on one Session queue behind an
+asyncio lock on that loop, so streams and captures never interleave.
 
-An interrupt (KeyboardInterrupt while a cell waits) cancels the operation: generation stops at the next
-token, a capture at the next layer; every hook and steering is removed and the next call works.
+The loop schedules; a plain call's own thread computes. The loop grants the operation lock to the waiting
+caller's thread (`_Lease`), which runs the whole operation (a stream: every step, and its cleanup) and hands
+the lock back: torch's OpenMP pool belongs to the thread that runs an op, and a second pool on the loop thread
+makes libgomp cut its spin-waits once the process holds more pool threads than CPUs, which made every call from
+a notebook (whose main thread has a pool) up to ~1.5x slower on CPU (`benchmarks/session_threads.py`). Awaited
+twins compute on the loop thread, as the caller's loop must stay free.
 
-The loop schedules; a plain call's own thread computes. While a plain call waits, the loop hands the
-operation's model work back to it (`_Host`): torch's OpenMP pool belongs to the thread that runs an op, and
-a second pool on the loop thread makes libgomp cut its spin-waits once the process holds more pool threads
-than CPUs, which made every call from a notebook (whose main thread has a pool) up to ~1.5x slower on CPU
-(`benchmarks/session_threads.py`). Awaited twins compute on the loop thread, as the caller's loop must stay free.
+Interrupts. While a plain call holds the lock on the main thread, SIGINT (Ctrl-C, the notebook's Interrupt)
+cancels the operation instead of raising wherever the thread is (`_Deferral`): the forward stops at the next
+layer, hooks, steering, the model lock and the operation lock are given back in order, then KeyboardInterrupt
+is raised. An interrupt raised in the middle of that cleanup is what left hooks and held locks behind. Awaited
+twins are cancelled through the same token, set from the caller's side (the session loop may be busy
+computing and would not see a cancel message until it is done). The hand-off itself stores plain flags that
+the other side also polls, so a wake-up lost to an interrupt delays a release by one poll and never deadlocks.
+
+The loop thread holds no reference to its Session: a session nobody refers to is closed by `__del__` (thread
+stopped, loop and its file descriptors closed, model released), as when a notebook re-binds the name.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import concurrent.futures
 import contextlib
 import gc
 import html
-import queue
+import signal
 import threading
 import weakref
 from typing import Any, AsyncIterator, Callable, Iterator
@@ -52,85 +61,193 @@ def _source_key(model: Any, backend: str) -> Any:
     return ("object", id(model), backend)
 
 
-_WORKING = threading.local()  # .sessions: the Sessions whose operation this thread is computing right now
+_WORKING = threading.local()  # .leases: the operations this thread holds the lock of (computing, or a paused stream)
+_END = object()
+_POLL = 0.05  # seconds: how often each side of a hand-off re-reads the other's flags when no wake-up came
+_SIGINT = signal.SIGINT
+_signal = signal.signal  # builtins: a signal pending at the call is handled after it returns (no Python frame)
+_getsignal = signal.getsignal
 
 
-class _Host:
-    """The thread of a plain call, lent to the loop for the operation's model work while it waits."""
+def _leases() -> list:
+    held = getattr(_WORKING, "leases", None)
+    if held is None:
+        held = _WORKING.leases = []
+    return held
 
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._open = True
-        self._lock = threading.Lock()
 
-    def put(self, item: tuple) -> None:
-        self.queue.put(item)
+def _forget(lease: "_Lease") -> None:
+    with contextlib.suppress(ValueError):
+        _leases().remove(lease)
 
-    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future | None:
-        """Queue fn for the caller's thread; None once the caller has stopped waiting (an interrupt)."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
-            if not self._open:
-                return None
-            self.queue.put(("job", (fn, fut)))
-        return fut
 
-    def close(self) -> None:
-        """The caller stops waiting: no new jobs; any not yet taken are cancelled."""
-        with self._lock:
-            self._open = False
-        while True:
-            try:
-                kind, item = self.queue.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "job":
-                item[1].set_exception(OperationCancelled("interrupted"))
-
-    def run(self, job: tuple) -> None:
-        fn, fut = job
-        if not fut.set_running_or_notify_cancel():
-            return
-        working = getattr(_WORKING, "sessions", None)
-        if working is None:
-            working = _WORKING.sessions = []
-        working.append(self.owner)
-        try:
-            fut.set_result(fn())
-        except BaseException as e:
-            # A KeyboardInterrupt must not reach the loop thread (asyncio re-raises it out of the loop): the
-            # loop's side learns "cancelled", the interrupt itself goes on in the caller's thread.
-            fut.set_exception(e if isinstance(e, Exception) else OperationCancelled("interrupted"))
-            if not isinstance(e, Exception):
-                raise
-        finally:
-            working.pop()
-
-    def messages(self) -> Iterator[tuple]:
-        """Run the jobs that arrive; yield every other message, (kind, item)."""
-        while True:
-            try:
-                kind, item = self.queue.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if kind == "job":
-                self.run(item)
-            else:
-                yield kind, item
-
-    def serve(self, until: concurrent.futures.Future) -> Any:
-        """Run jobs until `until` is done; returns its result."""
-        until.add_done_callback(lambda f: self.queue.put(("done", None)))
-        for kind, _ in self.messages():
-            if kind == "done":
-                return until.result()
+def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The session thread. It is given the loop only: a reference to the Session here kept every dropped session
+    (and its model) alive."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        with contextlib.suppress(Exception):
+            tasks = asyncio.all_tasks(loop)
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()  # its selector and wake-up pipe: three file descriptors per session
 
 
 class _CancelToken:
-    def __init__(self, host: _Host | None = None) -> None:
+    """`cancelled` is a plain attribute: set from any thread or a signal handler, read before every layer."""
+
+    def __init__(self) -> None:
         self.cancelled = False
-        self.host = host  # the plain call's thread that computes for this operation, if any
+
+
+class _Lease:
+    """A plain call's hold on the operation lock: the loop grants it to the caller's thread and takes it back.
+
+    Each side only stores flags (`granted`, `done`, `computing`) and then wakes the other; each side also re-reads
+    the flags every _POLL seconds, so a wake-up lost to an interrupt costs one poll, never a deadlock. No future
+    is resolved from the caller's thread, so nothing can set a result on a finished one."""
+
+    def __init__(self, session: "Session", token: _CancelToken) -> None:
+        self.session = weakref.ref(session)
+        self.loop = session._loop
+        self.token = token
+        self.granted = False
+        self.done = False
+        self.computing = False
+        self.event = threading.Event()  # set by the loop: granted, or the loop gave up (closed)
+        self.loop_wake: asyncio.Event | None = None
+        self.fut: concurrent.futures.Future | None = None
+
+    def acquire(self, session: "Session") -> None:
+        """Queue for the lock and wait for it on this thread; raises if the session closes or the token is cancelled."""
+        coro = session._hold(self)
+        try:
+            self.fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            raise SessionClosed("this Session is closed; create a new one: Session(...).") from None
+        while not self.granted:
+            if self.token.cancelled:
+                raise OperationCancelled("interrupted while waiting for the session's previous operation")
+            if self.fut.done():
+                raise SessionClosed("this Session was closed while the call waited; create a new one: Session(...).")
+            self.event.wait(_POLL)
+
+    def release(self) -> None:
+        """The caller is done (result, error or interrupt): the loop takes the lock back. Idempotent."""
+        self.computing = False
+        self.done = True
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self.loop.call_soon_threadsafe(self._wake_loop)
+
+    def _wake_loop(self) -> None:
+        if self.loop_wake is not None:
+            self.loop_wake.set()
+
+
+class _Deferral:
+    """SIGINT on the main thread becomes a cancellation while a plain call holds the model.
+
+    The first interrupt sets the token (the forward stops at the next layer, a stream at the next token) and
+    KeyboardInterrupt is raised once everything is given back; a second one raises at once (the way out of a
+    function passed to s.run that never reaches a layer). Installing and restoring use the builtin
+    signal.signal directly, so a signal pending at that moment is handled by one handler or the other, never
+    lost in between. Off the main thread (no signals arrive there) it does nothing."""
+
+    def __init__(self, token: _CancelToken) -> None:
+        self.token = token
+        self.hits = 0
+        self.deferring = False
+        self.prev: Any = None
+        self.ident = threading.get_ident()
+        self.on = threading.current_thread() is threading.main_thread() and callable(_getsignal(_SIGINT))
+        self.handler = self._on_sigint  # bound once: installing it then creates nothing
+
+    def _here(self) -> bool:
+        return self.on and threading.get_ident() == self.ident
+
+    def install(self) -> None:
+        if self._here():
+            if not self.deferring:
+                self.prev = _getsignal(_SIGINT)
+                self.deferring = True
+            _signal(_SIGINT, self.handler)
+
+    def lift(self) -> None:
+        """SIGINT back to its previous handler while the caller's own code runs; raises if one arrived."""
+        if self.deferring and self._here():
+            _signal(_SIGINT, self.prev)
+        if self.hits:
+            self._raise()
+
+    def end(self) -> None:
+        if self.deferring and self._here():
+            _signal(_SIGINT, self.prev)
+            self.deferring = False
+        if self.hits:
+            self._raise()
+
+    @staticmethod
+    def _raise() -> None:
+        e = KeyboardInterrupt()
+        e.__suppress_context__ = True  # the OperationCancelled it was delivered by is not news to the user
+        raise e
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if not self.deferring:  # left installed by an exit an exception cut short: act as what it replaced
+            if callable(self.prev):
+                return self.prev(signum, frame)
+            raise KeyboardInterrupt
+        self.hits += 1
+        self.token.cancelled = True
+        if self.hits > 1:
+            raise KeyboardInterrupt
+
+
+class _AwaitedInterrupts:
+    """While awaited twins are pending on the main thread, SIGINT also cancels their operations.
+
+    The twin computes on the session thread; the interrupt lands in the caller's event loop, which (ipykernel's
+    `await` cells, asyncio.run) turns it into cancelling the caller's task at best, and that cancel reached the
+    computation only once it had finished (ipykernel 7 here does not even cancel: an interrupted `await` cell ran
+    to its end). One handler for all of them: it sets their tokens, then does what the handler it replaced does."""
+
+    lock = threading.Lock()
+    tokens: "set[_CancelToken]" = set()
+    prev: Any = None
+
+    @classmethod
+    def add(cls, token: _CancelToken) -> bool:
+        if threading.current_thread() is not threading.main_thread() or not callable(_getsignal(_SIGINT)):
+            return False
+        with cls.lock:
+            if not cls.tokens:
+                cls.prev = _getsignal(_SIGINT)
+                _signal(_SIGINT, cls.handler)
+            cls.tokens.add(token)
+        return True
+
+    @classmethod
+    def remove(cls, token: _CancelToken) -> None:
+        with cls.lock:
+            cls.tokens.discard(token)
+            if not cls.tokens and _getsignal(_SIGINT) == cls.handler:  # not if someone replaced it meanwhile
+                _signal(_SIGINT, cls.prev)
+
+    @classmethod
+    def handler(cls, signum: int, frame: Any) -> Any:
+        for t in list(cls.tokens):
+            t.interrupted = True
+            t.cancelled = True
+        prev = cls.prev
+        if callable(prev) and prev != cls.handler:
+            return prev(signum, frame)
+        raise KeyboardInterrupt
 
 
 class Session:
@@ -169,7 +286,7 @@ class Session:
         if replace:
             self._replace_previous()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run_loop, name="ie_lab-session", daemon=True)
+        self._thread = threading.Thread(target=_serve_loop, args=(self._loop,), name="ie_lab-session", daemon=True)
         self._thread.start()
         self._op_lock: asyncio.Lock | None = None
         self._tokens: set[_CancelToken] = set()
@@ -178,14 +295,27 @@ class Session:
 
         if self._name == DEMO_MODEL:
             self._name = "ie_lab.DEMO_MODEL"  # not a machine-specific path in reprs and notebooks
+
+        def load_model():
+            from tqdm.auto import tqdm
+
+            from .loading import load
+
+            with tqdm(total=2, desc="loading model", disable=not progress, leave=False) as bar:
+                lm = load(model, tokenizer, backend="eager", device=device, dtype=dtype,
+                          trust_remote_code=trust_remote_code, quiet=False)
+                bar.update(2)
+            return lm
+
         try:
-            token = _CancelToken(_Host(self))
-            self._lm = self._call(self._aload(model, tokenizer, device, dtype, trust_remote_code, progress, token),
-                                  token)
+            # no layer checks yet (no model), and an interrupt stops a long download at once: nothing to clean
+            self._lm = self._sync(load_model, layers=False, defer=False)
         except BaseException:
             self._shutdown_loop()
             raise
         with _LIVE_LOCK:
+            for k in [k for k, r in _LIVE.items() if r() is None]:
+                del _LIVE[k]
             _LIVE[self._key] = weakref.ref(self)
 
     def _replace_previous(self) -> None:
@@ -198,45 +328,45 @@ class Session:
             print(f"ie_lab: closed the previous Session on {old._name} (re-created)")
 
     # ---- the loop -------------------------------------------------------------------------------
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_forever()
+    def _run_loop(self) -> None:  # the vLLM session's thread target
+        _serve_loop(self._loop)
 
     def _on_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
     def _inside_own_operation(self) -> bool:
-        return self._on_loop_thread() or any(s is self for s in getattr(_WORKING, "sessions", ()))
+        """On this session's loop thread, or on a thread that holds this session's lock (computing an operation,
+        or with a stream of it open): a synchronous call would wait for itself."""
+        if self._on_loop_thread():
+            return True
+        return any(not lease.done and lease.session() is self for lease in getattr(_WORKING, "leases", ()))
+
+    def _refuse_nested(self, what: str = "a synchronous Session method") -> None:
+        if self._inside_own_operation():
+            raise RuntimeError(f"{what} was called from inside one of the same Session's operations (a function it "
+                               "runs, a generate_stream of it still open in this thread, or its own loop thread), "
+                               "which would deadlock; inside s.run(fn) use the model handle fn receives, finish or "
+                               "close the open stream first (stream.close()), and in coroutines on the session's "
+                               "loop use the async twin (await s.a...()).")
 
     def _check_open(self) -> None:
         if self._closed:
             raise SessionClosed("this Session is closed; create a new one: Session(...).")
 
-    def _call(self, coro: Any, token: _CancelToken | None = None) -> Any:
-        """Run a coroutine on the session loop from a plain (sync) call, honouring interrupts; while it runs,
-        this thread computes whatever model work the operation hands it (token.host)."""
+    def _call(self, coro: Any) -> Any:
+        """Run a coroutine on the session loop from a plain call (the vLLM backend's operations, which compute on
+        the loop); an interrupt cancels it and waits for it to unwind."""
         if self._inside_own_operation():
             coro.close()
-            raise RuntimeError("a synchronous Session method was called from inside one of the same Session's "
-                               "operations (a function it runs, or its own loop thread), which would deadlock; inside "
-                               "s.run(fn) use the model handle fn receives, and in coroutines on the session's loop "
-                               "the async twin (await s.a...()).")
-        host = token.host if token is not None else None
+            self._refuse_nested()
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return host.serve(fut) if host is not None else fut.result()
+            return fut.result()
         except KeyboardInterrupt:
-            if host is not None:
-                host.close()
-            if token is not None:
-                token.cancelled = True
             fut.cancel()
             with contextlib.suppress(BaseException):
-                fut.result(timeout=10)  # let the operation unwind (hooks out) before the cell returns
+                fut.result(timeout=10)  # let the operation unwind before the cell returns
             raise
-        finally:
-            if host is not None:
-                host.close()
 
     async def _on_loop(self, coro: Any) -> Any:
         """Await a coroutine that must run on the session loop, from whichever loop we are on."""
@@ -249,108 +379,188 @@ class Session:
             self._op_lock = asyncio.Lock()
         return self._op_lock
 
-    @contextlib.contextmanager
-    def _cancellable(self, token: _CancelToken) -> Iterator[None]:
+    def _add_cancel_hooks(self, token: _CancelToken) -> list:
         """Layer pre-hooks that stop a forward at the next layer once the token is cancelled."""
         def check(mod, args):
             if token.cancelled:
                 raise OperationCancelled("interrupted")
-        handles = [lb.layer.register_forward_pre_hook(check) for lb in self._lm.binding.layers]
+        handles = []
+        for lb in self._lm.binding.layers:
+            handles.append(lb.layer.register_forward_pre_hook(check))
+        return handles
+
+    @staticmethod
+    def _remove_hooks(handles: list | None) -> None:
+        while handles:
+            handles.pop().remove()
+
+    @contextlib.contextmanager
+    def _cancellable(self, token: _CancelToken) -> Iterator[None]:
+        handles: list = []
         try:
+            handles = self._add_cancel_hooks(token)
             yield
         finally:
-            for h in handles:
-                h.remove()
+            self._remove_hooks(handles)
 
-    async def _compute(self, token: _CancelToken, fn: Callable[[], Any]) -> Any:
-        """Run model work on the plain caller's thread when one is waiting (see the module note), else here."""
-        if token.host is None:
-            return fn()
-        fut = token.host.submit(fn)
-        if fut is None:  # the caller stopped waiting (an interrupt): nothing is left to compute for
-            raise OperationCancelled("interrupted")
+    async def _hold(self, lease: _Lease) -> None:
+        """The loop's half of a plain call: take the operation lock in queue order, grant it to the caller's
+        thread, take it back when the caller says it is done."""
+        loop = asyncio.get_running_loop()
+        lease.loop_wake = wake = asyncio.Event()
         try:
-            return await asyncio.shield(asyncio.wrap_future(fut))
-        except asyncio.CancelledError:
-            token.cancelled = True  # the layer hooks stop the work; the lock is held until it has
-            with contextlib.suppress(BaseException):
-                await asyncio.wrap_future(fut)
+            async with self._lock():
+                if lease.done or lease.token.cancelled:
+                    return  # the caller stopped waiting while queued
+                self._tokens.add(lease.token)
+                try:
+                    lease.granted = True
+                    lease.event.set()
+                    while not lease.done:
+                        poll = loop.call_later(_POLL, wake.set)
+                        try:
+                            await wake.wait()
+                        finally:
+                            poll.cancel()
+                        wake.clear()
+                except asyncio.CancelledError:  # the session is closing: the caller stops at its next layer
+                    lease.token.cancelled = True
+                    while lease.computing and not lease.done:
+                        await asyncio.sleep(0.01)
+                    raise
+                finally:
+                    self._tokens.discard(lease.token)
+        finally:
+            lease.event.set()
+
+    def _sync(self, fn: Callable[[], Any], *, layers: bool = True, defer: bool = True) -> Any:
+        """A plain-call operation: queued on the loop, computed on this thread, cancellable by an interrupt."""
+        self._check_open()
+        self._refuse_nested()
+        token = _CancelToken()
+        guard = _Deferral(token)
+        lease = _Lease(self, token)
+        if defer:
+            guard.install()
+        try:
+            _leases().append(lease)
+            lease.acquire(self)
+            lease.computing = True
+            if layers:
+                with self._cancellable(token):
+                    return fn()
+            return fn()
+        except OperationCancelled:
+            if self._closed and not guard.hits:
+                raise SessionClosed("this Session was closed during the call; create a new one: Session(...).") from None
             raise
+        finally:
+            lease.release()
+            _forget(lease)
+            guard.end()  # SIGINT back to its handler; KeyboardInterrupt now if one arrived
 
     async def _run(self, fn: Callable[[], Any], token: _CancelToken | None = None) -> Any:
-        """One blocking backend operation, queued behind the session's lock, cancellable between layers."""
+        """An awaited operation on the loop thread, queued behind the session's lock, cancellable between layers."""
         self._check_open()
         token = token or _CancelToken()
-
-        def work():
-            with self._cancellable(token):
-                return fn()
-
         async with self._lock():
+            if token.cancelled:
+                raise OperationCancelled("cancelled before it started")
             self._tokens.add(token)
             try:
-                return await self._compute(token, work)
+                with self._cancellable(token):
+                    return fn()
+            except OperationCancelled:
+                if self._closed:
+                    raise SessionClosed("this Session was closed during the call; create a new one: Session(...).") from None
+                raise
             finally:
                 self._tokens.discard(token)
 
-    def _sync(self, fn: Callable[[], Any]) -> Any:
-        """A plain-call operation: queued on the loop, computed on this thread, cancellable by an interrupt."""
-        self._check_open()
-        token = _CancelToken(_Host(self))
-        return self._call(self._run(fn, token), token)
-
     async def _async(self, fn: Callable[[], Any]) -> Any:
         """The awaitable twin, from whichever event loop the caller is on."""
-        return await self._on_loop(self._run(fn))
+        self._check_open()
+        token = _CancelToken()
+        if asyncio.get_running_loop() is self._loop:
+            return await self._run(fn, token)
+        return await self._await_on_loop(self._run(fn, token), token)
 
-    async def _aload(self, model, tokenizer, device, dtype, trust_remote_code, progress, token=None):
-        from tqdm.auto import tqdm
-
-        from .loading import load
-
-        def work():
-            with tqdm(total=2, desc="loading model", disable=not progress, leave=False) as bar:
-                lm = load(model, tokenizer, backend="eager", device=device, dtype=dtype,
-                          trust_remote_code=trust_remote_code, quiet=False)
-                bar.update(2)
-            return lm
-
-        return await self._compute(token or _CancelToken(), work)
+    async def _await_on_loop(self, coro: Any, token: _CancelToken) -> Any:
+        """Await coro on the session loop from another loop. Cancelling the caller (task.cancel(), wait_for's
+        timeout, interrupting an `await` cell) sets the token directly, because the session loop may be busy
+        computing and would take a cancel message only once it is done; it returns once the operation has
+        stopped and given everything back."""
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:
+            coro.close()
+            raise SessionClosed("this Session is closed; create a new one: Session(...).") from None
+        waiter = asyncio.wrap_future(fut)
+        watched = _AwaitedInterrupts.add(token)
+        try:
+            return await asyncio.shield(waiter)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            token.cancelled = True
+            if not waiter.done():
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(waiter)
+            raise
+        except OperationCancelled:
+            if getattr(token, "interrupted", False):
+                # interrupted, and the caller's loop did not cancel this task: end it as a cancel would (a
+                # KeyboardInterrupt raised inside a task escapes the caller's event loop itself)
+                raise asyncio.CancelledError("interrupted") from None
+            raise
+        finally:
+            if watched:
+                _AwaitedInterrupts.remove(token)
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def _shutdown_loop(self) -> None:
-        if self._loop.is_running():
+        loop, thread = self._loop, self._thread
+        if threading.current_thread() is thread:  # dropped on its own thread: _serve_loop finishes the rest
+            for t in asyncio.all_tasks(loop):
+                t.cancel()
+            loop.stop()
+            return
+        if not loop.is_closed():
             async def drain():
                 tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-            if not self._on_loop_thread():
-                with contextlib.suppress(Exception):
-                    asyncio.run_coroutine_threadsafe(drain(), self._loop).result(timeout=10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if not self._on_loop_thread():
-                self._thread.join(timeout=10)
-        if not self._loop.is_running() and not self._loop.is_closed():
-            self._loop.close()
+
+            coro = drain()
+            try:
+                asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=10)
+            except Exception:  # noqa: BLE001 - closed meanwhile, or a task that would not stop in time
+                coro.close()
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
 
     def close(self) -> None:
         """Shut the engine down: cancel work, remove hooks, free the model's memory, stop the thread."""
-        if self._closed:
+        self._close(collect=True)
+
+    def _close(self, collect: bool) -> None:
+        if self.__dict__.get("_closed", True):
             return
-        for t in list(self._tokens):
+        for t in list(self.__dict__.get("_tokens", ())):
             t.cancelled = True
         self._closed = True
         self._shutdown_loop()
         lm = self.__dict__.pop("_lm", None)  # the session's references go; memory follows unless the caller holds the model
         if hasattr(lm, "release"):
             lm.release()  # the caller's model object goes back in the training mode it came in
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        del lm
+        if collect:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         with _LIVE_LOCK:
             ref = _LIVE.get(self._key)
-            if ref is not None and ref() is self:
+            if ref is not None and ref() in (self, None):
                 del _LIVE[self._key]
 
     def __enter__(self) -> "Session":
@@ -360,8 +570,12 @@ class Session:
         self.close()
 
     def __del__(self) -> None:
+        # A session nobody refers to any more (a re-bound name, a dropped loop variable) is closed here: without it
+        # its thread, loop and model lived until the process ended. No full gc pass from a finalizer.
         with contextlib.suppress(Exception):
-            if not self._closed:
+            if type(self).close is Session.close:
+                self._close(collect=False)
+            elif not self.__dict__.get("_closed", True):
                 self.close()
 
     # ---- facts ----------------------------------------------------------------------------------
@@ -453,23 +667,28 @@ class Session:
         return self._sync(self._steered(steer, lambda: capture(self._lm, tokens_or_text, addresses, **kwargs)))
 
     async def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
+        """The eager stream on the session loop (awaited twins): the model-side generator is created, advanced and
+        closed on this one thread, as it holds the model's lock between steps."""
         from .eager.generate import generate_stream
 
         self._check_open()
         async with self._lock():
+            if token.cancelled:
+                return
             self._tokens.add(token)
-            it = generate_stream(self._lm, prompt, max_new_tokens, **kwargs)
-            end = object()
             try:
                 with self._cancellable(token):
-                    while not token.cancelled:
-                        step = await self._compute(token, lambda: next(it, end))
-                        if step is end:
-                            break
-                        yield step
-                        await asyncio.sleep(0)  # a cancellation point between tokens
+                    it = generate_stream(self._lm, prompt, max_new_tokens, **kwargs)
+                    try:
+                        while not token.cancelled:
+                            step = next(it, _END)
+                            if step is _END:
+                                break
+                            yield step
+                            await asyncio.sleep(0)  # a cancellation point between tokens
+                    finally:
+                        it.close()  # hooks and steering out, whatever happened
             finally:
-                it.close()  # hooks and steering out, whatever happened
                 self._tokens.discard(token)
 
     def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
@@ -479,14 +698,19 @@ class Session:
     async def _agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
         token = _CancelToken()
         if asyncio.get_running_loop() is self._loop:
-            async for step in self._astream(token, prompt, max_new_tokens, kwargs):
-                yield step
+            try:
+                async with contextlib.aclosing(self._astream(token, prompt, max_new_tokens, kwargs)) as steps:
+                    async for step in steps:
+                        yield step
+            finally:
+                token.cancelled = True
             return
         q: asyncio.Queue = asyncio.Queue()
         caller = asyncio.get_running_loop()
         fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs,
                                                           lambda item: caller.call_soon_threadsafe(q.put_nowait, item)),
                                                self._loop)
+        waiter = asyncio.wrap_future(fut)
         try:
             while True:
                 kind, item = await q.get()
@@ -497,17 +721,29 @@ class Session:
                 else:
                     break
         finally:
-            token.cancelled = True
-            await asyncio.wrap_future(fut)
+            token.cancelled = True  # read by the loop at its next layer, even while it is busy computing
+            if not waiter.done():
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(waiter)  # back once the stream has given everything back
 
     async def _pump(self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], None]) -> None:
+        def send(msg: tuple) -> bool:
+            try:
+                put(msg)
+                return True
+            except RuntimeError:  # the consumer's loop is closed: nobody is reading any more
+                token.cancelled = True
+                return False
+
         try:
-            async for step in self._astream(token, prompt, max_new_tokens, kwargs):
-                put(("step", step))
+            async with contextlib.aclosing(self._astream(token, prompt, max_new_tokens, kwargs)) as steps:
+                async for step in steps:
+                    if not send(("step", step)):
+                        return
         except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
-            put(("error", e))
+            send(("error", e))
             return
-        put(("done", None))
+        send(("done", None))
 
     def generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
         """Yield GenStep objects as tokens are produced; an interrupt stops within one token."""
@@ -516,15 +752,73 @@ class Session:
 
     def _generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
         self._check_open()
-        if self._inside_own_operation():
-            raise RuntimeError("generate_stream was called from inside one of the same Session's operations (its "
-                               "own loop thread, or a function it runs), which would deadlock; use agenerate_stream "
-                               "on the loop, or the model handle inside s.run(fn).")
-        host = _Host(self)  # steps and model work arrive on one queue; the work runs here, between steps
-        token = _CancelToken(host)
-        fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs, host.put), self._loop)
+        self._refuse_nested("generate_stream")
+        if type(self)._astream is Session._astream:
+            return self._local_stream(prompt, max_new_tokens, kwargs)
+        return self._pumped_stream(prompt, max_new_tokens, kwargs)
+
+    def _local_stream(self, prompt: Any, max_new_tokens: int, kwargs: dict) -> Iterator:
+        """The eager stream on the caller's thread: this thread takes the lock, computes every step, and closes the
+        model-side generator itself (it holds the model's re-entrant lock, which only its owner can give back:
+        closed on the loop thread, it stayed held and every other thread hung). Between steps the caller's loop
+        body runs with SIGINT as it was; an interrupt there closes this generator, which cleans up first."""
+        from .eager.generate import generate_stream
+
+        self._refuse_nested("generate_stream")  # again at the first step: another stream of it may be open here now
+        token = _CancelToken()
+        guard = _Deferral(token)
+        lease = _Lease(self, token)
+        it = None
+        hooks: list = []
+        guard.install()
         try:
-            for kind, item in host.messages():
+            _leases().append(lease)
+            lease.acquire(self)
+            lease.computing = True
+            hooks = self._add_cancel_hooks(token)
+            it = generate_stream(self._lm, prompt, max_new_tokens, **kwargs)
+            while True:
+                lease.computing = True
+                step = next(it, _END)
+                lease.computing = False
+                if step is _END:
+                    break
+                guard.lift()  # raises here, before the step is handed out, if an interrupt came meanwhile
+                yield step
+                guard.install()
+        except OperationCancelled:
+            if self._closed and not guard.hits:
+                raise SessionClosed("this Session was closed during the stream; create a new one: Session(...).") from None
+            raise
+        finally:
+            if guard.on and guard.deferring:  # first, and a builtin call: the cleanup below is not cut short
+                try:
+                    _signal(_SIGINT, guard.handler)
+                except ValueError:  # closed from another thread, where SIGINT cannot be handled
+                    pass
+            lease.computing = True
+            try:
+                if it is not None:
+                    it.close()  # on this thread: steering, captures and the model's lock are given back
+            finally:
+                self._remove_hooks(hooks)
+                lease.release()
+                _forget(lease)
+                guard.end()
+
+    def _pumped_stream(self, prompt: Any, max_new_tokens: int, kwargs: dict) -> Iterator:
+        """A backend whose stream is a coroutine on the loop (vLLM): steps are relayed to this thread."""
+        import queue
+
+        token = _CancelToken()
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs, inbox.put), self._loop)
+        try:
+            while True:
+                try:
+                    kind, item = inbox.get(timeout=_POLL)
+                except queue.Empty:
+                    continue
                 if kind == "step":
                     yield item
                 elif kind == "error":
@@ -532,7 +826,6 @@ class Session:
                 else:
                     break
         finally:
-            host.close()
             token.cancelled = True
             with contextlib.suppress(BaseException):
                 fut.result(timeout=10)

@@ -1,6 +1,7 @@
 """Session in plain Python (threads, async, lifecycle, bad input). Kernel behaviour: test_session_kernel.py."""
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -123,16 +124,199 @@ def test_async_tasks_at_once_do_not_interleave_a_stream_with_a_steered_capture(s
     assert_clean(session._lm)
 
 
-def test_cancelling_a_capture_between_layers_leaves_nothing_behind(session):
-    from ie_lab.session import OperationCancelled, _CancelToken
+def _interrupt_from_hook(layer_module):
+    """A forward hook on one layer that interrupts the main thread as Ctrl-C / the notebook's Interrupt does
+    (SIGINT's handler, run at the main thread's next bytecode), and records which layers ran after it."""
+    import _thread
 
-    token = _CancelToken()
-    token.cancelled = True
-    with pytest.raises(OperationCancelled):
-        session._call(session._run(lambda: ie_lab.capture(session._lm, "Mary", ["resid_post.1", "attn_probs.1"]),
-                                   token), token)
+    def hook(mod, args, out):
+        _thread.interrupt_main()
+    return layer_module.register_forward_hook(hook)
+
+
+def test_interrupt_stops_a_capture_at_the_next_layer_and_the_next_call_works(session):
+    ref = session.capture("Mary went to the park", ["resid_post.1", "attn_probs.1"])
+    layers = [lb.layer for lb in session._lm.binding.layers]
+    ran = []
+    h0 = _interrupt_from_hook(layers[0])
+    h1 = layers[1].register_forward_hook(lambda m, a, o: ran.append(1))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.capture("Mary went to the park", ["resid_post.1", "attn_probs.1"])
+    finally:
+        h0.remove()
+        h1.remove()
+    assert ran == []  # layer 1 never ran: stopped at the next layer, not after the whole forward
     assert_clean(session._lm)
-    assert session.capture("Mary", ["resid_post.1"])["resid_post.1"].shape == (1, 1, 128)
+    again = session.capture("Mary went to the park", ["resid_post.1", "attn_probs.1"])
+    assert all(torch.equal(ref[k], again[k]) for k in ref)
+
+
+def test_interrupt_in_a_generation_step_stops_it_within_one_token(session):
+    ref = session.generate("Mary went to", 8).ids
+    steps = []
+    layer0 = session._lm.binding.layers[0].layer
+    h = layer0.register_forward_hook(lambda m, a, o: steps.append(1) if len(steps) < 3 else
+                                     (steps.append(1), __import__("_thread").interrupt_main()))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.generate("Mary went to", 200, ignore_eos=True)
+    finally:
+        h.remove()
+    assert len(steps) == 4  # the forward that saw the interrupt was the last one
+    assert_clean(session._lm)
+    assert session.generate("Mary went to", 8).ids == ref
+
+
+def _in_thread(fn, timeout=60):
+    """fn() on another thread; fails (rather than hanging the suite) if it does not finish."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            box["error"] = e
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(timeout)
+    assert not th.is_alive(), "hung"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_breaking_out_of_a_stream_gives_the_model_back_to_every_thread(session):
+    # The model-side generator holds the model's re-entrant lock between steps; it was closed on the loop thread,
+    # so the lock stayed held by the caller's thread and every other thread (and close()) hung.
+    ref = session.capture("Mary went", ["resid_post.1"])["resid_post.1"]
+    ref_ids = session.generate("Mary went to", 3).ids
+    for _ in range(3):
+        for _step in session.generate_stream("Mary went to", 5):
+            break
+    assert _in_thread(lambda: session._lm.lock.acquire(timeout=30) and (session._lm.lock.release() or True))
+    assert torch.equal(_in_thread(lambda: session.capture("Mary went", ["resid_post.1"])["resid_post.1"]), ref)
+    assert _in_thread(lambda: asyncio.run(session.agenerate("Mary went to", 3)).ids) == ref_ids
+    assert_clean(session._lm)
+    thread = session._thread
+    session.close()
+    assert not thread.is_alive()
+
+
+def test_an_open_stream_refuses_a_nested_call_in_its_thread_instead_of_hanging(session):
+    stream = session.generate_stream("Mary went to", 5)
+    next(stream)
+    with pytest.raises(RuntimeError, match="close the open stream"):
+        session.capture("Mary", ["resid_post.0"])
+    stream.close()
+    assert_clean(session._lm)
+    assert session.capture("Mary", ["resid_post.0"])["resid_post.0"].shape == (1, 1, 128)
+
+
+@pytest.fixture()
+def long_session():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     intermediate_size=256, vocab_size=512, max_position_embeddings=4096)).eval()
+    _, t = tiny_model("llama")
+    s = ie_lab.Session(m, tokenizer=t, progress=False)
+    yield s
+    s.close()
+
+
+def _forward_counter(s):
+    n = [0]
+    h = s._lm.binding.layers[0].layer.register_forward_pre_hook(lambda m, a: n.__setitem__(0, n[0] + 1))
+    return n, h
+
+
+def test_cancelling_an_awaited_generation_stops_the_computation(long_session):
+    # The awaited twin computes on the session loop, which cannot take a cancel message while it computes: the
+    # cancel must reach the computation itself, and the await return only once the session is free again.
+    s = long_session
+    n, h = _forward_counter(s)
+
+    async def cancel_task():
+        task = asyncio.ensure_future(s.agenerate("Mary went", 1500, ignore_eos=True))
+        while n[0] < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return n[0], s._op_lock.locked()
+
+    async def time_out():
+        before = n[0]
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(s.agenerate("Mary went", 1500, ignore_eos=True), 0.2)
+        return n[0] - before, s._op_lock.locked()
+
+    try:
+        stopped_at, busy = asyncio.run(cancel_task())
+        assert not busy and stopped_at < 1500
+        s.capture("Mary went", ["resid_post.0"])  # queued behind nothing: one forward, not the rest of the generation
+        assert n[0] == stopped_at + 1
+        ran, busy = asyncio.run(time_out())
+        assert not busy and ran < 1500
+        before = n[0]
+        s.capture("Mary went", ["resid_post.0"])
+        assert n[0] == before + 1
+    finally:
+        h.remove()
+    assert_clean(s._lm)
+
+
+def test_interrupting_asyncio_run_of_an_awaited_twin_stops_it(long_session):
+    import _thread
+
+    s = long_session
+    n, h = _forward_counter(s)
+
+    async def main():
+        task = asyncio.ensure_future(s.agenerate("Mary went", 1500, ignore_eos=True))
+        while n[0] < 3:
+            await asyncio.sleep(0.005)
+        _thread.interrupt_main()  # asyncio.run turns SIGINT into cancelling this task, then raises KeyboardInterrupt
+        return await task
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(main())
+        stopped_at = n[0]
+        assert stopped_at < 1500
+        s.capture("Mary went", ["resid_post.0"])
+        assert n[0] == stopped_at + 1
+    finally:
+        h.remove()
+    assert_clean(s._lm)
+
+
+def test_dropped_sessions_are_freed_with_their_threads_models_and_files():
+    # The loop thread held its Session, so a session never closed was never freed: every one kept its model, a
+    # thread and three file descriptors. Re-binding the name must free the old one, as in a notebook.
+    import os
+    import weakref
+
+    def session_threads():
+        return [t for t in threading.enumerate() if t.name == "ie_lab-session"]
+
+    gc.collect()
+    threads_before, fds_before = len(session_threads()), len(os.listdir("/proc/self/fd"))
+    models = []
+    for i in range(50):
+        m, t = tiny_model("llama", seed=i)
+        models.append(weakref.ref(m))
+        s = ie_lab.Session(m, tokenizer=t, progress=False)
+        del m, t
+        assert s.capture("Mary", ["resid_post.0"])["resid_post.0"].shape == (1, 1, 128)
+    assert len(session_threads()) <= threads_before + 1  # only the session `s` still names
+    del s
+    gc.collect()
+    assert len(session_threads()) == threads_before
+    assert [r for r in models if r() is not None] == []
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 2
 
 
 def test_recreating_replaces_and_close_releases():

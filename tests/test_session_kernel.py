@@ -55,6 +55,11 @@ def executed():
         "old, old_thread = s, s._thread\ns = ie_lab.Session(m, tokenizer=t, progress=False)\n"
         "print('old closed', old._closed, 'thread alive', old_thread.is_alive())",
         "print('hooks', hook_count(m))",
+        # 8: re-binding the name to a session on another model frees the old session, its thread and its model
+        "import gc, weakref\nm1, t1 = tiny_model('llama', seed=1)\nsr = ie_lab.Session(m1, tokenizer=t1, progress=False)\n"
+        "gone_model, gone_thread = weakref.ref(m1), sr._thread\ndel m1\n"
+        "sr = ie_lab.Session(tiny_model('llama', seed=2)[0], tokenizer=t1, progress=False)\ngc.collect()\n"
+        "print('old model freed', gone_model() is None, 'thread alive', gone_thread.is_alive())",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
@@ -87,6 +92,10 @@ def test_streamed_tokens_in_the_cell(executed):
 def test_recreating_the_session_releases_the_old_one(executed):
     assert "old closed True thread alive False" in _outputs_text(executed[6])
     assert "hooks 0" in _outputs_text(executed[7])
+
+
+def test_rebinding_the_name_frees_the_old_session_and_model(executed):
+    assert "old model freed True thread alive False" in _outputs_text(executed[8])
 
 
 def _run(kc, code, timeout=120):
@@ -125,14 +134,13 @@ def test_interrupt_stops_generation_and_the_next_call_works():
         msg_id = kc.execute("with sb.steer('resid_post.0', v):\n    sb.generate('Mary went', 20000, capture=['resid_post.1'])",
                             stop_on_error=False)
         time.sleep(2.0)
-        t0 = time.time()
         km.interrupt_kernel()
+        # It stops (a bounded wait that only detects a hang: 20000 tokens would take minutes); how fast is measured
+        # in benchmarks/interrupt_latency.py, not asserted here.
         reply = kc.get_shell_msg(timeout=60)
         while reply["parent_header"].get("msg_id") != msg_id:
             reply = kc.get_shell_msg(timeout=60)
-        elapsed = time.time() - t0
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-        assert elapsed < 2.0, f"interrupt took {elapsed:.2f}s"
         # Read the state back through the execute reply (user_expressions), not the output stream: it does not
         # depend on how the kernel routes output after an interrupt.
         check_id = kc.execute(
