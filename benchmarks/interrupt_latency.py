@@ -86,7 +86,6 @@ def main() -> int:
         assert _run(kc, SETUP % (ROOT, args.threads))["content"]["status"] == "ok"
         for _ in range(args.repeats):
             for name, code in CELLS.items():  # interleaved: a slow spell hits every variant
-                print(name, end=" ", file=sys.stderr, flush=True)
                 msg_id = kc.execute(code, stop_on_error=False)
                 time.sleep(rng.uniform(0.5, 1.5))
                 t0 = time.perf_counter()

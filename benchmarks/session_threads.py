@@ -5,12 +5,12 @@
 Why it exists: torch's OpenMP pool belongs to the thread that runs an op. A notebook's main thread already has
 one; a Session that computed on its loop thread grew a second, and libgomp cuts its spin-waits once a process
 holds more pool threads than CPUs, so small ops (decoding) paid a futex wake each. Plain Session calls now lend
-their own thread to the loop for the model work (ie_lab/session.py, `_Host`); awaited twins still compute on the
+their own thread to the loop for the model work (ie_lab/session.py, `_Lease`); awaited twins still compute on the
 loop thread. The main thread gets a pool first, as in a notebook. Phase 1 (interleaved, median after a warm-up):
 
   direct_generate    ie_lab.generate(lm, ...) on the main thread (the baseline), demo model, 64 tokens
   session_generate   Session.generate (plain call)                          target <= 1.10x direct
-  session_stream     Session.generate_stream, consumed to the end (two thread hand-offs a token)   reported
+  session_stream     Session.generate_stream, consumed to the end (computed on the caller's thread, step by step)   reported
   direct_capture / session_capture   every resid_post over 128 tokens (a ~5 ms call: the fixed hand-off
                      cost of a call shows, also given in ms)                reported
 

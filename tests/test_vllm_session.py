@@ -58,21 +58,24 @@ def test_eight_concurrent_requests_each_equal_their_solo_run(s):
 
 
 def test_concurrent_agenerate_is_not_serialized(s):
-    # Eight requests in flight are batched: together they take well under eight times one alone.
-    import time
+    # Eight awaited requests are in the engine at the same time (batched by its scheduler), not one after another;
+    # what that saves in time is measured in benchmarks/vllm_generate.py, not asserted here.
+    peak = [0]
 
     async def together():
-        return await asyncio.gather(*(s.agenerate(p, 16) for p in PROMPTS))
+        async def watch():
+            while True:
+                peak[0] = max(peak[0], len(s._inflight))
+                await asyncio.sleep(0.001)
+        w = asyncio.ensure_future(watch())
+        try:
+            return await asyncio.gather(*(s.agenerate(p, 16) for p in PROMPTS))
+        finally:
+            w.cancel()
 
-    s.generate(PROMPTS[0], 16)  # warm
-    t = time.perf_counter()
-    for p in PROMPTS[:2]:
-        s.generate(p, 16)
-    one = (time.perf_counter() - t) / 2
-    t = time.perf_counter()
-    asyncio.run(together())
-    eight = time.perf_counter() - t
-    assert eight < 4 * one, (eight, one)
+    got = asyncio.run(together())
+    assert peak[0] > len(PROMPTS) // 2, peak[0]  # serialized, it would never exceed 1
+    assert [r.ids for r in got[:2]] == [s.generate(p, 16).ids for p in PROMPTS[:2]]
 
 
 @pytest.mark.parametrize("method,kw", [("add", {"scale": 4.0}), ("orthogonal", {"scale": 0.0}),
