@@ -201,3 +201,21 @@ def test_attention_in_module_quirk_matches_the_binder(fam):
     measured = not any(lb.uses_attention_interface for lb in lm_for(fam).binding.layers)
     assert (_SPECS[fam][0] in quirks.ATTENTION_IN_MODULE) == measured
     assert _SPECS[fam][0] in quirks.STRUCTURE_MEASURED
+
+
+def test_the_reported_glm4_case_answers_only_from_the_model():
+    # Issue 13.2: from_engine("blocks.5.hook_mlp_out", "glm4") said mlp_out.5, but GLM-4 normalises each sublayer's
+    # output, so a loaded GLM-4 says mlp_out_post. A name (or config) of a family ie_lab never measured refuses.
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    from tests.families import make_tokenizer
+
+    cfg = CONFIG_MAPPING["glm4"](vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                 max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    lm = ie_lab.load(AutoModelForCausalLM.from_config(cfg).eval(), make_tokenizer())
+    assert from_engine("blocks.1.hook_mlp_out", lm) == Address("mlp_out_post", 1)
+    for ref in ("glm4", cfg):
+        with pytest.raises(AddressError, match="has not measured the block structure of 'glm4'"):
+            from_engine("blocks.1.hook_mlp_out", ref)
