@@ -236,7 +236,8 @@ class _AwaitedInterrupts:
     def remove(cls, token: _CancelToken) -> None:
         with cls.lock:
             cls.tokens.discard(token)
-            if not cls.tokens and _getsignal(_SIGINT) == cls.handler:  # not if someone replaced it meanwhile
+            if (not cls.tokens and threading.current_thread() is threading.main_thread()
+                    and _getsignal(_SIGINT) == cls.handler):  # not if someone replaced it meanwhile
                 _signal(_SIGINT, cls.prev)
 
     @classmethod
@@ -711,6 +712,7 @@ class Session:
                                                           lambda item: caller.call_soon_threadsafe(q.put_nowait, item)),
                                                self._loop)
         waiter = asyncio.wrap_future(fut)
+        watched = _AwaitedInterrupts.add(token)
         try:
             while True:
                 kind, item = await q.get()
@@ -720,11 +722,19 @@ class Session:
                     raise item
                 else:
                     break
+            if getattr(token, "interrupted", False):  # stopped early by an interrupt the caller's loop did not turn
+                raise asyncio.CancelledError("interrupted")  # into a cancel: end as a cancel would
+        except OperationCancelled:
+            if getattr(token, "interrupted", False):
+                raise asyncio.CancelledError("interrupted") from None
+            raise
         finally:
             token.cancelled = True  # read by the loop at its next layer, even while it is busy computing
             if not waiter.done():
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(waiter)  # back once the stream has given everything back
+            if watched:
+                _AwaitedInterrupts.remove(token)
 
     async def _pump(self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], None]) -> None:
         def send(msg: tuple) -> bool:

@@ -153,6 +153,22 @@ def test_interrupt_stops_generation_and_the_next_call_works():
         assert reply["content"]["status"] == "ok", reply["content"]
         value = reply["content"]["user_expressions"]["check"]["data"]["text/plain"]
         assert value == "(0, False, (1, 2, 128), 3)", value
+        # An `await` cell: the generation runs on the session's thread; the interrupt must reach it there (this
+        # ipykernel does not even cancel an interrupted `await` cell by itself) and the cell end as cancelled.
+        msg_id = kc.execute("await sb.agenerate('Mary went', 20000, ignore_eos=True)", stop_on_error=False)
+        time.sleep(2.0)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] in ("CancelledError", "KeyboardInterrupt"), reply["content"]["ename"]
+        check_id = kc.execute("check = (hook_count(big), len(sb.generate('Mary', 3).ids))",
+                              user_expressions={"check": "check"})
+        reply = kc.get_shell_msg(timeout=120)
+        while reply["parent_header"].get("msg_id") != check_id:
+            reply = kc.get_shell_msg(timeout=120)
+        assert reply["content"]["user_expressions"]["check"]["data"]["text/plain"] == "(0, 3)"
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

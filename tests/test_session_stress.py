@@ -29,7 +29,8 @@ def test_random_interrupts_leave_no_deadlock_no_foreign_error_and_no_trace():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     cmd = [sys.executable, "-c", f"from tests.test_session_stress import main; main({TRIALS_PER_KIND})"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"the stress run died (rc {r.returncode}; a hang ends it with the stacks):\n{r.stderr[-6000:]}"
+    assert r.returncode == 0, (f"the stress run died (rc {r.returncode}; a hang ends it with the stacks):\n"
+                               f"{r.stdout[-2000:]}\n{r.stderr[-6000:]}")
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["trials"] == 6 * TRIALS_PER_KIND
     assert report["foreign"] == [], report["foreign"]
