@@ -295,8 +295,14 @@ OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("`trust_remote_code`", "lets custom code from the model's files run (model or tokenizer classes named by "
      "`auto_map`). Without it such a model or tokenizer refuses before any of its code is imported, never replaced "
      "by a generic class", "refusal checked with code that would leave a trace if imported"),
-    ("`backend='vllm'` engine arguments", "vLLM's own kernels and options; see docs/VLLM.md",
-     "audited by the vLLM tests (docs/VLLM.md)"),
+    ("`backend='vllm'` engine arguments (`engine_kwargs`)",
+     "only an allow-list reaches vLLM (batch size, token budget and chunked prefill, KV block size, memory sizing, "
+     "`max_logprobs`, logging and loading): none changes a captured or steered tensor. Anything that compiles the "
+     "model (`enforce_eager=False`, `compilation_config`: use `graph_points=`), changes numerics hooks cannot see "
+     "(`kv_cache_dtype`, quantization), runs draft tokens, or repeats a Session keyword is refused at load with why; "
+     "the table is in docs/VLLM.md",
+     "every refusal, and an allowed set (8-token chunks, a batch of 2) equal to eager, in "
+     "tests/test_vllm_reliability.py"),
 )
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import weakref
 from typing import Any, AsyncIterator
 
 WORKER_EXTENSION = "ie_lab.vllm.worker.IELabWorker"
@@ -147,6 +149,11 @@ def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_paralle
     return (AsyncEngineArgs if async_engine else EngineArgs)(**kw)
 
 
+# In-process drivers whose engine is built and not shut down (weakly held: a Session that is never closed
+# does not pin its driver).
+_LIVE_INPROC: "weakref.WeakSet[InprocDriver]" = weakref.WeakSet()
+
+
 class InprocDriver:
     kind = "inproc"
 
@@ -165,6 +172,7 @@ class InprocDriver:
         from vllm.v1.executor import Executor
 
         config = self.args.create_engine_config()
+        _LIVE_INPROC.add(self)
         self.engine = LLMEngine(vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
                                 multiprocess_mode=False)
         self._wake = asyncio.Event()
@@ -249,11 +257,14 @@ class InprocDriver:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
+        _LIVE_INPROC.discard(self)
+        others = bool(_LIVE_INPROC)
         if self.engine is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), _keep_distributed(others):
                 self.engine.engine_core.shutdown()
         self.engine = None
-        _release_distributed()
+        if not others:
+            _release_distributed()
 
 
 class AsyncDriver:
@@ -287,6 +298,28 @@ class AsyncDriver:
             with contextlib.suppress(Exception):
                 self.engine.shutdown()
         self.engine = None
+
+
+_SHUTDOWN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _keep_distributed(keep: bool):
+    """vLLM's EngineCore.shutdown tears down the process-wide model-parallel groups, which every in-process engine
+    shares: closing one Session would break the others' next forward. While another in-process engine is live,
+    its shutdown frees this engine (executor, scheduler, KV cache) and leaves the groups alone."""
+    if not keep:
+        yield
+        return
+    import vllm.v1.engine.core as core
+
+    with _SHUTDOWN_LOCK:
+        original = core.cleanup_dist_env_and_memory
+        core.cleanup_dist_env_and_memory = lambda *a, **k: None
+        try:
+            yield
+        finally:
+            core.cleanup_dist_env_and_memory = original
 
 
 def _release_distributed() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import gc
 import html
 import math
@@ -568,8 +567,12 @@ class VLLMSession(Session):
         return addrs, _Work(sorted(set(points)), sorted(set(attn)), payload, specs=specs)
 
     def _entered_specs(self) -> list:
-        """This Session's specs entered with `with spec:` in the calling context (task, thread, or cell)."""
-        return [w.spec for w in _ENTERED.get() if w.session is self]
+        """This Session's specs entered with `with spec:` in the calling context (task, thread, or cell): the
+        scope contract every backend shares (docs/STEERING.md, ie_lab/eager/steer.py). The request runs in a copy
+        of the caller's context (run_coroutine_threadsafe copies it), so this reads the caller's blocks."""
+        from ..eager.steer import active_specs
+
+        return active_specs(self._lm)
 
     def _check_room(self, n_tokens: int, what: str) -> None:
         """vLLM schedules an output token after every sequence it runs, so a sequence needs one free position."""
@@ -962,11 +965,6 @@ class VLLMSession(Session):
         return self._call(self._driver.rpc("ie_state"))
 
 
-# The steering blocks entered in the current context, innermost last. A tuple, so a task's copy never changes
-# under another task.
-_ENTERED: contextvars.ContextVar[tuple] = contextvars.ContextVar("ie_lab_vllm_steering", default=())
-
-
 class _VLLMSteer:
     """A steering spec on vLLM: pass as steer=..., or `with spec:` to steer the requests this context issues inside."""
 
@@ -977,18 +975,19 @@ class _VLLMSteer:
         return getattr(self.spec, name)
 
     def __enter__(self) -> "_VLLMSteer":
-        # Steers the requests issued inside the block from this context only: a ContextVar is copied into each
-        # asyncio task when it is created and starts empty in a new thread, so other tasks and threads are untouched.
+        # Steers the requests issued inside the block from this context only (a ContextVar of open scopes: each
+        # asyncio task gets a copy when it is created, a new thread starts empty). No hook is placed: vLLM
+        # requests carry their specs to the worker.
+        from ..eager.steer import enter_scope
+
         self.session._check_open()
-        _ENTERED.set(_ENTERED.get() + (self,))
+        enter_scope(self.spec)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        entered = _ENTERED.get()
-        for i in range(len(entered) - 1, -1, -1):  # the innermost entry of this spec; an outer one stays
-            if entered[i] is self:
-                _ENTERED.set(entered[:i] + entered[i + 1:])
-                break
+        from ..eager.steer import exit_scope
+
+        exit_scope(self.spec)
 
     def __repr__(self) -> str:
         return repr(self.spec).replace("SteerSpec(", "SteerSpec[vllm](", 1)
