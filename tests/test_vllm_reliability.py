@@ -233,6 +233,12 @@ def test_streamed_steps_carry_their_captures_and_the_last_the_whole_cache(s):
         joined = torch.cat([x.captured[a] for x in steps], dim=1)
         assert close(joined, want.cache[a]), a
         assert close(steps[-1].cache[a], want.cache[a]), a
+    # attention rows: [1, heads, new queries, keys so far]; padded (masked) to every key they join up
+    T = P + 7
+    assert [x.captured["attn_probs.1"].shape[-1] for x in steps] == [P + i for i in range(6)] + [T]
+    joined = torch.cat([torch.nn.functional.pad(x.captured["attn_probs.1"], (0, T - x.captured["attn_probs.1"].shape[-1]))
+                        for x in steps], dim=2)
+    assert close(joined, want.cache["attn_probs.1"])
     assert close(steps[-1].cache["attn_probs.1"], want.cache["attn_probs.1"])
     assert all(x.cache is None for x in steps[:-1])
     assert torch.equal(steps[-1].cache.tokens[0, P:], torch.tensor(want.ids))

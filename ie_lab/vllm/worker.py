@@ -286,6 +286,7 @@ class Spec:
     lens_rows: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(
         default_factory=lambda: defaultdict(list))
     forwards: int = 0
+    attn_sent: dict[int, int] = field(default_factory=dict)  # per layer: attention rows a stream has been handed
     error: str | None = None  # set when a hook failed for this request: its work stops, ie_collect reports it
 
 
@@ -709,7 +710,40 @@ class IELabWorker:
                 pos, t = _by_position(parts)
                 out[point] = {"positions": pack(pos), "rows": pack(t)}
                 parts.clear()
-        return {"points": out}
+        # Attention rows of the queries filed since the last drain, against every key so far (a query's later
+        # keys are masked). The q/k stay: later queries need every key, and ie_collect rebuilds the whole matrix.
+        attn: dict[int, Any] = {}
+        for L in spec.attn_layers:
+            if not spec.qk.get(L):
+                continue
+            pos, scores, probs = self._attention(spec, L)
+            new = pos >= spec.attn_sent.get(L, 0)
+            if bool(new.any()):
+                attn[L] = {"positions": pack(pos[new]), "scores": pack(scores[0][:, new]),
+                           "probs": pack(probs[0][:, new])}
+                spec.attn_sent[L] = int(pos.max()) + 1
+        return {"points": out, "attn": attn}
+
+    def _attention(self, spec: Spec, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions, scores and probabilities of layer L rebuilt from every q/k the request has filed so far."""
+        parts = spec.qk[L]
+        pos = torch.cat([p for p, _, _ in parts])
+        q = torch.cat([x for _, x, _ in parts])
+        k = torch.cat([x for _, _, x in parts])
+        order = _dedupe_order(pos)
+        q, k = q[order], k[order]
+        s = self._ie_layers[L]
+        core = s.attn_core
+        hd = core.head_size
+        T = q.shape[0]
+        qh = q.reshape(T, -1, hd).transpose(0, 1)[None]
+        kh = k.reshape(T, -1, hd).transpose(0, 1)[None]
+        impl = core.impl
+        scores, probs = scores_and_probs(
+            qh, kh, scaling=float(impl.scale), softcap=getattr(impl, "logits_soft_cap", None) or None,
+            sliding_window=getattr(core, "sliding_window", None) or None,
+            sinks=s.sinks)
+        return pos[order], scores, probs
 
     def ie_collect(self, key: str) -> dict:
         spec = self._ie_specs.pop(key, None)
@@ -725,23 +759,8 @@ class IELabWorker:
             out["points"][point] = pack(t)
             out.setdefault("positions", pack(pos))
             out.setdefault("point_positions", {})[point] = pack(pos)
-        for L, parts in spec.qk.items():
-            pos = torch.cat([p for p, _, _ in parts])
-            q = torch.cat([x for _, x, _ in parts])
-            k = torch.cat([x for _, _, x in parts])
-            order = _dedupe_order(pos)
-            q, k = q[order], k[order]
-            s = self._ie_layers[L]
-            core = s.attn_core
-            hd = core.head_size
-            T = q.shape[0]
-            qh = q.reshape(T, -1, hd).transpose(0, 1)[None]
-            kh = k.reshape(T, -1, hd).transpose(0, 1)[None]
-            impl = core.impl
-            scores, probs = scores_and_probs(
-                qh, kh, scaling=float(impl.scale), softcap=getattr(impl, "logits_soft_cap", None) or None,
-                sliding_window=getattr(core, "sliding_window", None) or None,
-                sinks=s.sinks)
+        for L in spec.qk:
+            _, scores, probs = self._attention(spec, L)
             if f"attn_scores.{L}" in spec.points or L in spec.attn_layers:
                 out["attn"][L] = {"scores": pack(scores[0]), "probs": pack(probs[0])}
         for L, parts in spec.lens_rows.items():
