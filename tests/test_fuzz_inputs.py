@@ -118,8 +118,17 @@ def _cases():
             cap(lm)
 
     yield "steer", "address", lambda lm, x: steer(lm, address=x), \
-        [a for a in BAD_ADDRESSES if isinstance(a, (str, list))] + ["z.0", "attn_probs.0"], \
-        ADDRESS_WORDS + ("steer",)
+        BAD_ADDRESSES + ["z.0", "attn_probs.0", 3, NAN, {"resid_post.0"}], ADDRESS_WORDS + ("steer",)
+    # load() on the caller's model object: every argument checked before anything is copied or moved
+    yield "load", "device", lambda lm, x: ie_lab.load(lm.hf, lm.tokenizer, device=x, quiet=True), \
+        [3.5, "", "tpu", -1, OPAQUE, True, [0], "cuda:0"], ("device",)
+    yield "load", "dtype", lambda lm, x: ie_lab.load(lm.hf, lm.tokenizer, dtype=x, quiet=True), \
+        [torch.int64, torch.bool, torch.complex64, "float77", 3, OPAQUE], ("dtype",)
+    yield "load", "tokenizer", lambda lm, x: ie_lab.load(lm.hf, x, quiet=True), [3, OPAQUE, NAN, [1]], \
+        ("tokenizer",)
+    yield "load", "trust_remote_code", lambda lm, x: ie_lab.load(lm.hf, lm.tokenizer, trust_remote_code=x, quiet=True), \
+        ["no", 1, None, OPAQUE], ("trust_remote_code",)
+    yield "load", "quiet", lambda lm, x: ie_lab.load(lm.hf, lm.tokenizer, quiet=x), ["no", 1, None], ("quiet",)
     yield "steer", "vector", lambda lm, x: steer(lm, vector=x), BAD_VECTORS, ("vector",)
     yield "steer", "method", lambda lm, x: steer(lm, method=x), [None, OPAQUE, "", "Add", "sub", 3, ["add"]], \
         ("method",)

@@ -376,7 +376,13 @@ def make_spec(lm: Any, address: AddressLike | Iterable[AddressLike], vector: Any
     lm = _as_lm(lm)
     if not isinstance(method, str) or method not in ops.METHODS:
         raise InputError(f"unknown steering method {method!r}; choose one of {', '.join(ops.METHODS)}.")
-    addrs = [address] if isinstance(address, (str, Address)) else list(address)
+    if isinstance(address, (str, Address)):
+        addrs = [address]
+    elif isinstance(address, (list, tuple)):
+        addrs = list(address)
+    else:
+        raise AddressError(f"address must be an address such as 'resid_post.3' or a list of them, got "
+                           f"{type(address).__name__} {address!r}.")
     if not addrs:
         raise AddressError("no address to steer: name at least one d_model-wide point, e.g. 'resid_post.3'.")
     parsed = []
