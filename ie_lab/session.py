@@ -98,6 +98,19 @@ def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()  # its selector and wake-up pipe: three file descriptors per session
 
 
+async def _until_done(waiter: asyncio.Future) -> None:
+    """Wait until the operation behind waiter has stopped and given everything back, even through further
+    cancels (asyncio.run's shutdown cancels again, so does wait_for's): its token is set, so it stops at its next
+    layer, and returning earlier handed the caller a model that still had the operation's hooks on it."""
+    while not waiter.done():
+        try:
+            await asyncio.shield(waiter)
+        except asyncio.CancelledError:
+            continue
+        except Exception:  # noqa: BLE001 - the operation's own outcome; the caller raises its cancel instead
+            break
+
+
 class _CancelToken:
     """`cancelled` is a plain attribute: set from any thread or a signal handler, read before every layer."""
 
@@ -125,7 +138,7 @@ class _Lease:
 
     def acquire(self, session: "Session") -> None:
         """Queue for the lock and wait for it on this thread; raises if the session closes or the token is cancelled."""
-        coro = session._hold(self)
+        coro = _hold(session._lock(), session._tokens, self)
         try:
             self.fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         except RuntimeError:  # the loop is closed
@@ -148,6 +161,38 @@ class _Lease:
     def _wake_loop(self) -> None:
         if self.loop_wake is not None:
             self.loop_wake.set()
+
+
+async def _hold(lock: asyncio.Lock, tokens: set, lease: _Lease) -> None:
+    """The loop's half of a plain call: take the operation lock in queue order, grant it to the caller's
+    thread, take it back when the caller says it is done. A function, not a method: a reference to the Session
+    here outlived the call, and a session dropped meanwhile was then freed on its own loop thread."""
+    loop = asyncio.get_running_loop()
+    lease.loop_wake = wake = asyncio.Event()
+    try:
+        async with lock:
+            if lease.done or lease.token.cancelled:
+                return  # the caller stopped waiting while queued
+            tokens.add(lease.token)
+            try:
+                lease.granted = True
+                lease.event.set()
+                while not lease.done:
+                    poll = loop.call_later(_POLL, wake.set)
+                    try:
+                        await wake.wait()
+                    finally:
+                        poll.cancel()
+                    wake.clear()
+            except asyncio.CancelledError:  # the session is closing: the caller stops at its next layer
+                lease.token.cancelled = True
+                while lease.computing and not lease.done:
+                    await asyncio.sleep(0.01)
+                raise
+            finally:
+                tokens.discard(lease.token)
+    finally:
+        lease.event.set()
 
 
 class _Deferral:
@@ -227,7 +272,13 @@ class _AwaitedInterrupts:
             return False
         with cls.lock:
             if not cls.tokens:
-                cls.prev = _getsignal(_SIGINT)
+                prev = _getsignal(_SIGINT)
+                if getattr(getattr(prev, "func", None), "__func__", None) is getattr(asyncio.Runner, "_on_sigint", 0):
+                    # asyncio.run already turns SIGINT into cancelling its task, which reaches the token; and it
+                    # puts its own handler back only if it finds it still installed, so wrapping it would leave a
+                    # stale one behind (raising KeyboardInterrupt anywhere at the next interrupt)
+                    return False
+                cls.prev = prev
                 _signal(_SIGINT, cls.handler)
             cls.tokens.add(token)
         return True
@@ -289,7 +340,7 @@ class Session:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=_serve_loop, args=(self._loop,), name="ie_lab-session", daemon=True)
         self._thread.start()
-        self._op_lock: asyncio.Lock | None = None
+        self._op_lock: asyncio.Lock | None = asyncio.Lock()  # now, not lazily: plain calls reach it from any thread
         self._tokens: set[_CancelToken] = set()
         self._name = str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else type(model).__name__
         from . import DEMO_MODEL
@@ -404,36 +455,6 @@ class Session:
         finally:
             self._remove_hooks(handles)
 
-    async def _hold(self, lease: _Lease) -> None:
-        """The loop's half of a plain call: take the operation lock in queue order, grant it to the caller's
-        thread, take it back when the caller says it is done."""
-        loop = asyncio.get_running_loop()
-        lease.loop_wake = wake = asyncio.Event()
-        try:
-            async with self._lock():
-                if lease.done or lease.token.cancelled:
-                    return  # the caller stopped waiting while queued
-                self._tokens.add(lease.token)
-                try:
-                    lease.granted = True
-                    lease.event.set()
-                    while not lease.done:
-                        poll = loop.call_later(_POLL, wake.set)
-                        try:
-                            await wake.wait()
-                        finally:
-                            poll.cancel()
-                        wake.clear()
-                except asyncio.CancelledError:  # the session is closing: the caller stops at its next layer
-                    lease.token.cancelled = True
-                    while lease.computing and not lease.done:
-                        await asyncio.sleep(0.01)
-                    raise
-                finally:
-                    self._tokens.discard(lease.token)
-        finally:
-            lease.event.set()
-
     def _sync(self, fn: Callable[[], Any], *, layers: bool = True, defer: bool = True) -> Any:
         """A plain-call operation: queued on the loop, computed on this thread, cancellable by an interrupt."""
         self._check_open()
@@ -502,9 +523,7 @@ class Session:
             return await asyncio.shield(waiter)
         except (asyncio.CancelledError, KeyboardInterrupt):
             token.cancelled = True
-            if not waiter.done():
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(waiter)
+            await _until_done(waiter)
             raise
         except OperationCancelled:
             if getattr(token, "interrupted", False):
@@ -730,9 +749,7 @@ class Session:
             raise
         finally:
             token.cancelled = True  # read by the loop at its next layer, even while it is busy computing
-            if not waiter.done():
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(waiter)  # back once the stream has given everything back
+            await _until_done(waiter)  # back once the stream has given everything back
             if watched:
                 _AwaitedInterrupts.remove(token)
 

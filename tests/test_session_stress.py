@@ -1,7 +1,7 @@
 """Interrupts at random moments, a few hundred of them, against every kind of Session call.
 
 Each trial loops one kind of call (captures, generations, gradients, streams whose loop body does work, awaited
-twins under asyncio.run) and interrupts the main thread once at a random moment, the way Ctrl-C and the
+twins under asyncio.run, awaited twins also cancelled by wait_for at random moments) and interrupts the main thread once at a random moment, the way Ctrl-C and the
 notebook's Interrupt do: `_thread.interrupt_main()` runs the SIGINT handler at the main thread's next bytecode
 boundary, which is where a real SIGINT lands too (and where an asynchronous exception would). The moment is drawn
 uniformly over about two calls, so it falls in hand-offs and cleanups as well as in the forward.
@@ -22,7 +22,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRIALS_PER_KIND = 40  # 6 kinds: 240 interrupts, ~30 s on a loaded 2-core machine
+TRIALS_PER_KIND = 40  # 7 kinds: 280 interrupts, 15-40 s on a loaded 2-core machine
+N_KINDS = 7
 
 
 def test_random_interrupts_leave_no_deadlock_no_foreign_error_and_no_trace():
@@ -32,7 +33,7 @@ def test_random_interrupts_leave_no_deadlock_no_foreign_error_and_no_trace():
     assert r.returncode == 0, (f"the stress run died (rc {r.returncode}; a hang ends it with the stacks):\n"
                                f"{r.stdout[-2000:]}\n{r.stderr[-6000:]}")
     report = json.loads(r.stdout.strip().splitlines()[-1])
-    assert report["trials"] == 6 * TRIALS_PER_KIND
+    assert report["trials"] == N_KINDS * TRIALS_PER_KIND
     assert report["foreign"] == [], report["foreign"]
     assert report["dirty"] == [], report["dirty"]
     assert report["lock_held"] == [], report["lock_held"]
@@ -100,6 +101,14 @@ def main(per_kind: int, seed: int = 0) -> None:
             await s.agenerate(P, 10, steer=spec)
             await s.acapture(P, addrs)
 
+    async def awaited_with_timeouts():  # task cancellation at random moments too (wait_for), until the interrupt
+        while True:
+            try:
+                await asyncio.wait_for(s.agenerate(P, 10, steer=spec), rng.uniform(0.0, 1.5 * span["await"]))
+            except asyncio.TimeoutError:
+                pass
+            await s.acapture(P, addrs)
+
     async def awaited_stream_loop():
         while True:
             async for _st in s.agenerate_stream(P, 10, steer=spec):
@@ -116,6 +125,7 @@ def main(per_kind: int, seed: int = 0) -> None:
         "gradients": lambda: [s.gradients(P, metric, ["resid_post.0"]) for _ in iter(int, 1)],
         "stream": streams,
         "await": lambda: asyncio.run(awaited_loop()),
+        "await_timeout": lambda: asyncio.run(awaited_with_timeouts()),
         "await_stream": lambda: asyncio.run(awaited_stream_loop()),
     }
     once = {
@@ -124,6 +134,7 @@ def main(per_kind: int, seed: int = 0) -> None:
         "gradients": lambda: s.gradients(P, metric, ["resid_post.0"]),
         "stream": lambda: [body_work() for _ in s.generate_stream(P, 10, steer=spec, capture=["resid_post.1"])],
         "await": lambda: asyncio.run(s.agenerate(P, 10, steer=spec)),
+        "await_timeout": lambda: asyncio.run(s.agenerate(P, 10, steer=spec)),
         "await_stream": lambda: asyncio.run(_drain(s.agenerate_stream(P, 10, steer=spec))),
     }
     span = {}
