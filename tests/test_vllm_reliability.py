@@ -69,6 +69,8 @@ def test_bad_sampling_arguments_are_refused_and_requests_in_flight_survive(s):
     with pytest.raises(InputError, match="seed"):  # and through the stream
         list(s.generate_stream(TEXT, 4, temperature=1.0, seed="abc"))
     assert s.generate(TEXT, 4).ids == s.generate(TEXT, 4).ids  # the engine still serves
+    top = 2**64 - 1  # the largest seed torch takes, as on eager
+    assert s.generate(TEXT, 6, temperature=1.0, seed=top).ids == s.generate(TEXT, 6, temperature=1.0, seed=top).ids
     _clean(s)
 
 

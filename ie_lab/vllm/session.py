@@ -173,9 +173,8 @@ def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any
         raise InputError(f"top_k must be None or an integer in 1..{vocab or 'vocabulary size'}, got {top_k!r}.")
     if top_p is not None and (not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1):
         raise InputError(f"top_p must be None or a number in (0, 1], got {top_p!r}.")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2 ** 63):
-        raise InputError(f"seed must be None or an integer in 0..2**63 - 1 (what torch's generator takes), got "
-                         f"{seed!r}; e.g. seed=0.")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2 ** 64):  # as eager: what torch's generator takes
+        raise InputError(f"seed must be an integer in [0, 2**64) or None (unseeded), got {seed!r}; e.g. seed=0.")
     if n_logprobs is None or not _is_int(n_logprobs) or n_logprobs < 0:
         raise InputError(f"n_logprobs must be an integer >= 0, got {n_logprobs!r}.")
     if vocab and n_logprobs > vocab:
