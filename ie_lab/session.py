@@ -302,6 +302,12 @@ class _AwaitedInterrupts:
         raise KeyboardInterrupt
 
 
+def _check_callable(fn: Any) -> None:
+    if not callable(fn):
+        raise InputError(f"run() takes a function of the model handle, e.g. s.run(lambda lm: ...); got "
+                         f"{type(fn).__name__}.")
+
+
 class Session:
     """Load a model once; capture, generate, steer, read lenses, look at attention and patch from cells.
 
@@ -327,11 +333,16 @@ class Session:
     def __init__(self, model: Any, backend: str = "auto", device: Any = None, dtype: Any = None,
                  tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
                  progress: bool = True):
-        from .loading import resolve_dtype
+        from .loading import check_flags, check_tokenizer_arg, pick_device, resolve_dtype
 
         if backend not in ("auto", "eager", "vllm"):
             raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager' or 'vllm'.")
-        resolve_dtype(dtype)  # bad dtype names fail here, in the caller's thread, before a thread starts
+        # Bad arguments fail here, in the caller's thread, before a thread starts or the model is touched.
+        resolve_dtype(dtype)
+        check_flags(trust_remote_code=trust_remote_code, replace=replace, progress=progress)
+        check_tokenizer_arg(tokenizer)
+        if device is not None:
+            pick_device(device, announce=False)
         self.backend = "eager"
         self._closed = False
         self._key = _source_key(model, self.backend)
@@ -866,6 +877,8 @@ class Session:
     def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
         """Generate to the end. print_tokens=True streams the text into the cell as it is produced."""
         self._check_open()
+        if not isinstance(print_tokens, bool):
+            raise InputError(f"print_tokens must be True or False, got {print_tokens!r}.")
         if not print_tokens:
             from .eager.generate import generate
 
@@ -878,7 +891,7 @@ class Session:
             print(step.token, end=" ", flush=True)
             steps.append(step)
         print()
-        ids = self._lm.to_tokens(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt)
+        ids = self._lm.to_tokens(prompt)  # text, ids or a conversation, read as the stream read them
         text = self._lm.tokenizer.decode([s.token_id for s in steps]) if self._lm.tokenizer else ""
         return GenerationResult(ids, [s.token_id for s in steps], text, steps, "streamed",
                                 steps[-1].cache if steps else None)  # with capture=, the last step holds it all
@@ -892,11 +905,13 @@ class Session:
 
     async def arun(self, fn: Callable[[Any], Any]):
         """Run fn(model) on the session's loop, queued like every other operation."""
+        _check_callable(fn)
         return await self._async(self._steered(None, lambda: fn(self._lm)))
 
     def run(self, fn: Callable[[Any], Any]):
         """Run fn(model) queued behind the session's other operations (for custom analyses), on the calling
         thread; interrupts stop it between layers."""
+        _check_callable(fn)
         return self._sync(self._steered(None, lambda: fn(self._lm)))
 
     async def aattention(self, prompt: Any, layers: Any = None):

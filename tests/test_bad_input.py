@@ -156,6 +156,21 @@ def test_a_conversation_is_rendered_with_the_chat_template(chat_lm):
     assert_clean(chat_lm)
 
 
+def test_a_session_streams_a_conversation_with_print_tokens(chat_lm, capsys):
+    # print_tokens=True read the prompt back with torch.as_tensor, which cannot read a conversation.
+    msgs = [{"role": "user", "content": "When Mary went to the store"}]
+    s = ie_lab.Session(chat_lm.hf, tokenizer=chat_lm.tokenizer, progress=False, replace=False)
+    try:
+        printed = s.generate(msgs, 3, print_tokens=True)
+        plain = s.generate(msgs, 3)
+    finally:
+        s.close()
+    assert torch.equal(printed.prompt_ids.cpu(), plain.prompt_ids.cpu())
+    assert printed.ids == plain.ids and printed.text == plain.text
+    assert printed.text.split()[0] in capsys.readouterr().out
+    assert_clean(chat_lm)
+
+
 def test_a_conversation_without_a_template_is_refused_naming_the_helper(lm):
     msgs = [{"role": "user", "content": "hi"}]
     for call in (lambda: ie_lab.generate(lm, msgs, 3), lambda: ie_lab.capture(lm, msgs, ["resid_post.0"])):

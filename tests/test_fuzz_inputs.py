@@ -8,6 +8,8 @@ thing it stands for), and leave the model as it was: no hook, no attention tap, 
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
@@ -314,6 +316,9 @@ def test_session_methods_refuse_bad_input_the_same_way(lm):
             "show_attention": lambda: s.show_attention(PROMPT, [99]),
             "show_attention layer type": lambda: s.show_attention(PROMPT, layer="1"),
             "generate print_tokens prompt": lambda: s.generate([[1.5]], 2, print_tokens=True),
+            "generate print_tokens flag": lambda: s.generate(PROMPT, 2, print_tokens="yes"),
+            "run": lambda: s.run(None),
+            "arun": lambda: asyncio.run(s.arun(3)),
         }
         bad = []
         for name, call in calls.items():
@@ -333,7 +338,9 @@ def test_session_methods_refuse_bad_input_the_same_way(lm):
 
 
 @pytest.mark.parametrize("arg,bad", [("backend", "gpu"), ("backend", None), ("dtype", "float77"), ("dtype", 3),
-                                     ("tokenizer", "")])
+                                     ("dtype", torch.int64), ("tokenizer", ""), ("tokenizer", 3),
+                                     ("device", 3.5), ("device", ""), ("device", "tpu"), ("device", -1),
+                                     ("progress", "yes"), ("replace", "x"), ("trust_remote_code", "no")])
 def test_session_constructor_refuses_bad_arguments(lm, arg, bad):
     kwargs = {"tokenizer": lm.tokenizer, "progress": False, "replace": False, arg: bad}
     with pytest.raises(ie_lab.IELabError) as e:
