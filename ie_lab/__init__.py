@@ -17,6 +17,7 @@ from .errors import (
     IELabWarning,
     InputError,
     PointAbsent,
+    RequestFailed,
     StructureError,
 )
 
@@ -120,7 +121,7 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
 
 
 __all__ = [
-    "Address", "AddressError", "ArchitectureUnsupported", "ComputeDiffersWarning", "IELabWarning", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent",
+    "Address", "AddressError", "ArchitectureUnsupported", "ComputeDiffersWarning", "IELabWarning", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent", "RequestFailed",
     "StructureError", "DEMO_MODEL", "apply_chat_template", "attention", "attribution_patch", "capture", "cheatsheet",
     "fit_tuned_lens", "generate", "generate_stream", "gradients", "load", "logit_diff", "logit_lens",
     "message_spans", "patch", "patch_sweep", "points", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",

@@ -278,3 +278,18 @@ def test_closed_sessions_leave_no_object_of_ours_behind(tmp_path):
     cycle()
     after = count()
     assert after == before, {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+
+
+def test_a_dropped_vllm_session_is_freed_with_its_thread(tmp_path):
+    # The loop thread used to run a bound method of the session, so a session nobody referred to (a re-bound name
+    # in a notebook) kept its thread, its engine and the model's memory until the process ended.
+    import weakref
+
+    sess = vllm_session("llama", tmp_path)
+    assert sess.generate(TEXT, 2).ids
+    ref, thread = weakref.ref(sess), sess._thread
+    del sess
+    gc.collect()
+    thread.join(timeout=60)  # a bound on a hang only
+    assert ref() is None, "the dropped session is still referenced"
+    assert not thread.is_alive(), "the dropped session's loop thread is still running"

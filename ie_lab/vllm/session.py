@@ -28,7 +28,7 @@ from ..address import Address
 from ..arch import quirks
 from ..cache import Cache
 from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent
-from ..session import _LIVE, _LIVE_LOCK, Session, _CancelToken, _source_key
+from ..session import _LIVE, _LIVE_LOCK, Session, _CancelToken, _serve_loop, _source_key
 from .worker import RECOMPUTED, pack, unpack
 
 
@@ -395,7 +395,7 @@ class VLLMSession(Session):
             raise InputError("engine='inproc' runs one worker in this process; tensor parallelism needs engine='async'.")
         self.engine_kind = engine
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run_loop, name="ie_lab-vllm-session", daemon=True)
+        self._thread = threading.Thread(target=_serve_loop, args=(self._loop,), name="ie_lab-vllm-session", daemon=True)
         self._thread.start()
         self._op_lock = None
         self._tokens: set[_CancelToken] = set()
