@@ -88,6 +88,13 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs:
     return _stream(lm, prompt, max_new_tokens, **kwargs)
 
 
+def project(model: Any, prompt: Any, address: Any, directions: Any, **kwargs: Any):
+    """Per-token scores [tokens, k] of one point against probes or an SAE encoder; see docs/PROJECTION.md."""
+    from .eager.project import project as _project
+
+    return _project(model, prompt, address, directions, **kwargs)
+
+
 def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: Any):
     """A steering spec: `with ie_lab.steer(lm, "resid_post.3", v, scale=4): ...` or generate(..., steer=spec)."""
     from .eager.steer import make_spec
@@ -124,6 +131,6 @@ __all__ = [
     "Address", "AddressError", "ArchitectureUnsupported", "ComputeDiffersWarning", "IELabWarning", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent", "RequestFailed",
     "StructureError", "DEMO_MODEL", "apply_chat_template", "attention", "attribution_patch", "capture", "cheatsheet",
     "fit_tuned_lens", "generate", "generate_stream", "gradients", "load", "logit_diff", "logit_lens",
-    "message_spans", "patch", "patch_sweep", "points", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",
+    "message_spans", "patch", "patch_sweep", "points", "project", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",
     "__version__",
 ]

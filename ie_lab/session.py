@@ -879,6 +879,12 @@ class Session:
         self._check_open()
         if not isinstance(print_tokens, bool):
             raise InputError(f"print_tokens must be True or False, got {print_tokens!r}.")
+        if print_tokens and self.backend == "eager":
+            from .eager.inputs import prepare_prompts
+
+            if prepare_prompts(self._lm, prompt, rows=True) is not None:
+                raise InputError("print_tokens=True prints one prompt's stream; for a list of prompts, loop over "
+                                 "s.generate_stream(prompts) and print step.token by step.prompt_index.")
         if not print_tokens:
             from .eager.generate import generate
 
@@ -933,6 +939,21 @@ class Session:
         from .eager.lens import logit_lens
 
         return self._sync(self._steered(None, lambda: logit_lens(self._lm, prompt, **kwargs)))
+
+    async def aproject(self, prompt: Any, address: Any, directions: Any, **kwargs: Any):
+        """Per-token scores [tokens, k] of one point against probe directions or an SAE encoder, computed where
+        the activation is read (docs/PROJECTION.md)."""
+        from .eager.project import project
+
+        kwargs["steer"] = self._issued(kwargs.get("steer"))
+        return await self._async(lambda: project(self._lm, prompt, address, directions, **kwargs))
+
+    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any):
+        """See aproject and docs/PROJECTION.md."""
+        from .eager.project import project
+
+        kwargs["steer"] = self._issued(kwargs.get("steer"))
+        return self._sync(lambda: project(self._lm, prompt, address, directions, **kwargs))
 
     async def apatch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
         from .eager.patching import patch
