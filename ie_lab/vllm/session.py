@@ -209,10 +209,11 @@ class _Work:
     steer: list[dict]
     lens: dict | None = None
     specs: list = field(default_factory=list)  # the steering specs behind `steer` (the block's and steer=)
+    project: dict | None = None  # project(): point -> encoder payload (ie_lab/ops/projection.py)
 
     @property
     def empty(self) -> bool:
-        return not (self.points or self.attn_layers or self.steer or self.lens)
+        return not (self.points or self.attn_layers or self.steer or self.lens or self.project)
 
 
 def _steer_payload(spec: Any) -> list[dict]:
@@ -638,7 +639,7 @@ class VLLMSession(Session):
         registered = False
         if not work.empty:
             spec = {"points": work.points, "attn_layers": work.attn_layers, "steer": work.steer, "lens": work.lens,
-                    "prompt_len": len(ids),
+                    "prompt_len": len(ids), "project": work.project,
                     "special_ids": sorted(getattr(self._lm.tokenizer, "all_special_ids", []) or [])}
             await self._driver.rpc("ie_register", rid, spec)
             registered = True
@@ -729,6 +730,69 @@ class VLLMSession(Session):
     def capture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any) -> Cache:
         self._check_open()
         return self._call(self._acapture(tokens_or_text, addresses, **kwargs))
+
+    # ---- projection -------------------------------------------------------------------------------
+    async def _aproject(self, prompt: Any, address: Any, directions: Any, *, bias: Any = None,
+                        activation: str | None = None, threshold: Any = None, k: Any = None, max_new_tokens: int = 0,
+                        steer: Any = None, **gen: Any):
+        """Scores computed in the worker (ie_lab/ops/projection.py): only [tokens, k] crosses back. In graph mode
+        the point must be declared; the compiled trunk fills its static buffer and the worker projects the rows."""
+        from vllm import SamplingParams
+
+        from ..eager.inputs import str_tokens
+        from ..eager.project import Projection, check_gen, make_encoder, one_address, point_width
+        from ..eager.steer import check_positions_fit
+        from ..ops.projection import to_plain
+
+        addr = one_address(self._lm, address)
+        width = point_width(addr, self._lm.facts)
+        check_served(self._lm, addr)
+        if addr.name in RECOMPUTED:  # pragma: no cover - point_width refuses attention patterns first
+            raise AddressError(f"address {addr}: attention patterns are not per-token vectors.")
+        n_new = check_gen(max_new_tokens, gen)
+        enc = make_encoder(width, directions, bias=bias, activation=activation, threshold=threshold, k=k)
+        if n_new:
+            params = self._params(n_new, gen.get("temperature", 0.0), gen.get("top_k"), gen.get("top_p"),
+                                  gen.get("seed"), gen.get("stop"), 0, gen.get("ignore_eos", False))
+        else:
+            params = SamplingParams(max_tokens=1, temperature=0.0)
+        ids = self._ids(prompt)
+        if ids.shape[0] != 1:
+            raise InputError("prompt: project takes one prompt per call (its scores are [tokens, k]); concurrent "
+                             "calls are batched by vLLM.")
+        P = ids.shape[1]
+        # the model reads prompt + generated[:-1]; vLLM needs one more free position after what it runs
+        self._check_room(P + max(n_new - 1, 0), "a projection")
+        _, work = self._work_for(None, steer)
+        check_positions_fit(work.specs, P + n_new)
+        point = str(addr.without_head())
+        work.project = {point: {"encoder": to_plain(enc, pack), "head": addr.head,
+                                "head_dim": int(self._lm.facts.head_dim)}}
+        box: dict = {}
+        generated: list[int] = []
+        async for out in self._request(ids[0].tolist(), params, work, box):
+            if n_new:
+                generated += [int(t) for t in out.outputs[0].token_ids]  # DELTA outputs
+        got = box["collected"].get("project", {}).get(point)
+        n_read = P + max(len(generated) - 1, 0)
+        if got is None:
+            raise RuntimeError(f"ie_lab: the worker returned no scores for {addr}")
+        pos, sc = unpack(got["positions"]), unpack(got["scores"]).float()
+        if not torch.equal(pos[:n_read], torch.arange(n_read, dtype=pos.dtype)):
+            raise RuntimeError(f"ie_lab: the worker filed positions {pos.tolist()} for {addr}; expected 0..{n_read - 1}")
+        sc = sc[:n_read]  # a position past what the model read is never filed; never hand out a wrong row
+        read = torch.cat([ids[0].cpu(), torch.tensor(generated, dtype=ids.dtype)])[:n_read]
+        tok = self._lm.tokenizer
+        text = tok.decode(generated) if (tok is not None and generated) else ""
+        return Projection(addr, sc, read, str_tokens(self._lm, read[None])[0], generated, text)
+
+    async def aproject(self, prompt: Any, address: Any, directions: Any, **kwargs: Any):
+        return await self._on_loop(self._aproject(prompt, address, directions, **kwargs))
+
+    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any):
+        """Per-token scores [tokens, k] computed in the worker; see docs/PROJECTION.md."""
+        self._check_open()
+        return self._call(self._aproject(prompt, address, directions, **kwargs))
 
     # ---- generation -------------------------------------------------------------------------------
     def _params(self, max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs, ignore_eos=False):

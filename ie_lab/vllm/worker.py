@@ -31,6 +31,8 @@ from torch import nn
 
 from ..ops import steering as steer_ops
 from ..ops.attention import scores_and_probs
+from ..ops.projection import from_plain
+from ..ops.projection import scores as project_scores
 
 # Points a backend hook can read on vLLM's module tree. Everything else is refused by the client.
 READ_POINTS = ("embeddings", "resid_pre", "attn_in", "q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value",
@@ -288,6 +290,9 @@ class Spec:
     forwards: int = 0
     attn_sent: dict[int, int] = field(default_factory=dict)  # per layer: attention rows a stream has been handed
     error: str | None = None  # set when a hook failed for this request: its work stops, ie_collect reports it
+    # project(): point -> (encoder, head, head_dim); only the [tokens, k] scores are kept and cross back
+    project: dict[str, tuple[Any, int | None, int]] = field(default_factory=dict)
+    proj_store: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
 
 
 class IELabWorker:
@@ -481,9 +486,16 @@ class IELabWorker:
             if point in r.spec.points:
                 if keep:
                     r.spec.store[point].append((r.positions, t[r.start:r.end].detach().to("cpu").clone()))
+            if keep and point in r.spec.project:
+                # Projected here, on the activation's device: only [tokens, k] scores leave the worker.
+                enc, head, head_dim = r.spec.project[point]
+                x = t[r.start:r.end].detach()
+                if head is not None:
+                    x = x.reshape(x.shape[0], -1, head_dim)[:, head]
+                r.spec.proj_store[point].append((r.positions, project_scores(x, enc).to("cpu")))
 
     def _wanted(self, rows: list[Row], point: str) -> bool:
-        return any(point in r.spec.points for r in rows) or any(
+        return any(point in r.spec.points or point in r.spec.project for r in rows) or any(
             r.spec.lens is not None and point == f"{r.spec.lens['point']}.{_layer_of(point)}" for r in rows)
 
     def _lens_all(self, rows: list[Row], point: str, t: torch.Tensor) -> None:
@@ -691,9 +703,11 @@ class IELabWorker:
             if isinstance(s.get("positions"), dict):  # a boolean mask travels packed
                 s["positions"] = unpack(s["positions"]).bool()
             steer.append(s)
+        project = {point: (from_plain(p["encoder"], unpack), p.get("head"), int(p.get("head_dim", 0)))
+                   for point, p in (spec.get("project") or {}).items()}
         self._ie_specs[key] = Spec(set(spec.get("points", [])), set(spec.get("attn_layers", [])), steer,
                                    spec.get("lens"), int(spec.get("prompt_len", 0)),
-                                   frozenset(spec.get("special_ids", [])))
+                                   frozenset(spec.get("special_ids", [])), project=project)
         return True
 
     def ie_drain(self, key: str) -> dict:
@@ -763,6 +777,9 @@ class IELabWorker:
             _, scores, probs = self._attention(spec, L)
             if f"attn_scores.{L}" in spec.points or L in spec.attn_layers:
                 out["attn"][L] = {"scores": pack(scores[0]), "probs": pack(probs[0])}
+        for point, parts in spec.proj_store.items():
+            pos, sc = _by_position(parts)
+            out.setdefault("project", {})[point] = {"positions": pack(pos), "scores": pack(sc)}
         for L, parts in spec.lens_rows.items():
             pos = torch.cat([p for p, _, _ in parts])
             order = _dedupe_order(pos)
