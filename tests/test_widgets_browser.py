@@ -23,17 +23,23 @@ CELLS = [
 
 
 @pytest.fixture(scope="module")
-def lab():
+def server():
     srv = Server()
     try:
-        srv.write("panels.ipynb", CELLS)
-        page = srv.open("panels.ipynb")
-        for sel in (".iel-picker svg", ".iel-attn canvas.iel-pattern", ".iel-steer .iel-text"):
-            page.wait_for_selector(sel, timeout=30000)
-        yield srv, page
-        srv.close_page(page)
+        yield srv
     finally:
         srv.close()
+
+
+@pytest.fixture(scope="module")
+def lab(server):
+    srv = server
+    srv.write("panels.ipynb", CELLS)
+    page = srv.open("panels.ipynb")
+    for sel in (".iel-picker svg", ".iel-attn canvas.iel-pattern", ".iel-steer .iel-text"):
+        page.wait_for_selector(sel, timeout=30000)
+    yield srv, page
+    srv.close_page(page)
 
 
 def _kernel(srv, page, expr):
@@ -169,3 +175,226 @@ def test_notebook7_renders_the_panels(lab):
         srv.shot(page.locator(".iel-picker"), "picker-notebook7-gemma2.png")
     finally:
         srv.close_page(page)
+
+
+# ---- issue 19: what a teacher would see (a 1,100 px window with the file browser open; both themes) --------------
+PROMPT41 = ("When Mary and John went to the store , John gave a drink to Mary . Then Alice and Bob went to the park , "
+            "and Bob gave a book to Alice . Later Tom and Sarah went home and slept")
+CELLS19 = [
+    setup_code("llama"),
+    "p = s.picker(); p",
+    f"a = s.show_attention({PROMPT41!r}); a",
+    "sp = s.steering_panel('Mary went to the', max_new_tokens=4); sp",
+    "sq = s.steering_panel('Mary went to the', positive=['happy good day', 'good morning'], "
+    "negative=['sad bad night', 'bad evening'], scale=2.0, max_new_tokens=4); sq",
+]
+
+# Colours of text as the browser computed them, over the first opaque background behind each element.
+MEASURE = """(sels) => {
+  const parse = (c) => { const m = c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
+    const v = m[1].split(/[ ,\\/]+/).filter(Boolean).map(Number); return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1]; };
+  const bgOf = (e) => { for (let x = e; x; x = x.parentElement) { if (x instanceof SVGElement && x.tagName !== 'svg') continue;
+      const c = parse(getComputedStyle(x).backgroundColor); if (c && c[3] > 0.5) return c; } return [255, 255, 255, 1]; };
+  const out = [];
+  for (const [what, sel] of sels) {
+    const els = [...document.querySelectorAll(sel)].filter((e) => e.getClientRects().length).slice(0, 12);
+    for (const e of els) { const cs = getComputedStyle(e);
+      out.push({ what, fg: parse(e instanceof SVGElement ? cs.fill : cs.color), opacity: Number(cs.opacity), bg: bgOf(e) }); }
+  }
+  return out; }"""
+TEXTS = [("picker point", ".iel-picker .iel-pt:not(.iel-off) text"), ("picker module", ".iel-picker .iel-mod text"),
+         ("picker card", ".iel-picker .iel-def"), ("attention axis label", ".iel-attn .iel-axes text"),
+         ("attention token", ".iel-attn .iel-tokens .iel-tok"), ("attention read-out", ".iel-attn .iel-readout"),
+         ("steering text", ".iel-steer .iel-text .iel-tok"), ("steering note", ".iel-steer .iel-novector"),
+         ("steering status", ".iel-steer .iel-status")]
+
+
+def _contrast(fg, bg):
+    """WCAG contrast ratio; a translucent foreground is blended over its background first."""
+    a = fg[3] if fg[3] is not None else 1
+    rgb = [fg[i] * a + bg[i] * (1 - a) for i in range(3)]
+
+    def lum(c):
+        c = [x / 255 for x in c]
+        c = [x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+    hi, lo = sorted((lum(rgb), lum(bg[:3])), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+CARD_TITLE = "document.querySelector('.iel-picker .iel-card .iel-card-title code')?.textContent || ''"
+
+
+def _card_title(page):
+    return page.evaluate(f"() => {CARD_TITLE}")
+
+
+@pytest.fixture(scope="module")
+def lab19(server):
+    srv = server
+    srv.write("issue19.ipynb", CELLS19)
+    page = srv.open("issue19.ipynb", width=1100)
+    for sel in (".iel-picker svg", ".iel-attn canvas.iel-pattern", ".iel-steer .iel-text"):
+        page.wait_for_selector(sel, timeout=30000)
+    page.evaluate("() => window.jupyterapp.shell.activateById('filebrowser')")
+    page.wait_for_function("() => { const f = document.getElementById('filebrowser'); return f && f.offsetWidth > 150; }",
+                           timeout=15000)
+    page.wait_for_timeout(300)
+    yield srv, page
+    srv.close_page(page)
+
+
+def test_picker_select_from_python_updates_the_card(lab19):
+    srv, page = lab19
+    picker = page.locator(".iel-picker")
+    card = picker.locator(".iel-card")
+    assert _card_title(page) == "resid_post.1"
+    srv.execute(page, "p.select('mlp_out.0')")
+    page.wait_for_function(f"() => ({CARD_TITLE}) === 'mlp_out.0'", timeout=15000)
+    assert "blocks.0.hook_mlp_out" in card.inner_text()
+    assert picker.locator('select[aria-label="layer"]').input_value() == "0"
+    srv.execute(page, "p.select('embeddings')")  # a trunk point keeps the layer
+    page.wait_for_function(f"() => ({CARD_TITLE}) === 'embeddings'", timeout=15000)
+
+
+def test_picker_card_stays_in_view_at_1100px_with_the_file_browser_open(lab19):
+    srv, page = lab19
+    picker = page.locator(".iel-picker")
+    card = picker.locator(".iel-card")
+    vh = page.viewport_size["height"]
+
+    def hover_and_check(name):
+        pt = picker.locator(f'.iel-pt[data-name="{name}"]')
+        pt.hover()
+        page.wait_for_function(f"n => ({CARD_TITLE}).startsWith(n)", arg=name, timeout=10000)
+        title = card.locator(".iel-card-title").bounding_box()
+        assert title is not None and 0 <= title["y"] and title["y"] + title["height"] <= vh, (name, title)
+        return pt.bounding_box(), card.bounding_box()
+
+    for name in ("lm_head", "embeddings", "mlp_act", "lm_head"):
+        hover_and_check(name)
+    pt, box = hover_and_check("final_norm")
+    diagram = picker.locator(".iel-diagram").bounding_box()
+    assert box["x"] >= diagram["x"] + diagram["width"] - 1  # side by side: there is room at this width
+    srv.shot(page.locator(".jp-LabShell"), "picker-1100px-filebrowser.png")
+    # narrower still: the card sits above the diagram and stays in view while scrolling down it
+    page.set_viewport_size({"width": 760, "height": 900})
+    try:
+        page.wait_for_timeout(300)
+        vh = 900
+        for name in ("lm_head", "resid_pre"):
+            hover_and_check(name)
+        srv.shot(page.locator(".jp-LabShell"), "picker-760px-filebrowser.png")
+    finally:
+        page.set_viewport_size({"width": 1100, "height": 1000})
+
+
+def test_steering_panel_without_a_vector_says_what_is_missing(lab19):
+    srv, page = lab19
+    panel = page.locator(".iel-steer").nth(0)
+    assert panel.locator('input[data-knob="scale"]').is_disabled()
+    note = panel.locator(".iel-novector")
+    assert note.is_visible()
+    text = note.inner_text()
+    for way in ("use difference of means", "positive=", "vector=", "set_contrast"):
+        assert way in text, way
+    assert "no vector" in panel.locator(".iel-status").inner_text()
+    assert panel.locator("details.iel-contrast").get_attribute("open") is not None
+    assert _kernel(srv, page, "[sp.status, sp.has_vector]") == ["no vector", False]
+    srv.shot(panel, "steering-no-vector.png")
+    # the offered way works: two lists and the button give a vector, and the knobs come alive
+    panel.locator('textarea[aria-label^="positive"]').fill("happy good day\ngood morning")
+    panel.locator('textarea[aria-label^="negative"]').fill("sad bad night\nbad evening")
+    panel.get_by_role("button", name="use difference of means").click()
+    assert _until(lambda: _kernel(srv, page, "[sp.status, sp.has_vector]") == ["ready", True], 60)
+    page.wait_for_function("() => !document.querySelectorAll('.iel-steer')[0].querySelector('input[data-knob=\"scale\"]').disabled",
+                           timeout=15000)
+    assert not note.is_visible()
+
+
+def test_typed_contrast_lists_survive_a_slider_move_and_a_layer_change(lab19):
+    srv, page = lab19
+    panel = page.locator(".iel-steer").nth(1)
+    pos, neg = panel.locator('textarea[aria-label^="positive"]'), panel.locator('textarea[aria-label^="negative"]')
+    if panel.locator("details.iel-contrast").get_attribute("open") is None:
+        panel.locator(".iel-contrast summary").click()
+    typed_pos, typed_neg = "joy and sun\nwarm smile", "grey rain\ncold tears"
+    pos.fill(typed_pos)
+    neg.fill(typed_neg)
+    # the slider, by keyboard (focus leaves the text boxes, as with a mouse)
+    slider = panel.locator('input[data-knob="scale"]')
+    slider.focus()
+    page.keyboard.press("ArrowRight")
+    assert _until(lambda: _kernel(srv, page, "[sq.scale != 2.0, sq.status]") == [True, "ready"], 60)
+    page.wait_for_timeout(300)
+    assert (pos.input_value(), neg.input_value()) == (typed_pos, typed_neg)
+    # the layer: re-measures the kernel's (old) lists at the new point; the typed ones stay in the boxes
+    layer = panel.locator('input[aria-label="layer"]')
+    layer.fill("0")
+    layer.press("Tab")
+    assert _until(lambda: _kernel(srv, page, "[sq.address, sq.status]") == ["resid_post.0", "ready"], 60)
+    page.wait_for_timeout(300)
+    assert (pos.input_value(), neg.input_value()) == (typed_pos, typed_neg)
+    assert _kernel(srv, page, "[sq.positive, sq.negative]") == [["happy good day", "good morning"],
+                                                                 ["sad bad night", "bad evening"]]
+    panel.get_by_role("button", name="use difference of means").click()
+    assert _until(lambda: _kernel(srv, page, "[sq.positive, sq.negative, sq.status]") == [
+        typed_pos.split("\n"), typed_neg.split("\n"), "ready"], 60)
+
+
+def test_attention_pattern_has_square_cells_and_every_label_readable(lab19):
+    srv, page = lab19
+    view = page.locator(".iel-attn")
+    n = _kernel(srv, page, "len(a.tokens)")
+    assert n == 41
+    canvas = view.locator("canvas.iel-pattern").bounding_box()
+    assert abs(canvas["width"] - canvas["height"]) < 1
+    labels = view.locator(".iel-axes text")
+    assert labels.count() == 2 * n
+    geo = page.evaluate("""() => { const t = [...document.querySelectorAll('.iel-attn .iel-axes text.iel-ylab')];
+        const r = t.map((e) => e.getBoundingClientRect());
+        return { font: Math.min(...t.map((e) => parseFloat(getComputedStyle(e).fontSize))),
+                 overlap: r.slice(1).some((b, i) => b.top < r[i].bottom - 1),
+                 step: (r[r.length - 1].top - r[0].top) / (r.length - 1),
+                 panel: document.querySelector('.iel-attn').getBoundingClientRect().width }; }""")
+    assert geo["font"] >= 10 and not geo["overlap"] and geo["step"] >= 12, geo
+    # sized to the prompt and the width: the pattern uses a good part of the panel, not a 240 px corner
+    assert canvas["width"] >= 0.5 * geo["panel"], (canvas, geo)
+    srv.shot(view, "attention-41-tokens.png")
+
+
+def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
+    srv, page = lab19
+
+    def check(theme):
+        got = page.evaluate(MEASURE, TEXTS)
+        seen = {g["what"] for g in got}
+        assert {w for w, _ in TEXTS} - {"steering note"} <= seen, ({w for w, _ in TEXTS} - seen)
+        bad = []
+        for g in got:
+            need = 3.0 if g["what"] in ("picker module", "steering status") else 4.5  # muted UI text: 3:1
+            r = _contrast(g["fg"], g["bg"])
+            if r < need or g["opacity"] < 0.9:
+                bad.append(f"{g['what']}: {g['fg']} on {g['bg']}: {r:.2f} < {need}")
+        assert not bad, f"{theme}:\n" + "\n".join(bad)
+        return {g["what"]: g["fg"] for g in got}
+
+    def switch(theme, light):
+        page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: {theme!r}}})")
+        page.wait_for_function(f"() => document.body.dataset.jpThemeLight === {str(light).lower()!r}", timeout=20000)
+        # the theme's stylesheet has applied once the panel's own background follows it
+        page.wait_for_function("d => { const c = getComputedStyle(document.querySelector('.iel-attn')).backgroundColor"
+                               ".match(/\\d+/g).map(Number); const l = (c[0] + c[1] + c[2]) / 3; return d ? l < 100 : l > 155; }",
+                               arg=not light, timeout=20000)
+        page.wait_for_timeout(200)
+
+    light = check("light")
+    try:
+        switch("JupyterLab Dark", False)
+        dark = check("dark")
+        assert dark["attention axis label"] != light["attention axis label"]
+        for sel, name in ((".iel-picker", "picker"), (".iel-attn", "attention"), (".iel-steer", "steering")):
+            srv.shot(page.locator(sel).first, f"{name}-lab-dark-1100.png")
+    finally:
+        switch("JupyterLab Light", True)
+    assert check("light again")["attention axis label"] == light["attention axis label"]

@@ -242,7 +242,7 @@ def test_vector_sources_and_methods(session, tmp_path):
     v = torch.randn(128, generator=torch.Generator().manual_seed(2))
     torch.save(v, tmp_path / "v.pt")
     np.save(tmp_path / "v.npy", v.numpy())
-    cache = session.capture(["Mary went home"], ["resid_post.0"])
+    cache = session.capture("Mary went home", ["resid_post.0"])
     for src, label in ((v, "given tensor"), (str(tmp_path / "v.pt"), "saved tensor v.pt"),
                        (tmp_path / "v.npy", "saved tensor v.npy"), (cache, "capture of resid_post.0")):
         sp = session.steering_panel("Mary went to the", address="resid_post.0", vector=src, max_new_tokens=3)
@@ -378,4 +378,119 @@ def test_a_newer_message_or_close_cancels_the_contrast(session, monkeypatch, how
         ref = session.generate("Mary went to the", 4, steer=session.steer("resid_post.1", v, scale=2.0))
         assert sp.steered_ids == ref.ids
     assert session.capture("Mary", ["resid_post.0"])["resid_post.0"].shape[-1] == 128  # the session still works
+    assert_clean(session._lm)
+
+
+def _drawn_blocks(structures: dict) -> dict:
+    """The picker's own layout code (widgets/util.js) run under node: per key, the module labels of the block."""
+    import json
+    import shutil
+    import subprocess
+
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    util = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "widgets", "util.js")
+    script = (f"import {{ layoutBlock }} from {json.dumps('file://' + util)};\n"
+              "let d = ''; process.stdin.on('data', (c) => d += c); process.stdin.on('end', () => {\n"
+              "  const out = {}; for (const [k, [st, layer]] of Object.entries(JSON.parse(d))) {\n"
+              "    const lay = layoutBlock(st, st.moe_layers.includes(layer), null, layer);\n"
+              "    out[k] = lay.items.filter((i) => i.kind === 'module' || i.kind === 'trunk').map((i) => i.label); }\n"
+              "  process.stdout.write(JSON.stringify(out)); });\n")
+    r = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps(structures), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def _truth(family: str) -> dict:
+    """What the real module tree of the family's tiny model says: positions per layer, and the block's norms."""
+    from torch import nn
+
+    from tests.families import MAX_POS, is_norm_module, make_model
+
+    model = make_model(family)
+    tok_emb = model.get_input_embeddings()
+    learned = any(isinstance(m, nn.Embedding) and m is not tok_emb and MAX_POS <= m.num_embeddings <= MAX_POS + 2
+                  for m in model.modules())
+    # a rotary-embedding module, or rotary dims kept on the attention itself (GPT-J computes its sin/cos there)
+    rotary = any("rotary" in type(m).__name__.lower() or getattr(m, "rotary_dim", None) for m in model.modules())
+    layers = next(m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == model.config.num_hidden_layers)
+    positions = []
+    for layer in layers:
+        attn = next((m for n, m in layer.named_children() if "attn" in n or "attention" in n), None)
+        if learned:
+            positions.append("learned")
+        elif not rotary:
+            positions.append("alibi")
+        elif attn is not None and not getattr(attn, "use_rope", True):  # SmolLM3's NoPE layers
+            positions.append("none")
+        else:
+            positions.append("rope")
+    norms = [n for n, m in layers[0].named_children() if is_norm_module(m)]  # the block's own (not q/k norms)
+    return {"positions": positions, "norms": norms}
+
+
+def test_cheatsheet_labels_are_the_models_own_facts_for_every_family():
+    """Issue 19: GPT-NeoX drew a shared norm plus a second one; GPT-2 was labelled RoPE. The drawn labels of
+    every family's block are checked against its real module tree (positions, and how many norms a block has)."""
+    from ie_lab.arch.config_facts import ArchFacts
+    from ie_lab.widgets.picker import describe
+    from tests.families import FAMILIES, make_config
+
+    specs, truths = {}, {}
+    for fam in FAMILIES:
+        facts = ArchFacts.from_config(make_config(fam))
+        st = describe(facts, "eager")["structure"]
+        truths[fam] = _truth(fam)
+        for L in range(facts.n_layers):
+            specs[f"{fam}/{L}"] = [st, L]
+    drawn = _drawn_blocks(specs)
+    bad = []
+    for key, labels in drawn.items():
+        fam, L = key.split("/")
+        t = truths[fam]
+        pos = t["positions"][int(L)]
+        attn = [x for x in labels if x.startswith("attention (")]
+        emb = labels[0]
+        ok_pos = len(attn) == 1 and {
+            "rope": "RoPE" in attn[0] and "NoPE" not in attn[0],
+            "learned": "RoPE" not in attn[0] and "ALiBi" not in attn[0] and "position" in emb,
+            "alibi": "ALiBi" in attn[0],
+            "none": "NoPE" in attn[0],
+        }[pos] and (pos == "learned") == ("position" in emb)
+        block_norms = [x for x in labels if "norm" in x and x not in ("final norm", "q_norm · k_norm")]
+        ok_norms = len(block_norms) == len(t["norms"])
+        if not (ok_pos and ok_norms):
+            bad.append(f"{key}: truth {pos}, norms {t['norms']}; drawn {emb!r}, {attn}, {block_norms}")
+    assert not bad, "\n".join(bad)
+    # the two reported cases, spelled out
+    assert [x for x in drawn["gpt_neox/0"] if "norm" in x][:2] == ["input norm (attention branch)",
+                                                                   "input norm (MLP branch)"]
+    assert not any("shared" in x for x in drawn["gpt_neox/0"])
+    assert "input norm (shared)" in drawn["gptj/0"]
+    assert drawn["gpt2/0"][0] == "token + position embedding" and "attention (q·kᵀ, softmax)" in drawn["gpt2/0"]
+
+
+def test_picker_on_a_session_labels_from_the_measured_block():
+    from tests.conftest import lm_for
+
+    for fam, separate in (("gpt_neox", "separate"), ("gptj", "shared"), ("llama", "none")):
+        st = Picker(lm_for(fam).facts, "eager", lm=lm_for(fam)).spec["structure"]
+        assert st["parallel_norms"] == separate, fam
+    assert Picker(lm_for("gpt2").facts, "eager", lm=lm_for("gpt2")).spec["structure"]["positions"][0] == "learned"
+
+
+def test_a_panel_without_a_vector_says_so_until_it_has_one(session):
+    sp = session.steering_panel("Mary went to the", max_new_tokens=3)
+    try:
+        assert (sp.status, sp.has_vector) == ("no vector", False)
+        assert sp.steered_ids == sp.baseline_ids
+        sp.update(scale=3.0)  # a knob without a vector: kept, nothing generated, still says what is missing
+        assert (sp.status, sp.scale, sp.seq) == ("no vector", 3.0, 0)
+        sp.set_contrast(["happy good day"], ["sad bad night"])
+        assert sp.has_vector
+        sp.update(scale=8.0)
+        assert sp.status == "ready" and sp.seq == 1
+    finally:
+        sp.close()
     assert_clean(session._lm)

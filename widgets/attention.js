@@ -1,5 +1,7 @@
 // Attention viewer: head thumbnails of one layer; the selected head's pattern, fetched on demand.
-import { asBytes, asFloat32, makeLut, patternPixels, showToken } from "./util.js";
+import { asBytes, asFloat32, makeLut, patternGeometry, patternPixels, showToken } from "./util.js";
+
+const SVGNS = "http://www.w3.org/2000/svg";
 
 function h(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -23,11 +25,15 @@ function render({ model, el }) {
   const thumbs = h("div", { class: "iel-thumbs", role: "listbox", "aria-label": "heads" });
   const main = h("div", { class: "iel-attn-main" });
   const canvas = h("canvas", { class: "iel-pattern", tabindex: "0", "aria-label": "attention pattern" });
+  // Token labels are SVG text styled by CSS (theme colours apply and follow a theme switch); the canvas holds cells only.
+  const axes = document.createElementNS(SVGNS, "svg");
+  axes.setAttribute("class", "iel-axes"); axes.setAttribute("aria-hidden", "true");
+  const patbox = h("div", { class: "iel-patbox" }, canvas, axes);
   const legend = h("div", { class: "iel-legend" });
   const readout = h("div", { class: "iel-readout", "aria-live": "polite" });
   const strip = h("div", { class: "iel-tokens", "aria-label": "tokens" });
   const error = h("div", { class: "iel-error", role: "alert" });
-  main.append(h("div", { class: "iel-patwrap" }, canvas, legend), h("div", { class: "iel-side" }, readout, strip));
+  main.append(h("div", { class: "iel-patwrap" }, patbox, legend), h("div", { class: "iel-side" }, readout, strip));
   root.append(head, thumbs, main, error);
   el.append(root);
 
@@ -67,22 +73,43 @@ function render({ model, el }) {
   }
 
   function geometry() {
-    const n = tokens().length;
-    const labels = n <= 40;
-    const margin = labels ? 72 : 4;
-    const size = Math.max(220, Math.min(520, n * (labels ? 16 : 2)));
-    return { n, labels, margin, size, cellPx: size / n };
+    return patternGeometry(tokens().length, main.clientWidth || root.clientWidth || 0);
+  }
+
+  let drawnAxes = "";
+  function drawAxes(g) {
+    const { n, labels, margin, size, cellPx, font } = g;
+    const key = [n, margin, size, focus, tokens().join("\u0000")].join("|");
+    if (key === drawnAxes) return;
+    drawnAxes = key;
+    axes.setAttribute("width", String(size + margin)); axes.setAttribute("height", String(size + margin));
+    axes.replaceChildren();
+    if (!labels) return;
+    const text = (x, y, t, i, cls, rot) => {
+      const e = document.createElementNS(SVGNS, "text");
+      e.setAttribute("x", String(x)); e.setAttribute("y", String(y));
+      e.setAttribute("class", cls + (i === focus ? " iel-focus" : "")); e.setAttribute("data-i", String(i));
+      e.setAttribute("font-size", String(font));
+      if (rot) e.setAttribute("transform", `rotate(-60 ${x} ${y})`);
+      e.textContent = showToken(t).slice(0, 10);
+      axes.append(e);
+    };
+    tokens().forEach((t, i) => text(margin - 4, margin + (i + 0.5) * cellPx, t, i, "iel-ylab", false));
+    tokens().forEach((t, j) => text(margin + (j + 0.5) * cellPx, margin - 4, t, j, "iel-xlab", true));
   }
 
   function drawPattern() {
-    const { n, labels, margin, size, cellPx } = geometry();
+    const g = geometry();
+    const { n, margin, size, cellPx } = g;
     const vals = asFloat32(model.get("pattern"));
     const dpr = window.devicePixelRatio || 1;
     canvas.width = (size + margin) * dpr; canvas.height = (size + margin) * dpr;
     canvas.style.width = `${size + margin}px`; canvas.style.height = `${size + margin}px`;
+    root.style.setProperty("--iel-cell", `${cellPx}px`);
     const ctx = canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, size + margin, size + margin);
+    drawAxes(g);
     if (vals.length !== n * n) return;
     const off = document.createElement("canvas");
     off.width = n; off.height = n;
@@ -92,23 +119,7 @@ function render({ model, el }) {
     octx.putImageData(img, 0, 0);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(off, margin, margin, size, size);
-    const fg = getComputedStyle(root).getPropertyValue("--iel-fg").trim() || "#222";
-    if (labels) {
-      ctx.fillStyle = fg; ctx.font = "11px var(--jp-code-font-family, monospace)";
-      ctx.textAlign = "right"; ctx.textBaseline = "middle";
-      tokens().forEach((t, i) => {
-        ctx.font = (i === focus ? "bold " : "") + "11px monospace";
-        ctx.fillText(showToken(t).slice(0, 9), margin - 4, margin + (i + 0.5) * cellPx);
-      });
-      ctx.save();
-      ctx.textAlign = "left";
-      tokens().forEach((t, j) => {
-        ctx.save(); ctx.translate(margin + (j + 0.5) * cellPx, margin - 4); ctx.rotate(-Math.PI / 3);
-        ctx.font = (j === focus ? "bold " : "") + "11px monospace";
-        ctx.fillText(showToken(t).slice(0, 9), 0, 0); ctx.restore();
-      });
-      ctx.restore();
-    }
+    // read at every draw, after the panel is in the page; a theme switch redraws (see onTheme)
     const hi = getComputedStyle(root).getPropertyValue("--iel-accent").trim() || "#e91e63";
     ctx.strokeStyle = hi; ctx.lineWidth = 1.5;
     if (focus >= 0 && focus < n) {
@@ -216,8 +227,20 @@ function render({ model, el }) {
   model.on("change:thumbs", onPattern);
   model.on("change:error", onError);
   model.on("msg:custom", onMsg);
+  // The canvas's highlight colours come from the theme: redraw when JupyterLab (body data-jp-theme-*), VS Code
+  // (body class) or the OS switches theme; and fit the pattern to the width the panel gets.
+  const onTheme = () => requestAnimationFrame(() => drawPattern());
+  const themeObs = new MutationObserver(onTheme);
+  themeObs.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-name", "data-jp-theme-light", "class"] });
+  const media = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
+  if (media && media.addEventListener) media.addEventListener("change", onTheme);
+  let lastWidth = -1;
+  const sizeObs = new ResizeObserver(() => { const w = main.clientWidth; if (w !== lastWidth) { lastWidth = w; drawPattern(); } });
+  sizeObs.observe(main);
   refreshAll();
-  return () => { model.off("change:pattern", onPattern); model.off("change:thumbs", onPattern); model.off("change:error", onError); model.off("msg:custom", onMsg); };
+  return () => {
+    themeObs.disconnect(); sizeObs.disconnect(); if (media && media.removeEventListener) media.removeEventListener("change", onTheme);
+    model.off("change:pattern", onPattern); model.off("change:thumbs", onPattern); model.off("change:error", onError); model.off("msg:custom", onMsg); };
 }
 
 export default { render };

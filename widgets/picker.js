@@ -57,7 +57,7 @@ function render({ model, el }) {
 
   function drawDiagram() {
     const moe = spec.structure.moe_layers.includes(layer);
-    const layout = layoutBlock(spec.structure, moe, new Set(byName.keys()));
+    const layout = layoutBlock(spec.structure, moe, new Set(byName.keys()), layer);
     order = pointOrder(layout);
     const width = spec.structure.parallel_block ? 630 : 420;
     svg = s("svg", { width, height: layout.height, viewBox: `0 0 ${width} ${layout.height}`, role: "group",
@@ -140,6 +140,7 @@ function render({ model, el }) {
     const v = p.verdicts[spec.backend];
     card.replaceChildren();
     const addr = addressOf(p, layer);
+    card.dataset.address = addr;
     card.append(h("div", { class: "iel-card-title" }, h("code", { text: addr }),
       h("span", { class: "iel-chip " + (ok ? "iel-ok" : "iel-no"), text: ok ? (v.verdict === "served" ? "served" : v.verdict) : "not served" })));
     if (!ok) card.append(h("div", { class: "iel-why", text: why }));
@@ -168,6 +169,18 @@ function render({ model, el }) {
       setTimeout(() => { copy.textContent = "copy"; }, 1200);
     });
     card.append(h("div", { class: "iel-snipbox" }, pre, copy));
+    placeCard();
+  }
+
+  // The card stays beside the point it describes: the block is taller than a screen, and CSS sticky cannot work
+  // inside a notebook's output area (it scrolls with the notebook, not within itself). In a narrow panel the card
+  // sits above a diagram that scrolls in its own box (CSS), so both are on screen together.
+  function placeCard() {
+    const g = focusName && svgWrap.querySelector(`.iel-pt[data-name="${focusName}"]`);
+    if (!g || getComputedStyle(body).flexDirection === "column") { card.style.marginTop = ""; return; }
+    const room = svgWrap.getBoundingClientRect().height - card.offsetHeight;
+    const y = g.getBoundingClientRect().top - svgWrap.getBoundingClientRect().top - 24;
+    card.style.marginTop = `${Math.max(0, Math.min(room, y))}px`;
   }
 
   function choose(name, multi) {
@@ -218,7 +231,16 @@ function render({ model, el }) {
 
   // The kernel's error trait is the truth: a selection it accepted (from any view, or from Python) clears it,
   // so a refusal shown earlier in this view does not outlive it.
-  const onSelected = () => { refreshSelection(); error.textContent = model.get("error"); };
+  // A selection made from Python (picker.select("mlp_out.2")) moves to its layer and shows its card, as a click does.
+  const onSelected = () => {
+    const list = model.get("selected");
+    if (list.length) {
+      const m = /^(.*?)(?:\.(\d+))?$/.exec(list[list.length - 1]);
+      if (m[2] !== undefined) setLayer(Number(m[2]));
+      if (byName.has(m[1])) showCard(m[1]);
+    }
+    refreshSelection(); error.textContent = model.get("error");
+  };
   const onLayer = () => setLayer(model.get("layer"));
   const onError = () => { error.textContent = model.get("error"); };
   const onMsg = (msg) => { if (msg && msg.type === "error") error.textContent = msg.message; };

@@ -25,6 +25,12 @@ function render({ model, el }) {
   const bar = h("progress", { class: "iel-progress", max: "1", value: "0", "aria-label": "vector progress" });
   const stopBtn = h("button", { class: "iel-btn", type: "button", text: "stop", title: "cancel the work in flight" });
   const source = h("div", { class: "iel-source" });
+  const missing = h("div", { class: "iel-novector", role: "note" },
+    h("b", { text: "No steering vector yet: " }), "the controls change nothing until there is one. Get one by ",
+    h("span", { text: "typing two prompt lists below and pressing " }), h("i", { text: "use difference of means" }),
+    ", or from Python: ", h("code", { text: "s.steering_panel(prompt, positive=[...], negative=[...])" }), ", ",
+    h("code", { text: "vector=" }), " a tensor, a saved .pt / .npy path or a capture (",
+    h("code", { text: "s.capture(...)" }), "), or ", h("code", { text: "panel.set_contrast(positive, negative)" }), ".");
   const pos = h("textarea", { rows: "3", "aria-label": "positive prompts, one per line", placeholder: "positive prompts, one per line" });
   const neg = h("textarea", { rows: "3", "aria-label": "negative prompts, one per line", placeholder: "negative prompts, one per line" });
   const computeBtn = h("button", { class: "iel-btn", type: "button", text: "use difference of means" });
@@ -38,7 +44,7 @@ function render({ model, el }) {
     h("div", { class: "iel-row" }, h("label", { class: "iel-grow" }, "prompt", prompt)),
     h("div", { class: "iel-row iel-controls" }, h("label", {}, "point ", pointSel), h("label", {}, "layer ", layerIn),
       h("label", {}, "method ", methodSel), h("span", { class: "iel-busybox" }, status, bar, stopBtn)),
-    sliders, source, contrast,
+    missing, sliders, source, contrast,
     h("div", { class: "iel-cols" },
       h("div", { class: "iel-col" }, h("div", { class: "iel-colhead", text: "baseline" }), baseBox),
       h("div", { class: "iel-col" }, h("div", { class: "iel-colhead" }, "steered ", h("span", { class: "iel-muted", text: "(changed tokens marked)" })), steerBox)),
@@ -78,6 +84,7 @@ function render({ model, el }) {
       const v = model.get(k);
       const r = h("input", { type: "range", min: String(Math.min(lo, v)), max: String(Math.max(hi, v)), step: String(step), value: String(v),
         "aria-label": LABELS[k], "data-knob": k });
+      if (!model.get("has_vector")) { r.disabled = true; r.title = "no steering vector yet"; }
       const out = h("output", { text: Number(v).toFixed(2) });
       r.addEventListener("input", () => { out.textContent = Number(r.value).toFixed(2); sendSoon(); });
       inputs[k] = r;
@@ -89,7 +96,9 @@ function render({ model, el }) {
   function drawHeader() {
     title.replaceChildren(h("b", { text: "steering" }), ` · ${model.get("method")} at `, h("code", { text: model.get("address") }),
       ` · ${model.get("max_new_tokens")} greedy tokens`);
-    if (document.activeElement !== prompt) prompt.value = model.get("prompt");
+    // Text boxes are written only when the kernel's value changes (not on every redraw), so what the user typed
+    // and has not sent yet survives a slider move, a new layer or a finished generation.
+    syncBox(prompt, "prompt", model.get("prompt"));
     const [name, L] = model.get("address").split(".");
     if (pointSel.options.length !== model.get("points").length) pointSel.replaceChildren(...model.get("points").map((p) => h("option", { value: p, text: p })));
     pointSel.value = name;
@@ -98,8 +107,19 @@ function render({ model, el }) {
     if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p })));
     methodSel.value = model.get("method");
     source.textContent = "vector: " + model.get("vector_source");
-    if (document.activeElement !== pos) pos.value = model.get("positive").join("\n");
-    if (document.activeElement !== neg) neg.value = model.get("negative").join("\n");
+    syncBox(pos, "positive", model.get("positive").join("\n"));
+    syncBox(neg, "negative", model.get("negative").join("\n"));
+    const none = !model.get("has_vector");
+    missing.hidden = !none;
+    if (none && !contrast.open && !openedOnce) { contrast.open = true; openedOnce = true; }
+  }
+  const shown = {};
+  let openedOnce = false;
+  function syncBox(box, key, value) {
+    if (shown[key] === value) return; // unchanged in the kernel: leave the box as the user left it
+    if (document.activeElement === box) return; // never under the user's cursor; written once they leave
+    shown[key] = value;
+    box.value = value;
   }
 
   function drawStatus() {
@@ -185,9 +205,10 @@ function render({ model, el }) {
     }
   };
   const onMethod = () => { drawSliders(); drawHeader(); };
+  const onHasVector = () => { drawSliders(); drawHeader(); };
   const onError = () => { error.textContent = model.get("error"); };
   const listeners = [["msg:custom", onMsg], ["change:status", drawStatus], ["change:progress", drawStatus], ["change:error", onError],
-    ["change:method", onMethod]];
+    ["change:method", onMethod], ["change:has_vector", onHasVector]];
   for (const k of ["steered", "baseline", "seq", "address", "prompt", "vector_source", "positive", "negative"]) listeners.push(["change:" + k, onState]);
   for (const k of ["scale_range", "proj_range"]) listeners.push(["change:" + k, onRanges]);
   for (const k of ["scale", "cap_min", "cap_max", "target"]) listeners.push(["change:" + k, onKnob]);

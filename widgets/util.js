@@ -40,6 +40,26 @@ export function patternPixels(values, rows, cols, scale = "linear", lut = makeLu
   return out;
 }
 
+/**
+ * Size of the attention pattern for n tokens in a panel `avail` px wide: square cells, as large as the width allows
+ * (up to 28 px), beside the token list when that leaves cells as large as they need, else the list goes below.
+ * Every token is labelled on both axes while cells can be 12 px or more (labels up to 13 px); beyond that the
+ * labels are in the read-out and the cells shrink to fit the width (below 2 px, fractional).
+ */
+export function patternGeometry(n, avail) {
+  n = Math.max(1, n);
+  const width = Math.max(320, avail || 640);
+  const LABEL_MARGIN = 80, SIDE = 314; // room for 10-character labels; the token list column and its gap
+  const labels = (width - LABEL_MARGIN - 8) / n >= 12;
+  const margin = labels ? LABEL_MARGIN : 4;
+  let usable = width - margin - 8;
+  if (usable - SIDE >= n * (labels ? 12 : 4)) usable -= SIDE;
+  // whole pixels keep cells crisp; below 2 px a fraction still fits 256 tokens in a narrow panel (hover reads them)
+  const cellPx = usable / n >= 2 ? Math.min(28, Math.floor(usable / n)) : Math.max(1, usable / n);
+  const font = Math.max(10, Math.min(13, cellPx - 2));
+  return { n, labels, margin, cellPx, size: cellPx * n, font };
+}
+
 /** A Float32Array over a binary trait (DataView, ArrayBuffer or typed array), copying when unaligned. */
 export function asFloat32(buf) {
   if (!buf) return new Float32Array(0);
@@ -128,11 +148,13 @@ export function snippet(point, layer, handle = "s") {
 
 /**
  * Layout of one decoder block, in forward order, for the picker's SVG.
- * structure: {parallel_block, sandwich_norms, pre_norms, gated_mlp, qk_norm, attn_gate, n_streams}, moe: this layer is MoE.
+ * structure: {parallel_block, sandwich_norms, pre_norms, gated_mlp, qk_norm, attn_gate, n_streams, parallel_norms
+ * ("shared" | "separate" | "none"), attn_labels (per layer), embed_label}, moe: this layer is MoE, layer: which layer.
+ * Labels come from the kernel's facts (attn_labels, embed_label); the fallbacks claim nothing about positions.
  * Returns {items, height}: items are {kind: "point"|"module"|"join"|"fork"|"trunk", name|label, col, y}.
  * col 0 is the residual spine; attention is col 1; the MLP is col 1 (sequential) or col 2 (parallel).
  */
-export function layoutBlock(st, moe = false, names = null) {
+export function layoutBlock(st, moe = false, names = null, layer = 0) {
   const has = (n) => names === null || names.has(n);
   const ROW = 24;
   const items = [];
@@ -140,7 +162,10 @@ export function layoutBlock(st, moe = false, names = null) {
   const push = (it) => { items.push(it); return it; };
   const multi = (st.n_streams || 1) > 1;
   // trunk, top
-  push({ kind: "trunk", label: "token embedding", col: 0, y }); y += ROW;
+  // A parallel block either shares one input norm across both branches or gives each branch its own.
+  const sharedNorm = st.parallel_block && st.pre_norms && st.parallel_norms !== "separate";
+  const branchNorms = st.pre_norms && !sharedNorm;
+  push({ kind: "trunk", label: st.embed_label || "token embedding", col: 0, y }); y += ROW;
   const spine = (name) => { if (has(name)) { push({ kind: "point", name, col: 0, y }); y += ROW; } };
   spine("embeddings"); y += 6;
   const blockTop = y - 8;
@@ -152,7 +177,7 @@ export function layoutBlock(st, moe = false, names = null) {
     const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
     const m = (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; };
     if (multi) p("attn_stream_collapse");
-    if (st.pre_norms) m("input norm", "norm");
+    if (branchNorms) m(st.parallel_block ? "input norm (attention branch)" : "input norm", "norm");
     p("attn_in");
     if (st.qk_norm) {
       m("q_proj · k_proj", "linear");
@@ -163,7 +188,7 @@ export function layoutBlock(st, moe = false, names = null) {
       m("q_proj · k_proj · v_proj", "linear");
     }
     p("value");
-    m("attention (RoPE, q·kᵀ, softmax)", "attn");
+    m((st.attn_labels && st.attn_labels[layer]) || "attention (q·kᵀ, softmax)", "attn");
     p("attn_scores"); p("attn_probs"); p("z");
     if (st.attn_gate) p("attn_gate");
     m("o_proj", "linear");
@@ -178,7 +203,7 @@ export function layoutBlock(st, moe = false, names = null) {
     const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
     const m = (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; };
     if (multi) p("mlp_stream_collapse");
-    if (st.pre_norms && !st.parallel_block) m("pre-MLP norm", "norm");
+    if (branchNorms) m(st.parallel_block ? "input norm (MLP branch)" : "pre-MLP norm", "norm");
     p("mlp_in");
     if (moe) {
       m("router", "router");
@@ -206,7 +231,7 @@ export function layoutBlock(st, moe = false, names = null) {
 
   if (st.parallel_block) {
     push({ kind: "fork", col: 1, y: y - 10, to: [1, 2] });
-    if (st.pre_norms) { push({ kind: "module", label: "input norm (shared)", role: "norm", col: 1, span: 2, y }); y += ROW; }
+    if (sharedNorm) { push({ kind: "module", label: "input norm (shared)", role: "norm", col: 1, span: 2, y }); y += ROW; }
     const end = Math.max(attn(1, y), mlp(2, y));
     y = end;
     push({ kind: "join", col: 0, y, from: [1, 2] }); y += ROW;

@@ -44,12 +44,68 @@ def _template(name: str, layer: int | None) -> str:
     return re.sub(rf"(?<=\.){layer}(?=\.|$)|(?<=\[){layer}(?=\])", "{L}", name)
 
 
+# How a family encodes positions when its config does not say (config keys below override): learned absolute
+# position embeddings added to the token embedding, or ALiBi's per-head linear bias on the scores. Every other
+# family in ie_lab applies rotary embeddings to q and k.
+_LEARNED_POSITIONS = frozenset({"gpt2", "opt", "gpt_bigcode", "gpt_neo", "biogpt"})
+_ALIBI = frozenset({"bloom", "mpt"})
+# Parallel blocks with one norm per branch (GPT-NeoX's input_layernorm + post_attention_layernorm, both reading
+# the layer input); other parallel blocks (GPT-J, Phi, Cohere, Falcon-7B) share one input norm.
+_SEPARATE_PARALLEL_NORMS = frozenset({"gpt_neox"})
+
+
+def _positions(f: ArchFacts) -> list[str]:
+    """Per layer: "learned", "alibi", "none" (a NoPE layer) or "rope" / "rope:<rotary dims>" (partial)."""
+    raw = f.raw or {}
+    mt = f.model_type
+    if mt in _LEARNED_POSITIONS:
+        return ["learned"] * f.n_layers
+    if mt in _ALIBI or (mt == "falcon" and raw.get("alibi")):
+        return ["alibi"] * f.n_layers
+    rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    frac = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    dims = raw.get("rotary_dim") or raw.get("rotary_emb_base_dim")
+    if not dims and frac is not None and float(frac) < 1:
+        dims = int(f.head_dim * float(frac))
+    kind = f"rope:{int(dims)}" if dims and int(dims) < f.head_dim else "rope"
+    no_rope = raw.get("no_rope_layers")  # SmolLM3: 1 = this layer uses RoPE, 0 = no positional encoding
+    return [("none" if isinstance(no_rope, (list, tuple)) and i < len(no_rope) and not no_rope[i] else kind)
+            for i in range(f.n_layers)]
+
+
+def attention_label(position: str, head_dim: int) -> str:
+    """The attention module's label in the diagram, from how this layer encodes positions."""
+    if position == "learned":
+        return "attention (q·kᵀ, softmax)"
+    if position == "alibi":
+        return "attention (ALiBi, q·kᵀ, softmax)"
+    if position == "none":
+        return "attention (NoPE, q·kᵀ, softmax)"
+    if position.startswith("rope:"):
+        return f"attention (RoPE on {position[5:]} of {head_dim} dims)"
+    return "attention (RoPE, q·kᵀ, softmax)"
+
+
+def _labels(f: ArchFacts, st: dict[str, Any]) -> None:
+    """Adds what the diagram's labels are drawn from: positions per layer, embedding label, parallel norms."""
+    pos = _positions(f)
+    st["positions"] = pos
+    st["attn_labels"] = [attention_label(p, f.head_dim) for p in pos]
+    st["embed_label"] = "token + position embedding" if pos and pos[0] == "learned" else "token embedding"
+
+
 def _structure_from_facts(f: ArchFacts) -> dict[str, Any]:
     raw = f.raw or {}
-    return {"parallel_block": f.parallel_block, "sandwich_norms": f.sandwich_norms, "pre_norms": f.pre_norms,
-            "gated_mlp": f.gated_mlp, "qk_norm": f.qk_norm, "moe_layers": list(f.moe_layers),
-            "attn_gate": bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
-            "n_streams": f.n_streams}
+    separate = f.model_type in _SEPARATE_PARALLEL_NORMS or (
+        f.model_type == "falcon" and bool(raw.get("new_decoder_architecture"))
+        and raw.get("num_ln_in_parallel_attn") in (None, 2))
+    st = {"parallel_block": f.parallel_block, "sandwich_norms": f.sandwich_norms, "pre_norms": f.pre_norms,
+          "gated_mlp": f.gated_mlp, "qk_norm": f.qk_norm, "moe_layers": list(f.moe_layers),
+          "attn_gate": bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
+          "n_streams": f.n_streams,
+          "parallel_norms": ("separate" if separate else "shared") if f.parallel_block and f.pre_norms else "none"}
+    _labels(f, st)
+    return st
 
 
 def _structure_from_binding(lm: Any) -> dict[str, Any]:
@@ -58,6 +114,14 @@ def _structure_from_binding(lm: Any) -> dict[str, Any]:
     st["gated_mlp"] = bool(st["gated_mlp"]) if st["gated_mlp"] is not None else False
     st["attn_gate"] = any(getattr(lb, "attn_gate", None) is not None for lb in lm.binding.layers)
     st["n_streams"] = lm.facts.n_streams
+    # measured: one norm module feeding both branches, or a norm per branch (both reading the layer input)
+    first = lm.binding.layers[0]
+    if st["parallel_block"] and first.input_norm is not None:
+        separate = first.pre_mlp_norm is not None and first.pre_mlp_norm is not first.input_norm
+        st["parallel_norms"] = "separate" if separate else "shared"
+    else:
+        st["parallel_norms"] = "none"
+    _labels(lm.facts, st)
     return st
 
 

@@ -99,7 +99,9 @@ class SteeringPanel(_base.Panel):
     steered = traitlets.List(traitlets.Unicode()).tag(sync=True)
     steered_ids = traitlets.List(traitlets.Int()).tag(sync=True)
     seq = traitlets.Int(0).tag(sync=True)
-    status = traitlets.Unicode("ready").tag(sync=True)  # ready | generating | vector (computing one) | error
+    # ready | no vector (nothing to steer with yet) | generating | vector (computing one) | error
+    status = traitlets.Unicode("ready").tag(sync=True)
+    has_vector = traitlets.Bool(False).tag(sync=True)  # the front end disables the knobs until there is one
     progress = traitlets.List(traitlets.Int(), [0, 0]).tag(sync=True)  # [prompts captured, of] while status == vector
 
     def __init__(self, session: Any, prompt: str, *, address: Any = None, vector: Any = None,
@@ -131,6 +133,7 @@ class SteeringPanel(_base.Panel):
             self._check_vector()
         elif positive is not None or negative is not None:
             self.set_contrast(list(positive or []), list(negative or []), regenerate=False)
+        self.has_vector = self._vector is not None
         self._set_ranges(cap_min, cap_max)
         self._generate_now()
 
@@ -206,6 +209,10 @@ class SteeringPanel(_base.Panel):
             kw["target"] = self.target
         return self._session.steer(self.address, self._vector, **kw)
 
+    def _idle_status(self) -> str:
+        # without a vector the steered text is the baseline: say so rather than "ready"
+        return "ready" if self._vector is not None else "no vector"
+
     @property
     def vector(self) -> torch.Tensor | None:
         return None if self._vector is None else self._vector.clone()
@@ -234,7 +241,7 @@ class SteeringPanel(_base.Panel):
             self.baseline_ids = list(b.ids)
             self.steered = [st.token for st in r.steps]
             self.steered_ids = list(r.ids)
-            self.status = "ready"
+            self.status = self._idle_status()
 
     async def _job(self, seq: int, spec: Any, baseline: bool, previous_prompt: str | None = None) -> None:
         s = self._session
@@ -256,7 +263,7 @@ class SteeringPanel(_base.Panel):
             with self.hold_sync():
                 self.steered, self.steered_ids = toks, ids
                 self.seq = seq
-                self.status = "ready"
+                self.status = self._idle_status()
                 self.error = ""
             self.send({"type": "done", "seq": seq})
         except asyncio.CancelledError:
@@ -304,6 +311,7 @@ class SteeringPanel(_base.Panel):
                     return
                 with self.hold_sync():
                     self._vector = vector
+                    self.has_vector = True
                     self.address = address
                     self.positive, self.negative = pos, neg
                     self.vector_source = f"difference of means at {address} ({len(pos)} vs {len(neg)} prompts)"
@@ -384,6 +392,7 @@ class SteeringPanel(_base.Panel):
             return torch.stack([self._session.capture(p, [a])[a][0].float().mean(0).cpu() for p in prompts]).mean(0)
 
         self._vector = mean(pos) - mean(neg)
+        self.has_vector = True
         self.positive, self.negative = pos, neg
         self.vector_source = f"difference of means at {a} ({len(pos)} vs {len(neg)} prompts)"
         if regenerate:
@@ -403,6 +412,9 @@ class SteeringPanel(_base.Panel):
         with self.hold_sync():
             for k, v in values.items():
                 setattr(self, k, v)
+        if self._vector is None:  # nothing to steer with: the knobs are kept, no generation is started
+            self.status = "no vector"
+            return
         self._start(seq)
 
     def on_address(self, seq: int, address: str) -> None:
@@ -442,7 +454,7 @@ class SteeringPanel(_base.Panel):
             if self._future is not None:
                 self._future.cancel()
             with self.hold_sync():
-                self.status = "ready"
+                self.status = self._idle_status()
                 self.progress = [0, 0]
 
     def close(self) -> None:
