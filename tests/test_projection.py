@@ -206,3 +206,14 @@ def test_bad_inputs_are_refused_naming_the_argument(case):
 def test_bad_case_table_is_fully_parametrized():
     lm = lm_for("llama")
     assert len(_bad_cases(lm.facts.d_model, lm.facts.d_mlp)) == 27
+
+
+def test_a_generation_argument_refused_inside_generate_leaves_no_hook():
+    """temperature is checked by generate itself, after project's hooks are placed: they come off again."""
+    lm = lm_for("llama")
+    D = torch.randn(2, lm.facts.d_model, generator=_g(10))
+    for bad, needle in ((dict(temperature=-1.0), "temperature"), (dict(stop=[123]), "stop")):
+        with pytest.raises(IELabError, match=needle):
+            ie_lab.project(lm, TEXT, "resid_post.1", D, max_new_tokens=3, **bad)
+        assert_clean(lm)
+    assert torch.equal(ie_lab.project(lm, TEXT, "resid_post.1", D).scores, _capture(lm, "resid_post.1") @ D.T)
