@@ -140,7 +140,8 @@ def make_encoder(d: int, directions: Any, *, bias: Any = None, activation: str |
             raise InputError(f"directions must be a [k, d] tensor of probe directions, a dict with 'W_enc', or a "
                              f".safetensors path; got {getattr(directions, 'shape', type(directions).__name__)}.")
         n = int(directions.shape[0])
-        W = _tensor("directions", directions, (n, d), f"k directions of width d = {d}, the point's width").T  # a view: x @ directions.T exactly
+        # kept a view (not made contiguous): the scores are x @ directions.T exactly, as a user writes it
+        W = _tensor("directions", directions, (n, d), f"k directions of width d = {d}, the point's width").T
         b = _tensor("bias", bias, (n,), "one per direction") if bias is not None else None
         if activation is None:
             activation = "none"

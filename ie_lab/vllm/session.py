@@ -779,7 +779,8 @@ class VLLMSession(Session):
             raise RuntimeError(f"ie_lab: the worker returned no scores for {addr}")
         pos, sc = unpack(got["positions"]), unpack(got["scores"]).float()
         if not torch.equal(pos[:n_read], torch.arange(n_read, dtype=pos.dtype)):
-            raise RuntimeError(f"ie_lab: the worker filed positions {pos.tolist()} for {addr}; expected 0..{n_read - 1}")
+            raise RuntimeError(f"ie_lab: the worker filed positions {pos.tolist()} for {addr}; expected "
+                               f"0..{n_read - 1}")
         sc = sc[:n_read]  # a position past what the model read is never filed; never hand out a wrong row
         read = torch.cat([ids[0].cpu(), torch.tensor(generated, dtype=ids.dtype)])[:n_read]
         tok = self._lm.tokenizer
