@@ -187,6 +187,7 @@ CELLS19 = [
     "sp = s.steering_panel('Mary went to the', max_new_tokens=4); sp",
     "sq = s.steering_panel('Mary went to the', positive=['happy good day', 'good morning'], "
     "negative=['sad bad night', 'bad evening'], scale=2.0, max_new_tokens=4); sq",
+    f"fig = s.attention({PROMPT41!r}, layers=[0]).plot(0, 0); fig",
 ]
 
 # Colours of text as the browser computed them, over the first opaque background behind each element.
@@ -398,3 +399,19 @@ def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
     finally:
         switch("JupyterLab Light", True)
     assert check("light again")["attention axis label"] == light["attention axis label"]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 19 item 7: the figure is built in ie_lab/eager/attention.py "
+                   "(AttentionResult.plot), outside the panels' files; fix it there and remove this mark")
+def test_attention_plot_has_square_cells_and_every_label(lab19):
+    srv, page = lab19
+    page.wait_for_selector(".js-plotly-plot .nsewdrag", timeout=30000)
+    geo = page.evaluate("""() => { const p = document.querySelector('.js-plotly-plot');
+        const area = p.querySelector('.nsewdrag').getBoundingClientRect();
+        const ticks = (ax) => [...p.querySelectorAll(`.${ax}tick text`)].filter((t) => t.textContent.trim());
+        const ys = ticks('y').map((t) => t.getBoundingClientRect()).sort((a, b) => a.top - b.top);
+        return { w: area.width, h: area.height, x: ticks('x').length, y: ys.length,
+                 overlap: ys.slice(1).some((b, i) => b.top < ys[i].bottom - 1) }; }""")
+    srv.shot(page.locator(".js-plotly-plot").first, "attention-plot-41.png")
+    assert abs(geo["w"] - geo["h"]) <= 0.05 * geo["w"], geo  # square cells for a square pattern
+    assert geo["x"] == 41 and geo["y"] == 41 and not geo["overlap"], geo
