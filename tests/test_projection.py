@@ -86,12 +86,16 @@ def test_topk_sae_keeps_k_features_per_token():
     lm = lm_for("qwen3")
     sae = _sae(lm.facts.d_model, 40, seed=5)
     x = _capture(lm, "mlp_out.1")
+    pre = (x - sae["b_dec"]) @ sae["W_enc"] + sae["b_enc"]
+    # shift so that about half the rows have a negative value among their top 3: the ReLU on the kept ones shows
+    sae["b_enc"] = sae["b_enc"] - pre.sort(dim=-1, descending=True).values[:, 2].median()
     p = ie_lab.project(lm, TEXT, "mlp_out.1", sae, activation="topk", k=3)
     pre = (x - sae["b_dec"]) @ sae["W_enc"] + sae["b_enc"]
     kth = pre.sort(dim=-1, descending=True).values[:, 2:3]  # each row's third largest
+    assert bool((kth < 0).any()) and bool((kth > 0).any())
     want = torch.where(pre >= kth, pre.clamp(min=0), torch.zeros_like(pre))
     assert torch.equal(p.scores, want)
-    assert int((p.scores != 0).sum(-1).max()) <= 3
+    assert int((p.scores != 0).sum(-1).max()) <= 3 and bool((p.scores != 0).any())
     assert_clean(lm)
 
 
