@@ -95,7 +95,27 @@ def demo_model_md() -> str:
     return "\n".join(lines)
 
 
-GENERATED = {"docs/POINTS.md": points_md, "docs/CAPABILITIES.md": capabilities_md}
+def families_md() -> str:
+    from . import coverage
+
+    return (
+        "# Families\n\n"
+        "Every model type in transformers' causal-LM mapping (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`), for each "
+        "transformers version surveyed: a tiny random instance is built from the family's own config class (hidden "
+        "64, 2 layers — one per layer kind on a hybrid —, 4 heads, vocabulary 512), loaded with `ie_lab.load`, and "
+        "either checked with the invariants (`resid_pre + attn_out_post = resid_mid`, `resid_mid + mlp_out_post = "
+        "resid_post` or the parallel sum, `attn_probs @ value = z`, `down_proj(mlp_act) = mlp_out`, `lm_head(final_norm) "
+        "= lm_head`, post-processed `lm_head` = the logits) or its refusal recorded. The code is `ie_lab/coverage.py`; "
+        "`python -m ie_lab.coverage --write` in an environment re-surveys its transformers into `ie_lab/coverage_data/`, "
+        "and `tests/test_families_coverage.py` re-runs the survey of the installed version and fails on any "
+        "difference. A bound family is served by the vLLM backend only where `quirks.VLLM_VERIFIED` lists it. How a "
+        "family is bound is in docs/BINDER.md.\n\n"
+        f"{_MARK.replace('ie_lab/points.py or ie_lab/capabilities.py', 'ie_lab/coverage.py and re-survey')}\n\n"
+        + coverage.markdown()
+    )
+
+
+GENERATED = {"docs/POINTS.md": points_md, "docs/CAPABILITIES.md": capabilities_md, "docs/FAMILIES.md": families_md}
 try:  # the card exists once the demo model is bundled
     from . import DEMO_MODEL as _DM
 

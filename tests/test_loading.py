@@ -227,8 +227,6 @@ _UNBOUND = {
                          intermediate_size=128, num_experts=2, num_experts_per_tok=1, attn_layer_period=2,
                          attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8,
                          mamba_dt_rank=8), "state-space"),
-    "XGLMConfig": (dict(d_model=64, num_layers=2, attention_heads=4, ffn_dim=128, max_position_embeddings=64),
-                   "head count"),
     "CodeGenConfig": (dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64, n_ctx=64), "fused QKV"),
 }
 

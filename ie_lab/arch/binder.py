@@ -232,6 +232,7 @@ class _Recorder:
         self.handles.append(m.register_forward_hook(post, with_kwargs=True))
 
     args: dict[int, Any]
+    kernel_outputs: dict[int, torch.Tensor]  # attention module id -> what transformers' attention kernel returned
 
     def __enter__(self) -> "_Recorder":
         self.args = {}
@@ -385,9 +386,11 @@ def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) ->
     gen = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, max(2, facts.vocab_size), (1, PROBE_LEN), generator=gen).to(device)
     seen: set[int] = set()
+    kernel_out = rec.kernel_outputs = {}
 
     def listener(module, call):
         seen.add(id(module))
+        kernel_out.setdefault(id(module), call.output.detach().clone())
 
     modes = [(m, m.training) for m in model.modules()]  # per module: model.train(flag) would flatten a mixed state
     model.eval()
@@ -412,7 +415,23 @@ def _measure(model: nn.Module, binding: Binding) -> None:
                   lb.gate_proj, lb.up_proj, lb.fused_gate_up, lb.down_proj, lb.router, lb.experts,
                   lb.v_proj, lb.fused_qkv, *_norm_children(lb.layer)):
             rec.watch(m)
-    seen = _probe(model, binding, rec)
+    last: dict[str, torch.Tensor] = {}  # the final norm's last output and the unembedding's input
+    handles = []
+    if binding.final_norm is not None:
+        handles.append(binding.final_norm.register_forward_hook(
+            lambda m, a, o: last.__setitem__("norm", first_tensor(o).detach().clone())))
+        handles.append(binding.lm_head.register_forward_pre_hook(
+            lambda m, a: last.__setitem__("head", first_tensor(a).detach().clone())))
+    try:
+        seen = _probe(model, binding, rec)
+    finally:
+        for h in handles:
+            h.remove()
+    if "norm" in last and "head" in last and not _same(last["norm"], last["head"]):
+        raise StructureError(
+            f"{binding.family}: the final norm's output is changed (rescaled) before the unembedding reads it, and "
+            "ie_lab does not bind that step yet, so final_norm and the logit lens would not be what the model used."
+        )
     legacy = []
     for lb in binding.layers:
         lb.uses_attention_interface = id(lb.attn) in seen
@@ -426,6 +445,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
         else:
             raise StructureError(f"{binding.family} layer {lb.index}: cannot find the value projection.")
     for lb in binding.layers:
+        if lb.uses_attention_interface:
+            _check_kernel_feeds_o_proj(lb, rec, binding.family)
         _classify_layer(lb, rec, binding.facts, binding.family)
     if legacy:
         # Fused QKV outside the attention interface: learn the value slice from a forward that returns probs.
@@ -446,6 +467,25 @@ def _measure(model: nn.Module, binding: Binding) -> None:
                     "value (its q/k/v layout is none of those ie_lab knows: contiguous, per head, grouped)."
                 )
             lb.fused_qkv_layout = layout
+
+
+def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str) -> None:
+    """z is read at the output projection's input: refuse a layer where that is not what the kernel returned.
+
+    Some families transform the attention output on its way to the projection (an output gate, a sub-norm, two
+    kernel calls combined); serving the projection's input as z would then hand back a tensor that
+    attn_probs @ value does not explain."""
+    out, z = rec.kernel_outputs.get(id(lb.attn)), rec.inp(lb.o_proj)
+    if out is None or z is None:
+        return
+    if out.dim() == 4:
+        out = out.reshape(*out.shape[:2], -1)  # [b, s, H, d] -> [b, s, H*d], the projection's input layout
+    if not _same(out, z):
+        raise StructureError(
+            f"{family} layer {lb.index}: the attention kernel's output is transformed before the output projection "
+            "(an output gate, a norm or a second kernel call sits between them), and ie_lab does not bind that step "
+            "yet, so z and the attention points would not be the tensors the model used."
+        )
 
 
 def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: str) -> None:

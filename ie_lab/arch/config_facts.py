@@ -61,6 +61,12 @@ def unbound_structure(config: Any) -> tuple[str, str] | None:
     (quirks.RECURRENT_BLOCKS). Lets load refuse before any weights are read."""
     d = _as_dict(config)
     mt = d.get("model_type", "unknown")
+    if d.get("is_encoder_decoder") or ("encoder_layers" in d and "decoder_layers" in d):
+        # XForCausalLM of an encoder-decoder family (BART, Marian, Whisper, ...) clears is_encoder_decoder on its
+        # config, but the config still sizes both stacks: the blocks are that family's decoder blocks.
+        return (f"{mt} is the decoder stack of an encoder-decoder family",
+                "its config sizes an encoder and a decoder (is_encoder_decoder, or encoder_layers and decoder_layers); "
+                "those decoder blocks carry cross-attention and are not bound.")
     if mt in quirks.RECURRENT_BLOCKS:
         return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[mt] + ", and recurrent blocks are not bound yet."
     ssm = next((k for k in _SSM_KEYS if d.get(k)), None)
@@ -139,7 +145,7 @@ class ArchFacts:
         mt = d.get("model_type", "unknown")
         d_model = _first(d, "hidden_size", "n_embd", "d_model", "dim")
         n_layers = _first(d, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
-        n_heads = _first(d, "num_attention_heads", "n_head", "num_heads", "n_heads")
+        n_heads = _first(d, "num_attention_heads", "n_head", "num_heads", "n_heads", "attention_heads")
         if d_model is None or n_layers is None or n_heads is None:
             found = unbound_structure(d)
             if found is not None:
@@ -159,6 +165,8 @@ class ArchFacts:
             n_kv = _first(d, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads)
         n_experts = _first(d, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
         d_mlp = _first(d, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+        if isinstance(d_mlp, (list, tuple)):  # per-layer MLP widths (Gemma 3n): the widest sizes memory
+            d_mlp = max(d_mlp)
         if d_mlp is None:
             d_mlp = 4 * d_model
         moe_d_mlp = _first(d, "moe_intermediate_size")

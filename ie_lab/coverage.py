@@ -1,0 +1,373 @@
+"""Which transformers families ie_lab binds: every model type in transformers' causal-LM mapping, tried.
+
+For each model type the survey builds a tiny random instance from the family's own config class (small
+hidden size, two layers, a few heads, a 512-token vocabulary; per-type overrides only where a config needs
+them), loads it with `ie_lab.load` and either runs the invariants (residual identities, probs x value = z,
+down projection of mlp_act = mlp_out, final norm + unembedding = logits) or records the refusal. The result
+is one JSON per transformers version (ie_lab/coverage_data/, written by `python -m ie_lab.coverage --write` in
+that version's environment) and the
+table in docs/FAMILIES.md (`python -m ie_lab.docs_gen`); tests/test_families_coverage.py checks both for drift.
+
+A load that fails with anything but an IELabError is recorded as a defect: every family ie_lab does not bind
+must be refused with a reason that names the missing structure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+# The sizes every tiny instance gets, by config key (a key is set only where the family's config has it).
+_HIDDEN = 64
+_SMALL: dict[str, int] = {
+    # widths
+    "hidden_size": _HIDDEN, "n_embd": _HIDDEN, "d_model": _HIDDEN, "dim": _HIDDEN, "embed_dim": _HIDDEN,
+    "word_embed_proj_dim": _HIDDEN, "embedding_size": _HIDDEN,
+    # depth
+    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2,
+    "encoder_layers": 2,
+    # heads
+    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4, "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4, "attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "attention_head_dim": 16, "kv_channels": 16, "attention_head_size": 16, "d_head": 16,
+    "dim_head": 16,
+    # MLPs and experts
+    "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "ffn_hidden_size": 128, "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128, "dim_ff": 128, "d_inner": 128, "intermediate_size_mlp": 128,
+    "dense_intermediate_size": 128,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "expert_ffn_hidden_size": 32,
+    "moe_shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
+    "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2,
+    # latent attention
+    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "qk_head_dim": 16, "o_lora_rank": 16,
+    # linear attention / state space
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "mamba_d_state": 8, "ssm_state_size": 8, "state_size": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
+    "mamba_num_heads": 8, "mamba_head_dim": 16, "mamba_headdim": 16, "time_step_rank": 8, "mamba_dt_rank": 8,
+    "linear_head_dim": 16, "linear_num_heads": 4,
+    # vocabulary and context
+    "vocab_size": 512, "max_position_embeddings": 512, "n_positions": 512, "n_ctx": 512,
+    "vocab_size_per_layer_input": 512, "hidden_size_per_layer_input": 16, "emb_dim": _HIDDEN,
+    "pronunciation_embed_dim": 16, "shape_embed_dim": 16,
+}
+# A multimodal wrapper's towers are shrunk too: only the text trunk is bound, but all of it is built.
+_SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "encoder_config", "decoder_config")
+_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+# Per model type: the keys its config needs beyond _SMALL to build a small, consistent instance.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "mamba2": {"num_heads": 8, "n_groups": 1},  # num_heads x head_dim must be expand x hidden
+    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_groups": 1},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},  # one (global, local) pair = 2 layers
+    "zaya": {"num_experts_per_tok": 1},  # its config accepts top-1 routing only
+    "gemma3n_text": {"num_kv_shared_layers": 0},  # KV sharing needs more layers than the tiny instance has
+    "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0},
+             "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}},
+}
+
+VOCAB = 512
+
+
+def causal_lm_types() -> dict[str, str]:
+    """model_type -> causal-LM class name, exactly transformers' auto mapping."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+# Keys a config may leave None to derive from others ("head_dim = hidden // heads"): set them explicitly, since
+# the derivation can need keys this small config does not shrink.
+_DERIVED_WHEN_NONE = ("head_dim", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
+                      "num_experts_per_tok")
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def _small_kwargs(defaults: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in _SMALL.items():
+        d = defaults.get(k, 0) if k in defaults else 0
+        if (isinstance(d, int) and not isinstance(d, bool) and k in defaults) or (d is None and k in _DERIVED_WHEN_NONE):
+            out[k] = v
+        elif isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            out[k] = v  # a per-layer list (Gemma 3n's intermediate sizes): one value for every layer
+    kinds = defaults.get("layer_types")
+    if isinstance(kinds, list) and kinds and all(isinstance(t, str) for t in kinds):
+        # One layer of each kind the family mixes, in the order it first uses them (a hybrid keeps both kinds).
+        distinct = list(dict.fromkeys(kinds))
+        distinct = distinct * 2 if len(distinct) == 1 else distinct
+        out["layer_types"] = distinct
+        for k in _LAYER_COUNT_KEYS:
+            if k in out:
+                out[k] = len(distinct)
+    for k, v in _TOKEN_IDS.items():
+        if k in defaults:
+            out[k] = v
+    if defaults.get("num_key_value_heads") or defaults.get("num_kv_heads"):
+        key = "num_key_value_heads" if "num_key_value_heads" in defaults else "num_kv_heads"
+        out[key] = 1 if defaults[key] == 1 else 2  # keep multi-query families multi-query, else GQA
+    return out
+
+
+def tiny_config(model_type: str):
+    """The family's own config class with small sizes (a multimodal wrapper's text config too)."""
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            defaults = cls().to_dict()
+        except Exception:
+            defaults = {}
+        kwargs = _small_kwargs(defaults)
+        for sub in _SUB_CONFIGS:
+            if isinstance(defaults.get(sub), dict):
+                kwargs[sub] = {**defaults[sub], **_small_kwargs(defaults[sub])}
+                kwargs[sub].pop("per_layer_config", None)  # keyed by the full model's layer indices
+        kwargs.update(OVERRIDES.get(model_type, {}))
+        return cls(**kwargs)
+
+
+# A tiny instance larger than this means the generic sizes missed one of the family's size keys.
+MAX_PARAMS = 6_000_000
+
+
+def build_tiny(model_type: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(model_type)
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    if n > MAX_PARAMS:
+        raise ValueError(f"the small config still has {n:,} parameters (a size key _SMALL does not know)")
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def _tokenizer():
+    from .toy import tokenizer
+
+    return tokenizer()
+
+
+def check_invariants(lm) -> None:
+    """The identities a wrong-but-plausible tensor cannot satisfy (tests/test_invariants.py, on one instance).
+
+    Raises AssertionError naming the first identity that fails."""
+    import torch
+
+    from . import capture
+    from .errors import IELabError
+    from .ops.lens import postprocess_logits
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(4, min(VOCAB, lm.facts.vocab_size), (2, 9), generator=g)
+    f = lm.facts
+    tol = dict(atol=2e-4, rtol=1e-4)
+    for lb in lm.binding.layers:
+        L = lb.index
+        names = ["resid_pre", "attn_out_post", "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
+        c = capture(lm, x, [f"{n}.{L}" for n in names])
+        if lb.parallel:
+            torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"] + c[f"mlp_out_post.{L}"],
+                                       c[f"resid_post.{L}"], **tol, msg=lambda m: f"parallel residual sum, layer {L}")
+        else:
+            torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"], c[f"resid_mid.{L}"], **tol,
+                                       msg=lambda m: f"resid_pre + attn_out_post = resid_mid, layer {L}")
+            torch.testing.assert_close(c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"], c[f"resid_post.{L}"], **tol,
+                                       msg=lambda m: f"resid_mid + mlp_out_post = resid_post, layer {L}")
+        if not lb.sparse_moe:
+            c = capture(lm, x, [f"mlp_act.{L}", f"mlp_out.{L}"])
+            with torch.no_grad():
+                torch.testing.assert_close(lb.down_proj(c[f"mlp_act.{L}"]), c[f"mlp_out.{L}"], **tol,
+                                           msg=lambda m: f"down_proj(mlp_act) = mlp_out, layer {L}")
+        if lb.uses_attention_interface:
+            c = capture(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}"])
+            probs, value = c[f"attn_probs.{L}"], c[f"value.{L}"]
+            b, s, _ = value.shape
+            d_v = c[f"z.{L}"].shape[-1] // f.n_heads  # latent attention: the value head is not the query head
+            v = value.reshape(b, s, -1, d_v).transpose(1, 2)
+            v = v.repeat_interleave(f.n_heads // v.shape[1], dim=1)
+            z = (probs @ v).transpose(1, 2).reshape(b, s, f.n_heads * d_v)
+            torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=lambda m: f"attn_probs @ value = z, layer {L}")
+            assert torch.all(probs.triu(1) == 0), f"attention is not causal at layer {L}"
+    try:
+        c = capture(lm, x, ["final_norm", "lm_head"])
+    except IELabError:  # no final norm, or one module the trunk runs twice: refused, the unembedding still checks
+        c = capture(lm, x, ["lm_head"])
+    with torch.no_grad():
+        if "final_norm" in c:
+            torch.testing.assert_close(lm.binding.lm_head(c["final_norm"]), c["lm_head"], **tol,
+                                       msg=lambda m: "lm_head(final_norm) = lm_head")
+        logits = lm.hf(input_ids=x).logits
+    torch.testing.assert_close(postprocess_logits(f, c["lm_head"]), logits, **tol,
+                               msg=lambda m: "post-processed lm_head = the model's logits")
+
+
+def classify(model_type: str) -> dict[str, Any]:
+    """One row of the table: how ie_lab answers a tiny instance of this model type."""
+    import ie_lab
+
+    from .arch import quirks
+    from .errors import IELabError
+
+    row: dict[str, Any] = {"model_type": model_type}
+    try:
+        model = build_tiny(model_type)
+    except Exception as e:  # noqa: BLE001 - any failure to build is recorded, not raised
+        row.update(status="untested", reason=f"no tiny instance: {type(e).__name__}: {_first_line(e)}")
+        return row
+    try:
+        lm = ie_lab.load(model, _tokenizer(), quiet=True)
+    except IELabError as e:
+        row.update(status="refused", error=type(e).__name__, reason=_first_line(e))
+        return row
+    except Exception as e:  # noqa: BLE001 - a crash of another class is the defect this table exposes
+        row.update(status="defect", error=type(e).__name__, reason=f"load crashed: {_first_line(e)}")
+        return row
+    try:
+        check_invariants(lm)
+    except Exception as e:  # noqa: BLE001
+        row.update(status="defect", error=type(e).__name__, reason=f"bound, but an invariant fails: {_first_line(e)}")
+        return row
+    row.update(status="bound", vllm=model_type in quirks.VLLM_VERIFIED)
+    return row
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+# How a refusal is filed in the table, first match wins: (category, words its reason contains).
+_CATEGORIES = (
+    ("encoder-decoder", ("encoder-decoder",)),
+    ("state-space / recurrent / hybrid", ("state-space", "recurrent", "linear-attention", "mamba", " conv")),
+    ("attention output transformed before o_proj", ("transformed before the output projection",)),
+    ("a fact under no spelling ie_lab reads", ("under any spelling ie_lab reads",)),
+    ("encoder-style block (no attention output projection)", ("attention has no output projection",)),
+    ("no attention module", ("no attention module",)),
+    ("residual identities fail", ("residual identities",)),
+    ("probe forward failed", ("probe forward failed",)),
+)
+
+
+def category(row: dict[str, Any]) -> str:
+    if row["status"] == "bound":
+        return "bound, eager and vLLM" if row.get("vllm") else "bound, eager"
+    if row["status"] != "refused":
+        return row["status"]
+    for name, words in _CATEGORIES:
+        if any(w in row["reason"] for w in words):
+            return name
+    return "other structure"
+
+
+def survey(types: list[str] | None = None) -> dict[str, Any]:
+    import transformers
+
+    types = sorted(types or causal_lm_types())
+    rows = [classify(mt) for mt in types]
+    for r in rows:
+        r["category"] = category(r)
+    return {"transformers": transformers.__version__, "rows": rows}
+
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "coverage_data")
+
+
+def data_path(version: str) -> str:
+    return os.path.join(DATA_DIR, f"transformers-{'.'.join(version.split('.')[:2])}.json")
+
+
+def installed_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
+def load_surveys() -> list[dict[str, Any]]:
+    """Every committed survey, oldest transformers first."""
+    out = []
+    for name in sorted(os.listdir(DATA_DIR)) if os.path.isdir(DATA_DIR) else ():
+        if name.endswith(".json"):
+            with open(os.path.join(DATA_DIR, name), encoding="utf-8") as f:
+                out.append(json.load(f))
+    return sorted(out, key=lambda s: tuple(int(p) for p in s["transformers"].split(".")[:2]))
+
+
+def write_survey() -> str:
+    data = survey()
+    os.makedirs(DATA_DIR, exist_ok=True)
+    path = data_path(data["transformers"])
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return path
+
+
+_CELL = {"bound, eager and vLLM": "✅ vLLM too", "bound, eager": "✅", "defect": "🐞", "untested": "❔"}
+
+
+def markdown(surveys: list[dict[str, Any]] | None = None) -> str:
+    """docs/FAMILIES.md body: counts per version, then one row per model type with one column per version."""
+    surveys = load_surveys() if surveys is None else surveys
+    versions = [s["transformers"] for s in surveys]
+    by = [{r["model_type"]: r for r in s["rows"]} for s in surveys]
+    lines = ["## Counts", "", "| | " + " | ".join(f"transformers {v}" for v in versions) + " |",
+             "| --- |" + " --- |" * len(versions)]
+    cats: list[str] = []
+    for s in surveys:
+        for r in s["rows"]:
+            if r["category"] not in cats:
+                cats.append(r["category"])
+    order = ["bound, eager and vLLM", "bound, eager"]
+    cats = order + sorted(c for c in cats if c not in order)
+    lines.append("| model types in the causal-LM mapping | " + " | ".join(str(len(s["rows"])) for s in surveys) + " |")
+    lines.append("| **bound (all invariants pass)** | " + " | ".join(
+        f"**{sum(r['status'] == 'bound' for r in s['rows'])}**" for s in surveys) + " |")
+    for c in cats:
+        lines.append(f"| {c} | " + " | ".join(str(sum(r['category'] == c for r in s['rows'])) for s in surveys) + " |")
+    lines += ["", "## Every model type", "",
+              "✅ bound on eager with every invariant passing (vLLM too: served by the vLLM backend as well); "
+              "⛔ refused by `ie_lab.load` with an `IELabError` (its category, then the refusal); 🐞 a defect: the "
+              "load crashed with another exception class, or it bound and an invariant fails; ❔ no tiny instance "
+              "could be built from the config class (the reason is the construction error); — not in that "
+              "version's mapping.", "",
+              "| model type | " + " | ".join(versions) + " | reason (newest version that refuses it) |",
+              "| --- |" + " --- |" * len(versions) + " --- |"]
+    types = sorted({mt for b in by for mt in b})
+    for mt in types:
+        cells, reason = [], ""
+        for b in by:
+            r = b.get(mt)
+            if r is None:
+                cells.append("—")
+                continue
+            cells.append(_CELL.get(r["category"], f"⛔ {r['category']}"))
+            if r["status"] != "bound":
+                reason = r.get("reason", "").split(" Instead:")[0].replace("|", "\\|")
+        lines.append(f"| `{mt}` | " + " | ".join(cells) + f" | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import time
+
+    if sys.argv[1:] == ["--write"]:
+        print("wrote", write_survey())
+        sys.exit(0)
+    for mt in sys.argv[1:] or sorted(causal_lm_types()):
+        t = time.time()
+        r = classify(mt)
+        print(f"{time.time() - t:5.2f}s", json.dumps(r), flush=True)

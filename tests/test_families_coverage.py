@@ -1,0 +1,111 @@
+"""The family coverage table (docs/FAMILIES.md): every causal-LM model type transformers maps, surveyed.
+
+The survey of the installed transformers is re-run here (a tiny instance per model type, ~30 s on one core) and
+must equal the committed JSON; the other versions' JSONs are checked for shape only (their environment is not
+this one)."""
+
+import json
+
+import pytest
+import torch
+
+import ie_lab
+from ie_lab import coverage
+from ie_lab.errors import IELabError
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    torch.set_num_threads(1)
+    return coverage.survey()
+
+
+def _committed(version):
+    path = coverage.data_path(version)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.mark.slow
+def test_survey_of_the_installed_transformers_matches_the_committed_table(fresh):
+    committed = _committed(fresh["transformers"])
+    want = {r["model_type"]: r for r in committed["rows"]}
+    got = {r["model_type"]: r for r in fresh["rows"]}
+    assert sorted(got) == sorted(want), "the causal-LM mapping changed: run `python -m ie_lab.coverage --write`"
+    changed = {mt: (want[mt], got[mt]) for mt in got if got[mt] != want[mt]}
+    assert not changed, f"re-run `python -m ie_lab.coverage --write` and `python -m ie_lab.docs_gen`: {changed}"
+
+
+def test_every_model_type_in_the_mapping_has_a_row():
+    rows = {r["model_type"] for r in _committed(coverage.installed_version())["rows"]}
+    assert rows == set(coverage.causal_lm_types())
+    text = open("docs/FAMILIES.md", encoding="utf-8").read()
+    for mt in coverage.causal_lm_types():
+        assert f"| `{mt}` |" in text
+
+
+@pytest.mark.slow
+def test_no_load_crashes_outside_ielaberror(fresh):
+    """Item 2 of issue 20: a family ie_lab does not bind is refused with an IELabError, never another crash."""
+    crashed = {r["model_type"]: r["reason"] for r in fresh["rows"]
+               if r["status"] == "defect" and r["reason"].startswith("load crashed")}
+    assert not crashed
+
+
+def test_surveys_cover_two_versions_and_every_row_is_classified():
+    surveys = coverage.load_surveys()
+    assert len(surveys) >= 2, "the pinned and the newest transformers are both surveyed"
+    for s in surveys:
+        for r in s["rows"]:
+            assert r["status"] in ("bound", "refused", "defect", "untested"), r
+            assert r["category"] == coverage.category(r)
+            if r["status"] != "bound":
+                assert r["reason"], r
+
+
+def test_invariants_check_fails_on_a_wrong_binding():
+    """The survey's invariant check is discriminating: a binding whose z is read one module too early fails it."""
+    lm = ie_lab.load(coverage.build_tiny("llama"), coverage._tokenizer(), quiet=True)
+    coverage.check_invariants(lm)  # the honest binding passes
+    lb = lm.binding.layers[0]
+    real = lb.o_proj
+    # q_proj of the same layer: its input and output have z's and attn_out's shapes (hidden 64 = 4 heads x 16), so
+    # only the values can tell it from the output projection
+    lb.o_proj = lb.attn.q_proj
+    try:
+        with pytest.raises(AssertionError):
+            coverage.check_invariants(lm)
+    finally:
+        lb.o_proj = real
+
+
+@pytest.mark.parametrize("model_type", ["afmoe", "diffllama", "laguna"])
+def test_attention_output_transformed_before_o_proj_is_refused(model_type):
+    """These families change the kernel's output (gate, sub-norm, two kernel calls) before o_proj: the binder used
+    to serve o_proj's input as z, which attn_probs @ value does not explain; now it refuses, naming the step."""
+    with pytest.raises(ie_lab.StructureError, match="transformed before the output projection"):
+        ie_lab.load(coverage.build_tiny(model_type), coverage._tokenizer(), quiet=True)
+
+
+def test_rescaled_final_norm_is_refused():
+    """MiniCPM 3 scales the final norm's output before the unembedding: final_norm would not be what lm_head read."""
+    with pytest.raises(ie_lab.StructureError, match="final norm's output is changed"):
+        ie_lab.load(coverage.build_tiny("minicpm3"), coverage._tokenizer(), quiet=True)
+
+
+@pytest.mark.parametrize("model_type", ["bart", "whisper", "marian"])
+def test_encoder_decoder_decoders_are_refused_by_config(model_type):
+    with pytest.raises(ie_lab.ArchitectureUnsupported, match="encoder-decoder"):
+        ie_lab.load(coverage.build_tiny(model_type), coverage._tokenizer(), quiet=True)
+
+
+def test_xglm_binds():
+    """XGLM states its head count as attention_heads: it crashed on load with a plain ValueError."""
+    lm = ie_lab.load(coverage.build_tiny("xglm"), coverage._tokenizer(), quiet=True)
+    coverage.check_invariants(lm)
+
+
+def test_per_layer_mlp_widths_are_refused_with_ielaberror_not_a_typeerror():
+    """Gemma 3n lists one MLP width per layer: reading it crashed load with a TypeError."""
+    with pytest.raises(IELabError):
+        ie_lab.load(coverage.build_tiny("gemma3n_text"), coverage._tokenizer(), quiet=True)
