@@ -188,6 +188,8 @@ CELLS19 = [
     "sq = s.steering_panel('Mary went to the', positive=['happy good day', 'good morning'], "
     "negative=['sad bad night', 'bad evening'], scale=2.0, max_new_tokens=4); sq",
     f"fig = s.attention({PROMPT41!r}, layers=[0]).plot(0, 0); fig",
+    "a10 = s.show_attention('Mary went to the store with John and Bob today'); a10",
+    f"a200 = s.show_attention({' . '.join([PROMPT41] * 5)!r}); a200",
 ]
 
 # Colours of text as the browser computed them, over the first opaque background behind each element.
@@ -345,7 +347,7 @@ def test_typed_contrast_lists_survive_a_slider_move_and_a_layer_change(lab19):
 
 def test_attention_pattern_has_square_cells_and_every_label_readable(lab19):
     srv, page = lab19
-    view = page.locator(".iel-attn")
+    view = page.locator(".iel-attn").nth(0)
     n = _kernel(srv, page, "len(a.tokens)")
     assert n == 41
     canvas = view.locator("canvas.iel-pattern").bounding_box()
@@ -362,6 +364,28 @@ def test_attention_pattern_has_square_cells_and_every_label_readable(lab19):
     # sized to the prompt and the width: the pattern uses a good part of the panel, not a 240 px corner
     assert canvas["width"] >= 0.5 * geo["panel"], (canvas, geo)
     srv.shot(view, "attention-41-tokens.png")
+
+
+def test_attention_viewer_sizes_to_10_and_200_tokens(lab19):
+    srv, page = lab19
+    assert _kernel(srv, page, "[len(a10.tokens), len(a200.tokens) >= 200]") == [10, True]
+    sizes = page.evaluate("""() => [...document.querySelectorAll('.iel-attn')].map((v) => {
+        const c = v.querySelector('canvas.iel-pattern').getBoundingClientRect();
+        return { n: v.querySelector('.iel-tokens').children.length, w: c.width, h: c.height,
+                 labels: v.querySelectorAll('.iel-axes text').length, panel: v.getBoundingClientRect().width,
+                 cell: parseFloat(v.style.getPropertyValue('--iel-cell')) }; })""")
+    short, long = sizes[1], sizes[2]
+    # 10 tokens: large labelled cells, not blown up to the whole width
+    assert short["n"] == 10 and short["labels"] == 20 and 20 <= short["cell"] <= 28, short
+    # 200 tokens: every cell on screen inside the panel, labels moved to the read-out
+    assert long["cell"] >= 2 and long["w"] <= long["panel"] and long["w"] >= 0.6 * long["panel"], long
+    assert abs(long["w"] - long["h"]) < 1
+    view = page.locator(".iel-attn").nth(2)
+    canvas = view.locator("canvas.iel-pattern")
+    box = canvas.bounding_box()
+    canvas.hover(position={"x": box["width"] * 0.9, "y": box["height"] * 0.95})
+    assert "query" in view.locator(".iel-readout").inner_text() and "key" in view.locator(".iel-readout").inner_text()
+    srv.shot(view, "attention-200-tokens.png")
 
 
 def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
