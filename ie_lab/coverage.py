@@ -41,10 +41,12 @@ _SMALL: dict[str, int] = {
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "expert_ffn_hidden_size": 32,
     "moe_shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
     "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
-    "num_experts_per_tok": 2,
+    "num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_k": 2, "n_group": 1, "topk_group": 1,
+    "num_expert_group": 1, "first_k_dense_replace": 1, "moe_layer_start_index": 1,  # layer 0 dense, layer 1 MoE
     # latent attention
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    "qk_head_dim": 16, "o_lora_rank": 16,
+    "qk_head_dim": 16, "o_lora_rank": 16, "rotary_dim": 8, "index_head_dim": 16, "index_n_heads": 4,
+    "index_topk": 4,
     # linear attention / state space
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
     "mamba_d_state": 8, "ssm_state_size": 8, "state_size": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
@@ -95,6 +97,8 @@ def _small_kwargs(defaults: dict[str, Any]) -> dict[str, Any]:
             out[k] = v
         elif isinstance(d, list) and d and all(isinstance(x, int) for x in d):
             out[k] = v  # a per-layer list (Gemma 3n's intermediate sizes): one value for every layer
+    if isinstance(defaults.get("qk_rope_head_dim"), int) and "head_dim" in out:
+        out["head_dim"] = out["qk_rope_head_dim"]  # latent attention: head_dim is the rotary part's width
     kinds = defaults.get("layer_types")
     if isinstance(kinds, list) and kinds and all(isinstance(t, str) for t in kinds):
         # One layer of each kind the family mixes, in the order it first uses them (a hybrid keeps both kinds).
@@ -151,6 +155,14 @@ def build_tiny(model_type: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Norm gains left at 1 and biases at 0 would let a binder confuse a norm's input with its output, or miss a
+    # bias: draw every 1-D parameter at random (gains away from 1, biases away from 0).
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and p.is_floating_point():
+                r = torch.rand(p.shape, generator=gen)
+                p.copy_(0.5 + r if name.endswith("weight") else 0.1 * (2 * r - 1))
     return model.eval()
 
 
@@ -241,6 +253,11 @@ def classify(model_type: str) -> dict[str, Any]:
         row.update(status="defect", error=type(e).__name__, reason=f"bound, but an invariant fails: {_first_line(e)}")
         return row
     row.update(status="bound", vllm=model_type in quirks.VLLM_VERIFIED)
+    in_module = sorted({lb.index for lb in lm.binding.layers if not lb.uses_attention_interface})
+    if in_module and "linear" in lm.facts.layer_kinds:
+        # A linear-attention mixer with q/k/v/o projections binds like an attention computed inside its module:
+        # its residual, MLP and projection points are real, its attention matrices are refused.
+        row["note"] = "linear-attention layers bound as mixers: attention matrices refused there"
     return row
 
 
@@ -258,6 +275,7 @@ _CATEGORIES = (
     ("encoder-style block (no attention output projection)", ("attention has no output projection",)),
     ("no attention module", ("no attention module",)),
     ("residual identities fail", ("residual identities",)),
+    ("final norm rescaled before lm_head", ("final norm's output is changed",)),
     ("probe forward failed", ("probe forward failed",)),
 )
 
@@ -343,7 +361,7 @@ def markdown(surveys: list[dict[str, Any]] | None = None) -> str:
               "⛔ refused by `ie_lab.load` with an `IELabError` (its category, then the refusal); 🐞 a defect: the "
               "load crashed with another exception class, or it bound and an invariant fails; ❔ no tiny instance "
               "could be built from the config class (the reason is the construction error); — not in that "
-              "version's mapping.", "",
+              "version's mapping; * a note (the reason column says it).", "",
               "| model type | " + " | ".join(versions) + " | reason (newest version that refuses it) |",
               "| --- |" + " --- |" * len(versions) + " --- |"]
     types = sorted({mt for b in by for mt in b})
@@ -354,9 +372,11 @@ def markdown(surveys: list[dict[str, Any]] | None = None) -> str:
             if r is None:
                 cells.append("—")
                 continue
-            cells.append(_CELL.get(r["category"], f"⛔ {r['category']}"))
+            cells.append(_CELL.get(r["category"], f"⛔ {r['category']}") + (" *" if r.get("note") else ""))
             if r["status"] != "bound":
                 reason = r.get("reason", "").split(" Instead:")[0].replace("|", "\\|")
+            elif r.get("note"):
+                reason = r["note"]
         lines.append(f"| `{mt}` | " + " | ".join(cells) + f" | {reason} |")
     return "\n".join(lines) + "\n"
 
