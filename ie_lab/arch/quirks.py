@@ -25,6 +25,17 @@ NORM_PLACEMENT = {
     "exaone4": "post",
 }
 
+# How a family encodes positions when its config does not say (the cheat sheet's labels; a config's own keys, such
+# as Falcon's alibi or SmolLM3's no_rope_layers, are read where present): learned absolute position embeddings
+# added to the token embedding, or ALiBi's per-head bias on the scores. Every other family applies RoPE to q and k.
+LEARNED_POSITIONS = frozenset({"gpt2", "opt", "gpt_bigcode", "gpt_neo", "biogpt"})
+ALIBI_POSITIONS = frozenset({"bloom", "mpt"})
+
+# Parallel blocks with one norm per branch, both reading the layer input (GPT-NeoX's input_layernorm and
+# post_attention_layernorm; Falcon's new_decoder_architecture says so in its config). Other parallel blocks
+# (GPT-J, Phi, Cohere, Falcon-7B) share one input norm.
+SEPARATE_PARALLEL_NORMS = frozenset({"gpt_neox"})
+
 # Families whose MLP is up -> act -> down with no gate branch.
 UNGATED_MLP = frozenset(
     {"gpt2", "gpt_neox", "gptj", "bloom", "opt", "falcon", "phi", "starcoder2", "gpt_bigcode", "codegen",

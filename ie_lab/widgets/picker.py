@@ -16,6 +16,7 @@ import traitlets
 
 from .. import points as _points
 from ..address import Address
+from ..arch import quirks
 from ..arch.config_facts import ArchFacts
 from ..errors import AddressError, IELabError
 from ..points import Scope, Width
@@ -44,23 +45,13 @@ def _template(name: str, layer: int | None) -> str:
     return re.sub(rf"(?<=\.){layer}(?=\.|$)|(?<=\[){layer}(?=\])", "{L}", name)
 
 
-# How a family encodes positions when its config does not say (config keys below override): learned absolute
-# position embeddings added to the token embedding, or ALiBi's per-head linear bias on the scores. Every other
-# family in ie_lab applies rotary embeddings to q and k.
-_LEARNED_POSITIONS = frozenset({"gpt2", "opt", "gpt_bigcode", "gpt_neo", "biogpt"})
-_ALIBI = frozenset({"bloom", "mpt"})
-# Parallel blocks with one norm per branch (GPT-NeoX's input_layernorm + post_attention_layernorm, both reading
-# the layer input); other parallel blocks (GPT-J, Phi, Cohere, Falcon-7B) share one input norm.
-_SEPARATE_PARALLEL_NORMS = frozenset({"gpt_neox"})
-
-
 def _positions(f: ArchFacts) -> list[str]:
     """Per layer: "learned", "alibi", "none" (a NoPE layer) or "rope" / "rope:<rotary dims>" (partial)."""
     raw = f.raw or {}
     mt = f.model_type
-    if mt in _LEARNED_POSITIONS:
+    if mt in quirks.LEARNED_POSITIONS:
         return ["learned"] * f.n_layers
-    if mt in _ALIBI or (mt == "falcon" and raw.get("alibi")):
+    if mt in quirks.ALIBI_POSITIONS or (mt == "falcon" and raw.get("alibi")):
         return ["alibi"] * f.n_layers
     rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
     frac = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
@@ -96,7 +87,7 @@ def _labels(f: ArchFacts, st: dict[str, Any]) -> None:
 
 def _structure_from_facts(f: ArchFacts) -> dict[str, Any]:
     raw = f.raw or {}
-    separate = f.model_type in _SEPARATE_PARALLEL_NORMS or (
+    separate = f.model_type in quirks.SEPARATE_PARALLEL_NORMS or (
         f.model_type == "falcon" and bool(raw.get("new_decoder_architecture"))
         and raw.get("num_ln_in_parallel_attn") in (None, 2))
     st = {"parallel_block": f.parallel_block, "sandwich_norms": f.sandwich_norms, "pre_norms": f.pre_norms,
