@@ -879,6 +879,12 @@ class Session:
         self._check_open()
         if not isinstance(print_tokens, bool):
             raise InputError(f"print_tokens must be True or False, got {print_tokens!r}.")
+        if print_tokens and self.backend == "eager":
+            from .eager.inputs import prepare_prompts
+
+            if prepare_prompts(self._lm, prompt, rows=True) is not None:
+                raise InputError("print_tokens=True prints one prompt's stream; for a list of prompts, loop over "
+                                 "s.generate_stream(prompts) and print step.token by step.prompt_index.")
         if not print_tokens:
             from .eager.generate import generate
 

@@ -34,14 +34,17 @@ class Opaque:
 
 OPAQUE = Opaque()
 
+RAGGED = [[5, 6], [7]]  # a list of two prompts for capture and generate; one ragged batch for the rest
 # Bad values for an argument that takes a prompt (text, token ids or a conversation).
 BAD_PROMPTS = [
     None, OPAQUE, 5, NAN, "", "   ", [], [[]], [[[]]], [""], ["a", ""], [None], [1.5], [-1], [512], [10**12], [2**70],
-    ["the", 3], [[5, 6], [7]], {"ids": 1}, b"the cat", "the " * 300, torch.tensor([[1.0, 2.0]]),
+    ["the", 3], RAGGED, {"ids": 1}, b"the cat", "the " * 300, torch.tensor([[1.0, 2.0]]),
     torch.zeros(1, 0, dtype=torch.long), torch.zeros(2, 3, 4, dtype=torch.long), torch.tensor([[5, 600]]),
     torch.tensor([True, False]), np.array([1.5, 2.5]), [{"role": "user"}], [{"role": "user", "content": 3}],
     [{"role": "user", "content": "hi"}],  # a conversation, but this tokenizer has no chat template
 ]
+# Operations that take a list of prompts (capture, generate): the ragged list is fine, a bad item is not.
+BAD_PROMPT_LISTS = [b for b in BAD_PROMPTS if b is not RAGGED] + [[[5, 6], "the"], [[5, 6], [7, 600]], [[5], {"a": 1}]]
 PROMPT_WORDS = ("text", "token", "prompt", "input", "conversation", "message", "chat", "context", "batch", "empty",
                 "vocabulary")
 
@@ -81,7 +84,8 @@ def _cases():
     """(operation, argument, call(lm, bad), bad values, words one of which the message must contain)."""
     v = _vector()
     cap = lambda lm: ie_lab.capture(lm, PROMPT, ["resid_post.0"])  # noqa: E731
-    yield "capture", "tokens_or_text", lambda lm, x: ie_lab.capture(lm, x, ["resid_post.0"]), BAD_PROMPTS, PROMPT_WORDS
+    yield "capture", "tokens_or_text", lambda lm, x: ie_lab.capture(lm, x, ["resid_post.0"]), BAD_PROMPT_LISTS, \
+        PROMPT_WORDS
     yield "capture", "addresses", lambda lm, x: ie_lab.capture(lm, PROMPT, x), BAD_ADDRESSES, ADDRESS_WORDS
     yield "capture", "grad", lambda lm, x: ie_lab.capture(lm, PROMPT, ["resid_post.0"], grad=x), BAD_FLAGS, ("grad",)
     yield "capture", "model", lambda lm, x: ie_lab.capture(x, PROMPT, ["resid_post.0"]), [None, OPAQUE, "llama", 3], \
@@ -94,7 +98,7 @@ def _cases():
         return next(iter(ie_lab.generate_stream(lm, kw.pop("prompt", PROMPT), kw.pop("max_new_tokens", 2), **kw)))
 
     for name, fn in (("generate", gen), ("generate_stream", first_step)):
-        yield name, "prompt", lambda lm, x, fn=fn: fn(lm, prompt=x), BAD_PROMPTS, PROMPT_WORDS
+        yield name, "prompt", lambda lm, x, fn=fn: fn(lm, prompt=x), BAD_PROMPT_LISTS, PROMPT_WORDS
         yield name, "max_new_tokens", lambda lm, x, fn=fn: fn(lm, max_new_tokens=x), BAD_COUNTS + [300], \
             ("max_new_tokens",)
         yield name, "temperature", lambda lm, x, fn=fn: fn(lm, temperature=x), BAD_FLOATS + [-1.0], ("temperature",)

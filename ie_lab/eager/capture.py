@@ -17,7 +17,7 @@ from ..address import Address, AddressLike
 from ..arch.binder import first_tensor, hidden_arg
 from ..cache import Cache
 from ..errors import AddressError, InputError, StructureError
-from .inputs import prepare, str_tokens
+from .inputs import prepare, prepare_prompts, str_tokens
 from .taps import Taps, resolve
 
 # Points whose tensor is a module's input or output that the rest of the forward reads, in full, from that
@@ -162,8 +162,12 @@ class _Links:
 
 
 def capture(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[AddressLike], *,
-            grad: bool = False) -> Cache:
+            grad: bool = False) -> Cache | list[Cache]:
     """Run one forward and return the requested points, keyed by Address.
+
+    A list of prompts (texts, token lists or conversations; ragged) returns a list of Cache, one per prompt,
+    each exactly as that prompt captured alone would be: no padding rows or columns. A [batch, seq] tensor
+    stays one batch and returns one Cache.
 
     Per-token points come back [batch, seq, width]; attention matrices [batch, heads, query, key].
     With grad=True the tensors form one autograd graph: a later point is differentiable with respect to an
@@ -175,7 +179,57 @@ def capture(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[A
     addrs = parse_addresses(lm, addresses)
     if not isinstance(grad, bool):
         raise InputError(f"grad must be True or False, got {grad!r}.")
+    many = prepare_prompts(lm, tokens_or_text)
+    if many is not None:
+        return _capture_many(lm, many, addrs, grad)
     ids, mask = prepare(lm, tokens_or_text)
+    return _capture_ids(lm, ids, mask, addrs, grad)
+
+
+def capture_batch(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[AddressLike], *,
+                  grad: bool = False) -> Cache:
+    """One Cache over one batch (a [batch, seq] tensor, or texts padded by the tokenizer, with the mask in
+    ``Cache.attention_mask``): for the operations that patch or compare whole batches row by row."""
+    from .. import _as_lm
+
+    lm = _as_lm(model)
+    addrs = parse_addresses(lm, addresses)
+    if not isinstance(grad, bool):
+        raise InputError(f"grad must be True or False, got {grad!r}.")
+    ids, mask = prepare(lm, tokens_or_text)
+    return _capture_ids(lm, ids, mask, addrs, grad)
+
+
+def _capture_many(lm: Any, rows: list[torch.Tensor], addrs: list[Address], grad: bool) -> list[Cache]:
+    """A list of prompts: one Cache per prompt, holding exactly that prompt's tokens (no padding).
+
+    Without grad the prompts run as one right-padded batch: every prompt keeps its own positions 0..n-1 (and
+    its steering positions), the mask hides the pads, and a causal model's real tokens never read the pads
+    that follow them; each prompt's rows (and, for attention matrices, its queries and keys) are cut out.
+    With grad each prompt runs alone, so each Cache is one autograd graph of its own."""
+    if grad:
+        return [_capture_ids(lm, r, None, addrs, grad) for r in rows]
+    lens = [r.shape[1] for r in rows]
+    width = max(lens)
+    ids = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)  # id 0: masked, never read
+    for i, r in enumerate(rows):
+        ids[i, :lens[i]] = r[0]
+    mask = (torch.arange(width, device=ids.device)[None] < torch.tensor(lens, device=ids.device)[:, None]).long()
+    both = _capture_ids(lm, ids, mask, addrs, grad)
+    out = []
+    for i, (r, n) in enumerate(zip(rows, lens)):
+        got = {}
+        for a in addrs:
+            t = both[a][i:i + 1]
+            if a.point.width.value == "n_heads*q*k":  # [b, heads, q, k], or [b, q, k] for one head
+                got[a] = t[:, :n, :n] if a.head is not None else t[:, :, :n, :n]
+            else:
+                got[a] = t[:, :n]
+        out.append(Cache(got, tokens=r, str_tokens=str_tokens(lm, r)))
+    return out
+
+
+def _capture_ids(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None, addrs: list[Address], grad: bool) -> Cache:
     with lm.lock:
         links = _Links(lm, addrs) if grad else None  # refuses absent points before any hook is placed
         taps = Taps(lm, [a for a in addrs if links is None or not links.serves(a)], grad=grad)

@@ -21,9 +21,9 @@ import torch
 
 from ..address import Address, AddressLike
 from ..cache import Cache
-from ..errors import InputError
+from ..errors import CapabilityUnsupported, InputError
 from .capture import parse_addresses, slice_head
-from .inputs import prepare, str_tokens
+from .inputs import prepare, prepare_prompts, str_tokens
 from .steer import ForwardState, SteerSpec, check_positions_fit, issued_specs, running, steering
 from .taps import Taps
 
@@ -45,11 +45,15 @@ class GenStep:
     captured_positions: range | None = field(default=None, repr=False)
     # On the last step only (when capture= was given): the whole cache, the same as generate(...).cache.
     cache: Cache | None = field(default=None, repr=False)
+    # Which prompt of a list this step belongs to (0 for a single prompt). Positions and captures count over
+    # that prompt's own tokens: padding never shows.
+    prompt_index: int = 0
 
     def __repr__(self) -> str:
         cap = f", captured positions {self.captured_positions.start}..{self.captured_positions.stop - 1}" \
             if self.captured_positions is not None else ""
-        return f"GenStep({self.index}: {self.token!r}, logprob={self.logprob:.3f}{cap})"
+        who = f"prompt {self.prompt_index}, " if self.prompt_index else ""
+        return f"GenStep({who}{self.index}: {self.token!r}, logprob={self.logprob:.3f}{cap})"
 
 
 @dataclass
@@ -169,82 +173,185 @@ def _join(a: Address, parts: list[torch.Tensor], start: int) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-class _Run:
-    """State of one generation: the hooks, the cache, and what has been captured so far."""
+def _pad_id(lm: Any) -> int:
+    """The id left padding is filled with: never attended to, so any id in the vocabulary would do."""
+    pid = getattr(lm.tokenizer, "pad_token_id", None)
+    return pid if isinstance(pid, int) and 0 <= pid < (lm.facts.vocab_size or pid + 1) else 0
 
-    def __init__(self, lm: Any, ids: torch.Tensor, capture: list[Address], specs: list[SteerSpec]):
-        self.lm, self.ids, self.capture, self.specs = lm, ids, capture, specs
+
+class _Run:
+    """State of one generation over one or more prompts: the hooks, the KV cache, what has been captured.
+
+    Several prompts run as one left-padded batch: every prompt ends at the same cache index, so each decode
+    step appends one column. Each forward gets an attention mask that hides the pads and position ids that
+    count each row's own tokens (learned and rotary positions alike); sliding windows count cache indices,
+    whose distances padding does not change. Captured rows are handed out per prompt with the pads cut off,
+    at positions over that prompt's own tokens."""
+
+    def __init__(self, lm: Any, rows: list[torch.Tensor], capture: list[Address], specs: list[SteerSpec]):
+        self.lm, self.capture, self.specs = lm, capture, specs
+        self.rows = rows
+        self.lens = [r.shape[1] for r in rows]
+        width = max(self.lens)
+        device = rows[0].device
+        self.pad = torch.tensor([width - n for n in self.lens], device=device)
+        self.padded = bool(self.pad.any())
+        self.ids = torch.full((len(rows), width), _pad_id(lm), dtype=torch.long, device=device)
+        for i, r in enumerate(rows):
+            self.ids[i, width - r.shape[1]:] = r[0]
         self.taps = Taps(lm, capture) if capture else None
-        self.state = ForwardState(prompt_len=ids.shape[1])
+        self.state = ForwardState(prompt_len=width, pad=self.pad if self.padded else None)
         self.steer_ctx = steering(lm, specs, self.state) if specs else None
         self.past = None
         self.offset = 0
         self.cache_kw = _cache_keyword(lm.hf)
-        self._handed = 0  # forwards whose rows earlier steps already carry
-        self._handed_pos = 0  # the positions those forwards covered
+        # Only the last position's logits choose a token (as in HF generate): the prompt forward skips the
+        # unembedding of every other position, unless lm_head itself is captured.
+        self.keep_last = "logits_to_keep" in inspect.signature(lm.hf.forward).parameters and \
+            not any(a.name == "lm_head" for a in capture)
+        self.spans: list[tuple[int, int]] = []  # padded-frame positions each forward covered
+        b = len(rows)
+        self._handed = [0] * b  # per prompt: forwards whose rows earlier steps already carry
 
     def forward(self, cur: torch.Tensor) -> torch.Tensor:
         shape = (cur.shape[0], cur.shape[1])
         if self.taps is not None:
             self.taps.shape = shape
+        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self.keep_last else {}
+        if self.padded:
+            end = self.offset + cur.shape[1]
+            mask = torch.arange(end, device=cur.device)[None] >= self.pad[:, None]
+            kwargs["attention_mask"] = mask.long()
+            # Each row's own positions; a pad (only ever in the prompt forward) gets 0, and is never attended to.
+            own = torch.arange(self.offset, end, device=cur.device)[None] - self.pad[:, None]
+            kwargs["position_ids"] = own.clamp(min=0)
         # The forward is marked as this generation's, so only its own steering acts (with the positions the
         # cache already holds, so masks count over prompt + generated), never a `with` block's raw-forward hooks.
         with running(self.steer_ctx, self.specs, offset=self.offset, shape=shape):
-            out = self.lm.hf(input_ids=cur, use_cache=True, **{self.cache_kw: self.past})
+            out = self.lm.hf(input_ids=cur, use_cache=True, **{self.cache_kw: self.past}, **kwargs)
         self.past = getattr(out, self.cache_kw)
+        self.spans.append((self.offset, self.offset + cur.shape[1]))
         self.offset += cur.shape[1]
         return out.logits[:, -1]
 
-    def new_rows(self) -> tuple[dict[Address, torch.Tensor], range]:
-        """The rows of every captured point from the forwards since the last call, and their positions."""
-        start = self._handed_pos
+    def _rows(self, r: int, first: int, upto: int) -> tuple[dict[Address, torch.Tensor], range]:
+        """Prompt r's rows of every captured point from forwards first..upto-1, pads cut, and their positions
+        over r's own tokens."""
+        start = self.spans[first][0] if first < upto else self.spans[upto - 1][1]
+        stop = self.spans[upto - 1][1] if first < upto else start
+        p = int(self.pad[r])
+        drop = max(p - start, 0)
         out: dict[Address, torch.Tensor] = {}
         for a in self.capture:
-            parts = self.taps.collected.get(a.without_head(), [])[self._handed:]
-            out[a] = slice_head(a, _join(a, parts, start), self.lm.facts)
-        n = len(self.taps.collected[self.capture[0].without_head()]) if self.capture else 0
-        self._handed, self._handed_pos = n, self.offset
-        return out, range(start, self.offset)
+            parts = self.taps.collected.get(a.without_head(), [])[first:upto]
+            if not parts:
+                continue
+            t = _join(a, parts, start)
+            if a.point.width.value == "n_heads*q*k":
+                t = t[r:r + 1, :, drop:, p:]  # the pads' queries and keys
+            else:
+                t = t[r:r + 1, drop:]
+            out[a] = slice_head(a, t, self.lm.facts)
+        return out, range(start + drop - p, stop - p)
 
-    def collected(self) -> dict[Address, torch.Tensor]:
-        return {a: slice_head(a, _join(a, self.taps.collected.get(a.without_head(), []), 0), self.lm.facts)
-                for a in self.capture}
+    def new_rows(self, r: int, upto: int) -> tuple[dict[Address, torch.Tensor], range]:
+        """Prompt r's rows from the forwards since its last call, up to forward `upto`."""
+        out = self._rows(r, self._handed[r], upto)
+        self._handed[r] = upto
+        return out
+
+    def collected(self, r: int, upto: int) -> dict[Address, torch.Tensor]:
+        return self._rows(r, 0, upto)[0]
+
+
+def check_batchable(lm: Any) -> None:
+    """Refuse a list of prompts on a model whose padded batch could differ from each prompt run alone.
+
+    Measured: every family in tests/families.py (dense, sliding-window, learned positions, ALiBi, top-k MoE)
+    gives each prompt of a ragged batch its solo greedy tokens. Two things would break that, and are refused
+    rather than run subtly different: a forward that cannot be told the pads (no attention mask or position
+    ids), and experts with a capacity (pad tokens would take capacity from real ones)."""
+    cfg = lm.hf.config
+    kind = getattr(cfg, "model_type", type(lm.hf).__name__)
+    params = inspect.signature(lm.hf.forward).parameters
+    missing = [k for k in ("attention_mask", "position_ids") if k not in params]
+    if missing:
+        raise CapabilityUnsupported(
+            f"generating a list of prompts on {kind}",
+            f"its forward takes no {' or '.join(missing)}, so left padding would shift every shorter prompt",
+            "generate the prompts one at a time (a loop over generate)")
+    for attr in ("expert_capacity", "capacity_factor", "moe_capacity_factor"):
+        if getattr(cfg, attr, None):
+            raise CapabilityUnsupported(
+                f"generating a list of prompts on {kind}",
+                f"its experts have a capacity ({attr}={getattr(cfg, attr)}), so padding tokens would take "
+                "capacity from real ones and change what a prompt computes alone",
+                "generate the prompts one at a time (a loop over generate)")
+
+
+def _check_seeds(seed: Any, n: int, batch: bool) -> list[int | None]:
+    """seed= as one seed per prompt: one integer seeds every prompt alike (each its own generator, so each
+    prompt samples what it samples alone with that seed); a list gives each prompt its own."""
+    if batch and isinstance(seed, (list, tuple)):
+        if len(seed) != n:
+            raise InputError(f"seed= has {len(seed)} seeds for {n} prompts: give one per prompt, or one integer "
+                             "for all.")
+        for i, x in enumerate(seed):
+            _check_args(1, 0.0, None, None, 0, seed=x) if x is not None else None
+        return list(seed)
+    return [seed] * n
 
 
 def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temperature: float = 0.0,
-                    top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                    top_k: int | None = None, top_p: float | None = None, seed: int | Sequence[int] | None = None,
                     stop: str | Sequence[str] | None = None, n_logprobs: int = 0,
                     capture: AddressLike | Iterable[AddressLike] | None = None,
                     steer: SteerSpec | Sequence[SteerSpec] | None = None, keep_logits: bool = True,
                     ignore_eos: bool = False, _result: dict | None = None) -> Iterator[GenStep]:
     """Yield one GenStep per generated token. Greedy when temperature is 0; ignore_eos=True runs to the length.
 
-    With capture=, each step carries its forward's new rows (GenStep.captured) and the last step the whole
-    cache (GenStep.cache); see docs/GENERATION.md."""
+    A list of prompts (or a [batch, seq] tensor of ids) runs as one batch: each decode step yields one GenStep
+    per prompt still running, in prompt order, with ``step.prompt_index`` saying which. With capture=, each
+    step carries its forward's new rows (GenStep.captured) and the last step the whole cache (GenStep.cache);
+    see docs/GENERATION.md."""
     from .. import _as_lm
 
     lm = _as_lm(model)
+    many = prepare_prompts(lm, prompt, rows=True)
+    batch = many is not None
     stops = _check_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=lm.facts.vocab_size,
-                        seed=seed, stop=stop, keep_logits=keep_logits, ignore_eos=ignore_eos,
-                        has_tokenizer=lm.tokenizer is not None)
-    ids, mask = prepare(lm, prompt)
-    if ids.shape[0] != 1:
-        raise InputError("generate takes one prompt at a time on the eager backend; loop over prompts (the vLLM "
-                         "backend batches concurrent calls).")
+                        seed=None if batch and isinstance(seed, (list, tuple)) else seed, stop=stop,
+                        keep_logits=keep_logits, ignore_eos=ignore_eos, has_tokenizer=lm.tokenizer is not None)
+    rows = many if batch else [prepare(lm, prompt)[0]]
+    if not batch and rows[0].shape[0] != 1:
+        raise InputError("internal: one prompt with several rows")  # prepare_prompts reads those as a list
+    seeds = _check_seeds(seed, len(rows), batch)
     limit = lm.facts.max_positions
-    if limit and ids.shape[1] + max_new_tokens > int(limit):
-        raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                         f"context of {limit}; lower max_new_tokens or shorten the prompt.")
+    for i, r in enumerate(rows):
+        if limit and r.shape[1] + max_new_tokens > int(limit):
+            which = f"prompt {i} ({r.shape[1]} tokens)" if batch else f"prompt ({r.shape[1]} tokens)"
+            raise InputError(f"{which} + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}; "
+                             "lower max_new_tokens or shorten the prompt.")
+    if len(rows) > 1:
+        check_batchable(lm)
     addrs = parse_addresses(lm, capture) if capture else []
     specs = list(issued_specs(lm, steer))  # the `with` blocks open where this was issued, then steer=
-    check_positions_fit(specs, ids.shape[1] + max_new_tokens)
+    for i, r in enumerate(rows):
+        try:
+            check_positions_fit(specs, r.shape[1] + max_new_tokens)
+        except InputError as e:
+            raise InputError(f"prompt {i}: {e}" if batch else str(e)) from None
     eos = set() if ignore_eos else _eos_ids(lm)
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    gens = [torch.Generator().manual_seed(x) if x is not None else None for x in seeds]
     tok = lm.tokenizer
-    run = _Run(lm, ids, addrs, specs)
-    generated: list[int] = []
-    reason = "length"
-    cache = None
+    run = _Run(lm, rows, addrs, specs)
+    b = len(rows)
+    generated: list[list[int]] = [[] for _ in range(b)]
+    reasons = ["length"] * b
+    caches: list[Cache | None] = [None] * b
+    if _result is not None:
+        _result.update(prompt_ids=rows, ids=generated, reasons=reasons, caches=caches, batch=batch)
+    pad_id = _pad_id(lm)
     with contextlib.ExitStack() as stack:
         stack.enter_context(lm.lock)
         stack.enter_context(torch.no_grad())
@@ -252,45 +359,60 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
             stack.enter_context(run.taps)
         if run.steer_ctx is not None:
             stack.enter_context(run.steer_ctx)
-        cur = ids
+        cur = run.ids
+        active = list(range(b))
+        pending = None  # logits of a forward already run (to capture finishing prompts' last tokens)
         for i in range(max_new_tokens):
-            logits = run.forward(cur)[0]
-            logp = torch.log_softmax(logits.float(), -1)
-            token_id = _choose(logits, temperature, top_k, top_p, gen)
-            generated.append(token_id)
-            text_tok = tok.decode([token_id]) if tok is not None else str(token_id)
-            top = {}
-            if n_logprobs:
-                vals, idx = logp.topk(n_logprobs)
-                top = {(tok.decode([int(j)]) if tok is not None else str(int(j))): float(v) for v, j in zip(vals, idx)}
-            cur = torch.tensor([[token_id]], device=ids.device)
-            # Decide before yielding whether this is the last step, so that step can carry the last token's
-            # rows and the whole cache.
-            if token_id in eos:
-                reason = "eos"
-            elif stops and any(s in tok.decode(generated) for s in stops):
-                reason = "stop"
-            last = reason != "length" or i == max_new_tokens - 1
-            step = GenStep(i, token_id, text_tok, float(logp[token_id]), top,
-                           logits.detach().clone() if keep_logits else None)
-            if run.taps is not None:
-                if last:
-                    run.forward(cur)  # one more cached step so captures cover the last generated token too
-                rows, positions = run.new_rows()
-                at = _tokens_at(ids, generated, positions)
-                step.captured = Cache(rows, tokens=at, str_tokens=str_tokens(lm, at))
-                step.captured_positions = positions
-                if last:
-                    full = torch.cat([ids, torch.tensor([generated], device=ids.device)], dim=1)
-                    cache = step.cache = Cache(run.collected(), tokens=full, str_tokens=str_tokens(lm, full))
-            yield step
-            if last:
+            logits = pending if pending is not None else run.forward(cur)
+            pending = None
+            nxt = [pad_id] * b  # a finished prompt's row is fed padding: computed, never read
+            finishing: set[int] = set()
+            chosen = {}
+            for r in active:
+                token_id = _choose(logits[r], temperature, top_k, top_p, gens[r])
+                generated[r].append(token_id)
+                nxt[r] = token_id
+                chosen[r] = token_id
+                if token_id in eos:
+                    reasons[r] = "eos"
+                elif stops and any(s in tok.decode(generated[r]) for s in stops):
+                    reasons[r] = "stop"
+                if reasons[r] != "length" or i == max_new_tokens - 1:
+                    finishing.add(r)
+            cur = torch.tensor([[t] for t in nxt], device=run.ids.device)
+            if run.taps is not None and finishing:
+                # One more cached step so captures cover the last generated token of every prompt ending here;
+                # the prompts still running take their next logits from it.
+                pending = run.forward(cur)
+            steps = []
+            for r in active:
+                token_id = chosen[r]
+                row_logits = logits[r]
+                logp = torch.log_softmax(row_logits.float(), -1)
+                text_tok = tok.decode([token_id]) if tok is not None else str(token_id)
+                top = {}
+                if n_logprobs:
+                    vals, idx = logp.topk(n_logprobs)
+                    top = {(tok.decode([int(j)]) if tok is not None else str(int(j))): float(v)
+                           for v, j in zip(vals, idx)}
+                step = GenStep(i, token_id, text_tok, float(logp[token_id]), top,
+                               row_logits.detach().clone() if keep_logits else None, prompt_index=r)
+                if run.taps is not None:
+                    last = r in finishing
+                    upto = len(run.spans) - (1 if pending is not None and not last else 0)
+                    got, positions = run.new_rows(r, upto)
+                    at = _tokens_at(rows[r], generated[r], positions)
+                    step.captured = Cache(got, tokens=at, str_tokens=str_tokens(lm, at))
+                    step.captured_positions = positions
+                    if last:
+                        full = torch.cat([rows[r], torch.tensor([generated[r]], device=rows[r].device)], dim=1)
+                        caches[r] = step.cache = Cache(run.collected(r, upto), tokens=full,
+                                                       str_tokens=str_tokens(lm, full))
+                steps.append(step)
+            yield from steps
+            active = [r for r in active if r not in finishing]
+            if not active:
                 break
-        if _result is not None:
-            _result["prompt_ids"] = ids
-            _result["ids"] = generated
-            _result["reason"] = reason
-            _result["cache"] = cache
 
 
 def _tokens_at(prompt: torch.Tensor, generated: list[int], positions: range) -> torch.Tensor:
@@ -298,14 +420,19 @@ def _tokens_at(prompt: torch.Tensor, generated: list[int], positions: range) -> 
     return full[:, positions.start:positions.stop]
 
 
-def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> GenerationResult:
-    """Run generate_stream to the end and return the text, tokens, steps and any captures."""
+def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Any:
+    """Run generate_stream to the end and return the text, tokens, steps and any captures.
+
+    A list of prompts returns a list of GenerationResult, one per prompt, in order."""
     from .. import _as_lm
 
     lm = _as_lm(model)
     box: dict = {}
     steps = list(generate_stream(lm, prompt, max_new_tokens, _result=box, **kwargs))
-    ids = box["prompt_ids"]
-    gen_ids = box.get("ids", [s.token_id for s in steps])
-    text = lm.tokenizer.decode(gen_ids) if lm.tokenizer is not None else " ".join(map(str, gen_ids))
-    return GenerationResult(ids, gen_ids, text, steps, box.get("reason", "length"), box.get("cache"))
+    results = []
+    for r, ids in enumerate(box["prompt_ids"]):
+        gen_ids = box["ids"][r]
+        text = lm.tokenizer.decode(gen_ids) if lm.tokenizer is not None else " ".join(map(str, gen_ids))
+        results.append(GenerationResult(ids, gen_ids, text, [s for s in steps if s.prompt_index == r],
+                                        box["reasons"][r], box["caches"][r]))
+    return results if box["batch"] else results[0]

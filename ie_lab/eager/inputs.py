@@ -86,3 +86,59 @@ def str_tokens(lm: Any, ids: torch.Tensor) -> list[list[str]]:
     if tok is None:
         return [[str(int(i)) for i in row] for row in ids]
     return [tok.convert_ids_to_tokens(row.tolist()) for row in ids.cpu()]
+
+
+def _is_batch(x: Any, rows: bool) -> bool:
+    """A list of prompts (each text, ids or a conversation); with rows=True also a [batch > 1, seq] tensor."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return rows and x.ndim == 2 and x.shape[0] > 1
+    if not isinstance(x, (list, tuple)) or not x or chat.is_messages(x):
+        return False
+    # A flat list of ints is one prompt; anything else with items that are prompts themselves is a list of them.
+    return all(isinstance(p, (str, list, tuple, torch.Tensor, np.ndarray, dict)) for p in x) and \
+        not all(isinstance(p, dict) for p in x)
+
+
+def _kind(p: Any) -> str:
+    if isinstance(p, str):
+        return "text"
+    if chat.is_messages(p):
+        return "conversation"
+    return "ids"
+
+
+def prepare_prompts(lm: Any, prompts: Any, *, rows: bool = False) -> list[torch.Tensor] | None:
+    """A list of prompts as one checked [1, seq] id tensor each (ragged, unpadded); None for a single prompt.
+
+    rows=True also reads a [batch > 1, seq] tensor of ids as that many prompts (generation, which has no
+    batched result); capture keeps such a tensor one batch, returned as one Cache.
+
+    Every prompt is checked before any work starts, and a refusal names its index. A list mixing text with
+    ids is refused: it is far more often a mistake (a token list split into items) than meant."""
+    if isinstance(prompts, (list, tuple)) and len(prompts) == 0:
+        raise InputError("empty input: the token list is empty (no prompt, no token); give a string, token ids, a conversation "
+                         "or a list of prompts.")
+    if not _is_batch(prompts, rows):
+        return None
+    if isinstance(prompts, (torch.Tensor, np.ndarray)):
+        prompts = list(torch.as_tensor(prompts))
+    kinds = [_kind(p) for p in prompts]
+    if "text" in kinds and "ids" in kinds:
+        i = kinds.index("ids") if kinds[0] == "text" else kinds.index("text")
+        raise InputError(f"prompt {i} is {kinds[i]} but prompt 0 is {kinds[0]}: a list of prompts is all text or "
+                         "all token ids (conversations may go with either); convert one kind to the other "
+                         "(lm.to_tokens(text)[0].tolist()).")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, dict):
+            raise InputError(f"prompt {i} is a single dict: a conversation is a list of {{'role', 'content'}} "
+                             "dicts, e.g. [{'role': 'user', 'content': 'Hello'}].")
+        try:
+            ids, _ = prepare(lm, p)
+        except InputError as e:
+            raise InputError(f"prompt {i}: {e}") from None
+        if ids.shape[0] != 1:
+            raise InputError(f"prompt {i} holds {ids.shape[0]} rows; each item of a list of prompts is one prompt "
+                             "(text, a list of ids, or a conversation): pass the rows as separate items.")
+        out.append(ids)
+    return out

@@ -11,7 +11,7 @@ import torch
 from ..address import Address, AddressLike, layer_list
 from ..cache import Cache
 from ..errors import CapabilityUnsupported, InputError, StructureError
-from .capture import capture, parse_addresses, slice_head
+from .capture import capture, capture_batch, parse_addresses, slice_head
 from .inputs import prepare, str_tokens
 from .taps import Taps
 from .writers import WRITABLE, Writers
@@ -143,7 +143,7 @@ def patch(model: Any, prompt: Any, source: Cache | Any, addresses: AddressLike |
     lm = _as_lm(model)
     addrs = parse_addresses(lm, addresses)
     if not isinstance(source, Cache):
-        source = capture(lm, source, addrs)
+        source = capture_batch(lm, source, addrs)
     return run_with_patches(lm, prompt, {a: source[a] for a in addrs}, positions=positions)
 
 
@@ -329,8 +329,8 @@ def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Metric, po
     layers = layer_list(layers, lm.facts)
     _check_patchable(point)
     addrs = [Address(point, L) for L in layers]
-    c = capture(lm, clean, addrs)
-    x = capture(lm, corrupted, addrs)
+    c = capture_batch(lm, clean, addrs)
+    x = capture_batch(lm, corrupted, addrs)
     g = gradients(lm, corrupted, metric, addrs)
     with torch.no_grad():
         corr_m = _scalar(metric(_forward(lm, x.tokens, None)))

@@ -42,6 +42,9 @@ class ForwardState:
     ids: torch.Tensor | None = None
     offset: int = 0
     prompt_len: int | None = None  # None: every position is prompt (a plain forward)
+    # A left-padded batch (batched generation): each row's pad count, so index and mask positions count over
+    # that row's own tokens (offset and prompt_len are in the padded frame, where every prompt ends together).
+    pad: torch.Tensor | None = None
 
 
 @dataclass(eq=False)
@@ -357,6 +360,14 @@ def position_mask(positions: Positions, shape: tuple[int, ...], offset: int, sta
                 return torch.zeros(b, s, dtype=torch.bool, device=device)
             ids = state.ids.to(device)
             return torch.isin(ids, torch.tensor(sorted(special_ids), device=device, dtype=ids.dtype))
+    if state.pad is not None and not isinstance(positions, str):
+        own = absolute[None] - state.pad.to(device)[:, None]  # [b, s]: each row's own positions (pads < 0)
+        if isinstance(positions, torch.Tensor) and positions.dtype == torch.bool:
+            full = positions.to(device).reshape(-1)
+            if full.numel() == 0:
+                return torch.zeros(b, s, dtype=torch.bool, device=device)
+            return (own >= 0) & (own < full.shape[0]) & full[own.clamp(0, max(full.shape[0] - 1, 0))]
+        return torch.isin(own, torch.as_tensor(list(positions), dtype=torch.long, device=device))
     if isinstance(positions, torch.Tensor) and positions.dtype == torch.bool:
         full = positions.to(device).reshape(-1)
         if offset + s > full.shape[0]:
