@@ -173,7 +173,8 @@ def _tokenizer():
 
 
 def check_invariants(lm) -> None:
-    """The identities a wrong-but-plausible tensor cannot satisfy (tests/test_invariants.py, on one instance).
+    """The identities a wrong-but-plausible tensor cannot satisfy (tests/test_invariants.py, on one instance),
+    and on MoE layers the routing points (each token routed to k experts, weights only on those).
 
     Raises AssertionError naming the first identity that fails."""
     import torch
@@ -213,6 +214,18 @@ def check_invariants(lm) -> None:
             z = (probs @ v).transpose(1, 2).reshape(b, s, f.n_heads * d_v)
             torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=lambda m: f"attn_probs @ value = z, layer {L}")
             assert torch.all(probs.triu(1) == 0), f"attention is not causal at layer {L}"
+    for lb in lm.binding.layers:
+        if not lb.sparse_moe:
+            continue
+        L, k = lb.index, f.experts_per_token
+        try:
+            c = capture(lm, x, [f"router_logits.{L}", f"expert_weights.{L}", f"expert_indices.{L}"])
+        except IELabError:
+            continue  # a routing point refused with a reason is honest; a crash of another class is not
+        w, sel = c[f"expert_weights.{L}"], c[f"expert_indices.{L}"]
+        if k:
+            assert torch.all(sel.sum(-1) == k), f"expert_indices: not exactly {k} experts per token, layer {L}"
+        assert torch.all((w != 0) <= (sel == 1)), f"expert_weights outside the selected experts, layer {L}"
     try:
         c = capture(lm, x, ["final_norm", "lm_head"])
     except IELabError:  # no final norm, or one module the trunk runs twice: refused, the unembedding still checks

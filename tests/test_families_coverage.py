@@ -109,3 +109,12 @@ def test_per_layer_mlp_widths_are_refused_with_ielaberror_not_a_typeerror():
     """Gemma 3n lists one MLP width per layer: reading it crashed load with a TypeError."""
     with pytest.raises(IELabError):
         ie_lab.load(coverage.build_tiny("gemma3n_text"), coverage._tokenizer(), quiet=True)
+
+
+def test_expert_points_without_routing_arguments_are_refused_not_crashed():
+    """Llama 4's experts module is called without (indices, weights): capturing expert_weights raised StopIteration."""
+    lm = ie_lab.load(coverage.build_tiny("llama4_text"), coverage._tokenizer(), quiet=True)
+    L = next(lb.index for lb in lm.binding.layers if lb.sparse_moe)
+    for name in ("expert_weights", "expert_indices"):
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="routing weights"):
+            ie_lab.capture(lm, "the a", [f"{name}.{L}"])

@@ -140,6 +140,7 @@ class LayerBinding:
     sparse_moe: bool = False
     router: nn.Module | None = None
     experts: nn.Module | None = None
+    routing_args: bool = True  # the experts module is called with (expert indices, routing weights), measured
     attn_gate: nn.Module | None = None
     attn_sinks: bool = False  # a learned per-head sink logit joins the softmax (rows sum below 1)
     names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
@@ -445,6 +446,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
         else:
             raise StructureError(f"{binding.family} layer {lb.index}: cannot find the value projection.")
     for lb in binding.layers:
+        if lb.sparse_moe and lb.experts is not None:
+            lb.routing_args = _routing_in_args(rec.args.get(id(lb.experts)), binding.facts.n_experts)
         if lb.uses_attention_interface:
             _check_kernel_feeds_o_proj(lb, rec, binding.family)
         _classify_layer(lb, rec, binding.facts, binding.family)
@@ -467,6 +470,19 @@ def _measure(model: nn.Module, binding: Binding) -> None:
                     "value (its q/k/v layout is none of those ie_lab knows: contiguous, per head, grouped)."
                 )
             lb.fused_qkv_layout = layout
+
+
+def _routing_in_args(call: Any, n_experts: int) -> bool:
+    """Whether an experts module's probe call carried an integer index tensor with valid expert ids and a
+    floating tensor of the same shape (the routing weights): where expert_weights / expert_indices are read."""
+    if call is None:
+        return False
+    args, kwargs = call
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    idx = next((t for t in tensors if not t.is_floating_point()), None)
+    if idx is None or idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= n_experts:
+        return False
+    return any(t.is_floating_point() and t.shape == idx.shape for t in tensors)
 
 
 def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str) -> None:

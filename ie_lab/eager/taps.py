@@ -164,6 +164,11 @@ def resolve(lm: Any, addr: Address) -> Source:
             if lb.router is None:
                 raise CapabilityUnsupported(name, f"no router module was found on {fam}.", "capture expert_weights.")
             return Source("post_raw", lb.router, _router_logits)
+        if not lb.routing_args:  # measured by the binder on its probe forward
+            raise CapabilityUnsupported(
+                name, f"{fam}'s experts module is not called with the expert indices and routing weights (the "
+                "binder's probe saw no such pair among its arguments), so ie_lab has nowhere faithful to read them.",
+                "capture router_logits (where served) or mlp_out.")
         return Source("moe_args", lb.experts, _dense_weights if name == "expert_weights" else _dense_indices)
     if name == "mlp_out":
         return Source("post", lb.mlp_out_module, lambda t: t)
