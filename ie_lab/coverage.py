@@ -99,6 +99,8 @@ def _small_kwargs(defaults: dict[str, Any]) -> dict[str, Any]:
             out[k] = v  # a per-layer list (Gemma 3n's intermediate sizes): one value for every layer
     if isinstance(defaults.get("qk_rope_head_dim"), int) and "head_dim" in out:
         out["head_dim"] = out["qk_rope_head_dim"]  # latent attention: head_dim is the rotary part's width
+    if isinstance(defaults.get("kv_lora_rank"), int) and "num_key_value_heads" in out and "num_attention_heads" in out:
+        out["num_key_value_heads"] = out["num_attention_heads"]  # latent attention expands keys to every head
     kinds = defaults.get("layer_types")
     if isinstance(kinds, list) and kinds and all(isinstance(t, str) for t in kinds):
         # One layer of each kind the family mixes, in the order it first uses them (a hybrid keeps both kinds).
@@ -285,7 +287,8 @@ _CATEGORIES = (
     ("state-space / recurrent / hybrid", ("state-space", "recurrent", "linear-attention", "mamba", " conv")),
     ("attention output transformed before o_proj", ("transformed before the output projection",)),
     ("a fact under no spelling ie_lab reads", ("under any spelling ie_lab reads",)),
-    ("encoder-style block (no attention output projection)", ("attention has no output projection",)),
+    ("attention without an output projection ie_lab knows (BERT-style and others)",
+     ("attention has no output projection",)),
     ("no attention module", ("no attention module",)),
     ("residual identities fail", ("residual identities",)),
     ("final norm rescaled before lm_head", ("final norm's output is changed",)),

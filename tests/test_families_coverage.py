@@ -118,3 +118,22 @@ def test_expert_points_without_routing_arguments_are_refused_not_crashed():
     for name in ("expert_weights", "expert_indices"):
         with pytest.raises(ie_lab.CapabilityUnsupported, match="routing weights"):
             ie_lab.capture(lm, "the a", [f"{name}.{L}"])
+
+
+def test_gpt_neo_binds_through_its_attention_wrapper():
+    """GPT-Neo's layer.attn wraps the attention proper (attn.attention holds out_proj): it was refused as having no
+    output projection. On eager its own probabilities must reproduce z from the bound value."""
+    from transformers import AutoModelForCausalLM
+
+    lm = ie_lab.load(coverage.build_tiny("gpt_neo"), coverage._tokenizer(), quiet=True)
+    coverage.check_invariants(lm)
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_config(coverage.tiny_config("gpt_neo"), attn_implementation="eager").eval()
+    lm = ie_lab.load(eager, coverage._tokenizer(), quiet=True)
+    x = torch.randint(4, 512, (1, 7), generator=torch.Generator().manual_seed(0))
+    f = lm.facts
+    for L in range(f.n_layers):
+        c = ie_lab.capture(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}"])
+        v = c[f"value.{L}"].reshape(1, 7, f.n_heads, f.head_dim).transpose(1, 2)
+        z = (c[f"attn_probs.{L}"] @ v).transpose(1, 2).reshape(1, 7, -1)
+        torch.testing.assert_close(z, c[f"z.{L}"], atol=2e-4, rtol=1e-4)

@@ -322,6 +322,10 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             what = " (a linear-attention layer: those are not bound yet)" if kind == "linear" else ""
             raise StructureError(f"{family} layer {i}: no attention module among {ATTN_NAMES}{what}.")
         attn_name, attn = a
+        inner = _child(attn, ATTN_NAMES)
+        if _child(attn, O_NAMES) is None and inner is not None and _child(inner[1], O_NAMES) is not None:
+            # A wrapper around the attention proper (GPT-Neo's attn.attention): bind the module that projects.
+            attn_name, attn = f"{attn_name}.{inner[0]}", inner[1]
         o = _child(attn, O_NAMES)
         if o is None:
             raise StructureError(f"{family} layer {i}: attention has no output projection among {O_NAMES}.")
