@@ -40,7 +40,7 @@ _SMALL: dict[str, int] = {
     "dense_intermediate_size": 128,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "expert_ffn_hidden_size": 32,
     "moe_shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
-    "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
+    "num_experts": 4, "n_routed_experts": 4, "n_shared_experts": 1, "num_local_experts": 4, "moe_num_experts": 4,
     "num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_k": 2, "n_group": 1, "topk_group": 1,
     "num_expert_group": 1, "first_k_dense_replace": 1, "moe_layer_start_index": 1,  # layer 0 dense, layer 1 MoE
     # latent attention
@@ -68,6 +68,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},  # one (global, local) pair = 2 layers
     "zaya": {"num_experts_per_tok": 1},  # its config accepts top-1 routing only
     "gemma3n_text": {"num_kv_shared_layers": 0},  # KV sharing needs more layers than the tiny instance has
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # its config derives none when left unset
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0},
              "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}},
 }
@@ -85,7 +87,7 @@ def causal_lm_types() -> dict[str, str]:
 # Keys a config may leave None to derive from others ("head_dim = hidden // heads"): set them explicitly, since
 # the derivation can need keys this small config does not shrink.
 _DERIVED_WHEN_NONE = ("head_dim", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
-                      "num_experts_per_tok")
+                      "num_experts_per_tok", "n_routed_experts", "n_shared_experts")
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 
@@ -101,6 +103,12 @@ def _small_kwargs(defaults: dict[str, Any]) -> dict[str, Any]:
         out["head_dim"] = out["qk_rope_head_dim"]  # latent attention: head_dim is the rotary part's width
     if isinstance(defaults.get("kv_lora_rank"), int) and "num_key_value_heads" in out and "num_attention_heads" in out:
         out["num_key_value_heads"] = out["num_attention_heads"]  # latent attention expands keys to every head
+    n_full = next((defaults[k] for k in _LAYER_COUNT_KEYS if isinstance(defaults.get(k), int)), None)
+    n_small = next((out[k] for k in _LAYER_COUNT_KEYS if k in out), None)
+    if n_full and n_small:
+        for k, v in defaults.items():  # other per-layer lists (sparsity patterns, MLP kinds): the first layers
+            if isinstance(v, list) and len(v) == n_full and k not in out and k != "layer_types":
+                out[k] = v[:n_small]
     kinds = defaults.get("layer_types")
     if isinstance(kinds, list) and kinds and all(isinstance(t, str) for t in kinds):
         # One layer of each kind the family mixes, in the order it first uses them (a hybrid keeps both kinds).
