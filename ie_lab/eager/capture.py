@@ -8,6 +8,7 @@ from, so ``torch.autograd.grad(c["resid_post.3"].sum(), c["resid_post.0"])`` is 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import defaultdict
 from typing import Any, Iterable
 
@@ -130,9 +131,12 @@ class _Links:
         return flow.reshape(t.shape)
 
     def __enter__(self) -> "_Links":
+        owner = threading.get_ident()  # as Taps: another thread's raw forward through these modules is not ours
         for base, (src, _, _) in self.bases.items():
             if src.kind == "pre":
                 def pre(mod, args, kwargs, base=base):
+                    if threading.get_ident() != owner:
+                        return None
                     h = hidden_arg(args, kwargs)
                     return _replace_input(args, kwargs, h, self._link(base, h))
                 # Appended: steering and patching writers (prepended) run first, so P is the written value,
@@ -140,6 +144,8 @@ class _Links:
                 self._handles.append(src.module.register_forward_pre_hook(pre, with_kwargs=True))
             else:
                 def post(mod, args, kwargs, out, base=base):
+                    if threading.get_ident() != owner:
+                        return None
                     return _replace_first(out, self._link(base, first_tensor(out)))
                 self._handles.append(src.module.register_forward_hook(post, with_kwargs=True))
         return self

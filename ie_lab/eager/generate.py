@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -217,6 +218,7 @@ class _Run:
         shape = (cur.shape[0], cur.shape[1])
         if self.taps is not None:
             self.taps.shape = shape
+            self.taps.owner = threading.get_ident()  # the thread that runs this step (a stream may move threads)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self.keep_last else {}
         if self.padded:
             end = self.offset + cur.shape[1]

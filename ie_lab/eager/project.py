@@ -212,6 +212,8 @@ class _ProjTaps(Taps):
 
     def __enter__(self) -> "_ProjTaps":
         def shape(mod, args, kwargs):  # (batch, new tokens) of each forward, for the flattening families
+            if not self._mine():
+                return
             ids = kwargs.get("input_ids", args[0] if args else None)
             if ids is None:
                 ids = kwargs.get("inputs_embeds")

@@ -455,6 +455,8 @@ class _ThreadState(ForwardState):
 class _GatedWriters(Writers):
     """Writers whose hooks pass every tensor through untouched unless gate() says this forward is theirs."""
 
+    thread_bound = False  # the gate decides (a block's context may run forwards on two threads)
+
     def __init__(self, lm: Any, edits: list, gate: Callable[[], bool]):
         self._local = _Local()
         self.gate = gate

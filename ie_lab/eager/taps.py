@@ -9,6 +9,7 @@ every hook and the attention-tap listeners.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -276,6 +277,13 @@ class Taps:
         self.shape: tuple[int, int] = (0, 0)  # (batch, new tokens) of the forward in flight
         self._handles: list[Any] = []
         self._stack: contextlib.ExitStack | None = None
+        # The thread whose forwards these taps read (set on entry; a generation re-sets it before each forward).
+        # Hooks live on shared modules: a forward another thread runs meanwhile (a raw model call outside
+        # ie_lab's locks) must not land in this operation's tensors.
+        self.owner: int | None = None
+
+    def _mine(self) -> bool:
+        return self.owner is None or threading.get_ident() == self.owner
 
     @property
     def needs_output_attentions(self) -> bool:
@@ -289,6 +297,7 @@ class Taps:
         self.collected[base].append(t.clone() if self.grad else t.detach().clone())
 
     def __enter__(self) -> "Taps":
+        self.owner = threading.get_ident()
         by_module: dict[tuple[int, str], list[tuple[Address, Source]]] = defaultdict(list)
         for base, src in self.sources.items():
             by_module[(id(src.module), src.kind)].append((base, src))
@@ -299,18 +308,24 @@ class Taps:
                 module = items[0][1].module
                 if kind == "pre":
                     def pre(mod, args, kwargs, items=items):
+                        if not self._mine():
+                            return
                         h = hidden_arg(args, kwargs)
                         for base, src in items:
                             self._keep(base, src.transform(h))
                     self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
                 elif kind == "moe_args":
                     def moe(mod, args, kwargs, items=items):
+                        if not self._mine():
+                            return
                         routing = _routing(args, kwargs)
                         for base, src in items:
                             self._keep(base, src.transform(routing, self.shape, n_experts))
                     self._handles.append(module.register_forward_pre_hook(moe, with_kwargs=True))
                 elif kind in ("post", "post_raw", "attn_out_full"):
                     def post(mod, args, kwargs, out, items=items, kind=kind):
+                        if not self._mine():
+                            return
                         for base, src in items:
                             if kind == "post":
                                 self._keep(base, src.transform(first_tensor(out)))
@@ -321,6 +336,8 @@ class Taps:
                     self._handles.append(module.register_forward_hook(post, with_kwargs=True))
                 elif kind == "attn":
                     def listen(mod, call, items=items):
+                        if not self._mine():
+                            return
                         for base, src in items:
                             self._keep(base, src.transform(call, self.shape))
                     listeners[id(module)] = listen

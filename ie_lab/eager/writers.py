@@ -10,6 +10,7 @@ output that yields the edited value, so the rest of the forward sees a consisten
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
@@ -64,9 +65,14 @@ class Writers:
     flows on), whichever was installed first.
     """
 
+    # An operation's writers edit only the forwards of the thread that entered them (a raw model call another
+    # thread runs meanwhile is left alone); `with`-block steering gates its own writers instead (steer.py).
+    thread_bound = True
+
     def __init__(self, lm: Any, edits: list[tuple[Address, Edit]]):
         self.lm = lm
         self.edits = edits
+        self.owner: int | None = None
         self.shape: tuple[int, int] = (0, 0)
         self.offset = 0  # positions already in the KV cache before the forward in flight
         for addr, _ in edits:
@@ -83,6 +89,8 @@ class Writers:
         self._handles: list[Any] = []
 
     def _edit3(self, t: torch.Tensor, edit: Edit) -> torch.Tensor:
+        if self.owner is not None and threading.get_ident() != self.owner:
+            return t
         t3, back = _as3d(t, self.shape)
         return back(edit(t3, self.offset))
 
@@ -135,14 +143,15 @@ class Writers:
             return self._post(module, lambda t, off: edit(t * mult, off) / mult if mult != 1.0 else edit(t, off))
         if n == "resid_mid":
             # resid_mid = resid_pre + m * c, where c is attention's (post-norm) output: edit it through c.
-            seen: dict[str, torch.Tensor] = {}
+            seen: dict[int, torch.Tensor] = {}  # per thread: two threads' forwards may pass this layer at once
             self._handles.append(lb.layer.register_forward_pre_hook(
-                lambda mod, args, kwargs: seen.__setitem__("x", hidden_arg(args, kwargs)), with_kwargs=True))
+                lambda mod, args, kwargs: seen.__setitem__(threading.get_ident(), hidden_arg(args, kwargs)),
+                with_kwargs=True))
             mult = lb.attn_multiplier or 1.0
             module = lb.post_attn_norm if lb.post_attn_norm is not None else lb.o_proj
 
             def via_attention(c: torch.Tensor, off: int) -> torch.Tensor:
-                x, _ = _as3d(seen["x"], self.shape)
+                x, _ = _as3d(seen[threading.get_ident()], self.shape)
                 r = x + mult * c
                 return (edit(r, off) - x) / mult
             return self._post(module, via_attention)
@@ -165,6 +174,7 @@ class Writers:
         raise CapabilityUnsupported(f"writing {n}", "no writer is bound for this point.", "write a residual point.")
 
     def __enter__(self) -> "Writers":
+        self.owner = threading.get_ident() if self.thread_bound else None
         try:
             # Hooks are prepended, so place in reverse: edits on one module then apply in the order given.
             for addr, edit in reversed(self.edits):
