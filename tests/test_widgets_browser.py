@@ -425,8 +425,6 @@ def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
     assert check("light again")["attention axis label"] == light["attention axis label"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 item 7: the figure is built in ie_lab/eager/attention.py "
-                   "(AttentionResult.plot), outside the panels' files; fix it there and remove this mark")
 def test_attention_plot_has_square_cells_and_every_label(lab19):
     srv, page = lab19
     page.wait_for_selector(".js-plotly-plot .nsewdrag", timeout=30000)

@@ -34,10 +34,22 @@ class AttentionResult:
         import plotly.graph_objects as go
 
         labels = [f"{i}:{t}" for i, t in enumerate(self.str_tokens)]
-        fig = go.Figure(go.Heatmap(z=self.probs[layer][head].cpu().numpy(), x=labels, y=labels,
-                                   colorscale="Viridis", zmin=0, zmax=1))
-        fig.update_layout(title=f"attn_probs.{layer}.head-{head}", xaxis_title="key", yaxis_title="query",
-                          yaxis_autorange="reversed")
+        n = len(labels)
+        idx = list(range(n))
+        # Square cells sized to the prompt, never below a readable row height, and a tick for every token:
+        # left to itself plotly stretches the matrix over the output's width and drops every other label.
+        cell = max(14, min(28, 640 // max(n, 1)))
+        side = cell * n
+        margin = 12 + 7 * max((len(t) for t in labels), default=4)  # room for the longest label
+        fig = go.Figure(go.Heatmap(z=self.probs[layer][head].cpu().numpy(), x=idx, y=idx, colorscale="Viridis",
+                                   zmin=0, zmax=1, hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra></extra>"))
+        ticks = dict(tickmode="array", tickvals=idx, ticktext=labels, tickfont=dict(size=11), showgrid=False)
+        fig.update_layout(title=f"attn_probs.{layer}.head-{head}", autosize=False,
+                          width=side + margin + 140, height=side + margin + 100,
+                          margin=dict(l=margin + 20, b=margin + 20, t=60, r=100),
+                          xaxis=dict(title="key", tickangle=-90, constrain="domain", **ticks),
+                          yaxis=dict(title="query", autorange="reversed", scaleanchor="x", scaleratio=1,
+                                     constrain="domain", **ticks))
         return fig
 
 
