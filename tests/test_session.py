@@ -2,6 +2,7 @@
 
 import asyncio
 import gc
+import signal
 import threading
 import time
 
@@ -123,6 +124,16 @@ def test_async_tasks_at_once_do_not_interleave_a_stream_with_a_steered_capture(s
     a, st, b = asyncio.run(main())
     assert a == b == plain and st.ids != plain
     assert_clean(session._lm)
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises():
+    """Ctrl-C as a notebook kernel or an interactive Python has it. A test run started as a background job
+    (`cmd &` in a script, nohup) inherits SIGINT ignored, and then `_thread.interrupt_main()` does nothing."""
+    prev = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, prev)
 
 
 def _interrupt_from_hook(layer_module):

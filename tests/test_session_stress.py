@@ -50,6 +50,7 @@ def main(per_kind: int, seed: int = 0) -> None:
     import asyncio
     import faulthandler
     import random
+    import signal
     import threading
     import time
     import traceback
@@ -60,6 +61,10 @@ def main(per_kind: int, seed: int = 0) -> None:
     from ie_lab.session import OperationCancelled
     from ie_lab.toy import tiny_model
     from tests.conftest import assert_clean
+
+    # A child inherits SIGINT ignored when the test run is a background job; the stress test needs Ctrl-C as a
+    # kernel has it (interrupt_main does nothing under SIG_IGN).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     torch.set_num_threads(1)
     rng = random.Random(seed)
