@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -172,6 +173,23 @@ def _check_tokenizer_arg(tokenizer: Any, trust_remote_code: bool):
     return tokenizer
 
 
+@contextlib.contextmanager
+def _transformers_bars_off():
+    """Hide transformers' own bars ("Loading weights ...") and huggingface_hub's for one load, then put the
+    user's global settings back, even after an error. ie_lab shows its own single bar (Session(progress=...));
+    transformers' would show even with progress=False. transformers' switch also flips the hub's (5.19, 5.24)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    tf_on, hub_off = hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if tf_on else hf_logging.disable_progress_bar)()
+        (disable_progress_bars if hub_off else enable_progress_bars)()
+
+
 def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", device: Any = None, dtype: Any = None,
          *, attn_implementation: str | None = None, trust_remote_code: bool = False, quiet: bool = False):
     """Wrap a raw transformers causal LM for ie_lab.
@@ -249,8 +267,9 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
     impl, attn_words = choose_attention(facts.raw, attn_implementation)
     kwargs = {"attn_implementation": impl} if impl else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=torch_dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs)
+        with _transformers_bars_off():
+            model = AutoModelForCausalLM.from_pretrained(
+                src, dtype=torch_dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs)
     except OSError as e:
         raise InputError(f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
                          "in the local HF cache or a folder.") from None
