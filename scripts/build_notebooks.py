@@ -16,15 +16,31 @@ import glob
 import os
 import sys
 
+import tomllib
+
 import nbformat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPO = "ie-lab/ie_lab"  # where the project is published; used for the Colab links
 FOLDERS = ("notebooks", "tutorials")
+
+
+def repository_url() -> str:
+    """pyproject.toml's [project.urls] Repository: the one place the address is configured."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
+        url = tomllib.load(fh)["project"]["urls"]["Repository"].rstrip("/")
+    # Colab opens notebooks straight from GitHub only (colab.research.google.com/github/<owner>/<name>/...).
+    if not url.startswith("https://github.com/") or url.count("/") != 4:
+        raise SystemExit(f"pyproject.toml [project.urls] Repository must be https://github.com/<owner>/<name>, "
+                         f"got {url!r}")
+    return url
+
+
+REPO_URL = repository_url()
+REPO = REPO_URL.removeprefix("https://github.com/")  # owner/name, for the Colab links
 
 COLAB_CELL = '''import sys
 if "google.colab" in sys.modules:  # on Colab: install ie_lab (the demo model ships inside the package)
-    get_ipython().run_line_magic("pip", "install -q 'ie_lab @ git+https://github.com/%s'")''' % REPO
+    get_ipython().run_line_magic("pip", "install -q 'ie_lab @ git+%s'")''' % REPO_URL
 
 
 def parse(path: str) -> list[nbformat.NotebookNode]:

@@ -51,3 +51,55 @@ def test_notebooks_and_tutorials_use_only_public_attributes():
                 code = line.split("#", 1)[0] if path.endswith(".py") else line
                 found += [f"{os.path.relpath(path, ROOT)}:{i}: {m.group(0)}" for m in private.finditer(code)]
     assert not found, "private attributes used:\n" + "\n".join(found)
+
+
+def _pyproject_repository() -> str:
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
+        return tomllib.load(fh)["project"]["urls"]["Repository"].rstrip("/")
+
+
+def test_colab_cells_install_from_pyprojects_repository_url():
+    """The Colab install cell and the "Open in Colab" link of every notebook use the address configured in
+    pyproject.toml [project.urls], the one place it is set."""
+    import glob
+
+    import nbformat
+
+    url = _pyproject_repository()
+    assert url.startswith("https://github.com/"), url
+    owner_name = url.removeprefix("https://github.com/")
+    paths = glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")) + glob.glob(os.path.join(ROOT, "tutorials", "*.ipynb"))
+    assert len(paths) >= 10
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        assert f"'ie_lab @ git+{url}'" in nb.cells[1].source, path
+        assert f"colab.research.google.com/github/{owner_name}/blob/main/" in nb.cells[0].source, path
+
+
+def test_the_build_script_takes_the_url_from_pyproject_only(tmp_path):
+    """Changing [project.urls] Repository alone changes what the build writes (no second copy of the address)."""
+    import importlib.util
+    import re
+    import shutil
+
+    os.makedirs(tmp_path / "scripts")
+    shutil.copy(os.path.join(ROOT, "scripts", "build_notebooks.py"), tmp_path / "scripts")
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as fh:
+        text = fh.read()
+    text, n = re.subn(r'(?m)^Repository = ".*"$', 'Repository = "https://github.com/someone/fork_of_ie_lab"', text)
+    assert n == 1
+    (tmp_path / "pyproject.toml").write_text(text, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("build_notebooks_copy", tmp_path / "scripts" / "build_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert "git+https://github.com/someone/fork_of_ie_lab'" in mod.COLAB_CELL
+    assert "ie-lab/ie_lab" not in mod.COLAB_CELL
+    src = os.path.join(tmp_path, "notebooks", "src", "01_x.py")
+    os.makedirs(os.path.dirname(src))
+    with open(src, "w", encoding="utf-8") as fh:
+        fh.write("# %% [markdown]\n# # Title\n\n# %%\nx = 1\n")
+    _, nb = mod.build(src)
+    assert "colab.research.google.com/github/someone/fork_of_ie_lab/blob/main/notebooks/01_x.ipynb" in nb.cells[0].source
+    assert nb.cells[1].source == mod.COLAB_CELL
