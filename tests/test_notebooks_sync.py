@@ -103,3 +103,22 @@ def test_the_build_script_takes_the_url_from_pyproject_only(tmp_path):
     _, nb = mod.build(src)
     assert "colab.research.google.com/github/someone/fork_of_ie_lab/blob/main/notebooks/01_x.ipynb" in nb.cells[0].source
     assert nb.cells[1].source == mod.COLAB_CELL
+
+
+def test_attention_viewer_is_shown_where_attention_is_taught():
+    """Notebook 04 and tutorial 02 teach attention: each opens the viewer in a code cell, and the executed notebook
+    keeps the displayed panel (not just a mention of `s.show_attention` in the text)."""
+    import nbformat
+
+    for rel in ("notebooks/04_attention.ipynb", "tutorials/02_attention_and_induction_heads.ipynb"):
+        nb = nbformat.read(os.path.join(ROOT, rel), as_version=4)
+        cells = [c for c in nb.cells if c.cell_type == "code" and "s.show_attention(" in c.source]
+        assert cells, f"{rel}: no code cell opens the attention viewer"
+        shown = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for c in cells for o in c.outputs
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        assert shown, f"{rel}: the viewer cell has no displayed panel"
+        state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+        for model_id in shown:
+            panel = state[model_id]["state"]
+            assert panel.get("_anywidget_id", "").endswith("AttentionViewer"), rel
+            assert panel.get("tokens") and panel.get("n_heads", 0) > 0, rel

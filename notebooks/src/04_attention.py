@@ -32,5 +32,22 @@ for h in range(s.facts.n_heads):
 att.plot(layer=last, head=0)
 
 # %% [markdown]
-# The interactive viewer (`s.show_attention(prompt)`) shows every head as a thumbnail and fetches the
-# selected one on demand; see `05_steering_panel` and `docs/WIDGETS.md`.
+# ## The interactive viewer
+#
+# `s.show_attention(prompt)` shows every head of a layer as a thumbnail; click one (or use the arrow keys) to see
+# its pattern, and hover a token to colour what it attends to. Only the layer on screen and the selected head
+# are sent to the page. Below it opens on the last layer; more in `docs/WIDGETS.md`.
+
+# %%
+view = s.show_attention(prompt, layer=last, head=0)
+view
+
+# %% [markdown]
+# The same viewer can be driven from Python: `view.show(layer, head)` does what a click does, and
+# `view.head_pattern()` is the pattern on screen, the same numbers `attention()` returned.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+view.show(last, 1)
+print(f"showing layer {view.layer}, head {view.head}, {len(view.tokens)} tokens")
+print("on screen == att.probs:", torch.equal(view.head_pattern(), att.probs[last][1].float()))

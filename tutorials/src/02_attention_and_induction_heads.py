@@ -76,4 +76,15 @@ print(f"previous-token head: layer {L_prev}, head {H_prev} ({float(prev.max()):.
       f"it sits before the induction head: {L_prev < L_best}")
 
 # %% [markdown]
-# The interactive viewer shows the same matrices: `s.show_attention(tokens)`.
+# ## 3. See it in the attention viewer
+# The viewer shows the same matrices, opened on the induction head. Its pattern is an off-diagonal stripe:
+# each token of the second copy looks `n_rep - 1` tokens back. Click the previous-token head (the solution
+# above) in the thumbnails, or any other head, to compare; hover a token to see where it looks.
+
+# %%
+view = s.show_attention(tokens, layer=L_best, head=H_best)
+view
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("viewer shows the induction head's pattern:", torch.equal(view.head_pattern(), att.probs[L_best][H_best].float()))
