@@ -158,7 +158,8 @@ def _load_tokenizer(src: str, trust_remote_code: bool, asked: bool):
     if not asked and os.path.isdir(src) and not any(os.path.isfile(os.path.join(src, f)) for f in _TOKENIZER_FILES):
         return None
     try:
-        return AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+        with _transformers_bars_off():  # a hub download of the tokenizer files would draw the hub's bars
+            return AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         if not asked and not os.path.isdir(src) and not (_json_in(src, "tokenizer_config.json")
                                                          or _json_in(src, "tokenizer.json")):
@@ -244,7 +245,8 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
     torch_dtype = torch_dtype or default_dtype(dev)
     # Everything that can refuse does so from the config and the tokenizer files, before any weights are read.
     try:
-        config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
+        with _transformers_bars_off():
+            config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
     except OSError as e:
         raise InputError(f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
                          "in the local HF cache or a folder.") from None
