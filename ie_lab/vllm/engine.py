@@ -43,8 +43,9 @@ SAFE_ENGINE_KWARGS: dict[str, str] = {
 
 _COMPILED = ("it compiles the model (torch.compile, CUDA graphs), and ie_lab's Python hooks run only while the "
              "graph is traced: steering is silently dropped and captures come back empty.",
-             "for compiled capture pass graph_points=[...] to the Session (docs/VLLM.md, graph mode); steering "
-             "needs the default eager engine.")
+             "for plain fast generation create the Session with mode='generate' (compiled, no hooks; or switch "
+             "with s.set_mode('generate', reload=True)); for compiled capture pass graph_points=[...] to the "
+             "Session (docs/VLLM.md, modes and graph mode); steering needs the default eager engine.")
 _SESSION_KW = "it is a Session keyword, which ie_lab checks and passes on itself."
 _OURS = ("ie_lab sets it to install its worker extension and hooks; another value would leave requests without "
          "them.", "leave it out.")
@@ -122,7 +123,7 @@ def check_engine_kwargs(extra: dict) -> None:
 def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_parallel_size: int,
                 enable_prefix_caching: bool, max_model_len: int | None, seed: int, extra: dict,
                 async_engine: bool = False, graph_points: list[str] | None = None,
-                compile_dir: str | None = None) -> Any:
+                compile_dir: str | None = None, generate_only: bool = False) -> Any:
     from vllm import AsyncEngineArgs, EngineArgs
 
     kw = dict(model=model, tokenizer=tokenizer or model, dtype=dtype, enforce_eager=True,
@@ -131,7 +132,12 @@ def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_paralle
               load_format="safetensors")  # never unpickle weights
     if max_model_len:
         kw["max_model_len"] = max_model_len
-    if graph_points is not None:
+    if generate_only:
+        # Generation-only mode: vLLM compiles the model as it would on its own (CUDA graphs on a GPU in its default
+        # mode), and ie_lab installs nothing in it. A private compile cache, as in graph mode: an artifact traced
+        # with graph mode's taps (or a later version of them) is never loaded here.
+        kw.update(enforce_eager=False, compilation_config={"cache_dir": compile_dir or ""})
+    elif graph_points is not None:
         from . import static_taps, worker  # noqa: F401 - importing the worker registers the loader
 
         # Compiled trunk with static taps. A private compile cache: an artifact traced without these taps

@@ -69,6 +69,9 @@ class VLLMModel:
 def check_served(lm: VLLMModel, addr: Address) -> None:
     """Refuse an address vLLM cannot serve (registry reason) or this model lacks (PointAbsent)."""
     p = addr.point
+    if lm.info.get("mode") == "generate":
+        raise CapabilityUnsupported(f"{addr} in generation-only mode (mode='generate')", GENERATE_ONLY_WHY,
+                                    GENERATE_ONLY_FIX)
     v = p.verdict("vllm")
     if not v.verdict.ok:
         raise CapabilityUnsupported(f"{addr} on backend='vllm'", v.reason or f"{p.name} is {v.verdict.value} on vLLM.",
@@ -113,6 +116,28 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
                             "between them (use mlp_in or resid_post)."}.get(
                    p.name, f"{p.name} is not bound on layer {addr.layer} of this family.")
         raise PointAbsent(str(addr), lm.family, why, "see Session.points() for what this model serves.")
+
+
+MODES = ("hooks", "generate", "graph")
+GENERATE_ONLY_WHY = ("the Session runs vLLM's compiled model with none of ie_lab's hooks or taps in it, for plain fast "
+                     "generation; capture, steering, attention, the logit lens and projection all need them.")
+GENERATE_ONLY_FIX = ("switch with s.set_mode('hooks', reload=True) (or set_mode(graph_points=[...], reload=True) for "
+                     "compiled capture); either reloads the weights into a new engine. Or create the Session with "
+                     "mode='hooks' (the default).")
+
+
+def _resolve_mode(mode: Any, graph_points: Any) -> str:
+    """The Session mode asked for: graph_points= means graph mode, and nothing means hooks (the default)."""
+    if mode is not None and mode not in MODES:
+        raise InputError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}.")
+    if graph_points is not None:
+        if mode not in (None, "graph"):
+            raise InputError(f"graph_points= declares graph mode, which cannot go with mode={mode!r}; drop one of them.")
+        return "graph"
+    if mode == "graph":
+        raise InputError("mode='graph' needs graph_points=[...], the points its static taps read, e.g. "
+                         "graph_points=['resid_post.0'].")
+    return mode or "hooks"
 
 
 def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
@@ -354,14 +379,22 @@ VERIFIED_FAMILIES = quirks.VLLM_VERIFIED
 class VLLMSession(Session):
     """Session on vLLM. Extra keywords: tensor_parallel_size, engine ('auto' | 'inproc' | 'async'),
     enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs), graph_points
-    (graph mode: a compiled trunk with static taps for these points only; see docs/VLLM.md)."""
+    (graph mode: a compiled trunk with static taps for these points only; see docs/VLLM.md), mode ('hooks', the
+    default: eager engine, every operation; 'generate': compiled, plain generation only; 'graph': implied by
+    graph_points). set_mode() switches, reloading the weights when asked (reload=True)."""
 
     def __init__(self, model: Any, backend: str = "vllm", device: Any = None, dtype: Any = None,
                  tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
                  progress: bool = True, tensor_parallel_size: int = 1, engine: str = "auto",
                  enable_prefix_caching: bool = True, max_model_len: int | None = None, seed: int = 0,
-                 engine_kwargs: dict | None = None, graph_points: Iterable[Any] | None = None):
+                 engine_kwargs: dict | None = None, graph_points: Iterable[Any] | None = None,
+                 mode: str | None = None):
         from ..loading import resolve_dtype
+
+        mode = _resolve_mode(mode, graph_points)
+        if mode != "hooks" and (engine_kwargs or {}).get("enforce_eager") is True:
+            raise InputError(f"engine_kwargs={{'enforce_eager': True}} contradicts mode={mode!r}, which compiles the "
+                             "model; drop it, or use mode='hooks'.")
 
         if not isinstance(model, (str, os.PathLike)):
             raise CapabilityUnsupported("a model object on backend='vllm'", "vLLM loads its own copy of the weights "
@@ -409,10 +442,13 @@ class VLLMSession(Session):
         self._driver = None
         self._graph_dir = None
         self._graph = None if graph_points is None else list(graph_points)
+        self._mode = mode
         self._len_why = ""  # why the context is shorter than the model's own, where ie_lab caps it
+        # kept for set_mode(..., reload=True), which builds the engine again from the same arguments
+        self._load_args = (os.fspath(model), tokenizer, tensor_parallel_size, enable_prefix_caching, max_model_len,
+                           seed, trust_remote_code, dict(engine_kwargs or {}))
         try:
-            self._lm = self._call(self._aload(os.fspath(model), tokenizer, tensor_parallel_size, enable_prefix_caching,
-                                              max_model_len, seed, trust_remote_code, dict(engine_kwargs or {})))
+            self._lm = self._call(self._aload(*self._load_args))
         except BaseException:
             with contextlib.suppress(Exception):
                 if self._driver is not None:
@@ -484,11 +520,12 @@ class VLLMSession(Session):
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         self._max_len = int(max_model_len or facts.max_positions or 0) or None
-        if self._graph is not None:
+        if self._graph is not None or self._mode == "generate":
             import shutil
             import tempfile
 
-            self._graph = graph_point_names(facts, self._graph)
+            if self._graph is not None:
+                self._graph = graph_point_names(facts, self._graph)
             self._graph_dir = tempfile.mkdtemp(prefix="ie_lab-vllm-compile-")
             # also when the session is never closed (a notebook restarted, a script that just ends)
             self._graph_dir_gone = weakref.finalize(self, shutil.rmtree, self._graph_dir, True)
@@ -496,10 +533,15 @@ class VLLMSession(Session):
                            enable_prefix_caching=prefix, max_model_len=max_model_len or facts.max_positions,
                            seed=seed, extra={"trust_remote_code": trust_remote_code, **extra},
                            async_engine=self.engine_kind == "async", graph_points=self._graph,
-                           compile_dir=self._graph_dir)
+                           compile_dir=self._graph_dir, generate_only=self._mode == "generate")
         self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
         await self._driver.build()
-        info = (await self._driver.rpc("ie_install"))[0]
+        if self._mode == "generate":
+            # nothing is installed: a Python hook inside the compiled model would run only while it is traced
+            info = {"model_class": (getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
+                    "n_layers": facts.n_layers, "present": {}, "tp_size": tp, "final_norm": False, "mode": "generate"}
+        else:
+            info = (await self._driver.rpc("ie_install"))[0]
         return VLLMModel(path, facts, tok, dtype, info)
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -522,6 +564,60 @@ class VLLMSession(Session):
             if ref is not None and ref() is self:
                 del _LIVE[self._key]
 
+    # ---- modes ----------------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        """'hooks' (eager engine: every operation), 'generate' (compiled, plain generation only) or 'graph'
+        (compiled, the declared points only)."""
+        return self._mode
+
+    def set_mode(self, mode: str | None = None, *, graph_points: Iterable[Any] | None = None,
+                 reload: bool = False) -> "VLLMSession":
+        """Switch between 'hooks', 'generate' and graph mode (graph_points=[...]). vLLM decides whether it compiles
+        the model, and what the trace holds, when its engine is built, so a switch reloads the weights: without
+        reload=True it is refused, saying so; with it, this engine is closed first and a new one built from the same
+        arguments. Switching to the mode the Session is in does nothing."""
+        self._check_open()
+        if mode is None and graph_points is None:
+            raise InputError("set_mode needs a mode: 'hooks', 'generate', or graph_points=[...] for graph mode.")
+        if not isinstance(reload, bool):
+            raise InputError(f"reload must be True or False, got {reload!r}.")
+        target = _resolve_mode(mode, graph_points)
+        names = graph_point_names(self._lm.facts, list(graph_points)) if target == "graph" else None
+        if target == self._mode and (target != "graph" or names == self._graph):
+            return self
+        now = self._mode if self._mode != "graph" else f"graph (graph_points={self._graph})"
+        ask = f"set_mode(graph_points={names!r}" if target == "graph" else f"set_mode({target!r}"
+        if not reload:
+            raise CapabilityUnsupported(
+                f"switching this Session from mode {now} to {target!r} without reloading",
+                "vLLM fixes whether the model is compiled, and which taps the compiled graph holds, when its engine "
+                "is built; a live engine cannot be recompiled or run uncompiled, so the weights must be loaded again.",
+                f"call s.{ask}, reload=True): it closes this engine and builds a new one from the same arguments")
+        if self._tokens or self._inflight:
+            raise CapabilityUnsupported(f"s.{ask}, reload=True) while requests run",
+                                        "reloading closes the engine they run on.",
+                                        "wait for them to finish (or cancel them), then switch")
+        if target != "hooks" and self._load_args[7].get("enforce_eager") is True:
+            raise InputError(f"this Session was created with engine_kwargs={{'enforce_eager': True}}, which "
+                             f"contradicts mode={target!r}; create a new Session without it.")
+        # The old engine goes first: two engines at once would hold two copies of the weights and KV cache.
+        self._call(self._driver.shutdown())
+        self._driver = None
+        self._remove_graph_dir()
+        self._mode, self._graph = target, names
+        try:
+            self._lm = self._call(self._aload(*self._load_args))
+        except BaseException:
+            self.close()  # no engine is left to serve anything: closed, as the error says
+            raise
+        return self
+
+    def _refuse_in_generate_mode(self, what: str) -> None:
+        if self._mode == "generate":
+            raise CapabilityUnsupported(f"{what} in generation-only mode (mode='generate')", GENERATE_ONLY_WHY,
+                                        GENERATE_ONLY_FIX)
+
     def _remove_graph_dir(self) -> None:
         """Graph mode's private compile cache goes with the engine that compiled into it."""
         if getattr(self, "_graph_dir", None):
@@ -538,6 +634,8 @@ class VLLMSession(Session):
         self._check_open()
         f, info = self._lm.facts, self._lm.info
         mode = f", graph mode: {len(info['graph_points'])} static taps" if info.get("graph_points") else ""
+        if info.get("mode") == "generate":
+            mode = ", generation-only mode: compiled, no hooks"
         return (f"{f.model_type} on vLLM ({info['model_class']}, {self.engine_kind} engine{mode}, tensor parallel "
                 f"{info['tp_size']}): {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim} "
                 f"({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.")
@@ -693,6 +791,7 @@ class VLLMSession(Session):
         from ..eager.capture import slice_head
         from ..eager.inputs import str_tokens
 
+        self._refuse_in_generate_mode("capture")
         if grad:
             from ..capabilities import require
 
@@ -744,6 +843,7 @@ class VLLMSession(Session):
         from ..eager.steer import check_positions_fit
         from ..ops.projection import to_plain
 
+        self._refuse_in_generate_mode("project()")
         addr = one_address(self._lm, address)
         width = point_width(addr, self._lm.facts)
         check_served(self._lm, addr)
@@ -817,6 +917,8 @@ class VLLMSession(Session):
         box: dict = kwargs.pop("_result", None) if "_result" in kwargs else {}
         capture = kwargs.pop("capture", None)
         steer = kwargs.pop("steer", None)
+        if capture or steer is not None or (self._mode == "generate" and self._entered_specs()):
+            self._refuse_in_generate_mode("generation with capture= or steering")
         kwargs.pop("keep_logits", None)  # logits stay in the worker on vLLM
         unknown = set(kwargs) - {"temperature", "top_k", "top_p", "seed", "stop", "n_logprobs", "ignore_eos"}
         if unknown:
@@ -940,6 +1042,7 @@ class VLLMSession(Session):
         from ..eager.steer import make_spec
 
         self._check_open()
+        self._refuse_in_generate_mode("steering")
         if self._graph is not None:
             self._refuse_in_graph_mode("steering")
         spec = make_spec(self._lm, address, vector, method=method, **kwargs)
@@ -955,6 +1058,7 @@ class VLLMSession(Session):
         from ..eager.inputs import str_tokens
         from ..eager.lens import LensResult
 
+        self._refuse_in_generate_mode("the logit lens")
         if self._graph is not None:
             self._refuse_in_graph_mode("the logit lens")
         from ..ops.lens import describe_postprocess
@@ -1001,6 +1105,7 @@ class VLLMSession(Session):
     async def _aattention(self, prompt: Any, layers: Any = None):
         from ..eager.attention import AttentionResult
 
+        self._refuse_in_generate_mode("attention()")
         layers = list(range(self._lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
         scored = self._lm.family not in quirks.VLLM_SCORES_UNCHECKED
         c = await self._acapture(prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
@@ -1064,6 +1169,8 @@ class VLLMSession(Session):
     def worker_state(self) -> list[dict]:
         """What each worker holds (registered requests, steering entries, hooks): empty when idle."""
         self._check_open()
+        if self._mode == "generate":  # nothing was installed in the worker: no request can register there
+            return [{"specs": [], "rows_in_flight": False, "steering": 0, "hooks": 0, "installed": False}]
         return self._call(self._driver.rpc("ie_state"))
 
 
