@@ -200,7 +200,7 @@ def test_attention_viewer_sends_one_head_at_a_time(session):
     assert torch.allclose(a.head_pattern(), ref[2].float(), atol=1e-6)
     thumbs = np.frombuffer(a.thumbs, dtype=np.uint8).reshape(4, a.thumb_side, a.thumb_side)
     assert thumbs.max() == 255
-    assert repr(a) == f"AttentionViewer(llama, {n} tokens: {n} tokens, layers [0, 1], 4 heads; showing layer 1 head 2)"
+    assert repr(a) == f"AttentionViewer(llama: {n} tokens, layers [0, 1], 4 heads; showing layer 1 head 2)"
     with pytest.raises(ie_lab.InputError):
         session.show_attention("Mary", layers=[5])
     assert_clean(session._lm)

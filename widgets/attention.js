@@ -168,7 +168,7 @@ function render({ model, el }) {
 
   function refreshAll() {
     const n = tokens().length;
-    title.replaceChildren(h("b", { text: "attention" }), ` · ${model.get("title")} · ${model.get("n_heads")} heads · showing layer ${model.get("layer")}, head ${model.get("head")}`);
+    title.replaceChildren(h("b", { text: "attention" }), ` · ${model.get("title")} · ${model.get("tokens").length} tokens · ${model.get("n_heads")} heads · showing layer ${model.get("layer")}, head ${model.get("head")}`);
     if (layerSel.options.length !== model.get("layers").length) {
       layerSel.replaceChildren(...model.get("layers").map((L) => h("option", { value: String(L), text: String(L) })));
     }

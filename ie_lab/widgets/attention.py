@@ -121,4 +121,4 @@ def for_session(session: Any, prompt: Any, layers: Any = None, *, layer: int | N
         return session.capture(ids, [f"attn_probs.{L}"])[f"attn_probs.{L}"][0]
 
     return AttentionViewer(fetch, tokens, chosen, lm.facts.n_heads, layer=layer, head=head,
-                           title=f"{lm.facts.model_type}, {len(tokens)} tokens")
+                           title=lm.facts.model_type)  # the repr adds the token count
