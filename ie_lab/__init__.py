@@ -106,6 +106,7 @@ from . import sizing  # noqa: E402
 from .chat import apply_chat_template, message_spans  # noqa: E402
 from .eager.attention import attention  # noqa: E402
 from .eager.lens import fit_tuned_lens, logit_lens  # noqa: E402
+from .eager.means import mean_difference  # noqa: E402
 from .eager.patching import (  # noqa: E402
     attribution_patch,
     gradients,
@@ -131,6 +132,6 @@ __all__ = [
     "Address", "AddressError", "ArchitectureUnsupported", "ComputeDiffersWarning", "IELabWarning", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent", "RequestFailed",
     "StructureError", "DEMO_MODEL", "apply_chat_template", "attention", "attribution_patch", "capture", "cheatsheet",
     "fit_tuned_lens", "generate", "generate_stream", "gradients", "load", "logit_diff", "logit_lens",
-    "message_spans", "patch", "patch_sweep", "points", "project", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",
+    "mean_difference", "message_spans", "patch", "patch_sweep", "points", "project", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",
     "__version__",
 ]

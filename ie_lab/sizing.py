@@ -79,3 +79,39 @@ class SizingTable:
 
 def table(config: Any, dtype: str = "bfloat16", context: int = 4096) -> SizingTable:
     return SizingTable(estimate(config, dtype), context)
+
+
+def forward_bytes_per_row(facts: ArchFacts, n_tokens: int, points: int = 0, dtype: str = "float32") -> float:
+    """Peak activation bytes one batch row adds to a forward without a KV cache (an upper-bound estimate).
+
+    Counted: the `points` captured d_model-wide buffers, a handful of live d_model-wide tensors and one MLP
+    hidden at a time (a forward frees each layer's temporaries before the next), one layer's attention
+    scores (eager attention materialises [heads, tokens, tokens]) and the logits over the vocabulary.
+    """
+    b = BYTES[dtype]
+    f = facts
+    per_token = (points + 4) * f.d_model + 2 * f.d_mlp * max(1, f.experts_per_token) + f.vocab_size
+    return b * (n_tokens * per_token + f.n_heads * n_tokens * n_tokens)
+
+
+def batch_size_for(facts: Any, n_tokens: int, points: int = 0, budget_bytes: float = 1 * GIB,
+                   dtype: str = "float32", cap: int = 64) -> int:
+    """How many rows of `n_tokens` tokens one forward can take inside `budget_bytes` of activation memory.
+
+    Used by the batched operations (difference of means, patch sweeps) when no batch_size is given; at least 1
+    (a single row is what the unbatched code runs anyway) and at most `cap` (past a few dozen rows a forward is
+    compute-bound, so more rows buy no speed). `facts` is an ArchFacts or a config.
+    """
+    from .errors import InputError
+
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise InputError(f"batch_size_for: n_tokens must be a positive integer, got {n_tokens!r}.")
+    if isinstance(points, bool) or not isinstance(points, int) or points < 0:
+        raise InputError(f"batch_size_for: points must be a non-negative integer, got {points!r}.")
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or not budget_bytes > 0:
+        raise InputError(f"batch_size_for: budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
+    if dtype not in BYTES:
+        raise InputError(f"batch_size_for: unknown dtype {dtype!r}; use one of {sorted(BYTES)}.")
+    facts = facts if isinstance(facts, ArchFacts) else ArchFacts.from_config(facts)
+    per_row = forward_bytes_per_row(facts, n_tokens, points, dtype)
+    return max(1, min(cap, int(budget_bytes // per_row)))
