@@ -71,3 +71,66 @@ def test_batch_size_for_shrinks_with_tokens_and_points_and_respects_bounds():
         sizing.batch_size_for(f, 0)
     with pytest.raises(ie_lab.IELabError, match="budget_bytes"):
         sizing.batch_size_for(f, 8, budget_bytes=-1)
+
+
+CLEAN = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+CORRUPT = torch.tensor([[5, 6, 7, 30, 9, 10, 41]])
+
+
+def _metric(logits):
+    return (logits[:, -1, 3] - logits[:, -1, 4]).mean()
+
+
+def _reference_positions(lm, layers):
+    """One forward per (layer, position) cell, through run_with_patches (the unbatched sweep's own path)."""
+    src = ie_lab.capture(lm, CLEAN, [f"resid_pre.{L}" for L in layers])
+    return torch.tensor([[float(_metric(ie_lab.run_with_patches(lm, CORRUPT, {f"resid_pre.{L}": src[f"resid_pre.{L}"]},
+                                                                    positions=[j])))
+                          for j in range(CORRUPT.shape[1])] for L in layers])
+
+
+def _reference_heads(lm, layers):
+    """Head h of z patched = z of the corrupted run with head h's slice taken from the clean run."""
+    d, H = lm.facts.head_dim, lm.facts.n_heads
+    c = ie_lab.capture(lm, CLEAN, [f"z.{L}" for L in layers])
+    x = ie_lab.capture(lm, CORRUPT, [f"z.{L}" for L in layers])
+    out = torch.zeros(len(layers), H)
+    for i, L in enumerate(layers):
+        for h in range(H):
+            mixed = x[f"z.{L}"].clone()
+            mixed[..., h * d:(h + 1) * d] = c[f"z.{L}"][..., h * d:(h + 1) * d]
+            out[i, h] = float(_metric(ie_lab.run_with_patches(lm, CORRUPT, {f"z.{L}": mixed})))
+    return out
+
+
+@pytest.mark.parametrize("fam", ["llama", "gpt2"])
+def test_batched_patch_sweep_equals_one_forward_per_cell(fam):
+    lm = lm_for(fam)
+    layers = list(range(lm.facts.n_layers))
+    want = _reference_positions(lm, layers)
+    assert want.std() > 1e-4  # cells differ, so a row patched at the wrong cell would show
+    for bs in (1, 3, 5, None):  # 3 and 5 do not divide the cell count: ragged last batch, batches across layers
+        grid = ie_lab.patch_sweep(lm, CLEAN, CORRUPT, _metric, layers=layers, progress=False, batch_size=bs)
+        torch.testing.assert_close(grid.values, want, atol=1e-5, rtol=1e-5)
+    assert_clean(lm)
+
+
+@pytest.mark.parametrize("fam", ["llama", "gpt2"])
+def test_batched_head_sweep_equals_one_forward_per_cell(fam):
+    lm = lm_for(fam)
+    layers = list(range(lm.facts.n_layers))
+    want = _reference_heads(lm, layers)
+    assert want.std() > 1e-5
+    for bs in (1, 3, None):
+        grid = ie_lab.patch_sweep(lm, CLEAN, CORRUPT, _metric, over="layer_head", layers=layers, progress=False,
+                                  batch_size=bs)
+        torch.testing.assert_close(grid.values, want, atol=1e-5, rtol=1e-5)
+    assert_clean(lm)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, False])
+def test_patch_sweep_refuses_a_bad_batch_size(bad):
+    lm = lm_for("llama")
+    with pytest.raises(ie_lab.IELabError, match="batch_size"):
+        ie_lab.patch_sweep(lm, CLEAN, CORRUPT, _metric, progress=False, batch_size=bad)
+    assert_clean(lm)

@@ -182,10 +182,14 @@ def _scalar(x: Any) -> float:
 
 
 def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point: str = "resid_pre",
-                over: str = "layer_position", layers: Sequence[int] | None = None, progress: bool = True) -> PatchGrid:
+                over: str = "layer_position", layers: Sequence[int] | None = None, progress: bool = True,
+                batch_size: int | None = None) -> PatchGrid:
     """Patch clean activations into the corrupted run one cell at a time and record the metric.
 
     over="layer_position": every (layer, position) of `point`; over="layer_head": every (layer, head) of z.
+    The cells run `batch_size` at a time: the corrupted prompt repeated, each row patched at its own cell, the
+    metric read on each row alone (a [1, seq, vocab] slice, as unbatched). None sizes the batch from
+    ie_lab.sizing.batch_size_for; batch_size=1 is one forward per cell. The grid does not depend on it.
     """
     from tqdm.auto import tqdm
 
@@ -197,6 +201,9 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     _check_metric(metric)
     if not isinstance(progress, bool):
         raise InputError(f"progress must be True or False, got {progress!r}.")
+    from .means import auto_batch_size, check_batch_size
+
+    batch_size = check_batch_size(batch_size)
     point = "z" if over == "layer_head" else point
     layers = layer_list(layers, lm.facts)
     _check_patchable(point)
@@ -213,27 +220,61 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     seq = x_ids.shape[1]
     n_cols = seq if over == "layer_position" else lm.facts.n_heads
     grid = torch.zeros(len(layers), n_cols)
-    bar = tqdm(total=len(layers) * n_cols, desc=f"patching {point}", disable=not progress)
+    if batch_size is None:
+        batch_size = auto_batch_size(lm, seq, 0)
+    cells = [(i, j) for i in range(len(addrs)) for j in range(n_cols)]
+    bar = tqdm(total=len(cells), desc=f"patching {point}", disable=not progress)
     try:
-        for i, a in enumerate(addrs):
-            for j in range(n_cols):
-                if over == "layer_position":
-                    logits = run_with_patches(lm, x_ids, {a: src[a]}, positions=[j])
-                else:
-                    d = lm.facts.head_dim
-                    head_src = src[a][..., j * d:(j + 1) * d]
-                    with lm.lock, torch.no_grad(), Writers(lm, [(Address("z", a.layer, head=j),
-                                                                 lambda t, off, s=head_src: s.to(t))]) as w:
-                        w.shape = (x_ids.shape[0], seq)
-                        logits = _forward(lm, x_ids, None)
-                grid[i, j] = _scalar(metric(logits))
-                bar.update(1)
+        for k in range(0, len(cells), batch_size):
+            chunk = cells[k:k + batch_size]
+            for (i, j), v in zip(chunk, _sweep_batch(lm, x_ids, src, addrs, chunk, over)):
+                grid[i, j] = _scalar(metric(v))
+            bar.update(len(chunk))
     finally:
         bar.close()
     cols = ([f"{p}:{t}" for p, t in enumerate(str_tokens(lm, x_ids)[0])] if over == "layer_position"
             else [f"head {h}" for h in range(n_cols)])
     return PatchGrid(grid, [str(a) for a in addrs], cols, clean_m, corr_m, getattr(metric, "__name__", "metric"))
 
+
+def _sweep_batch(lm: Any, x_ids: torch.Tensor, src: Cache, addrs: list[Address], chunk: list[tuple[int, int]],
+                 over: str) -> list[torch.Tensor]:
+    """One forward of the corrupted prompt repeated len(chunk) times, row r patched at cell chunk[r] only;
+    the logits of each cell as a [batch, seq, vocab] tensor (what the metric sees unbatched)."""
+    rows_of: dict[tuple[int, int | None], list[tuple[int, int]]] = {}
+    for r, (i, j) in enumerate(chunk):
+        # positions: one writer per layer, rows patched at their own position; heads: one per (layer, head)
+        rows_of.setdefault((i, None) if over == "layer_position" else (i, j), []).append((r, j))
+    b = x_ids.shape[0]  # a batched prompt: each cell is a block of b rows
+
+    def block(r: int) -> slice:
+        return slice(r * b, (r + 1) * b)
+    edits = []
+    for (i, head), rs in rows_of.items():
+        a = addrs[i]
+        if over == "layer_position":
+            def edit(t: torch.Tensor, off: int, s: torch.Tensor = src[a], rs: list = rs) -> torch.Tensor:
+                out = t.clone()
+                s = s.to(t)
+                for r, j in rs:
+                    out[block(r), j] = s[:, j]
+                return out
+            edits.append((a, edit))
+        else:
+            d = lm.facts.head_dim
+            head_src = src[a][..., head * d:(head + 1) * d]
+
+            def edit(t: torch.Tensor, off: int, s: torch.Tensor = head_src, rs: list = rs) -> torch.Tensor:
+                out = t.clone()
+                for r, _ in rs:
+                    out[block(r)] = s.to(t)
+                return out
+            edits.append((Address("z", a.layer, head=head), edit))
+    ids = x_ids.repeat(len(chunk), 1)
+    with lm.lock, torch.no_grad(), Writers(lm, edits) as w:
+        w.shape = (ids.shape[0], ids.shape[1])
+        logits = _forward(lm, ids, None)
+    return [logits[block(r)] for r in range(len(chunk))]
 
 def _check_patchable(point: Any) -> None:
     if not isinstance(point, str):
