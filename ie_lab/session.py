@@ -975,6 +975,19 @@ class Session:
 
         return self._sync(self._steered(None, lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs)))
 
+    async def amean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any):
+        from .eager.means import mean_difference
+
+        return await self._async(self._steered(None, lambda: mean_difference(self._lm, positive, negative, address,
+                                                                             **kwargs)))
+
+    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any):
+        """mean(positive) - mean(negative) at `address`, the prompts in batches (see ie_lab.mean_difference)."""
+        from .eager.means import mean_difference
+
+        return self._sync(self._steered(None, lambda: mean_difference(self._lm, positive, negative, address,
+                                                                      **kwargs)))
+
     async def agradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None):
         from .eager.patching import gradients
 
@@ -1009,6 +1022,6 @@ class Session:
         return SteeringPanel(self, prompt, address=address, vector=vector, **kwargs)
 
 ASYNC_TWINS = ("capture", "generate", "generate_stream", "attention", "logit_lens", "patch", "patch_sweep",
-               "gradients", "run")
+               "gradients", "mean_difference", "run")
 
 __all__ = ["Session", "OperationCancelled", "SessionClosed", "Address"]

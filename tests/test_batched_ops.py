@@ -134,3 +134,34 @@ def test_patch_sweep_refuses_a_bad_batch_size(bad):
     with pytest.raises(ie_lab.IELabError, match="batch_size"):
         ie_lab.patch_sweep(lm, CLEAN, CORRUPT, _metric, progress=False, batch_size=bad)
     assert_clean(lm)
+
+
+def test_batched_sweep_of_a_batched_prompt_equals_one_forward_per_cell():
+    lm = lm_for("llama")
+    clean, corrupt = CLEAN.repeat(2, 1), torch.cat([CORRUPT, CLEAN.flip(1)])
+    layers = [0, 1]
+    src = ie_lab.capture(lm, clean, [f"resid_pre.{L}" for L in layers])
+    want = torch.tensor([[float(_metric(ie_lab.run_with_patches(lm, corrupt, {f"resid_pre.{L}": src[f"resid_pre.{L}"]},
+                                                                    positions=[j])))
+                          for j in range(clean.shape[1])] for L in layers])
+    for bs in (3, None):
+        grid = ie_lab.patch_sweep(lm, clean, corrupt, _metric, layers=layers, progress=False, batch_size=bs)
+        torch.testing.assert_close(grid.values, want, atol=1e-5, rtol=1e-5)
+    assert_clean(lm)
+
+
+def test_session_mean_difference_and_its_twin_equal_the_free_function():
+    import asyncio
+
+    from ie_lab.toy import tiny_model
+
+    m, t = tiny_model("llama")
+    s = ie_lab.Session(m, tokenizer=t, progress=False)
+    try:
+        want = _one_at_a_time(s._lm, POS, "resid_post.0") - _one_at_a_time(s._lm, NEG, "resid_post.0")
+        torch.testing.assert_close(s.mean_difference(POS, NEG, "resid_post.0", batch_size=2), want,
+                                   atol=1e-5, rtol=1e-5)
+        got = asyncio.run(s.amean_difference(POS, NEG, "resid_post.0"))
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    finally:
+        s.close()

@@ -221,7 +221,7 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     n_cols = seq if over == "layer_position" else lm.facts.n_heads
     grid = torch.zeros(len(layers), n_cols)
     if batch_size is None:
-        batch_size = auto_batch_size(lm, seq, 0)
+        batch_size = max(1, auto_batch_size(lm, seq, 0) // x_ids.shape[0])  # a cell is a block of batch rows
     cells = [(i, j) for i in range(len(addrs)) for j in range(n_cols)]
     bar = tqdm(total=len(cells), desc=f"patching {point}", disable=not progress)
     try:
