@@ -293,3 +293,21 @@ def test_a_dropped_vllm_session_is_freed_with_its_thread(tmp_path):
     thread.join(timeout=60)  # a bound on a hang only
     assert ref() is None, "the dropped session is still referenced"
     assert not thread.is_alive(), "the dropped session's loop thread is still running"
+
+
+def test_mean_difference_on_vllm_equals_eager(s):
+    # Session.mean_difference came to the eager Session this stop; the vLLM session inherits the name, so it must
+    # compute the same vector (concurrent requests), not run eager code on a vLLM handle.
+    lm = eager_for("llama")
+    pos = [TEXT, "Mary went to the park with John"]
+    neg = ["The weather was cold", "A dog ran across the road and barked"]
+    want = ie_lab.mean_difference(lm, pos, neg, "resid_post.1")
+    got = s.mean_difference(pos, neg, "resid_post.1", batch_size=1)
+    assert got.shape == want.shape and close(got, want, atol=1e-3)
+    assert not close(got, ie_lab.mean_difference(lm, pos, neg, "resid_post.0"), atol=1e-3)  # another layer fails
+    assert close(asyncio.run(s.amean_difference(pos, neg, "resid_post.1")), got, atol=1e-5)
+    with pytest.raises(InputError):
+        s.mean_difference([], neg, "resid_post.1")
+    with pytest.raises(InputError):
+        s.mean_difference(pos, neg, "attn_probs.0")
+    _clean(s)

@@ -830,6 +830,46 @@ class VLLMSession(Session):
         self._check_open()
         return self._call(self._acapture(tokens_or_text, addresses, **kwargs))
 
+    # ---- difference of means ----------------------------------------------------------------------
+    async def _amean_difference(self, positive: Any, negative: Any, address: Any, *,
+                                batch_size: int | None = None) -> torch.Tensor:
+        """mean(positive) - mean(negative) at `address`, each prompt averaged over its own tokens first (as eager's
+        ie_lab.mean_difference); the prompts go to vLLM as concurrent requests, `batch_size` at a time."""
+        if isinstance(address, (list, tuple)):
+            raise InputError(f"address must name one point, got {len(address)}: {list(address)}.")
+        addr = Address.parse(address)
+        if addr.point.width.value == "n_heads*q*k":
+            raise InputError(f"{addr} is an attention matrix, not a per-token activation: a mean over tokens of it "
+                             "is no steering direction; use a residual point such as resid_post.")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise InputError(f"batch_size must be a positive integer (requests in flight at once) or None, got "
+                             f"{batch_size!r}.")
+        sides = []
+        for name, prompts in (("positive", positive), ("negative", negative)):
+            if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
+                raise InputError(f"{name} must be a non-empty list of prompts, got {prompts!r:.80}.")
+            sides.append(list(prompts))
+        step = batch_size or 64
+
+        async def mean_of(prompts: list) -> torch.Tensor:
+            rows = []
+            for i in range(0, len(prompts), step):
+                caps = await asyncio.gather(*(self._acapture(p, [addr]) for p in prompts[i:i + step]))
+                rows += [c[addr][0].float().mean(0).cpu() for c in caps]
+            return torch.stack(rows).mean(0)
+
+        pos, neg = [await mean_of(side) for side in sides]
+        return pos - neg
+
+    async def amean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any) -> torch.Tensor:
+        return await self._on_loop(self._amean_difference(positive, negative, address, **kwargs))
+
+    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any) -> torch.Tensor:
+        """mean(positive) - mean(negative) at `address`; the prompts run as concurrent vLLM requests."""
+        self._check_open()
+        return self._call(self._amean_difference(positive, negative, address, **kwargs))
+
     # ---- projection -------------------------------------------------------------------------------
     async def _aproject(self, prompt: Any, address: Any, directions: Any, *, bias: Any = None,
                         activation: str | None = None, threshold: Any = None, k: Any = None, max_new_tokens: int = 0,
