@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from capture_overhead import build_model  # noqa: E402
-from timing import parser, write_result  # noqa: E402
+from timing import interleaved_times, parser, write_result  # noqa: E402
 
 N_PROMPTS, NEW = 8, 32
 
@@ -81,14 +81,10 @@ def main() -> int:
 
     variants = {"hf_batched_generate": hf_batched, "ie_batched": ie_batched, "ie_batched_capture": ie_batched_capture,
                 "ie_batched_steered": ie_batched_steered, "ie_loop_of_solo": ie_loop}
-    # Interleaved rounds, as timing.interleaved_medians runs them, keeping every time: on a shared machine the
-    # fastest round of each variant (the least disturbed) is the steadier figure, so both are reported.
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(args.repeats):
-        for k, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
+    # Every round's time is kept: on a shared machine the fastest round of each variant (the least disturbed) is
+    # the steadier figure, so both it and the median are reported. No warm-up round: the correctness checks above
+    # already ran the HF, batched and loop paths.
+    times = interleaved_times(variants, args.repeats, warm=False)
     med = {k: statistics.median(t) for k, t in times.items()}
     best = {k: min(t) for k, t in times.items()}
     result = {

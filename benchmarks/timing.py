@@ -22,8 +22,9 @@ def parser(repeats: int) -> argparse.ArgumentParser:
     return ap
 
 
-def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int, warm: bool = True) -> dict[str, float]:
-    """Median seconds per variant over `repeats` rounds, each round running every variant once in turn."""
+def interleaved_times(variants: dict[str, Callable[[], object]], repeats: int,
+                      warm: bool = True) -> dict[str, list[float]]:
+    """Every round's seconds per variant over `repeats` rounds, each round running every variant once in turn."""
     if warm:
         for fn in variants.values():
             fn()
@@ -33,7 +34,12 @@ def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int,
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
+
+
+def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int, warm: bool = True) -> dict[str, float]:
+    """Median seconds per variant over `repeats` interleaved rounds (interleaved_times)."""
+    return {k: statistics.median(v) for k, v in interleaved_times(variants, repeats, warm).items()}
 
 
 def write_result(out_dir: str, name: str, result: dict, shown: object) -> int:

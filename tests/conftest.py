@@ -46,6 +46,18 @@ def assert_clean(lm) -> None:
     assert not attention_tap.is_installed(), "the attention tap was left installed"
 
 
+@pytest.fixture()
+def session():
+    """A fresh eager Session on the toy Llama (2 layers, d_model 128), closed after the test."""
+    import ie_lab
+    from ie_lab.toy import tiny_model
+
+    m, t = tiny_model("llama")
+    s = ie_lab.Session(m, tokenizer=t, progress=False)
+    yield s
+    s.close()
+
+
 @pytest.fixture(params=SUPPORTED)
 def family(request):
     return request.param

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import ie_lab
-from ie_lab.toy import tiny_model
 from tests.conftest import assert_clean, lm_for
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
@@ -201,14 +200,6 @@ def test_bad_lists_are_refused_naming_the_prompt_before_any_forward():
         h.remove()
     assert seen == []
     assert_clean(lm)
-
-
-@pytest.fixture()
-def session():
-    m, t = tiny_model("llama")
-    s = ie_lab.Session(m, tokenizer=t, progress=False)
-    yield s
-    s.close()
 
 
 def test_session_methods_take_a_list(session):

@@ -14,14 +14,6 @@ from ie_lab.toy import tiny_model
 from tests.conftest import assert_clean, hook_count
 
 
-@pytest.fixture()
-def session():
-    m, t = tiny_model("llama")
-    s = ie_lab.Session(m, tokenizer=t, progress=False)
-    yield s
-    s.close()
-
-
 def test_sync_and_async_twins_agree(session):
     c = session.capture("Mary went to the park", ["resid_post.1", "attn_probs.0"])
 

@@ -11,20 +11,11 @@ import pytest
 import torch
 
 import ie_lab
-from ie_lab.toy import tiny_model
 from tests.conftest import assert_clean, lm_for
 
 PROMPT = "Mary went to the park and"
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
 N = 8
-
-
-@pytest.fixture()
-def session():
-    m, t = tiny_model("llama")
-    s = ie_lab.Session(m, tokenizer=t, progress=False)
-    yield s
-    s.close()
 
 
 def _vectors(d):

@@ -13,11 +13,8 @@ import torch  # noqa: E402
 
 import ie_lab  # noqa: E402
 from ie_lab.eager.steer import make_spec  # noqa: E402
-from tests.vllm_helpers import TEXT, close, eager_for, vllm_session  # noqa: E402
+from tests.vllm_helpers import PROMPTS, TEXT, close, eager_for, vllm_session  # noqa: E402
 
-PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "Paris is the capital of France and",
-           "John gave a book to", "the dog ran in the park", "Alice and Bob went to the beach",
-           "one two three four five", "the old man walked to the station"]
 
 
 @pytest.fixture(scope="module")

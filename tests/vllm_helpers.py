@@ -9,6 +9,10 @@ from ie_lab import points
 from tests.families import make_model, make_tokenizer, saved_model_dir
 
 TEXT = "the cat sat on the mat and Mary went to the store"
+# Eight prompts of different lengths, for the concurrent-request tests.
+PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "Paris is the capital of France and",
+           "John gave a book to", "the dog ran in the park", "Alice and Bob went to the beach",
+           "one two three four five", "the old man walked to the station"]
 
 
 def served_addresses(session) -> list[str]:
