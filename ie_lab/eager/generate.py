@@ -122,7 +122,7 @@ def _check_args(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, n
                 ignore_eos: Any = False, has_tokenizer: bool = True) -> list[str]:
     """Refuse every unusable generation argument before any work starts; return the stop strings as a list.
 
-    The vLLM session calls this with the first five (its own checks cover the rest)."""
+    The vLLM session calls this too (vllm/session.py check_sampling), before a request reaches the engine."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
@@ -140,7 +140,8 @@ def _check_args(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, n
     if stops is None:
         stops = []
     if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
-        raise InputError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}.")
+        raise InputError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}; to stop at "
+                         "a token id, decode it first: tokenizer.decode([id]).")
     if stops and not has_tokenizer:
         raise InputError("stop strings need a tokenizer to read the generated text, and this model was loaded "
                          "without one: stop on ids with the model's EOS instead, or load a tokenizer.")

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import gc
 import html
-import math
 import os
 import threading
 import uuid
@@ -168,60 +167,21 @@ def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
     return out
 
 
-def _is_int(x: Any) -> bool:
-    import numbers
-
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    import numbers
-
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any, stop: Any,
                    n_logprobs: Any, ignore_eos: Any, *, vocab: int | None, max_logprobs: int | None) -> list[str]:
     """Every generation argument checked before vLLM sees it; the stop strings as a list.
 
     A bad value that reaches vLLM fails inside the engine's step (a seed torch cannot use, a stop that is not a
     string), which fails every request of that step: so nothing unchecked goes in. The rules are eager's
-    (ie_lab/eager/generate.py) plus what vLLM itself needs: a seed torch accepts, finite numbers, a vocabulary
-    bound on top_k and n_logprobs, and vLLM's max_logprobs."""
+    (ie_lab/eager/generate.py `_check_args`: ranges, finite numbers, a seed torch accepts, the vocabulary bound on
+    top_k and n_logprobs) plus the one vLLM adds: its engine's max_logprobs."""
     from ..eager.generate import _check_args
 
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
-    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
-        raise InputError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}.")
-    if top_k is not None and (not _is_int(top_k) or top_k < 1 or (vocab and top_k > vocab)):
-        raise InputError(f"top_k must be None or an integer in 1..{vocab or 'vocabulary size'}, got {top_k!r}.")
-    if top_p is not None and (not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1):
-        raise InputError(f"top_p must be None or a number in (0, 1], got {top_p!r}.")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2 ** 64):  # as eager: what torch's generator takes
-        raise InputError(f"seed must be an integer in [0, 2**64) or None (unseeded), got {seed!r}; e.g. seed=0.")
-    if n_logprobs is None or not _is_int(n_logprobs) or n_logprobs < 0:
-        raise InputError(f"n_logprobs must be an integer >= 0, got {n_logprobs!r}.")
-    if vocab and n_logprobs > vocab:
-        raise InputError(f"n_logprobs={n_logprobs} exceeds the vocabulary of {vocab} tokens.")
+    stops = _check_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=vocab, seed=seed, stop=stop,
+                        ignore_eos=ignore_eos)
     if max_logprobs is not None and max_logprobs >= 0 and n_logprobs > max_logprobs:
         raise InputError(f"n_logprobs={n_logprobs} exceeds the engine's max_logprobs={max_logprobs}; create the "
                          f"Session with engine_kwargs={{'max_logprobs': {n_logprobs}}} or ask for fewer.")
-    if not isinstance(ignore_eos, bool):
-        raise InputError(f"ignore_eos must be True or False, got {ignore_eos!r}.")
-    if stop is None:
-        stops: list = []
-    elif isinstance(stop, str):
-        stops = [stop]
-    elif isinstance(stop, (list, tuple)):
-        stops = list(stop)
-    else:
-        raise InputError(f"stop must be a string or a list of strings, got {type(stop).__name__}.")
-    for x in stops:
-        if not isinstance(x, str) or not x:
-            raise InputError(f"stop must hold non-empty strings (text to stop at), got {x!r} in {stop!r}; to stop at "
-                             "a token id, decode it first: tokenizer.decode([id]).")
-    _check_args(int(max_new_tokens), float(temperature), top_k, top_p, int(n_logprobs))  # eager's own rules too
     return stops
 
 
