@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .errors import InputError
+from .errors import InputError, check_flag
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,7 @@ def apply_chat_template(model: Any, messages: Sequence[dict], *, add_generation_
     from . import _as_lm
 
     lm = _as_lm(model)
-    if not isinstance(add_generation_prompt, bool):
-        raise InputError(f"add_generation_prompt must be True or False, got {add_generation_prompt!r}.")
+    check_flag("add_generation_prompt", add_generation_prompt)
     tok = _check(lm, messages)
     return torch.tensor([_ids(tok, messages, add_generation_prompt)])
 

@@ -80,3 +80,9 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     best = closest(word, choices)
     return f" Did you mean {best!r}?" if best else ""
+
+
+def check_flag(name: str, value: object) -> None:
+    """A switch is True or False: a string such as "no", a number or None would silently read as one or the other."""
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be True or False, got {value!r}.")

@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 import torch
 
 from .address import Address
-from .errors import CapabilityUnsupported, IELabError, InputError
+from .errors import CapabilityUnsupported, IELabError, InputError, check_flag
 
 
 class OperationCancelled(IELabError, RuntimeError):
@@ -877,8 +877,7 @@ class Session:
     def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
         """Generate to the end. print_tokens=True streams the text into the cell as it is produced."""
         self._check_open()
-        if not isinstance(print_tokens, bool):
-            raise InputError(f"print_tokens must be True or False, got {print_tokens!r}.")
+        check_flag("print_tokens", print_tokens)
         if print_tokens and self.backend == "eager":
             from .eager.inputs import prepare_prompts
 

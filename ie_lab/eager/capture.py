@@ -17,7 +17,7 @@ import torch
 from ..address import Address, AddressLike
 from ..arch.binder import first_tensor, hidden_arg
 from ..cache import Cache
-from ..errors import AddressError, InputError, StructureError
+from ..errors import AddressError, StructureError, check_flag
 from .inputs import prepare, prepare_prompts, str_tokens
 from .taps import Taps, resolve
 
@@ -183,8 +183,7 @@ def capture(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[A
 
     lm = _as_lm(model)
     addrs = parse_addresses(lm, addresses)
-    if not isinstance(grad, bool):
-        raise InputError(f"grad must be True or False, got {grad!r}.")
+    check_flag("grad", grad)
     many = prepare_prompts(lm, tokens_or_text)
     if many is not None:
         return _capture_many(lm, many, addrs, grad)
@@ -200,8 +199,7 @@ def capture_batch(model: Any, tokens_or_text: Any, addresses: AddressLike | Iter
 
     lm = _as_lm(model)
     addrs = parse_addresses(lm, addresses)
-    if not isinstance(grad, bool):
-        raise InputError(f"grad must be True or False, got {grad!r}.")
+    check_flag("grad", grad)
     ids, mask = prepare(lm, tokens_or_text)
     return _capture_ids(lm, ids, mask, addrs, grad)
 

@@ -22,7 +22,7 @@ import torch
 
 from ..address import Address, AddressLike
 from ..cache import Cache
-from ..errors import CapabilityUnsupported, InputError
+from ..errors import CapabilityUnsupported, InputError, check_flag
 from .capture import parse_addresses, slice_head
 from .inputs import prepare, prepare_prompts, str_tokens
 from .steer import ForwardState, SteerSpec, check_positions_fit, issued_specs, running, steering
@@ -145,9 +145,8 @@ def _check_args(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, n
     if stops and not has_tokenizer:
         raise InputError("stop strings need a tokenizer to read the generated text, and this model was loaded "
                          "without one: stop on ids with the model's EOS instead, or load a tokenizer.")
-    for name, flag in (("keep_logits", keep_logits), ("ignore_eos", ignore_eos)):
-        if not isinstance(flag, bool):
-            raise InputError(f"{name} must be True or False, got {flag!r}.")
+    check_flag("keep_logits", keep_logits)
+    check_flag("ignore_eos", ignore_eos)
     return list(stops)
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 import torch
 
 from ..address import Address, layer_list
-from ..errors import AddressError, InputError
+from ..errors import AddressError, InputError, check_flag
 from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
 from ..points import Scope, Width
 from .capture import capture
@@ -136,8 +136,7 @@ def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (vocab and k > vocab):
         raise InputError(f"k (how many top tokens per cell) must be an integer from 1 to the vocabulary size "
                          f"{vocab}, got {k!r}.")
-    if not isinstance(keep_logits, bool):
-        raise InputError(f"keep_logits must be True or False, got {keep_logits!r}.")
+    check_flag("keep_logits", keep_logits)
     layers = layer_list(layers, lm.facts)
     addrs = [Address(point, L).check(lm.facts) for L in layers]
     transports = _check_transports(transports, layers, lm.facts.d_model)

@@ -10,7 +10,7 @@ import torch
 
 from ..address import Address, AddressLike, layer_list
 from ..cache import Cache
-from ..errors import CapabilityUnsupported, InputError, StructureError
+from ..errors import CapabilityUnsupported, InputError, StructureError, check_flag
 from .capture import capture, capture_batch, parse_addresses, slice_head
 from .inputs import prepare, str_tokens
 from .taps import Taps
@@ -199,8 +199,7 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     if not isinstance(over, str) or over not in ("layer_position", "layer_head"):
         raise InputError(f"over must be 'layer_position' or 'layer_head', got {over!r}.")
     _check_metric(metric)
-    if not isinstance(progress, bool):
-        raise InputError(f"progress must be True or False, got {progress!r}.")
+    check_flag("progress", progress)
     from .means import auto_batch_size, check_batch_size
 
     batch_size = check_batch_size(batch_size)

@@ -26,7 +26,7 @@ from .. import points as _points
 from ..address import Address
 from ..arch import quirks
 from ..cache import Cache
-from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent
+from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent, check_flag
 from ..session import _LIVE, _LIVE_LOCK, Session, _CancelToken, _serve_loop, _source_key
 from .worker import RECOMPUTED, pack, unpack
 
@@ -540,8 +540,7 @@ class VLLMSession(Session):
         self._check_open()
         if mode is None and graph_points is None:
             raise InputError("set_mode needs a mode: 'hooks', 'generate', or graph_points=[...] for graph mode.")
-        if not isinstance(reload, bool):
-            raise InputError(f"reload must be True or False, got {reload!r}.")
+        check_flag("reload", reload)
         target = _resolve_mode(mode, graph_points)
         names = graph_point_names(self._lm.facts, list(graph_points)) if target == "graph" else None
         if target == self._mode and (target != "graph" or names == self._graph):
