@@ -101,14 +101,22 @@ def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
 async def _until_done(waiter: asyncio.Future) -> None:
     """Wait until the operation behind waiter has stopped and given everything back, even through further
     cancels (asyncio.run's shutdown cancels again, so does wait_for's): its token is set, so it stops at its next
-    layer, and returning earlier handed the caller a model that still had the operation's hooks on it."""
+    layer, and returning earlier handed the caller a model that still had the operation's hooks on it.
+
+    A cancel that arrives while it waits is raised once the wait is over, never dropped: a stream that ended
+    normally waits here in its cleanup, and swallowing asyncio.run's one cancel there left the caller's loop
+    running after Ctrl-C (a stream loop started its next stream instead of stopping)."""
+    cancelled = None
     while not waiter.done():
         try:
             await asyncio.shield(waiter)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as e:
+            cancelled = e
             continue
         except Exception:  # noqa: BLE001 - the operation's own outcome; the caller raises its cancel instead
             break
+    if cancelled is not None:
+        raise cancelled
 
 
 class _CancelToken:
@@ -760,9 +768,11 @@ class Session:
             raise
         finally:
             token.cancelled = True  # read by the loop at its next layer, even while it is busy computing
-            await _until_done(waiter)  # back once the stream has given everything back
-            if watched:
-                _AwaitedInterrupts.remove(token)
+            try:
+                await _until_done(waiter)  # back once the stream has given everything back
+            finally:
+                if watched:
+                    _AwaitedInterrupts.remove(token)
 
     async def _pump(self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], None]) -> None:
         def send(msg: tuple) -> bool:

@@ -294,6 +294,27 @@ def test_cancelling_an_awaited_generation_stops_the_computation(long_session):
     assert_clean(s._lm)
 
 
+def test_a_cancel_that_arrives_during_the_cleanup_wait_is_raised_after_it_not_dropped():
+    # An awaited stream that ended normally waits in its cleanup for the session loop to finish the operation. A
+    # cancel landing there (asyncio.run's one cancel on Ctrl-C) was swallowed: the caller's loop went on to its
+    # next stream and the interrupt was lost (the stress test's 120 s hang on a loaded CI machine).
+    from ie_lab.session import _until_done
+
+    async def main():
+        operation = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(_until_done(operation))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.sleep(0)
+        assert not waiting.done()  # it still waits for the operation to give everything back
+        operation.set_result(None)
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert waiting.cancelled()
+
+    asyncio.run(main())
+
+
 def test_interrupting_asyncio_run_of_an_awaited_twin_stops_it(long_session):
     import _thread
 

@@ -1,15 +1,16 @@
 """Interrupts at random moments, a few hundred of them, against every kind of Session call.
 
 Each trial loops one kind of call (captures, generations, gradients, streams whose loop body does work, awaited
-twins under asyncio.run, awaited twins also cancelled by wait_for at random moments) and interrupts the main thread once at a random moment, the way Ctrl-C and the
-notebook's Interrupt do: `_thread.interrupt_main()` runs the SIGINT handler at the main thread's next bytecode
-boundary, which is where a real SIGINT lands too (and where an asynchronous exception would). The moment is drawn
-uniformly over about two calls, so it falls in hand-offs and cleanups as well as in the forward.
+twins under asyncio.run, awaited twins also cancelled by timeouts at random moments) and interrupts the main thread
+once at a random moment, the way Ctrl-C and the notebook's Interrupt do: `_thread.interrupt_main()` runs the
+SIGINT handler at the main thread's next bytecode boundary, which is where a real SIGINT lands too (and where an
+asynchronous exception would). The moment is drawn uniformly over about two calls, so it falls in hand-offs and
+cleanups as well as in the forward.
 
 After every trial: the exception is KeyboardInterrupt, OperationCancelled or CancelledError (nothing foreign, no
 InvalidStateError), the model has no hook and no attention tap left (tests/conftest.py `assert_clean`), its lock
-is free for another thread, and the next calls equal a clean run's. A trial that does not end is a deadlock: a
-watchdog dumps every thread's stack and ends the process, so the suite fails instead of hanging.
+is free for another thread, and the next calls equal a clean run's. A trial that does not end is a deadlock or
+a lost interrupt: a watchdog prints every thread's stack and ends the process, so the suite fails instead of hanging.
 
 It runs in a child process: the trials own the main thread's signal handling and would wedge pytest on a hang.
 """
@@ -106,11 +107,15 @@ def main(per_kind: int, seed: int = 0) -> None:
             await s.agenerate(P, 10, steer=spec)
             await s.acapture(P, addrs)
 
-    async def awaited_with_timeouts():  # task cancellation at random moments too (wait_for), until the interrupt
+    async def awaited_with_timeouts():  # task cancellation at random moments too (a timeout), until the interrupt
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops an outer cancel that lands as the inner
+            # call finishes (CPython gh-86296, fixed in 3.12 by building wait_for on timeout), which would lose the
+            # interrupt in the interpreter, not in ie_lab
             try:
-                await asyncio.wait_for(s.agenerate(P, 10, steer=spec), rng.uniform(0.0, 1.5 * span["await"]))
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(rng.uniform(0.0, 1.5 * span["await"])):
+                    await s.agenerate(P, 10, steer=spec)
+            except TimeoutError:
                 pass
             await s.acapture(P, addrs)
 
@@ -166,9 +171,28 @@ def main(per_kind: int, seed: int = 0) -> None:
               "differs": []}
     order = [k for k in kinds for _ in range(per_kind)]
     rng.shuffle(order)
+    main_ident = threading.main_thread().ident
+
+    def watchdog(trial_over: threading.Event, what: str) -> None:
+        # A trial that does not end is a deadlock or a lost interrupt: every thread's Python stack, then exit. Read
+        # from Python (sys._current_frames): faulthandler's dump of a thread that is running crashed the process
+        # once (SIGSEGV mid-dump) and lost the main thread's stack. faulthandler stays as the backstop for a hang
+        # that holds the GIL.
+        if trial_over.wait(90):
+            return
+        out = [f"trial {what} did not end in 90 s; stacks:"]
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            label = "main" if ident == main_ident else names.get(ident, ident)
+            out.append(f"--- thread {label}\n" + "".join(traceback.format_stack(frame)))
+        print("\n".join(out), file=sys.stderr, flush=True)
+        os._exit(3)
+
     for i, kind in enumerate(order):
         delay = rng.uniform(0.0, 2.0 * span[kind])
-        faulthandler.dump_traceback_later(120, exit=True)  # a trial that does not end is a deadlock
+        trial_over = threading.Event()
+        threading.Thread(target=watchdog, args=(trial_over, f"{kind} #{i}"), daemon=True).start()
+        faulthandler.dump_traceback_later(180, exit=True)
         timer = threading.Timer(delay, _thread.interrupt_main)
         try:
             timer.start()
@@ -196,6 +220,7 @@ def main(per_kind: int, seed: int = 0) -> None:
         bad = same(check_calls())
         if bad:
             report["differs"].append(f"{kind} #{i}: {bad}")
+        trial_over.set()
         faulthandler.cancel_dump_traceback_later()
     s.close()
     print(json.dumps(report))
