@@ -1008,6 +1008,24 @@ class Session:
         return self._sync(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses, of=of)))
 
 
+    # ---- public API for the notebook panels (ie_lab/widgets use only this and the operations above) ----------
+    def submit(self, coro: Any) -> concurrent.futures.Future:
+        """Start a coroutine on this session's loop and return at once: a concurrent.futures.Future of its result.
+
+        How a panel runs streaming work (``agenerate_stream``, ``acapture``) while the kernel's shell stays free;
+        cancelling the future cancels the coroutine. Waiting on the future from inside the session's own loop would
+        wait forever: there, ``await`` the coroutine instead. Refused (SessionClosed) once the session is closed.
+        """
+        if not asyncio.iscoroutine(coro):
+            raise InputError(f"submit takes a coroutine (call the async function: submit(f(...))), got "
+                             f"{type(coro).__name__}.")
+        try:
+            self._check_open()
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except (SessionClosed, RuntimeError):  # closed, or its loop closed between the check and the call
+            coro.close()  # never awaited: no "coroutine was never awaited" warning later
+            raise SessionClosed("this Session is closed; create a new one: Session(...).") from None
+
     # ---- notebook panels (ie_lab/widgets; JS/CSS in widgets/) ----------------------------------------
     def picker(self, layer: int | None = None):
         """The architecture diagram of this model; clicking a point sets ``picker.address`` (an Address)."""
