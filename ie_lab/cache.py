@@ -13,10 +13,11 @@ from .errors import AddressError, did_you_mean
 
 
 def _size(n_bytes: int) -> str:
+    size = float(n_bytes)
     for unit in ("B", "KB", "MB", "GB"):
-        if n_bytes < 1024 or unit == "GB":
-            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
-        n_bytes /= 1024
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
     return ""  # pragma: no cover
 
 

@@ -80,7 +80,8 @@ def message_spans(model: Any, messages: Sequence[dict]) -> list[Span]:
 
     lm = _as_lm(model)
     tok = _check(lm, messages)
-    spans, prev = [], []
+    spans: list[Span] = []
+    prev: list[int] = []
     for i in range(len(messages)):
         cur = _ids(tok, messages[: i + 1], add_generation_prompt=False)
         if cur[: len(prev)] != prev:

@@ -70,6 +70,8 @@ def scores(x: torch.Tensor, enc: Encoder) -> torch.Tensor:
     elif act == "jumprelu":
         z = torch.where(z > thr, z, torch.zeros_like(z))
     elif act == "topk":
+        if enc.topk is None:  # make_encoder refuses this earlier; an Encoder built by hand gets told here
+            raise ValueError("a topk encoder needs its k (Encoder.topk)")
         vals, idx = z.topk(int(enc.topk), dim=-1)
         z = torch.zeros_like(z).scatter(-1, idx, torch.relu(vals))
     elif act != "none":
@@ -86,5 +88,5 @@ def to_plain(enc: Encoder, pack) -> dict:
 
 def from_plain(d: dict, unpack) -> Encoder:
     u = lambda t: None if t is None else unpack(t).float()  # noqa: E731
-    return Encoder(u(d["W"]), u(d.get("b")), u(d.get("b_dec")), d.get("activation", "none"), u(d.get("threshold")),
+    return Encoder(unpack(d["W"]).float(), u(d.get("b")), u(d.get("b_dec")), d.get("activation", "none"), u(d.get("threshold")),
                    d.get("topk"))
