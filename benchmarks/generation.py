@@ -31,8 +31,9 @@ def main() -> int:
     args = parser(repeats=5).parse_args()
     torch.set_num_threads(args.threads)
 
-    import ie_lab
     from capture_overhead import build_model
+
+    import ie_lab
 
     model = build_model()
     lm = ie_lab.load(model)

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         from transformers import AutoConfig
 
         shapes = {}
-        for model, (mdir, desc) in dirs.items():
+        for model, (mdir, _desc) in dirs.items():
             cfg = AutoConfig.from_pretrained(mdir)
             cfg = getattr(cfg, "text_config", cfg)
             n_pos = getattr(cfg, "max_position_embeddings", 4096) or 4096

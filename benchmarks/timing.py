@@ -7,8 +7,7 @@ import json
 import os
 import statistics
 import time
-from typing import Callable
-
+from collections.abc import Callable
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -15,7 +15,6 @@ import argparse
 import glob
 import os
 import sys
-
 import tomllib
 
 import nbformat
@@ -38,9 +37,9 @@ def repository_url() -> str:
 REPO_URL = repository_url()
 REPO = REPO_URL.removeprefix("https://github.com/")  # owner/name, for the Colab links
 
-COLAB_CELL = '''import sys
+COLAB_CELL = f'''import sys
 if "google.colab" in sys.modules:  # on Colab: install ie_lab (the demo model ships inside the package)
-    get_ipython().run_line_magic("pip", "install -q 'ie_lab @ git+%s'")''' % REPO_URL
+    get_ipython().run_line_magic("pip", "install -q 'ie_lab @ git+{REPO_URL}'")'''
 
 
 def parse(path: str) -> list[nbformat.NotebookNode]:

@@ -9,11 +9,10 @@ plain PyTorch forward hooks; nothing depends on ie_lab itself.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
-
 
 # --------------------------------------------------------------------------
 # generic helpers

@@ -200,7 +200,7 @@ def ioi_example(rng: random.Random, names=IOI_NAMES, template_ids=None) -> dict:
 
 def neutral_sentence(rng: random.Random, n: str, n2: str) -> str:
     k = rng.randrange(18)
-    P, O, F, A = _c(rng, PLACES), _c(rng, OBJECTS), _c(rng, FOODS), _c(rng, ANIMALS)
+    P, O, F, A = _c(rng, PLACES), _c(rng, OBJECTS), _c(rng, FOODS), _c(rng, ANIMALS)  # noqa: E741 - Place, Object, Food, Animal in the templates below
     if k == 0:
         return f"{n} went to the {P} ."
     if k == 1:
@@ -506,7 +506,7 @@ def main():
     print(f"params {n_params}", flush=True)
 
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         (decay if p.ndim >= 2 else no_decay).append(p)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],

@@ -72,7 +72,7 @@ def table(docs: list[dict]) -> str:
                      + " | ".join(str(c[v]) for v in S.VERDICTS) + " |")
     lines.append("")
     lines.append("### Per model\n")
-    lines.append("Each cell counts (address, engine name) pairs at layers " 
+    lines.append("Each cell counts (address, engine name) pairs at layers "
                  "first / middle / last: ✅ PASS, ⚠️ WARN, ❌ FAIL, then what was not compared and why.\n")
     lines.append("| model | layers | absent | " + " | ".join(S.ENGINES[e].title for e in engines) + " |")
     lines.append("| --- | --- | ---: | " + " | ".join("---" for _ in engines) + " |")

@@ -128,7 +128,8 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
     """
     from safetensors.torch import load_file
 
-    from . import compare, plan as plan_mod
+    from . import compare
+    from . import plan as plan_mod
 
     with tempfile.TemporaryDirectory(prefix="ie_lab_validator_") as work:  # the engines' job files and tensors
         models_dir = models_dir or default_models_dir()

