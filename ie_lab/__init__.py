@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from . import points
 from .address import Address
 from .cache import Cache
+from .core.demo import DEMO_MODEL
 from .errors import (
     AddressError,
     ArchitectureUnsupported,
@@ -23,33 +23,6 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-import os as _os
-
-#: The small model trained for the tutorials, shipped inside the package (works offline and in Colab).
-DEMO_MODEL = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "demo_model")
-
-_WRAPPED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-def _as_lm(model: Any):
-    """Accept an ie_lab model, or a raw transformers model (bound once and remembered)."""
-    from .eager.model import EagerModel
-
-    if isinstance(model, EagerModel):
-        return model
-    if hasattr(model, "_lm"):  # a Session or anything that holds a backend model
-        return model._lm
-    try:
-        return _WRAPPED[model]
-    except (KeyError, TypeError):
-        pass
-    if not hasattr(model, "config") or not callable(getattr(model, "forward", None)):
-        raise InputError(f"model must be a Session, a model from ie_lab.load(...), or a transformers model; got "
-                         f"{type(model).__name__}. Load one first: lm = ie_lab.load('path or HF id').")
-    lm = EagerModel(model)
-    _WRAPPED[model] = lm
-    return lm
-
 
 def load(*args: Any, **kwargs: Any):
     from .loading import load as _load
@@ -62,9 +35,10 @@ load.__doc__ = "See ie_lab.loading.load."
 
 def capture(model: Any, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Cache:
     from .eager.capture import capture as _capture
+    from .eager.model import lm_of
     from .eager.steer import issued_specs, run_issued
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     specs = issued_specs(lm, steer)  # the `with` blocks open in this context, then steer=
     return run_issued(lm, specs, lambda: _capture(lm, tokens_or_text, addresses, **kwargs))
 
@@ -81,9 +55,10 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
 def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
     """Yield one GenStep per token (greedy by default; temperature/top_k/top_p/seed to sample)."""
     from .eager.generate import generate_stream as _stream
+    from .eager.model import lm_of
     from .eager.steer import issued_specs
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     kwargs["steer"] = issued_specs(lm, kwargs.get("steer"))  # read now, where the stream is issued
     return _stream(lm, prompt, max_new_tokens, **kwargs)
 

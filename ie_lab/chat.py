@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .core.handles import as_lm
 from .errors import InputError, check_flag
 
 
@@ -61,11 +62,15 @@ def render(lm: Any, messages: Sequence[dict]) -> list[int]:
     return _ids(_check(lm, messages), messages, add_generation_prompt=True)
 
 
+def _model_of(model: Any) -> Any:
+    """The model whose tokenizer renders: a Session's, a loaded model, or a raw transformers model taken as it is
+    (it carries no tokenizer, so _check refuses it with the fix)."""
+    return as_lm(model, adopt=lambda m: m)
+
+
 def apply_chat_template(model: Any, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> torch.Tensor:
     """Token ids [1, seq] of the conversation rendered with the model's own template."""
-    from . import _as_lm
-
-    lm = _as_lm(model)
+    lm = _model_of(model)
     check_flag("add_generation_prompt", add_generation_prompt)
     tok = _check(lm, messages)
     return torch.tensor([_ids(tok, messages, add_generation_prompt)])
@@ -76,9 +81,7 @@ def message_spans(model: Any, messages: Sequence[dict]) -> list[Span]:
 
     Raises if the template rewrites earlier turns when later ones are added (then spans are ambiguous).
     """
-    from . import _as_lm
-
-    lm = _as_lm(model)
+    lm = _model_of(model)
     tok = _check(lm, messages)
     spans: list[Span] = []
     prev: list[int] = []

@@ -189,7 +189,7 @@ def check_invariants(lm) -> None:
     Raises AssertionError naming the first identity that fails."""
     import torch
 
-    from . import capture
+    from .eager.capture import capture
     from .errors import IELabError
     from .ops.lens import postprocess_logits
 
@@ -251,10 +251,9 @@ def check_invariants(lm) -> None:
 
 def classify(model_type: str) -> dict[str, Any]:
     """One row of the table: how ie_lab answers a tiny instance of this model type."""
-    import ie_lab
-
     from .arch import quirks
     from .errors import IELabError
+    from .loading import load
 
     row: dict[str, Any] = {"model_type": model_type}
     try:
@@ -263,7 +262,7 @@ def classify(model_type: str) -> dict[str, Any]:
         row.update(status="untested", reason=f"no tiny instance: {type(e).__name__}: {_first_line(e)}")
         return row
     try:
-        lm = ie_lab.load(model, _tokenizer(), quiet=True)
+        lm = load(model, _tokenizer(), quiet=True)
     except IELabError as e:
         row.update(status="refused", error=type(e).__name__, reason=_first_line(e))
         return row

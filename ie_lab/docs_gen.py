@@ -45,7 +45,7 @@ def _options_md() -> str:
 def demo_model_md() -> str:
     import json
 
-    from . import DEMO_MODEL
+    from .core.demo import DEMO_MODEL
 
     path = os.path.join(DEMO_MODEL, "training_report.json")
     r = json.load(open(path, encoding="utf-8"))
@@ -117,7 +117,7 @@ def families_md() -> str:
 
 GENERATED = {"docs/POINTS.md": points_md, "docs/CAPABILITIES.md": capabilities_md, "docs/FAMILIES.md": families_md}
 try:  # the card exists once the demo model is bundled
-    from . import DEMO_MODEL as _DM
+    from .core.demo import DEMO_MODEL as _DM
 
     if os.path.exists(os.path.join(_DM, "training_report.json")):
         GENERATED["docs/DEMO_MODEL.md"] = demo_model_md

@@ -11,6 +11,7 @@ from ..address import layer_list
 from ..errors import CapabilityUnsupported
 from .capture import capture
 from .inputs import prepare
+from .model import lm_of
 
 
 @dataclass
@@ -55,9 +56,8 @@ class AttentionResult:
 
 def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> AttentionResult:
     """Attention matrices for one prompt; on fused kernels (sdpa) they are rebuilt from the kernel's q and k."""
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     layers = layer_list(layers, lm.facts)
     ids, _ = prepare(lm, prompt)
     if ids.shape[0] != 1:

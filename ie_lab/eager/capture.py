@@ -19,6 +19,7 @@ from ..arch.binder import first_tensor, hidden_arg
 from ..cache import Cache
 from ..errors import AddressError, StructureError, check_flag
 from .inputs import prepare, prepare_prompts, str_tokens
+from .model import lm_of
 from .taps import Taps, resolve
 
 # Points whose tensor is a module's input or output that the rest of the forward reads, in full, from that
@@ -179,9 +180,8 @@ def capture(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[A
     With grad=True the tensors form one autograd graph: a later point is differentiable with respect to an
     earlier one (residuals, branch inputs and outputs, z and its heads; see docs/ATTENTION_AND_PATCHING.md).
     """
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
     check_flag("grad", grad)
     many = prepare_prompts(lm, tokens_or_text)
@@ -195,9 +195,8 @@ def capture_batch(model: Any, tokens_or_text: Any, addresses: AddressLike | Iter
                   grad: bool = False) -> Cache:
     """One Cache over one batch (a [batch, seq] tensor, or texts padded by the tokenizer, with the mask in
     ``Cache.attention_mask``): for the operations that patch or compare whole batches row by row."""
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
     check_flag("grad", grad)
     ids, mask = prepare(lm, tokens_or_text)

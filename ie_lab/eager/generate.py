@@ -25,6 +25,7 @@ from ..cache import Cache
 from ..errors import CapabilityUnsupported, InputError, check_flag
 from .capture import parse_addresses, slice_head
 from .inputs import prepare, prepare_prompts, str_tokens
+from .model import lm_of
 from .steer import ForwardState, SteerSpec, check_positions_fit, issued_specs, running, steering
 from .taps import Taps
 
@@ -316,9 +317,8 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
     per prompt still running, in prompt order, with ``step.prompt_index`` saying which. With capture=, each
     step carries its forward's new rows (GenStep.captured) and the last step the whole cache (GenStep.cache);
     see docs/GENERATION.md."""
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     many = prepare_prompts(lm, prompt, rows=True)
     batch = many is not None
     stops = _check_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=lm.facts.vocab_size,
@@ -426,9 +426,8 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -
     """Run generate_stream to the end and return the text, tokens, steps and any captures.
 
     A list of prompts returns a list of GenerationResult, one per prompt, in order."""
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     box: dict = {}
     steps = list(generate_stream(lm, prompt, max_new_tokens, _result=box, **kwargs))
     results = []

@@ -13,6 +13,7 @@ from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
 from ..points import Scope, Width
 from .capture import capture
 from .inputs import prepare, str_tokens
+from .model import lm_of
 
 Transport = Union[tuple[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 
@@ -123,10 +124,9 @@ def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, 
     transports: optional per-layer maps applied first, h -> h @ A + b (a tuned or Jacobian lens), given
     as (A [d_model, d_model], b [d_model]) or any callable.
     """
-    from .. import _as_lm
     from .. import points as _points
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     p = _lens_point(point)
     if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
         raise AddressError(f"a lens decodes d_model-wide per-layer points (resid_pre, resid_mid, resid_post, ...); "
@@ -177,11 +177,10 @@ class TunedLens:
 def fit_tuned_lens(model: Any, corpus: Iterable[Any], layers: Sequence[int] | None = None, *,
                    point: str = "resid_post", ridge: float = 1e-3) -> TunedLens:
     """Fit h_L @ A + b ≈ h_last (the residual the final norm reads) by ridge least squares over a corpus."""
-    from .. import _as_lm
 
     import math
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     last = lm.facts.n_layers - 1
     p = _lens_point(point)
     if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:

@@ -10,6 +10,7 @@ from ..address import AddressLike
 from ..errors import InputError
 from .capture import _capture_many, parse_addresses
 from .inputs import prepare, prepare_prompts
+from .model import lm_of
 
 # Activation memory one batched forward may take when no batch_size is given. Fixed rather than read from the
 # device: the free memory reported moves with every other allocation, and a reproducible batch split is
@@ -48,9 +49,8 @@ def mean_activation(lm: Any, prompts: Any, address: AddressLike, *, batch_size: 
 
     Each prompt counts once whatever its length, and padding never enters: the batched capture hands back each
     prompt's own rows."""
-    from .. import _as_lm
 
-    lm = _as_lm(lm)
+    lm = lm_of(lm)
     addr = parse_addresses(lm, address)
     _one_point(addr)
     batch_size = check_batch_size(batch_size)
@@ -85,9 +85,8 @@ def mean_difference(model: Any, positive: Any, negative: Any, address: AddressLi
     one prompt at a time; the prompts run in batches of `batch_size` rows (None: sized from ie_lab.sizing for
     the longest prompt, see sizing.batch_size_for). The answer does not depend on the batch size.
     """
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     addr = parse_addresses(lm, address)
     _one_point(addr)
     batch_size = check_batch_size(batch_size)

@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import warnings
+import weakref
 from typing import Any, Mapping
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from ..arch import quirks
 from ..arch.binder import Binding, bind
 from ..arch.config_facts import ArchFacts
+from ..core.handles import as_lm
 from ..errors import ComputeDiffersWarning
 
 
@@ -119,3 +121,23 @@ class EagerModel:
         f = self.facts
         return (f"EagerModel({self.name!r}, family={f.model_type}, layers={f.n_layers}, d_model={f.d_model}, "
                 f"heads={f.n_heads}/{f.n_kv_heads}kv, device={self.device.type}, dtype={str(self.dtype).replace('torch.', '')})")
+
+
+# Raw transformers models the eager operations were handed, each bound once (keyed weakly: the caller owns them).
+_ADOPTED: "weakref.WeakKeyDictionary[Any, EagerModel]" = weakref.WeakKeyDictionary()
+
+
+def _adopt(model: Any) -> EagerModel:
+    try:
+        return _ADOPTED[model]
+    except (KeyError, TypeError):
+        pass
+    lm = EagerModel(model)
+    _ADOPTED[model] = lm
+    return lm
+
+
+def lm_of(model: Any) -> Any:
+    """The model an eager operation runs on: a Session's, a loaded model, or a raw transformers model bound once
+    and remembered."""
+    return as_lm(model, adopt=_adopt)

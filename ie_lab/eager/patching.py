@@ -13,6 +13,7 @@ from ..cache import Cache
 from ..errors import CapabilityUnsupported, InputError, StructureError, check_flag
 from .capture import capture, capture_batch, parse_addresses, slice_head
 from .inputs import prepare, str_tokens
+from .model import lm_of
 from .taps import Taps
 from .writers import WRITABLE, Writers
 
@@ -92,9 +93,8 @@ def _replacement(src: torch.Tensor, positions: Sequence[int] | None) -> Callable
 def run_with_patches(model: Any, prompt: Any, patches: Mapping[AddressLike, torch.Tensor], *,
                      positions: Sequence[int] | None = None) -> torch.Tensor:
     """Run prompt with the given points replaced (at all positions, or only `positions`); returns logits."""
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     if not isinstance(patches, Mapping):
         raise InputError(f"patches must be a dict {{address: tensor}}, got {type(patches).__name__}.")
     ids, mask = prepare(lm, prompt)
@@ -138,9 +138,8 @@ def _width(lm: Any, addr: Address) -> int | None:
 def patch(model: Any, prompt: Any, source: Cache | Any, addresses: AddressLike | Iterable[AddressLike], *,
           positions: Sequence[int] | None = None) -> torch.Tensor:
     """Run `prompt` with `addresses` taken from `source` (a Cache, or another prompt to capture them from)."""
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
     if not isinstance(source, Cache):
         source = capture_batch(lm, source, addrs)
@@ -193,9 +192,8 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     """
     from tqdm.auto import tqdm
 
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     if not isinstance(over, str) or over not in ("layer_position", "layer_head"):
         raise InputError(f"over must be 'layer_position' or 'layer_head', got {over!r}.")
     _check_metric(metric)
@@ -298,9 +296,8 @@ def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: 
     that point instead, with ``of=[...]`` a Cache of those points (read in the same forward, so any point
     capture serves can be measured, including attention patterns). It returns a scalar tensor.
     """
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     if getattr(lm, "backend", "eager") != "eager":
         raise CapabilityUnsupported("gradients", f"the {lm.backend} backend runs inference kernels without autograd.",
                                     "load the model with backend='eager'.")
@@ -362,9 +359,8 @@ def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: 
 def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Metric, point: str = "resid_pre",
                       layers: Sequence[int] | None = None) -> PatchGrid:
     """The linear estimate of patch_sweep: grad(corrupted) · (clean - corrupted) per layer and position."""
-    from .. import _as_lm
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     _check_metric(metric)
     layers = layer_list(layers, lm.facts)
     _check_patchable(point)

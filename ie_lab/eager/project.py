@@ -20,6 +20,7 @@ from ..errors import AddressError, CapabilityUnsupported, InputError, StructureE
 from ..ops.projection import ACTIVATIONS, Encoder, scores
 from ..points import Width
 from .inputs import prepare, str_tokens
+from .model import lm_of
 from .taps import Taps
 
 SAE_KEYS = ("W_enc", "b_enc", "b_dec", "threshold")
@@ -240,11 +241,10 @@ def project(model: Any, prompt: Any, address: Any, directions: Any, *, bias: Any
 
     Every argument is checked before a hook is placed. With max_new_tokens > 0 the model generates (greedy
     unless temperature= etc.) and the scores cover every token it read."""
-    from .. import _as_lm
     from .generate import generate
     from .steer import issued_specs, run_issued
 
-    lm = _as_lm(model)
+    lm = lm_of(model)
     addr = one_address(lm, address)
     d = point_width(addr, lm.facts)
     n_new = check_gen(max_new_tokens, gen)

@@ -29,6 +29,7 @@ import torch
 from ..address import Address, AddressLike
 from ..errors import AddressError, InputError
 from ..ops import steering as ops
+from .model import lm_of
 from .writers import Writers
 
 Positions = Union[str, Sequence[int], torch.Tensor]
@@ -382,9 +383,8 @@ def make_spec(lm: Any, address: AddressLike | Iterable[AddressLike], vector: Any
               scale: Any = 1.0, normalize: bool = False, min: Any = None, max: Any = None,  # noqa: A002
               target: Any = 0.0, positions: Any = "all") -> SteerSpec:
     """Validate everything before any hook exists; the spec is inert until entered or passed to a call."""
-    from .. import _as_lm
 
-    lm = _as_lm(lm)
+    lm = lm_of(lm)
     if not isinstance(method, str) or method not in ops.METHODS:
         raise InputError(f"unknown steering method {method!r}; choose one of {', '.join(ops.METHODS)}.")
     if isinstance(address, (str, Address)):
@@ -476,9 +476,8 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
 
     def __init__(self, lm: Any, specs: Sequence[SteerSpec], state: ForwardState | None = None,
                  gate: Callable[[], bool] | None = None):
-        from .. import _as_lm
 
-        self.lm = _as_lm(lm)
+        self.lm = lm_of(lm)
         self.specs = list(specs)
         self.state = state or (_ThreadState() if gate is not None else ForwardState())
         tok = self.lm.tokenizer
