@@ -17,8 +17,9 @@ import torch
 from ..address import Address, AddressLike
 from ..arch.binder import first_tensor, hidden_arg
 from ..cache import Cache
-from ..errors import AddressError, StructureError, check_flag
-from .inputs import prepare, prepare_prompts, str_tokens
+from ..core.addresses import parse_addresses, slice_head
+from ..core.inputs import prepare, prepare_prompts, str_tokens
+from ..errors import StructureError, check_flag
 from .model import lm_of
 from .taps import Taps, resolve
 
@@ -28,28 +29,6 @@ from .taps import Taps, resolve
 LINKABLE = frozenset({"embeddings", "resid_pre", "resid_post", "attn_in", "z", "attn_out", "attn_out_post",
                       "mlp_in", "mlp_pre", "mlp_pre_linear", "mlp_act", "mlp_out", "mlp_out_post", "final_norm",
                       "value"})
-
-
-def parse_addresses(lm: Any, addresses: AddressLike | Iterable[AddressLike]) -> list[Address]:
-    if isinstance(addresses, (str, Address)):
-        addresses = [addresses]
-    if not isinstance(addresses, (list, tuple, set, frozenset)) and not hasattr(addresses, "__next__"):
-        raise AddressError(f"addresses must be an address string like 'resid_post.0' or a list of them, got "
-                           f"{type(addresses).__name__}.")
-    out = []
-    for a in addresses:
-        out.append(Address.parse(a).check(lm.facts))
-    if not out:
-        raise AddressError("no addresses given: name at least one point, e.g. ['resid_post.0'].")
-    return list(dict.fromkeys(out))
-
-
-def slice_head(addr: Address, t: torch.Tensor, facts: Any) -> torch.Tensor:
-    if addr.head is None:
-        return t
-    if addr.point.width.value == "n_heads*q*k":
-        return t[:, addr.head]
-    return t.reshape(*t.shape[:-1], -1, facts.head_dim)[..., addr.head, :]
 
 
 def _replace_input(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor) -> tuple[tuple, dict]:
@@ -180,7 +159,6 @@ def capture(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[A
     With grad=True the tensors form one autograd graph: a later point is differentiable with respect to an
     earlier one (residuals, branch inputs and outputs, z and its heads; see docs/ATTENTION_AND_PATCHING.md).
     """
-
     lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
     check_flag("grad", grad)
@@ -195,7 +173,6 @@ def capture_batch(model: Any, tokens_or_text: Any, addresses: AddressLike | Iter
                   grad: bool = False) -> Cache:
     """One Cache over one batch (a [batch, seq] tensor, or texts padded by the tokenizer, with the mask in
     ``Cache.attention_mask``): for the operations that patch or compare whole batches row by row."""
-
     lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
     check_flag("grad", grad)

@@ -13,70 +13,22 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-import math
-import numbers
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
 from ..address import Address, AddressLike
 from ..cache import Cache
-from ..errors import CapabilityUnsupported, InputError, check_flag
-from .capture import parse_addresses, slice_head
-from .inputs import prepare, prepare_prompts, str_tokens
+from ..core.addresses import parse_addresses, slice_head
+from ..core.inputs import prepare, prepare_prompts, str_tokens
+from ..core.results import GenerationResult, GenStep
+from ..core.sampling import check_generation_args
+from ..errors import CapabilityUnsupported, InputError
 from .model import lm_of
 from .steer import ForwardState, SteerSpec, check_positions_fit, issued_specs, running, steering
 from .taps import Taps
 
-
-@dataclass
-class GenStep:
-    index: int
-    token_id: int
-    token: str
-    logprob: float
-    top_logprobs: dict[str, float]
-    logits: torch.Tensor | None = field(default=None, repr=False)
-    # With capture=: the rows of each captured point that this step's forward produced, at absolute positions
-    # captured_positions (prompt + generated). Step 0 holds the prompt's rows; step i the row of token i - 1 (the
-    # token fed in to choose this one); the last step also the row of its own token, read by one more cached
-    # forward. Concatenating every step's rows along the position axis gives `cache` (attention matrices:
-    # [batch, heads, new queries, keys so far], so pad their key axis to the full length first).
-    captured: Cache | None = field(default=None, repr=False)
-    captured_positions: range | None = field(default=None, repr=False)
-    # On the last step only (when capture= was given): the whole cache, the same as generate(...).cache.
-    cache: Cache | None = field(default=None, repr=False)
-    # Which prompt of a list this step belongs to (0 for a single prompt). Positions and captures count over
-    # that prompt's own tokens: padding never shows.
-    prompt_index: int = 0
-
-    def __repr__(self) -> str:
-        cap = f", captured positions {self.captured_positions.start}..{self.captured_positions.stop - 1}" \
-            if self.captured_positions is not None else ""
-        who = f"prompt {self.prompt_index}, " if self.prompt_index else ""
-        return f"GenStep({who}{self.index}: {self.token!r}, logprob={self.logprob:.3f}{cap})"
-
-
-@dataclass
-class GenerationResult:
-    prompt_ids: torch.Tensor
-    ids: list[int]
-    text: str
-    steps: list[GenStep]
-    stop_reason: str
-    cache: Cache | None = None
-
-    def __repr__(self) -> str:
-        cap = f", captured {len(self.cache)} point(s)" if self.cache is not None else ""
-        return f"GenerationResult({len(self.ids)} tokens, stop={self.stop_reason}{cap}): {self.text!r}"
-
-    def _repr_html_(self) -> str:
-        import html
-
-        toks = "".join(f"<span title='logprob {s.logprob:.2f}' style='border-bottom:1px dotted #888'>"
-                       f"{html.escape(s.token)}</span> " for s in self.steps)
-        return f"<div><b>generated</b> ({len(self.ids)} tokens, stop: {self.stop_reason})<br>{toks}</div>"
+_check_args = check_generation_args  # its old name, which the vLLM session imports until it imports core
 
 
 def _eos_ids(lm: Any) -> set[int]:
@@ -108,47 +60,6 @@ def _choose(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: 
         x = x.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     probs = torch.softmax(x, -1)
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _check_args(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, n_logprobs: Any, *,
-                vocab: int | None = None, seed: Any = None, stop: Any = None, keep_logits: Any = True,
-                ignore_eos: Any = False, has_tokenizer: bool = True) -> list[str]:
-    """Refuse every unusable generation argument before any work starts; return the stop strings as a list.
-
-    The vLLM session calls this too (vllm/session.py check_sampling), before a request reaches the engine."""
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
-    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
-        raise InputError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}.")
-    if top_k is not None and (not _is_int(top_k) or top_k < 1 or (vocab and top_k > vocab)):
-        raise InputError(f"top_k must be None (no top-k cut) or an integer from 1 to the vocabulary size "
-                         f"({vocab or 'of the model'}), got {top_k!r}.")
-    if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):  # a nan fails the comparison too
-        raise InputError(f"top_p must be a number in (0, 1] or None (no nucleus cut), got {top_p!r}.")
-    if not _is_int(n_logprobs) or n_logprobs < 0 or (vocab and n_logprobs > vocab):
-        raise InputError(f"n_logprobs must be an integer from 0 to the vocabulary size ({vocab}), got {n_logprobs!r}.")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**64):
-        raise InputError(f"seed must be an integer in [0, 2**64) or None (unseeded), got {seed!r}.")
-    stops = [stop] if isinstance(stop, str) else stop
-    if stops is None:
-        stops = []
-    if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
-        raise InputError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}; to stop at "
-                         "a token id, decode it first: tokenizer.decode([id]).")
-    if stops and not has_tokenizer:
-        raise InputError("stop strings need a tokenizer to read the generated text, and this model was loaded "
-                         "without one: stop on ids with the model's EOS instead, or load a tokenizer.")
-    check_flag("keep_logits", keep_logits)
-    check_flag("ignore_eos", ignore_eos)
-    return list(stops)
 
 
 def _cache_keyword(hf: Any) -> str:
@@ -300,7 +211,7 @@ def _check_seeds(seed: Any, n: int, batch: bool) -> list[int | None]:
             raise InputError(f"seed= has {len(seed)} seeds for {n} prompts: give one per prompt, or one integer "
                              "for all.")
         for i, x in enumerate(seed):
-            _check_args(1, 0.0, None, None, 0, seed=x) if x is not None else None
+            check_generation_args(1, 0.0, None, None, 0, seed=x) if x is not None else None
         return list(seed)
     return [seed] * n
 
@@ -317,13 +228,13 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
     per prompt still running, in prompt order, with ``step.prompt_index`` saying which. With capture=, each
     step carries its forward's new rows (GenStep.captured) and the last step the whole cache (GenStep.cache);
     see docs/GENERATION.md."""
-
     lm = lm_of(model)
     many = prepare_prompts(lm, prompt, rows=True)
     batch = many is not None
-    stops = _check_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=lm.facts.vocab_size,
-                        seed=None if batch and isinstance(seed, (list, tuple)) else seed, stop=stop,
-                        keep_logits=keep_logits, ignore_eos=ignore_eos, has_tokenizer=lm.tokenizer is not None)
+    stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=lm.facts.vocab_size,
+                                  seed=None if batch and isinstance(seed, (list, tuple)) else seed, stop=stop,
+                                  keep_logits=keep_logits, ignore_eos=ignore_eos,
+                                  has_tokenizer=lm.tokenizer is not None)
     rows = many if batch else [prepare(lm, prompt)[0]]
     if not batch and rows[0].shape[0] != 1:
         raise InputError("internal: one prompt with several rows")  # prepare_prompts reads those as a list
@@ -426,7 +337,6 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -
     """Run generate_stream to the end and return the text, tokens, steps and any captures.
 
     A list of prompts returns a list of GenerationResult, one per prompt, in order."""
-
     lm = lm_of(model)
     box: dict = {}
     steps = list(generate_stream(lm, prompt, max_new_tokens, _result=box, **kwargs))

@@ -2,70 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import torch
 
 from ..address import Address, layer_list
+from ..core.inputs import prepare, str_tokens
+from ..core.results import LensResult, token_names
 from ..errors import AddressError, InputError, check_flag
 from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
 from ..points import Scope, Width
 from .capture import capture
-from .inputs import prepare, str_tokens
 from .model import lm_of
 
 Transport = Union[tuple[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
-
-
-@dataclass
-class LensResult:
-    layers: list[int]
-    point: str
-    str_tokens: list[str]
-    top_ids: torch.Tensor  # [layers, positions, k]
-    top_probs: torch.Tensor  # [layers, positions, k]
-    top_tokens: list[list[list[str]]]
-    note: str
-    logits: torch.Tensor | None = field(default=None, repr=False)  # [layers, positions, vocab] when kept
-
-    def __repr__(self) -> str:
-        width = max(8, max(len(t) for t in self.str_tokens[-6:]) + 1)
-        pos = list(range(max(0, len(self.str_tokens) - 6), len(self.str_tokens)))
-        head = "layer  " + "".join(self.str_tokens[p][:width - 1].ljust(width) for p in pos)
-        rows = [f"LogitLens({self.point}, top-1 at the last {len(pos)} positions; {self.note})", head]
-        for i, L in enumerate(self.layers):
-            cells = "".join(f"{self.top_tokens[i][p][0][:width - 1]}".ljust(width) for p in pos)
-            rows.append(f"{L:>5}  {cells}")
-        return "\n".join(rows)
-
-    def plot(self):
-        import plotly.graph_objects as go
-
-        z = self.top_probs[:, :, 0].cpu().numpy()
-        text = [[self.top_tokens[i][p][0] for p in range(len(self.str_tokens))] for i in range(len(self.layers))]
-        fig = go.Figure(go.Heatmap(z=z, x=[f"{p}:{t}" for p, t in enumerate(self.str_tokens)],
-                                   y=[f"{self.point}.{L}" for L in self.layers], text=text,
-                                   texttemplate="%{text}", colorscale="Blues", zmin=0, zmax=1,
-                                   colorbar=dict(title="p(top-1)")))
-        fig.update_layout(title="Logit lens: top token per layer and position", xaxis_title="position",
-                          yaxis_title="layer")
-        return fig
-
-
-def token_names(tok: Any, ids: list) -> list:
-    """Decoded strings for a nested list of ids, decoding each distinct id once (lenses return many rows)."""
-    flat: set[int] = set()
-
-    def walk(x):
-        for y in x:
-            walk(y) if isinstance(y, list) else flat.add(int(y))
-    walk(ids)
-    names = {i: (tok.decode([i]) if tok is not None else str(i)) for i in flat}
-
-    def build(x):
-        return [build(y) if isinstance(y, list) else names[int(y)] for y in x]
-    return build(ids)
 
 
 def decode_residual(lm: Any, h: torch.Tensor) -> torch.Tensor:
@@ -124,8 +75,6 @@ def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, 
     transports: optional per-layer maps applied first, h -> h @ A + b (a tuned or Jacobian lens), given
     as (A [d_model, d_model], b [d_model]) or any callable.
     """
-    from .. import points as _points
-
     lm = lm_of(model)
     p = _lens_point(point)
     if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:

@@ -7,9 +7,10 @@ from typing import Any
 import torch
 
 from ..address import AddressLike
+from ..core.addresses import parse_addresses
+from ..core.inputs import prepare, prepare_prompts
 from ..errors import InputError
-from .capture import _capture_many, parse_addresses
-from .inputs import prepare, prepare_prompts
+from .capture import _capture_many
 from .model import lm_of
 
 # Activation memory one batched forward may take when no batch_size is given. Fixed rather than read from the
@@ -49,7 +50,6 @@ def mean_activation(lm: Any, prompts: Any, address: AddressLike, *, batch_size: 
 
     Each prompt counts once whatever its length, and padding never enters: the batched capture hands back each
     prompt's own rows."""
-
     lm = lm_of(lm)
     addr = parse_addresses(lm, address)
     _one_point(addr)
@@ -85,7 +85,6 @@ def mean_difference(model: Any, positive: Any, negative: Any, address: AddressLi
     one prompt at a time; the prompts run in batches of `batch_size` rows (None: sized from ie_lab.sizing for
     the longest prompt, see sizing.batch_size_for). The answer does not depend on the batch size.
     """
-
     lm = lm_of(model)
     addr = parse_addresses(lm, address)
     _one_point(addr)

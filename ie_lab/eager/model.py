@@ -106,16 +106,25 @@ class EagerModel:
         return next(self.hf.parameters()).dtype
 
     def to_tokens(self, text: str | list[str]) -> torch.Tensor:
-        from .inputs import prepare
+        from ..core.inputs import prepare
 
         return prepare(self, text)[0]
 
     def to_str_tokens(self, tokens_or_text: Any) -> list[str] | list[list[str]]:
-        from .inputs import prepare, str_tokens
+        from ..core.inputs import prepare, str_tokens
 
         ids = prepare(self, tokens_or_text)[0]
         out = str_tokens(self, ids)
         return out[0] if (isinstance(tokens_or_text, str) or (isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1)) else out
+
+    def steer_raw_forwards(self, spec: Any, gate: Any) -> Any:
+        """Hooks, placed now, that steer the raw forwards (self.hf(...)) a `with spec:` block runs: those gate()
+        accepts (SteerSpec.__enter__ calls this; operations carry the spec and place their own)."""
+        from .steer import steering  # steer.py imports this module
+
+        hooks = steering(self, [spec], gate=gate)
+        hooks.install()
+        return hooks
 
     def __repr__(self) -> str:
         f = self.facts

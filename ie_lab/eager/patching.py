@@ -10,9 +10,10 @@ import torch
 
 from ..address import Address, AddressLike, layer_list
 from ..cache import Cache
+from ..core.addresses import parse_addresses, slice_head
+from ..core.inputs import prepare, str_tokens
 from ..errors import CapabilityUnsupported, InputError, StructureError, check_flag
-from .capture import capture, capture_batch, parse_addresses, slice_head
-from .inputs import prepare, str_tokens
+from .capture import capture, capture_batch
 from .model import lm_of
 from .taps import Taps
 from .writers import WRITABLE, Writers
@@ -93,7 +94,6 @@ def _replacement(src: torch.Tensor, positions: Sequence[int] | None) -> Callable
 def run_with_patches(model: Any, prompt: Any, patches: Mapping[AddressLike, torch.Tensor], *,
                      positions: Sequence[int] | None = None) -> torch.Tensor:
     """Run prompt with the given points replaced (at all positions, or only `positions`); returns logits."""
-
     lm = lm_of(model)
     if not isinstance(patches, Mapping):
         raise InputError(f"patches must be a dict {{address: tensor}}, got {type(patches).__name__}.")
@@ -138,7 +138,6 @@ def _width(lm: Any, addr: Address) -> int | None:
 def patch(model: Any, prompt: Any, source: Cache | Any, addresses: AddressLike | Iterable[AddressLike], *,
           positions: Sequence[int] | None = None) -> torch.Tensor:
     """Run `prompt` with `addresses` taken from `source` (a Cache, or another prompt to capture them from)."""
-
     lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
     if not isinstance(source, Cache):
@@ -296,7 +295,6 @@ def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: 
     that point instead, with ``of=[...]`` a Cache of those points (read in the same forward, so any point
     capture serves can be measured, including attention patterns). It returns a scalar tensor.
     """
-
     lm = lm_of(model)
     if getattr(lm, "backend", "eager") != "eager":
         raise CapabilityUnsupported("gradients", f"the {lm.backend} backend runs inference kernels without autograd.",
@@ -359,7 +357,6 @@ def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: 
 def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Metric, point: str = "resid_pre",
                       layers: Sequence[int] | None = None) -> PatchGrid:
     """The linear estimate of patch_sweep: grad(corrupted) · (clean - corrupted) per layer and position."""
-
     lm = lm_of(model)
     _check_metric(metric)
     layers = layer_list(layers, lm.facts)
