@@ -1,8 +1,8 @@
 """The wheel path a newcomer takes: build the wheel from this checkout, install it into a fresh venv outside the
 checkout, and use it there (import, the bundled demo model, a capture, every notebook panel).
 
-An editable install or a test run from the repository root would read widgets/, the demo model and the coverage
-data straight from the checkout and hide a wheel that forgot them; this test runs with neither.
+An editable install or a test run from the repository root would read the panels' bundles, the demo model and the
+coverage data straight from the checkout and hide a wheel that forgot them; this test runs with neither.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ def _expected_package_data() -> set[str]:
     for sub, pattern in (("demo_model", "*"), ("coverage_data", "*.json")):
         for p in glob.glob(os.path.join(REPO, "ie_lab", sub, pattern)):
             want.add(f"ie_lab/{sub}/{os.path.basename(p)}")
-    for p in glob.glob(os.path.join(REPO, "widgets", "*")):
-        if p.endswith((".js", ".css")):
-            want.add(f"ie_lab/static/widgets/{os.path.basename(p)}")
+    for p in glob.glob(os.path.join(REPO, "ie_lab", "static", "*")):  # the panels' bundles (widgets/build.py)
+        want.add(f"ie_lab/static/{os.path.basename(p)}")
     return want
 
 
@@ -59,7 +58,7 @@ import json, os, sys
 import ie_lab
 from ie_lab.widgets import AttentionViewer, Picker, SteeringPanel, _static
 
-out = {"file": ie_lab.__file__, "demo": ie_lab.DEMO_MODEL, "static": _static.folder()}
+out = {"file": ie_lab.__file__, "demo": ie_lab.DEMO_MODEL, "static": str(_static.STATIC)}
 s = ie_lab.Session(ie_lab.DEMO_MODEL, progress=False)
 try:
     c = s.capture("When Mary and John went to the store", ["resid_post.0", "attn_probs.0"])
@@ -78,7 +77,7 @@ try:
         # The HTML a saved notebook carries: the view plus its full state (defaults too: _esm/_css are defaults)
         html = embed_snippet([w], drop_defaults=False)
         out["panels"][name] = {"type": type(w).__name__, "esm": w._esm, "css": w._css, "html": html,
-                               "esm_file": os.path.join(_static.folder(), type(w)._ESM_NAME + ".js")}
+                               "esm_file": str(_static.bundle(name + ".js"))}
         if hasattr(w, "close"):
             w.close()
 finally:
@@ -96,15 +95,16 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
     names = set(zipfile.ZipFile(whl).namelist())
     want = _expected_package_data()
     assert {"ie_lab/demo_model/model.safetensors", "ie_lab/demo_model/tokenizer.json",
-            "ie_lab/demo_model/config.json", "ie_lab/static/widgets/ie_lab.css",
-            "ie_lab/static/widgets/picker.js", "ie_lab/static/widgets/attention.js",
-            "ie_lab/static/widgets/steering.js"} <= want, "the checkout's data files moved; update this test"
+            "ie_lab/demo_model/config.json", "ie_lab/static/ie_lab.css",
+            "ie_lab/static/picker.js", "ie_lab/static/attention.js",
+            "ie_lab/static/steering.js"} <= want, "the checkout's data files moved; update this test"
     assert any(n.startswith("ie_lab/coverage_data/") for n in want)
     assert not want - names, f"missing from the wheel (pyproject [tool.setuptools.package-data]): {sorted(want - names)}"
-    with zipfile.ZipFile(whl) as z:  # real copies of the widgets/ files, not the symlink or stale text
-        for n in sorted(x for x in want if x.startswith("ie_lab/static/widgets/")):
-            with open(os.path.join(REPO, "widgets", os.path.basename(n)), "rb") as f:
-                assert z.read(n) == f.read(), f"{n} in the wheel differs from widgets/{os.path.basename(n)}"
+    assert not any(n.startswith("ie_lab/static/widgets/") for n in names), "the old symlinked sources are back"
+    with zipfile.ZipFile(whl) as z:  # the committed bundles (tests/test_widgets_bundle.py keeps them built)
+        for n in sorted(x for x in want if x.startswith("ie_lab/static/")):
+            with open(os.path.join(REPO, n), "rb") as f:
+                assert z.read(n) == f.read(), f"{n} in the wheel differs from the checkout's"
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], cwd=str(tmp_path))
@@ -133,19 +133,17 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
     assert cap["resid"][0] == 1 and cap["resid"][1] > 1 and cap["finite"] and cap["attn_rows_sum_to_1"], cap
 
     assert set(res["panels"]) == {"picker", "attention", "steering"}
-    with open(os.path.join(REPO, "widgets", "ie_lab.css"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "ie_lab", "static", "ie_lab.css"), encoding="utf-8") as f:
         css = f.read()
     for name, p in res["panels"].items():
         assert p["esm"].strip() and p["css"].strip(), name
-        # read from the installed package's copy, which matches the checkout's sources
+        # read from the installed package's bundle, which is the checkout's
         assert inside(p["esm_file"]), (name, p["esm_file"])
         with open(p["esm_file"], encoding="utf-8") as f:
             own = f.read()
-        with open(os.path.join(REPO, "widgets", os.path.basename(p["esm_file"])), encoding="utf-8") as f:
+        with open(os.path.join(REPO, "ie_lab", "static", os.path.basename(p["esm_file"])), encoding="utf-8") as f:
             assert own == f.read(), name
-        # the panel's own module body is in its ESM (helper imports are inlined, so compare a distinctive tail)
-        assert own.strip()[-200:] in p["esm"], name
-        assert p["css"] == css, name
+        assert p["esm"] == own and p["css"] == css, name
         # the embeddable HTML carries the view and, in the widget state, the module and style text
         assert "application/vnd.jupyter.widget-view+json" in p["html"], name
         assert "application/vnd.jupyter.widget-state+json" in p["html"], name

@@ -62,13 +62,14 @@ MALFORMED_COMM = [
 
 # ---- sources and packaging --------------------------------------------------------------------------------
 def test_modules_are_self_contained_and_offline():
-    for name in ("picker", "attention", "steering"):
-        text = _static.esm(name)
-        assert "export default" in text
-        assert not re.search(r'^\s*import\s', text, re.M), f"{name}.js still imports something after inlining"
+    for cls in (Picker, AttentionViewer, SteeringPanel):
+        text = str(cls._esm)  # what anywidget sends: the bundle's text
+        assert re.search(r"^export \{[^}]*\bas default\b", text, re.M), cls.__name__
+        assert not re.search(r'^\s*import\s', text, re.M), f"{cls.__name__}'s bundle still imports something"
         urls = set(re.findall(r"https?://[^\s\"']+", text)) - {"http://www.w3.org/2000/svg"}  # the SVG namespace
         assert not urls and "fetch(" not in text, f"no network at runtime: {urls}"
-    assert ".iel-root" in _static.css() and "--jp-layout-color1" in _static.css()
+    css = str(Picker._css)
+    assert ".iel-root" in css and "--jp-layout-color1" in css
 
 
 # ---- picker ---------------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def test_static_state_holds_what_is_on_screen(session):
     assert {"tokens", "thumbs", "pattern", "layer", "head", "_esm", "_css"} <= set(st)
     sp = session.steering_panel("Mary went to the", vector=torch.ones(128), max_new_tokens=4)
     assert sp.get_state()["steered"] == sp.steered and sp.get_state()["baseline"]
-    assert os.path.basename(_static.folder()) == "widgets"
+    assert _static.bundle("attention.js").read_text(encoding="utf-8") == st["_esm"]
 
 
 def test_a_prompt_the_model_cannot_continue_is_refused_and_the_last_one_keeps_working(session, monkeypatch):

@@ -1,6 +1,6 @@
 """Notebook panels that talk back to the kernel (anywidget): address picker, attention viewer, steering panel.
 
-JS/CSS sources: the repository's ``widgets/`` folder (shipped in the wheel as ``ie_lab/static/widgets``).
+JS/CSS sources: the repository's ``widgets/`` folder, bundled into ``ie_lab/static/`` by ``widgets/build.py``.
 """
 
 from .attention import AttentionViewer

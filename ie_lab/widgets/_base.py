@@ -101,15 +101,12 @@ class Panel(anywidget.AnyWidget):
 
     COMMANDS: dict[str, dict[str, Callable[[Any], Any]]] = {}
     OPTIONAL: frozenset[str] = frozenset()
-    _ESM_NAME = ""
+    # anywidget reads a Path given in a class body (and watches it under ANYWIDGET_HMR=1); each panel sets _esm
+    _css = _static.bundle("ie_lab.css")
 
     error = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, **kwargs: Any) -> None:
-        cls = type(self)
-        if "_esm" not in cls.__dict__:  # anywidget makes traits of class attributes _esm/_css at construction
-            cls._esm = _static.esm(self._ESM_NAME)
-            cls._css = _static.css()
         super().__init__(**kwargs)
         self.rejected: list[str] = []
         self.on_msg(self._on_front_end_msg)

@@ -1,56 +1,29 @@
-"""Where the panels' JavaScript and CSS live, and the one-step inlining that makes each panel one ES module.
+"""Where the panels' modules and style are read from: ``ie_lab/static/``, built from the repository's ``widgets/``.
 
-Sources are in the repository's top-level ``widgets/`` folder. A wheel carries a copy in
-``ie_lab/static/widgets/`` (see pyproject.toml); an editable install reads the repository folder.
-A panel module may import helpers with ``import { a, b } from "./name.js";`` on a line of its own:
-anywidget loads one module text, so such lines are replaced by the helper file's text (helpers only
-``export`` functions and constants, so the concatenation stays a valid module). No network, no CDN.
+``widgets/build.py`` bundles each panel's ES module with the helpers it imports (esbuild) into
+``ie_lab/static/<panel>.js``, and the style sheet into ``ie_lab/static/ie_lab.css``. The bundles are committed and
+shipped as package data, so no install needs node; ``setup.py`` rebuilds or checks them. No network, no CDN.
+
+Panels hand anywidget these files as ``pathlib.Path``: anywidget reads them, and in a source checkout with
+``ANYWIDGET_HMR=1`` it also watches them and reloads the panels on screen when they change. There the development
+bundles that ``python widgets/build.py --watch`` keeps current (``build/widgets-dev/``) are used when present.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import re
+from pathlib import Path
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-CANDIDATES = (
-    os.path.join(_HERE, os.pardir, "static", "widgets"),  # inside a wheel
-    os.path.join(_HERE, os.pardir, os.pardir, "widgets"),  # a source checkout / editable install
-)
-_IMPORT = re.compile(r'^import\s*\{[^}]*\}\s*from\s*"\./([A-Za-z0-9_]+)\.js";\s*$', re.M)
+STATIC = Path(__file__).resolve().parent.parent / "static"
+DEV = Path(__file__).resolve().parents[2] / "build" / "widgets-dev"  # exists only in a source checkout
 
 
-def folder() -> str:
-    for c in CANDIDATES:
-        if os.path.isfile(os.path.join(c, "ie_lab.css")):
-            return os.path.normpath(c)
-    raise FileNotFoundError("ie_lab's widget sources are missing (looked in " + ", ".join(
-        os.path.normpath(c) for c in CANDIDATES) + "); reinstall ie_lab.")
-
-
-def _read(name: str) -> str:
-    with open(os.path.join(folder(), name), encoding="utf-8") as f:
-        return f.read()
-
-
-@functools.lru_cache(maxsize=None)
-def esm(name: str) -> str:
-    """The panel's module text with its helper imports inlined (each helper once)."""
-    seen: set[str] = set()
-
-    def inline(text: str) -> str:
-        def sub(m: re.Match) -> str:
-            dep = m.group(1)
-            if dep in seen:
-                return ""
-            seen.add(dep)
-            return f"// ---- {dep}.js\n" + inline(_read(dep + ".js"))
-        return _IMPORT.sub(sub, text)
-
-    return inline(_read(name + ".js"))
-
-
-@functools.lru_cache(maxsize=None)
-def css() -> str:
-    return _read("ie_lab.css")
+def bundle(name: str) -> Path:
+    """The file anywidget reads for one panel module (``picker.js``...) or the style sheet (``ie_lab.css``)."""
+    if os.environ.get("ANYWIDGET_HMR") == "1" and (DEV / name).is_file():
+        return DEV / name
+    path = STATIC / name
+    if not path.is_file():
+        raise FileNotFoundError(f"ie_lab's notebook panel file {path} is missing: in a source checkout run "
+                                "`./dev setup` (or `python widgets/build.py`); otherwise reinstall ie_lab.")
+    return path

@@ -14,8 +14,9 @@ from typing import Any, Callable
 import torch
 import traitlets
 
+from ..address import layer_list
 from ..errors import AddressError, InputError
-from . import _base
+from . import _base, _static
 
 THUMB = 32  # thumbnail side in cells (patterns are max-pooled down to it)
 
@@ -31,7 +32,7 @@ def _thumbs(probs: torch.Tensor, side: int) -> bytes:
 class AttentionViewer(_base.Panel):
     """Thumbnails of every head of one layer; the large pattern of the selected head, with token labels."""
 
-    _ESM_NAME = "attention"
+    _esm = _static.bundle("attention.js")
     COMMANDS = {"select": {"layer": _base.integer(0, 1 << 16), "head": _base.integer(0, 1 << 16)}}
 
     tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -101,12 +102,9 @@ class AttentionViewer(_base.Panel):
 
 
 def for_session(session: Any, prompt: Any, layers: Any = None, *, layer: int | None = None, head: int = 0) -> AttentionViewer:
-    lm = session._lm
-    n = lm.facts.n_layers
-    from ..address import layer_list
-
+    facts = session.facts  # refuses a closed session
     try:
-        chosen = layer_list(layers, lm.facts)
+        chosen = layer_list(layers, facts)
     except AddressError as e:  # the viewer's arguments are InputErrors, as they always were
         raise InputError(str(e)) from None
     for name, value in (("layer", layer), ("head", head)):
@@ -120,5 +118,5 @@ def for_session(session: Any, prompt: Any, layers: Any = None, *, layer: int | N
     def fetch(L: int) -> torch.Tensor:
         return session.capture(ids, [f"attn_probs.{L}"])[f"attn_probs.{L}"][0]
 
-    return AttentionViewer(fetch, tokens, chosen, lm.facts.n_heads, layer=layer, head=head,
-                           title=lm.facts.model_type)  # the repr adds the token count
+    return AttentionViewer(fetch, tokens, chosen, facts.n_heads, layer=layer, head=head,
+                           title=facts.model_type)  # the repr adds the token count

@@ -20,7 +20,7 @@ from ..arch import quirks
 from ..arch.config_facts import ArchFacts
 from ..errors import AddressError, IELabError
 from ..points import Scope, Width
-from . import _base
+from . import _base, _static
 
 _ENGINES = (("transformerlens", "TransformerLens"), ("transformerlens_bridge", "TransformerBridge"), ("nnterp", "nnterp"))
 _MOE_ONLY = ("router_logits", "expert_weights", "expert_indices")
@@ -227,7 +227,7 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
 class Picker(_base.Panel):
     """An SVG of one block of this model; click a point to set ``address`` (shift-click adds to ``addresses``)."""
 
-    _ESM_NAME = "picker"
+    _esm = _static.bundle("picker.js")
     COMMANDS = {"select": {"address": _base.text(80), "multi": _base.boolean}, "clear": {}}
 
     spec = traitlets.Dict().tag(sync=True)
@@ -307,9 +307,10 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
     which draws what the binder measured instead.
     """
     src = family_or_config
-    if hasattr(src, "_lm") or hasattr(src, "binding"):  # a Session or a loaded model: the measured truth
-        lm = getattr(src, "_lm", src)
-        return Picker(lm.facts, lm.backend, lm=lm, layer=layer)
+    if callable(getattr(type(src), "picker", None)):  # a Session, whatever its backend: the measured truth
+        return src.picker(layer=layer)
+    if hasattr(src, "binding"):  # a model from ie_lab.load: the measured truth too
+        return Picker(src.facts, src.backend, lm=src, layer=layer)
     if isinstance(src, ArchFacts):
         facts = src
     elif isinstance(src, str):

@@ -24,7 +24,7 @@ from ..address import Address
 from ..errors import AddressError, IELabError, InputError
 from ..ops.steering import METHODS
 from ..points import all_points
-from . import _base
+from . import _base, _static
 
 STEERABLE = tuple(p.name for p in all_points() if p.steerable and not p.multi_stream_only)
 MAX_NEW_TOKENS = 256
@@ -67,7 +67,7 @@ def _load_vector(vector: Any, address: Address) -> tuple[torch.Tensor, str]:
 class SteeringPanel(_base.Panel):
     """Baseline vs steered text; method, coefficient and caps as controls; tokens stream in."""
 
-    _ESM_NAME = "steering"
+    _esm = _static.bundle("steering.js")
     COMMANDS = {
         "steer": {"seq": _base.integer(0, 1 << 40), "method": _base.choice(METHODS), "scale": _N, "cap_min": _N,
                   "cap_max": _N, "target": _N},
@@ -350,7 +350,12 @@ class SteeringPanel(_base.Panel):
                     self.progress = [0, len(contrast[0]) + len(contrast[1])]
                     self.status = "vector"
             self._done.clear()
-            self._future = asyncio.run_coroutine_threadsafe(coro, self._session._loop)
+            try:
+                self._future = self._session.submit(coro)
+            except BaseException:  # a closed session: nothing runs, so nothing is in flight to wait for
+                self._future = None
+                self._done.set()
+                raise
             self._future.add_done_callback(lambda f: self._done.set())
 
     def wait(self, timeout: float = 60) -> "SteeringPanel":

@@ -1,0 +1,24 @@
+"""The one build step pyproject.toml cannot declare: the notebook panels' bundles (widgets/ -> ie_lab/static/).
+
+Every build (``pip wheel .``, ``pip install .``, ``pip install -e .``) runs widgets/build.py's ``ensure``: it
+rebuilds the bundles where esbuild is installed (``./dev setup``), and otherwise checks that the committed ones match
+the sources, so installing needs no node. An unpacked wheel has no widgets/ folder and nothing to build.
+"""
+
+import runpy
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+WIDGET_BUILD = Path(__file__).resolve().parent / "widgets" / "build.py"
+
+
+class BuildPyWithWidgets(build_py):
+    def run(self) -> None:
+        if WIDGET_BUILD.is_file():
+            runpy.run_path(str(WIDGET_BUILD))["ensure"]()
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithWidgets})
