@@ -61,7 +61,7 @@ CELLS = {
     "capture_loop": "while True:\n    s.capture(LONG, EVERY)",
 }
 EXPECTED = {"await_generate": ("KeyboardInterrupt", "CancelledError")}
-CHECK = "(hook_count(big), ie_lab.eager.attention_tap.is_installed(), len(s.generate(P, 3).ids))"
+CHECK = "(hook_count(big), ie_lab.arch.attention_tap.is_installed(), len(s.generate(P, 3).ids))"
 
 
 def _reply(kc, msg_id, timeout):

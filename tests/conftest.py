@@ -40,7 +40,7 @@ def hook_count(model: torch.nn.Module) -> int:
 
 def assert_clean(lm) -> None:
     """No hook registered, attention registry restored: the model is exactly as before."""
-    from ie_lab.eager import attention_tap
+    from ie_lab.arch import attention_tap
 
     assert hook_count(lm.hf) == 0, "a hook was left registered"
     assert not attention_tap.is_installed(), "the attention tap was left installed"

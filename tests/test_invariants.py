@@ -197,13 +197,13 @@ def test_recompute_with_sinks_and_windows_equals_the_eager_kernel():
     """The sdpa-path rebuild (ops.attention) against GPT-OSS's own eager kernel, sinks and window included."""
     import importlib
 
-    from ie_lab.eager.attention_tap import AttentionCall
+    from ie_lab.arch.attention_tap import AttentionCall
     from ie_lab.eager.taps import _recompute
 
     lm = lm_for("gpt_oss", "eager")
     eager_fn = importlib.import_module(type(lm.binding.layers[0].attn).__module__).eager_attention_forward
     seen = {}
-    from ie_lab.eager import attention_tap
+    from ie_lab.arch import attention_tap
 
     def listen(mod, call):
         seen[id(mod)] = call

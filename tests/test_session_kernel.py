@@ -144,7 +144,7 @@ def test_interrupt_stops_generation_and_the_next_call_works():
         # Read the state back through the execute reply (user_expressions), not the output stream: it does not
         # depend on how the kernel routes output after an interrupt.
         check_id = kc.execute(
-            "check = (hook_count(big), ie_lab.eager.attention_tap.is_installed(), "
+            "check = (hook_count(big), ie_lab.arch.attention_tap.is_installed(), "
             "tuple(sb.capture('Mary went', ['resid_post.1'])['resid_post.1'].shape), len(sb.generate('Mary', 3).ids))",
             user_expressions={"check": "check"})
         reply = kc.get_shell_msg(timeout=120)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ArchitectureUnsupported, StructureError
+from . import attention_tap
 from .config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
 
 ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
@@ -384,8 +385,6 @@ def _norm_children(layer: nn.Module) -> list[nn.Module]:
 def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) -> set[int]:
     """One small forward with the recorder and the attention tap listening; returns the ids of the
     attention modules that went through transformers' attention interface."""
-    from ..eager import attention_tap
-
     facts = binding.facts
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(1234)

@@ -21,7 +21,7 @@ from ..address import Address
 from ..arch.binder import LayerBinding, first_tensor, hidden_arg, split_fused_qkv
 from ..errors import CapabilityUnsupported, PointAbsent
 from ..ops.attention import scores_and_probs
-from . import attention_tap
+from ..arch import attention_tap
 
 # kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output),
 # "attn" an attention-interface

@@ -6,6 +6,9 @@ post-RoPE query, key and value. While any capture is listening, each registered 
 that calls the original unchanged and then hands the call's tensors to the listener registered for
 that attention module. Modules nobody listens to pass straight through, so concurrent models are not
 affected, and the registry is restored exactly when the last listener leaves.
+
+Part of the structure layer, not of a backend: the binder's probe forward listens through it to learn which
+attention modules go through transformers' interface, and the eager taps read q, k, v through it.
 """
 
 from __future__ import annotations
