@@ -33,33 +33,17 @@ from ..ops import steering as steer_ops
 from ..ops.attention import scores_and_probs
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
+from .wire import RECOMPUTED, pack, unpack  # the wire format (plain data); re-exported for the session
+from .wire import by_position as _by_position
+from .wire import dedupe_order as _dedupe_order
 
 # Points a backend hook can read on vLLM's module tree. Everything else is refused by the client.
 READ_POINTS = ("embeddings", "resid_pre", "attn_in", "q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value",
                "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_pre", "mlp_pre_linear", "mlp_act",
                "router_logits", "mlp_out", "mlp_out_post", "resid_post", "final_norm")
-RECOMPUTED = ("attn_scores", "attn_probs")
 STEERABLE = ("resid_pre", "attn_in", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_out", "mlp_out_post",
              "resid_post")
 SHARDED = ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value", "z", "mlp_pre", "mlp_pre_linear", "mlp_act")
-
-
-# ---- plain-data tensor transport (works with vLLM's msgspec IPC without insecure pickling) -------------
-
-def pack(t: torch.Tensor) -> dict:
-    t = t.detach().to("cpu").contiguous()
-    dtype = str(t.dtype).replace("torch.", "")
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-        dtype = "float32"
-    return {"dtype": dtype, "shape": list(t.shape), "data": t.numpy().tobytes()}
-
-
-def unpack(d: dict) -> torch.Tensor:
-    import numpy as np
-
-    arr = np.frombuffer(d["data"], dtype=getattr(np, d["dtype"])).reshape(d["shape"])
-    return torch.from_numpy(arr.copy())
 
 
 def _first(out: Any) -> torch.Tensor:
@@ -800,23 +784,6 @@ class IELabWorker:
 def _layer_of(point: str) -> int:
     tail = point.rsplit(".", 1)[-1]
     return int(tail) if tail.isdigit() else -1
-
-
-def _dedupe_order(pos: torch.Tensor) -> torch.Tensor:
-    """Indices that sort by position, keeping the last occurrence of a repeated position (recomputes)."""
-    order = torch.argsort(pos, stable=True)
-    p = pos[order]
-    keep = torch.ones_like(p, dtype=torch.bool)
-    if p.numel() > 1:
-        keep[:-1] = p[1:] != p[:-1]
-    return order[keep]
-
-
-def _by_position(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    pos = torch.cat([p for p, _ in parts])
-    t = torch.cat([x for _, x in parts])
-    order = _dedupe_order(pos)
-    return pos[order], t[order]
 
 
 def _position_mask(positions: Any, absolute: torch.Tensor, prompt_len: int, ids: torch.Tensor | None,
