@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class Scope(str, enum.Enum):
@@ -32,11 +33,6 @@ class Width(str, enum.Enum):
     def head_axis(self) -> bool:
         """Points whose width splits into heads, so that a head coordinate selects a slice."""
         return self in (Width.HEADS, Width.KV_HEADS, Width.ATTN)
-
-    @property
-    def tp_sharded(self) -> bool:
-        """Axes a tensor-parallel vLLM engine splits across ranks, so they need a gather."""
-        return self in (Width.HEADS, Width.KV_HEADS, Width.D_MLP, Width.VOCAB, Width.ATTN)
 
 
 class Verdict(str, enum.Enum):
@@ -63,6 +59,20 @@ class BackendVerdict:
     reason: str = ""
 
 
+class Needs(str, enum.Enum):
+    """A structural feature a point exists only with. A model without it has no such tensor, and
+    ``absence`` says why, in the same words for every backend, the picker and the points table."""
+
+    MULTI_STREAM = "several residual streams"
+    FINAL_NORM = "a final norm"
+    QK_NORM = "a QK-norm"
+    ATTN_GATE = "an attention output gate"
+    SEQUENTIAL = "attention and MLP in sequence"  # not a parallel block: a residual lies between them
+    DENSE_MLP = "a dense MLP on the layer"  # not a sparse MoE layer, whose experts each have their own neurons
+    GATED_MLP = "a gated MLP"
+    MOE = "a router on the layer"
+
+
 @dataclass(frozen=True)
 class Point:
     name: str
@@ -75,21 +85,45 @@ class Point:
     tl_legacy: tuple[str, ...] = ()
     tl_bridge: tuple[str, ...] = ()
     nnterp: tuple[str, ...] = ()
-    # Points that only exist on trunks with several residual streams (hyper-connections).
-    multi_stream_only: bool = False
+    # What a model must have for this point to exist there, checked in this order (the first missing one is
+    # the reason given).
+    needs: tuple[Needs, ...] = ()
     # Points that exist per residual stream, so an address may carry .stream-S on such trunks.
     per_stream: bool = False
+    # The eager backend can write it: a module boundary where an edited value flows on (patching, gradients).
+    writable: bool = False
     # What to use where this point is absent or refused, in one phrase.
     note: str = ""
+
+    @property
+    def multi_stream_only(self) -> bool:
+        """Points that only exist on trunks with several residual streams (hyper-connections)."""
+        return Needs.MULTI_STREAM in self.needs
 
     @property
     def head_axis(self) -> bool:
         return self.width.head_axis
 
     @property
+    def is_attention(self) -> bool:
+        """An attention matrix, [batch, heads, query, key], rather than one vector per token."""
+        return self.width is Width.ATTN
+
+    @property
     def steerable(self) -> bool:
         """Steering adds a d_model vector, so only d_model-wide per-layer points take it."""
         return self.width is Width.D_MODEL and self.scope is Scope.LAYER
+
+    @property
+    def tappable(self) -> bool:
+        """vLLM reads it from one module's input or output (its verdict is plain "served"), so a hook serves it
+        and graph mode can compile a static tap for it. Recomputed points are rebuilt after the request."""
+        return self.vllm.verdict is Verdict.SERVED
+
+    @property
+    def recomputed(self) -> bool:
+        """vLLM rebuilds it from other captured tensors after the request instead of reading it."""
+        return self.vllm.verdict is Verdict.RECOMPUTE
 
     def verdict(self, backend: str) -> BackendVerdict:
         if backend not in BACKENDS:
@@ -115,6 +149,7 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         note="Equals resid_pre.0 only on families that neither add positions nor scale the embedding.",
         tl_legacy=('hook_embed',), tl_bridge=('embed.hook_out',), nnterp=('token_embeddings',),
+        writable=True,
     ),
     Point(
         "resid_pre", _L, Width.D_MODEL,
@@ -122,36 +157,42 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         per_stream=True,
         tl_legacy=('blocks.{L}.hook_resid_pre',), tl_bridge=('blocks.{L}.hook_in',), nnterp=('layers_input[{L}]',),
+        writable=True,
     ),
     Point(
         "attn_in", _L, Width.D_MODEL,
         "The input of the attention module: the residual after the layer's input norm (the raw residual on families without one).",
         _OK, _OK,
         tl_bridge=('blocks.{L}.attn.hook_in', 'blocks.{L}.ln1.hook_out',), nnterp=('attentions_input[{L}]',),
+        writable=True,
     ),
     Point(
         "q_norm_in", _L, Width.HEADS,
         "Queries entering the QK-norm, flattened over heads (after the query projection; before RoPE on most families, after it where the family normalises rotated queries).",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_legacy=('blocks.{L}.attn.hook_q',), tl_bridge=('blocks.{L}.attn.q_norm.hook_in', 'blocks.{L}.attn.q.hook_out',),
+        needs=(Needs.QK_NORM,),
     ),
     Point(
         "q_norm_out", _L, Width.HEADS,
         "Queries leaving the QK-norm, flattened over heads.",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_bridge=('blocks.{L}.attn.q_norm.hook_out', 'blocks.{L}.attn.hook_q_normed',),
+        needs=(Needs.QK_NORM,),
     ),
     Point(
         "k_norm_in", _L, Width.KV_HEADS,
         "Keys entering the QK-norm, flattened over key/value heads (placed like q_norm_in).",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_legacy=('blocks.{L}.attn.hook_k',), tl_bridge=('blocks.{L}.attn.k_norm.hook_in', 'blocks.{L}.attn.k.hook_out',),
+        needs=(Needs.QK_NORM,),
     ),
     Point(
         "k_norm_out", _L, Width.KV_HEADS,
         "Keys leaving the QK-norm, flattened over key/value heads.",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_bridge=('blocks.{L}.attn.k_norm.hook_out', 'blocks.{L}.attn.hook_k_normed',),
+        needs=(Needs.QK_NORM,),
     ),
     Point(
         "value", _L, Width.KV_HEADS,
@@ -179,12 +220,14 @@ _POINTS: tuple[Point, ...] = (
         "The per-head attention-weighted values, concatenated over heads: the input of the attention output projection.",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_legacy=('blocks.{L}.attn.hook_z',), tl_bridge=('blocks.{L}.attn.o.hook_in',),
+        writable=True,
     ),
     Point(
         "attn_gate", _L, Width.HEADS,
         "The sigmoid gate a gated-attention family multiplies into z before the output projection.",
         _OK,
         BackendVerdict(Verdict.UNIMPLEMENTED, "The gate is a real module on vLLM's tree but is not wired up yet; use backend='eager'."),
+        needs=(Needs.ATTN_GATE,),
     ),
     Point(
         "attn_out", _L, Width.D_MODEL,
@@ -192,12 +235,14 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         note="TransformerLens' hook_attn_out is this point only on families without a post-attention norm or multiplier.",
         tl_bridge=('blocks.{L}.attn.hook_out',), nnterp=('attentions_output[{L}]',),
+        writable=True,
     ),
     Point(
         "attn_out_post", _L, Width.D_MODEL,
         "What attention adds to the residual stream: attn_out after the post-attention norm and residual multiplier where the family has them.",
         _OK, _OK,
         tl_legacy=('blocks.{L}.hook_attn_out',), tl_bridge=('blocks.{L}.ln1_post.hook_out',),
+        writable=True,
     ),
     Point(
         "resid_mid", _L, Width.D_MODEL,
@@ -205,12 +250,15 @@ _POINTS: tuple[Point, ...] = (
         _OK, BackendVerdict(Verdict.SERVED, "Captured everywhere; on families where vLLM fuses the residual add into the next norm it is rebuilt as h + residual."), per_stream=True,
         note="Absent on parallel blocks, where attention and MLP both read the layer input.",
         tl_legacy=('blocks.{L}.hook_resid_mid',), tl_bridge=('blocks.{L}.ln2.hook_in',),
+        writable=True,
+        needs=(Needs.SEQUENTIAL,),
     ),
     Point(
         "mlp_in", _L, Width.D_MODEL,
         "The input of the MLP (or MoE) module: the residual after the pre-MLP norm.",
         _OK, _OK,
         tl_bridge=('blocks.{L}.mlp.hook_in', 'blocks.{L}.ln2.hook_out',), nnterp=('mlps_input[{L}]',),
+        writable=True,
     ),
     Point(
         "mlp_pre", _L, Width.D_MLP,
@@ -219,6 +267,8 @@ _POINTS: tuple[Point, ...] = (
         BackendVerdict(Verdict.SERVED, "vLLM merges the gate and up projections into one gate_up_proj: the point is the gate half of its output (each rank's shard split, then gathered); c_fc's output on GPT-2."),
         note="Absent on sparse MoE layers, where every expert has its own.",
         tl_legacy=('blocks.{L}.mlp.hook_pre',), tl_bridge=('blocks.{L}.mlp.gate.hook_out',),
+        writable=True,
+        needs=(Needs.DENSE_MLP,),
     ),
     Point(
         "mlp_pre_linear", _L, Width.D_MLP,
@@ -227,6 +277,8 @@ _POINTS: tuple[Point, ...] = (
         BackendVerdict(Verdict.SERVED, "The up half of vLLM's merged gate_up_proj output (each rank's shard split, then gathered)."),
         note="Gated MLPs only.",
         tl_legacy=('blocks.{L}.mlp.hook_pre_linear',), tl_bridge=('blocks.{L}.mlp.in.hook_out',),
+        writable=True,
+        needs=(Needs.DENSE_MLP, Needs.GATED_MLP),
     ),
     Point(
         "mlp_act", _L, Width.D_MLP,
@@ -234,12 +286,15 @@ _POINTS: tuple[Point, ...] = (
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         note="Absent on sparse MoE layers, where each expert has its own neurons.",
         tl_legacy=('blocks.{L}.mlp.hook_post',), tl_bridge=('blocks.{L}.mlp.out.hook_in',),
+        writable=True,
+        needs=(Needs.DENSE_MLP,),
     ),
     Point(
         "router_logits", _L, Width.EXPERTS,
         "The MoE router's logits over experts, before top-k selection.",
         _OK, BackendVerdict(Verdict.SERVED, "The router is replicated across ranks, so tensor parallelism does not affect it."),
         tl_bridge=('blocks.{L}.mlp.gate.hook_out',),
+        needs=(Needs.MOE,),
     ),
     Point(
         "expert_weights", _L, Width.EXPERTS,
@@ -247,12 +302,14 @@ _POINTS: tuple[Point, ...] = (
         _OK,
         BackendVerdict(Verdict.UNREACHABLE, "The top-k selection happens inside vLLM's fused MoE kernel and is never materialised. Use backend='eager'."),
         tl_bridge=('blocks.{L}.mlp.gate.hook_expert_weights',),
+        needs=(Needs.MOE,),
     ),
     Point(
         "expert_indices", _L, Width.EXPERTS,
         "The expert selection as a dense 0/1 mask over experts: 1 where the token was routed.",
         _OK,
         BackendVerdict(Verdict.UNREACHABLE, "As expert_weights: the selection lives inside the fused MoE kernel. Use backend='eager'."),
+        needs=(Needs.MOE,),
     ),
     Point(
         "mlp_out", _L, Width.D_MODEL,
@@ -260,12 +317,14 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         note="TransformerLens' hook_mlp_out is this point only on families without a post-MLP norm or multiplier.",
         tl_bridge=('blocks.{L}.mlp.hook_out',), nnterp=('mlps_output[{L}]',),
+        writable=True,
     ),
     Point(
         "mlp_out_post", _L, Width.D_MODEL,
         "What the MLP adds to the residual stream: mlp_out after the post-MLP norm and residual multiplier where the family has them.",
         _OK, _OK,
         tl_legacy=('blocks.{L}.hook_mlp_out',), tl_bridge=('blocks.{L}.ln2_post.hook_out',),
+        writable=True,
     ),
     Point(
         "resid_post", _L, Width.D_MODEL,
@@ -273,12 +332,15 @@ _POINTS: tuple[Point, ...] = (
         _OK, BackendVerdict(Verdict.SERVED, "vLLM layers defer the residual add to the next layer; ie_lab adds h + residual so it equals the HF layer output."),
         per_stream=True,
         tl_legacy=('blocks.{L}.hook_resid_post',), tl_bridge=('blocks.{L}.hook_out',), nnterp=('layers_output[{L}]',),
+        writable=True,
     ),
     Point(
         "final_norm", _T, Width.D_MODEL,
         "The output of the trunk's final norm, which the unembedding reads.",
         _OK, BackendVerdict(Verdict.SERVED, "Computed over every position of the request, not only the decoded ones."),
         tl_bridge=('ln_final.hook_out',), nnterp=('ln_final.output',),
+        writable=True,
+        needs=(Needs.FINAL_NORM,),
     ),
     Point(
         "lm_head", _T, Width.VOCAB,
@@ -291,37 +353,37 @@ _POINTS: tuple[Point, ...] = (
     Point(
         "resid_streams", _L, Width.STREAMS,
         "The stack of residual streams entering layer L, one d_model vector per stream.",
-        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "attn_stream_collapse", _L, Width.D_MODEL,
         "The single d_model input attention reads, collapsed from the residual streams by learned weights.",
-        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "mlp_stream_collapse", _L, Width.D_MODEL,
         "The single d_model input the MLP reads, collapsed from the residual streams by learned weights.",
-        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "attn_stream_write", _L, Width.STREAMS,
         "The per-stream weights with which attention's output is written back into each residual stream.",
-        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "mlp_stream_write", _L, Width.STREAMS,
         "The per-stream weights with which the MLP's output is written back into each residual stream.",
-        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "attn_stream_mix", _L, Width.STREAMS,
         "The stream-to-stream mixing matrix applied around the attention sublayer.",
-        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "mlp_stream_mix", _L, Width.STREAMS,
         "The stream-to-stream mixing matrix applied around the MLP sublayer.",
-        _MHC_EAGER, _MHC_VLLM, multi_stream_only=True,
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
 )
 
@@ -350,6 +412,115 @@ def all_points() -> tuple[Point, ...]:
 def served(backend: str) -> tuple[str, ...]:
     """Names of points the backend serves (by hook or by recompute) on families that have them."""
     return tuple(p.name for p in _POINTS if p.verdict(backend).verdict.ok)
+
+
+def tappable() -> tuple[str, ...]:
+    """Names of points vLLM reads with a module hook, which are also the ones graph mode can tap."""
+    return tuple(p.name for p in _POINTS if p.tappable)
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What one model has of the features points need (``Needs``), however it was learnt: from its config
+    (``from_facts``), measured on the loaded model by the binder (``from_binding``), or reported by vLLM."""
+
+    family: str
+    qk_norm: bool = False
+    parallel: bool = False  # attention and MLP both read the layer input: no residual between them
+    gated_mlp: bool = True
+    moe_layers: tuple[int, ...] = ()
+    attn_gate: bool = False
+    final_norm: bool = True
+    n_streams: int = 1
+
+    @classmethod
+    def from_facts(cls, facts: Any, final_norm: bool = True) -> "Structure":
+        """From a config's ArchFacts (no weights). Configs do not say whether the trunk ends in a norm: a backend
+        that found out passes it."""
+        raw = facts.raw or {}
+        return cls(facts.model_type, qk_norm=bool(facts.qk_norm), parallel=bool(facts.parallel_block),
+                   gated_mlp=bool(facts.gated_mlp), moe_layers=tuple(facts.moe_layers),
+                   attn_gate=bool(raw.get("attn_output_gate") or raw.get("use_gated_attention")
+                                  or raw.get("gated_attention")),
+                   final_norm=final_norm, n_streams=int(facts.n_streams))
+
+    @classmethod
+    def from_binding(cls, binding: Any) -> "Structure":
+        """Measured on a loaded model by arch.binder (a model with only MoE layers counts as gated: no dense
+        layer exists to ask)."""
+        st = binding.structure
+        return cls(binding.family, qk_norm=bool(st["qk_norm"]), parallel=bool(st["parallel_block"]),
+                   gated_mlp=st["gated_mlp"] is not False, moe_layers=tuple(st["moe_layers"]),
+                   attn_gate=any(getattr(lb, "attn_gate", None) is not None for lb in binding.layers),
+                   final_norm=binding.final_norm is not None, n_streams=int(binding.facts.n_streams))
+
+    def has(self, need: Needs, layer: int | None = None) -> bool:
+        return {
+            Needs.MULTI_STREAM: self.n_streams > 1,
+            Needs.FINAL_NORM: self.final_norm,
+            Needs.QK_NORM: self.qk_norm,
+            Needs.ATTN_GATE: self.attn_gate,
+            Needs.SEQUENTIAL: not self.parallel,
+            Needs.DENSE_MLP: layer not in self.moe_layers,
+            Needs.GATED_MLP: self.gated_mlp,
+            Needs.MOE: layer in self.moe_layers,
+        }[need]
+
+
+@dataclass(frozen=True)
+class Absence:
+    """Why a point does not exist on a model, and what to use instead (a PointAbsent's two sentences)."""
+
+    need: Needs
+    why: str
+    instead: str
+
+
+# Per missing feature: (why, instead); {L} is the layer, {name} the point, {moe} the model's MoE layers.
+_ABSENT: dict[Needs, tuple[str, str]] = {
+    Needs.MULTI_STREAM: ("this trunk carries a single residual stream, so there are no per-stream points or stream "
+                         "coordinates.", "use the plain point, e.g. 'resid_post.3'."),
+    Needs.FINAL_NORM: ("the trunk has no final norm before the unembedding.", "use the last resid_post."),
+    Needs.QK_NORM: ("this family has no QK-norm (queries and keys enter attention un-normalised).",
+                    "capture attn_in, or value / attn_scores."),
+    Needs.ATTN_GATE: ("this family's attention has no output gate.", "capture z."),
+    Needs.SEQUENTIAL: ("this family runs attention and the MLP in parallel on the same layer input (a parallel "
+                       "block), so no residual exists between them.", "use resid_pre (what both read) or resid_post."),
+    Needs.DENSE_MLP: ("layer {L} is a sparse mixture-of-experts layer: each expert has its own neurons, so there is "
+                      "no single {name} tensor.", "capture router_logits / expert_weights, or mlp_out."),
+    Needs.GATED_MLP: ("this family's MLP is not gated (up -> activation -> down), so there is no separate linear "
+                      "branch.", "capture mlp_pre (the pre-activation) or mlp_act."),
+    Needs.MOE: ("layer {L} is a dense MLP layer with no router.", "MoE layers of this model: {moe}."),
+}
+
+
+def absence(point: "Point | str", structure: Structure, layer: int | None = None) -> Absence | None:
+    """Why ``point`` (at ``layer``, for per-layer points) does not exist on a model of this structure, or None
+    where it does. The one place every backend, the picker and the points table take that answer from."""
+    p = get(point) if isinstance(point, str) else point
+    for need in p.needs:
+        if not structure.has(need, layer):
+            why, instead = _ABSENT[need]
+            fill = dict(L=layer, name=p.name, moe=list(structure.moe_layers) or "none")
+            return Absence(need, why.format(**fill), instead.format(**fill))
+    return None
+
+
+def absent_reason(point: "Point | str", structure: Structure, layer: int | None = None) -> str | None:
+    """The sentence saying why the point is absent on this structure; None where it exists."""
+    a = absence(point, structure, layer)
+    return None if a is None else a.why
+
+
+def require_present(point: "Point | str", structure: Structure, layer: int | None = None,
+                    label: str | None = None) -> None:
+    """Raise PointAbsent (naming ``label``, the point's name by default) where ``absence`` finds a reason."""
+    a = absence(point, structure, layer)
+    if a is not None:
+        from .errors import PointAbsent
+
+        name = point if isinstance(point, str) else point.name
+        raise PointAbsent(label or name, structure.family, a.why, a.instead)
 
 
 def reason(name: str, backend: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from .address import Address
 from .errors import CapabilityUnsupported, PointAbsent
-from .points import Scope, Width, all_points
+from .points import Needs, Scope, Structure, Width, all_points
 
 
 def width_of(width: Width, facts: Any) -> int | str:
@@ -39,14 +39,12 @@ class PointsTable:
 
         facts = lm.facts
         layer = facts.n_layers // 2 if layer is None else layer
+        moe = Structure.from_binding(lm.binding).moe_layers
         rows = []
         for p in all_points():
             addr = Address(p.name, layer if p.scope is Scope.LAYER else None)
-            if p.scope is Scope.LAYER and p.name in ("router_logits", "expert_weights", "expert_indices",
-                                                     "mlp_act", "mlp_pre", "mlp_pre_linear"):
-                moe = lm.binding.structure["moe_layers"]
-                if moe and layer not in moe and p.name.startswith(("router", "expert")):
-                    addr = Address(p.name, moe[0])
+            if Needs.MOE in p.needs and moe and layer not in moe:  # shown where the model has it
+                addr = Address(p.name, moe[0])
             verdict = p.verdict(lm.backend)
             try:
                 if not verdict.verdict.ok:

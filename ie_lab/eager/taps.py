@@ -17,9 +17,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .. import points as _points
 from ..address import Address
 from ..arch.binder import LayerBinding, first_tensor, hidden_arg, split_fused_qkv
-from ..errors import CapabilityUnsupported, PointAbsent
+from ..errors import CapabilityUnsupported
 from ..ops.attention import scores_and_probs
 from ..arch import attention_tap
 
@@ -62,24 +63,21 @@ def resolve(lm: Any, addr: Address) -> Source:
     fam = b.family
     name = addr.name
     p = addr.point
+    structure = _points.Structure.from_binding(b)
     if p.multi_stream_only or addr.stream is not None:
-        if lm.facts.n_streams <= 1:
-            raise PointAbsent(str(addr), fam, "this trunk carries a single residual stream, so there are no "
-                              "per-stream points or stream coordinates.",
-                              "use the plain point, e.g. 'resid_post.3'.")
+        # a stream coordinate needs several streams just as the per-stream points do
+        _points.require_present(p if p.multi_stream_only else "resid_streams", structure, label=str(addr))
         raise CapabilityUnsupported(str(addr), "multi-stream trunks are not bound yet.", "use a single-stream family.")
+    # the registry says which points this structure lacks, and why (the same words on every backend)
+    _points.require_present(p, structure, addr.layer, label=name)
     if name == "embeddings":
         return Source("post", b.embed, lambda t: t)
     if name == "final_norm":
-        if b.final_norm is None:
-            raise PointAbsent(name, fam, "the trunk has no final norm before the unembedding.", "use the last resid_post.")
         return Source("post", b.final_norm, lambda t: t)
     if name == "lm_head":
         return Source("post", b.lm_head, lambda t: t)
 
     lb: LayerBinding = b.layers[addr.layer]
-    moe_reason = ("layer {L} is a sparse mixture-of-experts layer: each expert has its own neurons, so there is no "
-                  "single {n} tensor.").format(L=lb.index, n=name)
     if name == "resid_pre":
         return Source("pre", lb.layer, lambda t: t)
     if name == "resid_post":
@@ -88,9 +86,6 @@ def resolve(lm: Any, addr: Address) -> Source:
         return Source("pre", lb.attn, lambda t: t)
     if name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
         mod = lb.q_norm if name.startswith("q") else lb.k_norm
-        if mod is None:
-            raise PointAbsent(name, fam, "this family has no QK-norm (queries and keys go to RoPE un-normalised).",
-                              "capture attn_in, or value / attn_scores.")
         return Source("pre" if name.endswith("_in") else "post", mod, _qk_norm_view(lb.qk_norm_layout))
     if name == "value":
         if lb.value_source == "interface":
@@ -124,8 +119,8 @@ def resolve(lm: Any, addr: Address) -> Source:
         return Source("attn_out_full", lb.attn, _legacy_probs, needs_output_attentions=True)
     if name == "z":
         return Source("pre", lb.o_proj, lambda t: t)
-    if name == "attn_gate":
-        raise PointAbsent(name, fam, "this family's attention has no output gate.", "capture z.")
+    if name == "attn_gate":  # the binder finds no gate module yet, so no structure reaches here with one
+        raise CapabilityUnsupported(name, "the eager backend does not bind attention output gates yet.", "capture z.")
     if name == "attn_out":
         return Source("post", lb.o_proj, lambda t: t)
     if name == "attn_out_post":
@@ -133,18 +128,12 @@ def resolve(lm: Any, addr: Address) -> Source:
             return Source("post", lb.post_attn_norm, _scaled(lb.attn_multiplier))
         return Source("post", lb.o_proj, _scaled(lb.attn_multiplier))
     if name == "resid_mid":
-        if lb.parallel:
-            raise PointAbsent(name, fam, "this family runs attention and the MLP in parallel on the same layer input, "
-                              "so no residual exists between them.",
-                              "use resid_pre (what both read) or resid_post.")
         if lb.pre_mlp_norm is not None:
             return Source("pre", lb.pre_mlp_norm, lambda t: t)
         return Source("pre", lb.mlp_in_module, lambda t: t)
     if name == "mlp_in":
         return Source("pre", lb.mlp_in_module, lambda t: t)
     if name in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
-        if lb.sparse_moe:
-            raise PointAbsent(name, fam, moe_reason, "capture router_logits / expert_weights, or mlp_out.")
         if name == "mlp_act":
             return Source("pre", lb.down_proj, lambda t: t)
         if lb.fused_gate_up is not None:
@@ -153,14 +142,8 @@ def resolve(lm: Any, addr: Address) -> Source:
         if name == "mlp_pre":
             mod = lb.gate_proj if lb.gate_proj is not None else lb.up_proj
             return Source("post", mod, lambda t: t)
-        if lb.gate_proj is None:
-            raise PointAbsent(name, fam, "this family's MLP is not gated (up -> activation -> down), so there is no "
-                              "separate linear branch.", "capture mlp_pre (the pre-activation) or mlp_act.")
         return Source("post", lb.up_proj, lambda t: t)
     if name in ("router_logits", "expert_weights", "expert_indices"):
-        if not lb.sparse_moe:
-            raise PointAbsent(name, fam, f"layer {lb.index} is a dense MLP layer with no router.",
-                              f"MoE layers of this model: {list(lm.binding.structure['moe_layers']) or 'none'}.")
         if name == "router_logits":
             if lb.router is None:
                 raise CapabilityUnsupported(name, f"no router module was found on {fam}.", "capture expert_weights.")

@@ -93,28 +93,14 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
             f"transformers' {lm.family} hands out attention probabilities but never its pre-softmax scores, so "
             "scores rebuilt from vLLM's q and k would have no reference to be checked against.",
             f"capture attn_probs.{addr.layer} (checked against transformers on this family).")
-    if addr.stream is not None or p.multi_stream_only:
-        raise PointAbsent(str(addr), lm.family, "this trunk carries a single residual stream.", "use the plain point.")
+    # what this model lacks, in the registry's words; the worker reported whether the trunk ends in a norm
+    structure = _points.Structure.from_facts(lm.facts, final_norm=bool(lm.info.get("final_norm")))
+    _points.require_present("resid_streams" if addr.stream is not None else p, structure, addr.layer, str(addr))
     if p.scope is _points.Scope.TRUNK:
-        if p.name == "final_norm" and not lm.info.get("final_norm"):
-            raise PointAbsent(p.name, lm.family, "the trunk has no final norm before the unembedding.",
-                              "use the last resid_post.")
         return
-    present = lm.info["present"].get(p.name, [])
-    if addr.layer not in present:
-        qk = ("this family's QK-norm modules are not bound on vLLM (use backend='eager')." if lm.facts.qk_norm
-              else "this family has no QK-norm.")
-        moe = addr.layer in lm.info["present"].get("router_logits", [])
-        neurons = (f"layer {addr.layer} is a sparse mixture-of-experts layer: each expert has its own neurons." if moe
-                   else f"{p.name} is not bound on vLLM for this family (use backend='eager').")
-        why = {"q_norm_in": qk, "q_norm_out": qk, "k_norm_in": qk, "k_norm_out": qk,
-               "mlp_act": neurons, "mlp_pre": neurons,
-               "mlp_pre_linear": "this family's MLP is not gated, so there is no separate linear branch; use mlp_pre.",
-               "router_logits": f"layer {addr.layer} is a dense MLP layer with no router.",
-               "resid_mid": "attention and MLP both read the layer input on this parallel block, so no stream lies "
-                            "between them (use mlp_in or resid_post)."}.get(
-                   p.name, f"{p.name} is not bound on layer {addr.layer} of this family.")
-        raise PointAbsent(str(addr), lm.family, why, "see Session.points() for what this model serves.")
+    if addr.layer not in lm.info["present"].get(p.name, []):  # the model has it, but the worker found no module
+        raise PointAbsent(str(addr), lm.family, f"{p.name} is not bound on layer {addr.layer} of this family on vLLM.",
+                          "use backend='eager', or see Session.points() for what this model serves.")
 
 
 MODES = ("hooks", "generate", "graph")
@@ -141,24 +127,20 @@ def _resolve_mode(mode: Any, graph_points: Any) -> str:
 
 def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
     """Validate graph_points= before the engine starts: base addresses a static tap can read on this model."""
-    from .static_taps import TAPPABLE
-
     out = []
     for n in names:
         a = n if isinstance(n, Address) else Address.parse(str(n))
         p = a.point
-        if p.name not in TAPPABLE:
+        if not p.tappable:
             why = ("rebuilt from every q/k of a request after it ends, not read from one module"
-                   if p.name in RECOMPUTED else p.vllm.reason or f"{p.name} is not read by a module hook on vLLM")
+                   if p.recomputed else p.vllm.reason or f"{p.name} is not read by a module hook on vLLM")
             raise CapabilityUnsupported(f"{a} as a graph-mode point", why + ".",
-                                        f"declare some of {', '.join(TAPPABLE)}, or create the Session without "
-                                        "graph_points.")
+                                        f"declare some of {', '.join(_points.tappable())}, or create the Session "
+                                        "without graph_points.")
         if p.scope is _points.Scope.LAYER:  # Address itself refuses a layer point without a layer
             if not 0 <= a.layer < facts.n_layers:
                 raise AddressError(f"layer {a.layer} of {a}: this model has layers 0..{facts.n_layers - 1}.")
-        if p.name == "resid_mid" and facts.parallel_block:
-            raise PointAbsent(str(a), facts.model_type, "attention and MLP both read the layer input on this "
-                              "parallel block, so no stream lies between them.", "declare mlp_in or resid_post.")
+        _points.require_present(p, _points.Structure.from_facts(facts), a.layer, str(a))
         base = str(a.without_head())
         if base not in out:
             out.append(base)

@@ -18,19 +18,15 @@ stale raises instead of returning nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
+from .sites import _tp_size, site_table
+
 LOAD_FORMAT = "ie_lab_static"
 CONFIG_KEY = "ie_lab_static_points"
-
-# Points a static tap can read: a pure function of one module's input or output. attn_scores / attn_probs
-# (rebuilt from all q/k of a request), steering and the logit lens need per-request Python inside the trunk.
-TAPPABLE = ("embeddings", "resid_pre", "attn_in", "q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "value",
-            "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_pre", "mlp_pre_linear", "mlp_act",
-            "router_logits", "mlp_out", "mlp_out_post", "resid_post", "final_norm")
 
 
 @dataclasses.dataclass
@@ -60,118 +56,34 @@ class StaticTaps:
                 "restart the Session, or create it without graph_points.")
 
 
-def _sites(model: nn.Module, d_model: int) -> dict[str, tuple[nn.Module, str, Callable, Any, bool]]:
-    """point -> (module, 'pre' | 'post', extract, width on this rank, sharded), for every point this model has.
-    Widths read off vLLM's modules are callables, evaluated only for the declared points."""
-    # the worker's readers of hooked calls; imported here because the worker module imports this one
-    from .worker import _first, _fused_args, _hidden, _out_and_bias, _tp_size, bind_vllm
-
-    def _stream(args: tuple, kwargs: dict) -> torch.Tensor:  # the residual entering a deferred-add call
-        h, res = _fused_args(args, kwargs)
-        return h if res is None else h + res
-
-    embed, final, layers = bind_vllm(model)
-    trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
-    norm = getattr(trunk, "normalizer", None)
-    out: dict[str, tuple] = {}
-    if norm is None:
-        out["embeddings"] = (embed, "post", lambda a, o: _first(o), d_model, False)
-    else:  # Gemma scales outside the embedding module on vLLM (inside it on HF)
-        out["embeddings"] = (embed, "post", lambda a, o: _first(o) * norm, d_model, False)
-    if final is not None:
-        out["final_norm"] = (final, "post", lambda a, o: _first(o), d_model, False)
-    post = lambda a, o: _first(o)  # noqa: E731
-    pre = lambda a, k: _hidden(a, k)  # noqa: E731
-    for s in layers:
-        L = s.index
-        attn = s.attn_mod
-        if s.fused:
-            out[f"resid_pre.{L}"] = (s.layer, "pre", _stream, d_model, False)
-            out[f"resid_post.{L}"] = (s.layer, "post", lambda a, o: o[0] + o[1], d_model, False)
-            out[f"resid_mid.{L}"] = (s.mid_norm, "pre", _stream, d_model, False)
-        else:
-            out[f"resid_pre.{L}"] = (s.layer, "pre", pre, d_model, False)
-            out[f"resid_post.{L}"] = (s.layer, "post", post, d_model, False)
-            if not s.parallel:
-                out[f"resid_mid.{L}"] = (s.mid_norm, "pre", pre, d_model, False)
-        # post-norm layers have no pre-MLP norm: mid_norm is the MLP itself, whose input is resid_mid and mlp_in;
-        # parallel blocks have none either: mlp_in is the MLP's own input
-        out[f"mlp_in.{L}"] = (s.mlp, "pre", pre, d_model, False) if s.parallel else \
-            (s.mid_norm, "pre", pre, d_model, False) if s.post_norm else (s.mid_norm, "post", post, d_model, False)
-        out[f"attn_in.{L}"] = (attn, "pre", pre, d_model, False)
-        out[f"z.{L}"] = (s.o_proj, "pre", pre, lambda s=s: s.o_proj.input_size_per_partition, True)
-        # a linear built with skip_bias_add hands its bias to the caller (Falcon): the output is x + bias
-        attn_o = lambda a, o, mod=s.o_proj: _out_and_bias(mod, o)[0]  # noqa: E731
-        out[f"attn_out.{L}"] = (s.o_proj, "post", attn_o, d_model, False)
-        m = s.out_scale
-        scaled = attn_o if m is None else (lambda a, o, m=m: _first(o) * m)
-        out[f"attn_out_post.{L}"] = ((s.post_attn_norm, "post", post, d_model, False) if s.post_attn_norm is not None
-                                     else (s.o_proj, "post", scaled, d_model, False))
-        core = s.attn_core
-        kv_width = lambda core=core: core.num_kv_heads * core.head_size  # noqa: E731
-        out[f"value.{L}"] = (core, "pre", lambda a, k: (k["value"] if "value" in k else a[2]).reshape(
-            (k["value"] if "value" in k else a[2]).shape[0], -1), kv_width, not s.kv_replicated)
-        if s.q_norm is not None:
-            flat_in = lambda a, k: _hidden(a, k).reshape(_hidden(a, k).shape[0], -1)  # noqa: E731
-            flat_out = lambda a, o: _first(o).reshape(_first(o).shape[0], -1)  # noqa: E731
-            q_width = lambda core=core: core.num_heads * core.head_size  # noqa: E731
-            for nm, width, rep in (("q_norm", q_width, False), ("k_norm", kv_width, s.kv_replicated)):
-                mod = s.q_norm if nm == "q_norm" else s.k_norm
-                out[f"{nm}_in.{L}"] = (mod, "pre", flat_in, width, not rep)
-                out[f"{nm}_out.{L}"] = (mod, "post", flat_out, width, not rep)
-        if s.down_proj is not None:
-            out[f"mlp_act.{L}"] = (s.down_proj, "pre", pre, lambda s=s: s.down_proj.input_size_per_partition, True)
-        if s.up_proj is not None:
-            w = lambda s=s: s.up_proj.output_size_per_partition  # noqa: E731
-            if s.gated:
-                half = lambda w=w: w() // 2  # noqa: E731
-                out[f"mlp_pre.{L}"] = (s.up_proj, "post", lambda a, o: _first(o)[..., : _first(o).shape[-1] // 2],
-                                       half, True)
-                out[f"mlp_pre_linear.{L}"] = (s.up_proj, "post",
-                                              lambda a, o: _first(o)[..., _first(o).shape[-1] // 2:], half, True)
-            else:
-                out[f"mlp_pre.{L}"] = (s.up_proj, "post", lambda a, o, mod=s.up_proj: _out_and_bias(mod, o)[0], w,
-                                       True)
-        if s.router is not None:
-            n_experts = lambda s=s: int(getattr(s.router, "output_size", None) or s.router.weight.shape[0])  # noqa: E731
-            out[f"router_logits.{L}"] = (s.router, "post", post, n_experts, False)
-        mo = s.mlp_out_mod or s.mlp
-        mlp_o = lambda a, o, mod=mo: _out_and_bias(mod, o)[0]  # noqa: E731
-        out[f"mlp_out.{L}"] = (mo, "post", mlp_o, d_model, False)
-        out[f"mlp_out_post.{L}"] = ((s.post_mlp_norm, "post", post, d_model, False) if s.post_mlp_norm is not None
-                                    else (mo, "post", mlp_o if m is None else scaled, d_model, False))
-    if _tp_size() == 1:
-        out = {k: (m, kind, f, w, False) for k, (m, kind, f, w, _) in out.items()}
-    return out
-
-
 def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) -> StaticTaps:
-    """Allocate one buffer per declared point and register the taps; before vLLM traces the model."""
-    sites = _sites(model, d_model)
+    """Allocate one buffer per declared point and register the taps; before vLLM traces the model. The sites
+    are the worker's (sites.py): a tap reads exactly what the eager-mode hook reads."""
+    sites = {site.point: site for site in site_table(model, d_model)}
     missing = [p for p in points if p not in sites]
     if missing:
         raise RuntimeError(f"ie_lab graph mode: {missing} do not exist on {type(model).__name__}; "
                            f"declare some of {sorted(sites)}")
     param = next(model.parameters())
+    sharded_ok = _tp_size() > 1  # one rank holds the whole width: nothing to gather
     taps: dict[str, Tap] = {}
     for p in points:
-        mod, kind, extract, width, sharded = sites[p]
-        width = int(width() if callable(width) else width)
-        buf = torch.zeros(max_tokens, width, dtype=param.dtype, device=param.device)
-        taps[p] = Tap(p, buf, sharded)
-        if kind == "pre":
-            def hook(m, args, kwargs, _b=buf, _f=extract):
+        site = sites[p]
+        buf = torch.zeros(max_tokens, int(site.width()), dtype=param.dtype, device=param.device)
+        taps[p] = Tap(p, buf, site.sharded and sharded_ok)
+        if site.side == "pre":
+            def hook(m, args, kwargs, _b=buf, _f=site.read):
                 t = _f(args, kwargs)
                 _b[: t.shape[0]].copy_(t)
-            mod.register_forward_pre_hook(hook, with_kwargs=True)
+            site.module.register_forward_pre_hook(hook, with_kwargs=True)
         else:
-            def hook(m, args, out, _b=buf, _f=extract):
+            def hook(m, args, out, _b=buf, _f=site.read):
                 t = _f(args, out)
                 _b[: t.shape[0]].copy_(t)
-            mod.register_forward_hook(hook)
+            site.module.register_forward_hook(hook)
     tick = torch.zeros(1, dtype=torch.int64, device=param.device)
     echo = torch.full((1,), -1, dtype=torch.int64, device=param.device)
-    embed = sites["embeddings"][0]
+    embed = sites["embeddings"].module
 
     def canary(m, a, o):  # returns None: a forward hook's return value would replace the module's output
         echo.copy_(tick)

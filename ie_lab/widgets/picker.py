@@ -23,8 +23,6 @@ from ..points import Scope, Width
 from . import _base, _static
 
 _ENGINES = (("transformerlens", "TransformerLens"), ("transformerlens_bridge", "TransformerBridge"), ("nnterp", "nnterp"))
-_MOE_ONLY = ("router_logits", "expert_weights", "expert_indices")
-_DENSE_ONLY = ("mlp_pre", "mlp_pre_linear", "mlp_act")
 
 
 def _width(p: _points.Point, f: ArchFacts) -> tuple[str, str]:
@@ -121,22 +119,10 @@ def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend:
     v = p.verdict(backend)
     if not v.verdict.ok:
         return False, v.reason
-    if p.multi_stream_only and st["n_streams"] <= 1:
-        return False, f"{family} carries a single residual stream."
-    if p.name.startswith(("q_norm", "k_norm")) and not st["qk_norm"]:
-        return False, f"{family} has no QK-norm."
-    if p.name == "attn_gate" and not st["attn_gate"]:
-        return False, f"{family} has no attention output gate."
-    if p.name == "resid_mid" and st["parallel_block"]:
-        return False, "attention and MLP run in parallel, so there is no residual between them."
-    moe = layer is not None and layer in st["moe_layers"]
-    if p.name in _MOE_ONLY and not moe:
-        return False, f"layer {layer} has no router (MoE layers: {st['moe_layers'] or 'none'})."
-    if p.name in _DENSE_ONLY and moe:
-        return False, "a sparse MoE layer: each expert has its own neurons."
-    if p.name == "mlp_pre_linear" and not st["gated_mlp"]:
-        return False, f"{family}'s MLP is not gated."
-    return True, v.reason
+    why = _points.absent_reason(p, _points.Structure(
+        family, qk_norm=bool(st["qk_norm"]), parallel=bool(st["parallel_block"]), gated_mlp=bool(st["gated_mlp"]),
+        moe_layers=tuple(st["moe_layers"]), attn_gate=bool(st["attn_gate"]), n_streams=int(st["n_streams"])), layer)
+    return (False, why) if why is not None else (True, v.reason)
 
 
 def _ambiguous_names(model_ref: Any, family: str, st: dict) -> dict[tuple[str, str, str], str]:
@@ -194,7 +180,8 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
             if lm is not None:
                 row = tables[L if L is not None else 0][p.name]
                 ok = row.served and (L is None or row.example == str(Address(p.name, L)))
-                reason = row.reason if row.served == ok else f"layer {L} has no router."
+                reason = row.reason if row.served == ok else _points.absent_reason(  # shown on another layer
+                    p, _points.Structure.from_binding(lm.binding), L)
             else:
                 ok, reason = _served_by_structure(p, L, st, backend, facts.model_type)
             served.append("1" if ok else "0")

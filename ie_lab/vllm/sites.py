@@ -1,0 +1,408 @@
+"""Where each point is read on vLLM's module tree: the one site table the worker's hooks and graph mode's
+static taps are both built from.
+
+``bind_vllm`` finds a model's embedding, final norm and, per layer, the modules points are read at
+(``LayerSites``); ``site_table`` turns them into one ``Site`` per point this model has: which module, which
+side of its call, how to read the point off that call and, for the points steering edits, how to hand an
+edited value on. worker.py hooks every site (reading and steering per request); static_taps.py copies the
+declared ones into buffers inside the compiled graph. A new layer kind is therefore taught here, once.
+
+Reads are pure tensor work on one call (a static tap records them in the traced graph); everything per
+request (rows, positions, tensor-parallel gathers) stays in the worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _out_and_bias(mod: nn.Module, out: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(output, bias) of a call. A vLLM linear built with skip_bias_add returns (x, bias) and leaves the add to its
+    caller (Falcon): the module's output, as transformers computes it, is x + bias."""
+    t = _first(out)
+    if getattr(mod, "skip_bias_add", False) and isinstance(out, tuple) and len(out) > 1 and out[1] is not None:
+        return t + out[1], out[1]
+    return t, None
+
+
+def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a
+    raise RuntimeError("ie_lab: no hidden-state argument found")
+
+
+def _set_hidden(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    if "hidden_states" in kwargs:
+        kwargs = dict(kwargs)
+        kwargs["hidden_states"] = new
+        return args, kwargs
+    args = list(args)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            args[i] = new
+            return tuple(args), kwargs
+    raise RuntimeError("ie_lab: no hidden-state argument to replace")
+
+
+def _fused_args(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(hidden, residual) of a call that may defer the residual add (layers and fused add+norms)."""
+    floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    h = kwargs.get("hidden_states", kwargs.get("x", floats[0] if floats else None))
+    res = kwargs.get("residual", floats[1] if len(floats) > 1 else None)
+    return h, res
+
+
+def _replace_fused_args(args: tuple, kwargs: dict, h: torch.Tensor, res: torch.Tensor) -> tuple[tuple, dict]:
+    """Put the steered stream back as (stream, zeros): the consumer's deferred add gives the stream exactly."""
+    args = list(args)
+    kwargs = dict(kwargs)
+    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if "hidden_states" in kwargs:
+        kwargs["hidden_states"] = h
+    elif "x" in kwargs:
+        kwargs["x"] = h
+    else:
+        args[idx[0]] = h
+        idx = idx[1:]
+    if "residual" in kwargs:
+        kwargs["residual"] = res
+    elif idx:
+        args[idx[0]] = res
+    elif len(args) >= 3 and args[2] is None:  # (positions, hidden, residual=None) on a first layer
+        args[2] = res
+    else:
+        kwargs["residual"] = res
+    return tuple(args), kwargs
+
+
+@dataclass
+class LayerSites:
+    index: int
+    layer: nn.Module
+    fused: bool  # layer returns (h, residual) with the add deferred
+    attn_mod: nn.Module
+    attn_core: nn.Module
+    o_proj: nn.Module
+    q_norm: nn.Module | None
+    k_norm: nn.Module | None
+    post_attn_norm: nn.Module | None  # a plain norm applied to attention's output (Gemma 2)
+    mid_norm: nn.Module | None  # the norm between attention and the MLP: its input is resid_mid (None: parallel)
+    mlp: nn.Module
+    down_proj: nn.Module | None  # None on sparse MoE layers
+    router: nn.Module | None
+    post_mlp_norm: nn.Module | None
+    up_proj: nn.Module | None = None  # the MLP's input projection; None on sparse MoE layers
+    out_scale: float | None = None  # the layer scales each sublayer's output before adding it (Granite)
+    gated: bool = False  # up_proj's output is [gate | up] (a merged gate_up_proj) on each rank
+    post_norm: bool = False  # norms only after each sublayer (EXAONE 4): mid_norm is then the MLP itself
+    kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
+    parallel: bool = False  # attention and MLP both read the layer's one normed input (no resid_mid, no mid_norm)
+    mlp_out_mod: nn.Module | None = None  # whose output is mlp_out, where that is not the MLP module's (Falcon)
+    sinks: torch.Tensor | None = None  # every head's attention-sink logit, gathered over ranks (GPT-OSS)
+
+
+def _router(mlp: nn.Module) -> nn.Module | None:
+    return getattr(mlp, "gate", None) or getattr(mlp, "router", None)  # GPT-OSS: router
+
+
+def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[LayerSites]]:
+    """(embedding, final norm, per-layer sites) of a vLLM model, read off its module tree."""
+    trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
+    if trunk is None:
+        raise RuntimeError(f"ie_lab: cannot find the trunk of {type(model).__name__}")
+    trunk = getattr(trunk, "decoder", None) or trunk  # OPT: OPTModel holds the decoder
+    embed = (getattr(trunk, "embed_tokens", None) or getattr(trunk, "wte", None)
+             or getattr(trunk, "word_embeddings", None) or getattr(trunk, "embedding", None))
+    final = getattr(trunk, "norm", None) or getattr(trunk, "ln_f", None) or getattr(trunk, "final_layer_norm", None)
+    layers = getattr(trunk, "layers", None) or getattr(trunk, "h", None)
+    if embed is None or layers is None:
+        raise RuntimeError(f"ie_lab: {type(model).__name__} is not bound on vLLM yet")
+    out = []
+    for i, layer in enumerate(layers):
+        if hasattr(layer, "fc1") and hasattr(layer, "self_attn"):  # OPT: explicit adds, the MLP's linears on the layer
+            if not getattr(layer, "do_layer_norm_before", True):
+                raise RuntimeError("ie_lab: OPT layers that normalise after each sublayer (OPT-350m) are not bound "
+                                   "on vLLM")
+            attn = layer.self_attn
+            sites = LayerSites(i, layer, False, attn, attn.attn, attn.out_proj, None, None, None,
+                               layer.final_layer_norm, layer.fc2, layer.fc2, None, None, up_proj=layer.fc1)
+        elif hasattr(layer, "self_attn") or (hasattr(layer, "attn") and hasattr(layer, "input_layernorm")):
+            # llama-like (GPT-OSS names its attention attn); most defer the residual add to the next fused add+norm
+            attn = getattr(layer, "self_attn", None) or layer.attn
+            mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+            sandwich = hasattr(layer, "pre_feedforward_layernorm")
+            moe = hasattr(mlp, "experts")
+            # Post-norm layers (no input norm) take and return a residual but keep the whole stream in hidden.
+            post_norm = not sandwich and not hasattr(layer, "input_layernorm") and hasattr(
+                layer, "post_feedforward_layernorm")
+            # Apertus names its pre-MLP norm feedforward_layernorm
+            mid = getattr(layer, "post_attention_layernorm", None) or getattr(layer, "feedforward_layernorm", None)
+            # Cohere: one input norm feeds both sublayers; it takes a residual argument but returns the whole
+            # stream in hidden (the residual it hands on is ignored by the next layer and the final norm)
+            parallel = mid is None and not sandwich and not post_norm
+            fused = "residual" in inspect.signature(layer.forward).parameters and not post_norm and not parallel
+            if parallel:
+                sites = LayerSites(
+                    i, layer, False, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None), None, None, mlp, mlp.down_proj, None, None, parallel=True)
+            elif post_norm:
+                sites = LayerSites(
+                    i, layer, False, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None), layer.post_attention_layernorm, mlp, mlp,
+                    None if moe else mlp.down_proj, _router(mlp) if moe else None,
+                    layer.post_feedforward_layernorm, post_norm=True)
+            else:
+                sites = LayerSites(
+                    i, layer, fused, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None), layer.post_attention_layernorm if sandwich else None,
+                    layer.pre_feedforward_layernorm if sandwich else mid, mlp,
+                    None if moe else mlp.down_proj, _router(mlp) if moe else None,
+                    getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
+            if not moe and hasattr(mlp, "gate_up_proj"):
+                sites.up_proj, sites.gated = mlp.gate_up_proj, True
+            elif not moe and hasattr(mlp, "up_proj"):  # an ungated MLP (Apertus: up, xIELU, down)
+                sites.up_proj = mlp.up_proj
+            if not fused and getattr(layer, "residual_multiplier", None) is not None:
+                sites.out_scale = float(layer.residual_multiplier)
+            total_kv = getattr(attn, "total_num_kv_heads", None)
+            sites.kv_replicated = bool(total_kv is not None and total_kv < _tp_size())
+        elif hasattr(layer, "self_attention") and not hasattr(layer, "post_attention_layernorm"):
+            # Falcon's parallel blocks (7B: one input norm; 40B / 180B: ln_attn and ln_mlp), explicit add. With
+            # tensor parallelism both halves are summed before one all-reduce (refused at load).
+            attn, mlp = layer.self_attention, layer.mlp
+            sites = LayerSites(i, layer, False, attn, attn.attn, attn.dense, None, None, None, None, mlp,
+                               mlp.dense_4h_to_h, None, None, up_proj=mlp.dense_h_to_4h, parallel=True,
+                               mlp_out_mod=mlp.dense_4h_to_h)  # FalconMLP returns (x, bias) for the layer to add
+        elif hasattr(layer, "ln_1") and not hasattr(layer, "ln_2"):  # GPT-J: a parallel block, explicit add
+            attn, mlp = layer.attn, layer.mlp
+            sites = LayerSites(i, layer, False, attn, attn.attn, attn.out_proj, None, None, None, None, mlp,
+                               mlp.fc_out, None, None, up_proj=mlp.fc_in, parallel=True)
+        elif hasattr(layer, "ln_1"):  # GPT-2: explicit residual adds inside the block
+            attn = layer.attn
+            sites = LayerSites(i, layer, False, attn, attn.attn, attn.c_proj, None, None, None, layer.ln_2, layer.mlp,
+                               layer.mlp.c_proj, None, None, up_proj=layer.mlp.c_fc)
+        else:
+            raise RuntimeError(f"ie_lab: layer type {type(layer).__name__} is not bound on vLLM yet")
+        out.append(sites)
+    return embed, final, out
+
+
+def _tp_size() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_world_size()
+    except Exception:  # noqa: BLE001
+        return 1
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _gather(t: torch.Tensor) -> torch.Tensor:
+    if _tp_size() == 1:
+        return t
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    return tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where one point is read: ``read(args, kwargs)`` on a pre-call site, ``read(args, out)`` on a post-call one,
+    giving [tokens, width on this rank]."""
+
+    point: str  # base address, "resid_post.3" or "embeddings"
+    module: nn.Module
+    side: str  # "pre" (the call's arguments) | "post" (its output)
+    read: Callable[[tuple, Any], torch.Tensor]
+    width: Callable[[], int]  # on this rank, read off vLLM's modules: asked only of declared graph taps
+    sharded: bool = False  # this rank holds a slice of the width: gathered across tensor-parallel ranks
+    # Steerable points: (args, kwargs, new) -> (args, kwargs) before the call, (args, out, new) -> out after it,
+    # so that what flows on is the edited value. None: read only.
+    write: Callable[..., Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.point.partition(".")[0]
+
+    @property
+    def layer(self) -> int | None:
+        tail = self.point.partition(".")[2]
+        return int(tail) if tail else None
+
+
+def _pre(a: tuple, k: dict) -> torch.Tensor:
+    return _hidden(a, k)
+
+
+def _post(a: tuple, o: Any) -> torch.Tensor:
+    return _first(o)
+
+
+def _stream(a: tuple, k: dict) -> torch.Tensor:
+    """The residual entering a call that defers the add: hidden + residual."""
+    h, res = _fused_args(a, k)
+    return h if res is None else h + res
+
+
+def _put_stream(a: tuple, k: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    """Hand the edited stream on as (stream, zeros): the callee's deferred add gives the stream exactly."""
+    return _replace_fused_args(a, k, new, torch.zeros_like(new))
+
+
+def _put_hidden(a: tuple, k: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    return _set_hidden(a, k, new)
+
+
+def _put_in_place(a: tuple, k: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    """A norm's input that the layer also keeps as its residual (explicit adds): edit the one tensor both use."""
+    _hidden(a, k).copy_(new)
+    return a, k
+
+
+def _out(mod: nn.Module, m: float | None = None) -> Callable[[tuple, Any], torch.Tensor]:
+    """A module's output (with the bias a skip_bias_add linear leaves to its caller), times m where the layer
+    scales it before the residual add (Granite)."""
+    if m is None:
+        return lambda a, o: _out_and_bias(mod, o)[0]
+    return lambda a, o: _out_and_bias(mod, o)[0] * m
+
+
+def _put_out(mod: nn.Module, m: float | None = None) -> Callable[[tuple, Any, torch.Tensor], Any]:
+    """The inverse of _out: the output that reads back as ``new`` (divided by m, less the caller's bias)."""
+    def write(a: tuple, o: Any, new: torch.Tensor) -> Any:
+        t = new if m is None else new / m
+        bias = _out_and_bias(mod, o)[1]
+        if bias is not None:  # the caller still adds it
+            t = t - bias
+        return (t,) + tuple(o[1:]) if isinstance(o, tuple) else t
+    return write
+
+
+def _flat_pre(a: tuple, k: dict) -> torch.Tensor:
+    h = _hidden(a, k)
+    return h.reshape(h.shape[0], -1)
+
+
+def _flat_post(a: tuple, o: Any) -> torch.Tensor:
+    t = _first(o)
+    return t.reshape(t.shape[0], -1)
+
+
+def _value(a: tuple, k: dict) -> torch.Tensor:
+    """The attention kernel's value argument, flattened over heads."""
+    v = k["value"] if "value" in k else a[2]
+    return v.reshape(v.shape[0], -1)
+
+
+def _half(mod: nn.Module, i: int) -> Callable[[tuple, Any], torch.Tensor]:
+    """One half of a merged gate_up_proj's output: each rank holds [gate shard | up shard], so split before any
+    gather and each half is reassembled from its own shards."""
+    return lambda a, o: _out_and_bias(mod, o)[0].chunk(2, dim=-1)[i]
+
+
+def trunk_sites(model: nn.Module, embed: nn.Module, final: nn.Module | None, d_model: int | None) -> list[Site]:
+    width = lambda: d_model  # noqa: E731
+    trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
+    norm = getattr(trunk, "normalizer", None)
+    # Gemma-style trunks scale the embedding outside the module on vLLM (HF scales inside it): apply the trunk's
+    # normalizer so `embeddings` means the same tensor on both backends.
+    out = [Site("embeddings", embed, "post", _post if norm is None else (lambda a, o: _first(o) * norm), width)]
+    if final is not None:
+        out.append(Site("final_norm", final, "post", _post, width))
+    return out
+
+
+def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
+    """Every point of one layer, in hook order: sites on the same module and side run in this order, each
+    reading what the previous one handed on."""
+    L = s.index
+    d = lambda: d_model  # noqa: E731
+    out: list[Site] = []
+    if s.fused:  # the layer takes and returns (hidden, residual) with the add deferred
+        out += [Site(f"resid_pre.{L}", s.layer, "pre", _stream, d, write=_put_stream),
+                Site(f"resid_post.{L}", s.layer, "post", lambda a, o: o[0] + o[1], d,
+                     write=lambda a, o, new: (new, torch.zeros_like(new))),
+                Site(f"resid_mid.{L}", s.mid_norm, "pre", _stream, d, write=_put_stream),
+                # a fused add+norm returns (normed, new residual): the normed half is mlp_in
+                Site(f"mlp_in.{L}", s.mid_norm, "post", _post, d,
+                     write=lambda a, o, new: (new, o[1]) if isinstance(o, tuple) else new)]
+    else:
+        out += [Site(f"resid_pre.{L}", s.layer, "pre", _pre, d, write=_put_hidden),
+                Site(f"resid_post.{L}", s.layer, "post", _out(s.layer), d, write=_put_out(s.layer))]
+        if s.parallel:  # no stream between the sublayers; the MLP's own input is mlp_in, steered for it alone
+            out.append(Site(f"mlp_in.{L}", s.mlp, "pre", _pre, d, write=_put_hidden))
+        else:
+            out.append(Site(f"resid_mid.{L}", s.mid_norm, "pre", _pre, d, write=_put_in_place))
+            if s.post_norm:  # no pre-MLP norm: mid_norm is the MLP itself, whose input is mlp_in, steered alone
+                out.append(Site(f"mlp_in.{L}", s.mid_norm, "pre", _pre, d, write=_put_hidden))
+            else:
+                out.append(Site(f"mlp_in.{L}", s.mid_norm, "post", _out(s.mid_norm), d, write=_put_out(s.mid_norm)))
+    out.append(Site(f"attn_in.{L}", s.attn_mod, "pre", _pre, d, write=_put_hidden))
+    core = s.attn_core
+    kv_width = lambda: core.num_kv_heads * core.head_size  # noqa: E731
+    out.append(Site(f"value.{L}", core, "pre", _value, kv_width, sharded=not s.kv_replicated))
+    out.append(Site(f"z.{L}", s.o_proj, "pre", _pre, lambda: s.o_proj.input_size_per_partition, sharded=True))
+    m = s.out_scale
+    out.append(Site(f"attn_out.{L}", s.o_proj, "post", _out(s.o_proj), d, write=_put_out(s.o_proj)))
+    if s.post_attn_norm is None:  # what attention adds: its output, times the layer's multiplier if any
+        out.append(Site(f"attn_out_post.{L}", s.o_proj, "post", _out(s.o_proj, m), d, write=_put_out(s.o_proj, m)))
+    else:
+        out.append(Site(f"attn_out_post.{L}", s.post_attn_norm, "post", _out(s.post_attn_norm), d,
+                        write=_put_out(s.post_attn_norm)))
+    if s.q_norm is not None:
+        q_width = lambda: core.num_heads * core.head_size  # noqa: E731
+        for nm, mod, width, rep in (("q_norm", s.q_norm, q_width, False), ("k_norm", s.k_norm, kv_width,
+                                                                           s.kv_replicated)):
+            out += [Site(f"{nm}_in.{L}", mod, "pre", _flat_pre, width, sharded=not rep),
+                    Site(f"{nm}_out.{L}", mod, "post", _flat_post, width, sharded=not rep)]
+    if s.down_proj is not None:
+        out.append(Site(f"mlp_act.{L}", s.down_proj, "pre", _pre, lambda: s.down_proj.input_size_per_partition,
+                        sharded=True))
+    if s.up_proj is not None:
+        up = s.up_proj
+        if s.gated:
+            half = lambda: up.output_size_per_partition // 2  # noqa: E731
+            out += [Site(f"mlp_pre.{L}", up, "post", _half(up, 0), half, sharded=True),
+                    Site(f"mlp_pre_linear.{L}", up, "post", _half(up, 1), half, sharded=True)]
+        else:
+            out.append(Site(f"mlp_pre.{L}", up, "post", _out(up), lambda: up.output_size_per_partition, sharded=True))
+    if s.router is not None:
+        router = s.router
+        out.append(Site(f"router_logits.{L}", router, "post", _post,
+                        lambda: int(getattr(router, "output_size", None) or router.weight.shape[0])))
+    mo = s.mlp_out_mod or s.mlp
+    out.append(Site(f"mlp_out.{L}", mo, "post", _out(mo), d, write=_put_out(mo)))
+    if s.post_mlp_norm is None:
+        out.append(Site(f"mlp_out_post.{L}", mo, "post", _out(mo, m), d, write=_put_out(mo, m)))
+    else:
+        out.append(Site(f"mlp_out_post.{L}", s.post_mlp_norm, "post", _out(s.post_mlp_norm), d,
+                        write=_put_out(s.post_mlp_norm)))
+    return out
+
+
+def site_table(model: nn.Module, d_model: int | None = None,
+               bound: tuple[nn.Module, nn.Module | None, list[LayerSites]] | None = None) -> list[Site]:
+    """Every site of this model: the trunk's, then each layer's. ``bound``: bind_vllm(model), where the caller
+    already has it. d_model is only needed for the widths of graph taps."""
+    embed, final, layers = bound if bound is not None else bind_vllm(model)
+    return trunk_sites(model, embed, final, d_model) + [x for s in layers for x in layer_sites(s, d_model)]
