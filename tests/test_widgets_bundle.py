@@ -68,32 +68,50 @@ def test_the_build_step_rebuilds_an_edited_source(tmp_path):
     assert "render_edited_here" in (tmp_path / "ie_lab" / "static" / "steering.js").read_text(encoding="utf-8")
 
 
+# A notebook's kernel with ANYWIDGET_HMR=1: the panel on screen gets the module of every save.
+HOT_CHILD = r"""
+import pathlib, sys, time
+import ie_lab
+from ie_lab.widgets import AttentionViewer
+assert ie_lab.__file__.startswith(sys.argv[1]), ie_lab.__file__  # the scratch tree's package, not the checkout's
+att = AttentionViewer(lambda L: __import__("torch").ones(2, 3, 3) / 3, ["a", "b", "c"], [0], 2)
+assert "sourceMappingURL" in att._esm, "not the development bundle"
+util = pathlib.Path("widgets/util.js")  # a helper attention.js imports: its bundle is rebuilt
+util.write_text(util.read_text(encoding="utf-8").replace(
+    "export function showToken(t) {", "export function showToken(t) {\n  console.debug('edited while watching');", 1),
+    encoding="utf-8")
+deadline = time.monotonic() + float(sys.argv[2])
+while "edited while watching" not in att._esm:
+    assert time.monotonic() < deadline, "the live panel never got the rebuilt module"
+    time.sleep(0.1)
+print("RELOADED")
+"""
+
+
 @needs_esbuild
-def test_watch_rebuilds_the_development_bundles_on_save(tmp_path):
+def test_watch_build_and_anywidget_hot_reload_bring_a_saved_edit_to_a_live_panel(tmp_path):
     _copy_checkout(tmp_path)
+    shutil.rmtree(tmp_path / "ie_lab")
+    shutil.copytree(ROOT / "ie_lab", tmp_path / "ie_lab", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "node_modules").symlink_to(ROOT / "node_modules")
-    dev = tmp_path / "build" / "widgets-dev" / "attention.js"
+    dev = tmp_path / "build" / "widgets-dev"
 
-    def wait_for(cond):
-        deadline = time.monotonic() + HANG_S
-        while not cond():
-            assert time.monotonic() < deadline, "the watch build never wrote the development bundle"
-            time.sleep(0.1)
-
-    p = subprocess.Popen([sys.executable, str(tmp_path / "widgets" / "build.py"), "--watch"], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    watch = subprocess.Popen([sys.executable, str(tmp_path / "widgets" / "build.py"), "--watch"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: dev.is_file() and "sourceMappingURL" in dev.read_text(encoding="utf-8"))
-        util = tmp_path / "widgets" / "util.js"  # a helper attention.js imports: its bundle is rebuilt
-        util.write_text(util.read_text(encoding="utf-8").replace("export function showToken(t) {",
-                        "export function showToken(t) {\n  console.debug('edited while watching');", 1),
-                        encoding="utf-8")
-        wait_for(lambda: "edited while watching" in dev.read_text(encoding="utf-8"))
+        deadline = time.monotonic() + HANG_S
+        while not all((dev / n).is_file() for n in BUILD["OUTPUTS"]):
+            assert time.monotonic() < deadline, "the watch build never wrote the development bundles"
+            time.sleep(0.1)
+        env = {**os.environ, "ANYWIDGET_HMR": "1", "PYTHONPATH": str(tmp_path)}
+        r = subprocess.run([sys.executable, "-c", HOT_CHILD, str(tmp_path), str(HANG_S)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=2 * HANG_S)
+        assert r.returncode == 0 and "RELOADED" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
     finally:
-        p.terminate()  # build.py stops its esbuild on the way out
-        p.wait(timeout=HANG_S)
-        out = p.stdout.read().decode(errors="replace")
-    assert p.returncode == 0 and "watching widgets/" in out, out
+        watch.terminate()  # build.py stops its esbuild on the way out
+        watch.wait(timeout=HANG_S)
+        out = watch.stdout.read().decode(errors="replace")
+    assert watch.returncode == 0 and "watching widgets/" in out, out
 
 
 def test_hot_reload_reads_the_development_bundle_when_asked(tmp_path, monkeypatch):
