@@ -160,11 +160,14 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
     """Everything the picker draws, as plain JSON-able data (no tensors)."""
     from .. import mappers
 
-    model_ref: Any = lm if lm is not None else facts
-    st = _structure_from_binding(lm) if lm is not None else _structure_from_facts(facts)
+    # What the binder measured, on a model bound in this process; a vLLM session binds in its worker, so its
+    # picker draws from the config with the vLLM backend's verdicts.
+    measured = lm is not None and getattr(lm, "binding", None) is not None
+    model_ref: Any = lm if measured else facts
+    st = _structure_from_binding(lm) if measured else _structure_from_facts(facts)
     n = facts.n_layers
     tables: dict[int, dict[str, Any]] = {}
-    if lm is not None:
+    if measured:
         from ..points_table import PointsTable
 
         for L in range(n):
@@ -177,7 +180,7 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
         layers = list(range(n)) if p.scope is Scope.LAYER else [None]
         served, why = [], {}
         for L in layers:
-            if lm is not None:
+            if measured:
                 row = tables[L if L is not None else 0][p.name]
                 ok = row.served and (L is None or row.example == str(Address(p.name, L)))
                 reason = row.reason if row.served == ok else _points.absent_reason(  # shown on another layer
