@@ -57,3 +57,30 @@ n = session.facts.n_layers
 getattr(self, "_lock", None)
 """
     assert private_reaches(ok) == []
+
+
+def test_submit_runs_a_coroutine_on_the_session_loop_and_refuses_once_closed():
+    import asyncio
+    import threading
+
+    import ie_lab
+    from ie_lab.session import SessionClosed
+    from ie_lab.toy import tiny_model
+
+    m, t = tiny_model("llama")
+    s = ie_lab.Session(m, tokenizer=t, progress=False, replace=False)
+    try:
+        async def where():
+            await asyncio.sleep(0)
+            return threading.current_thread() is not threading.main_thread(), (await s.acapture("a b", ["resid_post.0"]))
+
+        off_main, cache = s.submit(where()).result(timeout=60)
+        assert off_main and cache["resid_post.0"].shape[:2] == s.tokens("a b").shape
+        with pytest.raises(ie_lab.InputError, match="coroutine"):
+            s.submit(where)  # the function, not a call of it
+    finally:
+        s.close()
+    coro = where()
+    with pytest.raises(SessionClosed):
+        s.submit(coro)
+    assert coro.cr_frame is None  # closed by submit: no "never awaited" warning later
