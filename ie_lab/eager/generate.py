@@ -23,9 +23,11 @@ from ..core.addresses import parse_addresses, slice_head
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.sampling import check_generation_args
+from ..core.steer_spec import ForwardState, SteerSpec, check_positions_fit
 from ..errors import CapabilityUnsupported, InputError
 from .model import lm_of
-from .steer import ForwardState, SteerSpec, check_positions_fit, issued_specs, running, steering
+from .steer import issued_specs, running
+from .steer_hooks import steering
 from .taps import Taps
 
 _check_args = check_generation_args  # its old name, which the vLLM session imports until it imports core
@@ -73,7 +75,7 @@ def _cache_keyword(hf: Any) -> str:
 
 def _join(a: Address, parts: list[torch.Tensor], start: int) -> torch.Tensor:
     """One point's rows from consecutive cached forwards, the first beginning at absolute position `start`."""
-    if a.point.width.value == "n_heads*q*k":
+    if a.point.is_attention:
         # Each forward saw the keys its cache held: all earlier positions, or only the last few on a
         # sliding-window layer whose cache is cropped. Place them at their absolute positions, keys 0..end.
         total = start + sum(p.shape[2] for p in parts)
@@ -161,7 +163,7 @@ class _Run:
             if not parts:
                 continue
             t = _join(a, parts, start)
-            if a.point.width.value == "n_heads*q*k":
+            if a.point.is_attention:
                 t = t[r:r + 1, :, drop:, p:]  # the pads' queries and keys
             else:
                 t = t[r:r + 1, drop:]

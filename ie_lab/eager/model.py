@@ -17,6 +17,7 @@ from ..arch.binder import Binding, bind
 from ..arch.config_facts import ArchFacts
 from ..core.handles import as_lm
 from ..errors import ComputeDiffersWarning
+from .steer_hooks import steering
 
 
 def _caller_level() -> int:
@@ -120,8 +121,6 @@ class EagerModel:
     def steer_raw_forwards(self, spec: Any, gate: Any) -> Any:
         """Hooks, placed now, that steer the raw forwards (self.hf(...)) a `with spec:` block runs: those gate()
         accepts (SteerSpec.__enter__ calls this; operations carry the spec and place their own)."""
-        from .steer import steering  # steer.py imports this module
-
         hooks = steering(self, [spec], gate=gate)
         hooks.install()
         return hooks
