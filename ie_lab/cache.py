@@ -64,7 +64,7 @@ class Cache(Mapping[Address, torch.Tensor]):
     def norms(self) -> dict[str, float]:
         """Mean L2 norm over tokens of each per-token point (attention matrices are skipped)."""
         return {str(a): float(t.float().norm(dim=-1).mean()) for a, t in self._t.items()
-                if a.point.width.value != "n_heads*q*k"}
+                if not a.point.is_attention}
 
     def plot(self):
         """Activation norms per captured point (in capture order): a plotly bar chart."""

@@ -145,26 +145,26 @@ def _shape(model: Any) -> _Shape:
                   depends=tuple(depends))
 
 
+def _structure(s: _Shape, layer: int | None) -> _points.Structure:
+    """The registry's view of this shape at one layer (a family name may only say that every layer routes)."""
+    return _points.Structure(s.family, qk_norm=s.qk_norm, parallel=s.parallel, gated_mlp=s.gated,
+                             moe_layers=(layer,) if s.routes(layer) else (), attn_gate=s.attn_gate)
+
+
 def _refuse_absent(addr: Address, s: _Shape) -> None:
-    """Without a loaded model: the structural part of taps.resolve, so that no name is handed out for a point the
-    family does not have (a loaded model refuses the same points through resolve)."""
+    """Without a loaded model: the registry's structural absence (points.absence, which taps.resolve refuses on a
+    loaded model), so that no name is handed out for a point the family does not have; first, that the family
+    name settles each fact the point needs."""
     name, L = addr.name, addr.layer
-    if name == "resid_mid":
-        s.need("parallel", "whether it has a residual between attention and MLP (resid_mid)")
-        if s.parallel:
-            raise AddressError(f"{s.family} runs attention and MLP in parallel, so there is no residual between them "
-                               "(resid_mid does not exist there).")
-    if name in ("q_norm_in", "k_norm_in", "q_norm_out", "k_norm_out"):
+    needs = addr.point.needs
+    if _points.Needs.SEQUENTIAL in needs:
+        s.need("parallel", f"whether it has a residual between attention and MLP ({name})")
+    if _points.Needs.QK_NORM in needs:
         s.need("qk_norm", f"whether it normalises queries and keys ({name})")
-    if name in ("router_logits", "expert_weights", "expert_indices") and not s.routes(L):
-        raise AddressError(f"layer {L} of {s.family} has no router, so {name} does not exist there.")
-    if name in ("mlp_pre", "mlp_pre_linear", "mlp_act") and s.routes(L):
-        raise AddressError(f"layer {L} of {s.family} is a sparse mixture-of-experts layer: each expert has its own "
-                           f"neurons, so there is no single {name}.")
-    if name == "mlp_pre_linear" and not s.gated:
-        raise AddressError(f"{s.family}'s MLP is not gated, so there is no mlp_pre_linear.")
-    if name == "attn_gate" and not s.attn_gate:
-        raise AddressError(f"{s.family} has no attention output gate, so attn_gate does not exist there.")
+    layer = L if {_points.Needs.MOE, _points.Needs.DENSE_MLP} & set(needs) else None  # routes() asks the config
+    a = _points.absence(addr.point, _structure(s, layer), L)
+    if a is not None and a.need is not _points.Needs.QK_NORM:  # refused in to_engine, saying what hook_q is then
+        raise AddressError(f"{addr} does not exist on {s.family}: {a.why}")
     if name == "attn_scores" and s.attn_in_module:
         raise AddressError(f"{s.family} computes attention inside its own module, so the pre-softmax scores never "
                            "leave it (capture attn_probs).")
@@ -286,7 +286,7 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
                 f"post-sublayer norm/multiplier, i.e. it is {name}_post.{L}. The raw output is "
                 f"{to_engine(addr, model, 'transformerlens_bridge')} on TransformerBridge."
             )
-    if name in ("q_norm_in", "k_norm_in", "q_norm_out", "k_norm_out") and not s.qk_norm:  # (by name: settled above)
+    if _points.Needs.QK_NORM in addr.point.needs and not s.qk_norm:  # (by name: settled above)
         raise AddressError(f"{s.family} has no QK-norm, so {name} does not exist there (TransformerLens' hook_q / "
                            "hook_k are then plain projections with no ie_lab point).")
     if engine == "transformerlens_bridge":
@@ -371,11 +371,11 @@ def _from_engine(name: str, model: Any, engine: str) -> Address:
     for point, template in _templates(engine):
         m = _to_regex(template).match(text)
         if m:
-            if point == "resid_mid":
+            if _points.Needs.SEQUENTIAL in _points.get(point).needs:
                 s.need("parallel", f"whether {text} exists (attention and MLP in sequence or in parallel)")
-            if point == "resid_mid" and s.parallel:
-                raise AddressError(f"{text} does not exist on {s.family}: attention and MLP run in parallel, so there "
-                                   "is no residual between them.")
+                why = _points.absent_reason(point, _structure(s, None))
+                if why is not None:
+                    raise AddressError(f"{text} does not exist on {s.family}: {why}")
             return Address(point, int(m.group(1)) if m.groups() else None)
     tail = re.sub(r"^blocks\.[0-9]+\.(attn\.|mlp\.)?", "", text)
     if tail.startswith(("q_norm.", "k_norm.")) and tail.endswith("hook_normalized"):

@@ -31,6 +31,6 @@ def parse_addresses(lm: Any, addresses: AddressLike | Iterable[AddressLike]) -> 
 def slice_head(addr: Address, t: torch.Tensor, facts: Any) -> torch.Tensor:
     if addr.head is None:
         return t
-    if addr.point.width.value == "n_heads*q*k":
+    if addr.point.is_attention:
         return t[:, addr.head]
     return t.reshape(*t.shape[:-1], -1, facts.head_dim)[..., addr.head, :]

@@ -201,7 +201,7 @@ def _capture_many(lm: Any, rows: list[torch.Tensor], addrs: list[Address], grad:
         got = {}
         for a in addrs:
             t = both[a][i:i + 1]
-            if a.point.width.value == "n_heads*q*k":  # [b, heads, q, k], or [b, q, k] for one head
+            if a.point.is_attention:  # [b, heads, q, k], or [b, q, k] for one head
                 got[a] = t[:, :n, :n] if a.head is not None else t[:, :, :n, :n]
             else:
                 got[a] = t[:, :n]

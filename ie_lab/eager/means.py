@@ -61,7 +61,7 @@ def mean_activation(lm: Any, prompts: Any, address: AddressLike, *, batch_size: 
 def _one_point(addr: list) -> None:
     if len(addr) != 1:
         raise InputError(f"address must name one point, got {len(addr)}: {[str(a) for a in addr]}.")
-    if addr[0].point.width.value == "n_heads*q*k":
+    if addr[0].point.is_attention:
         raise InputError(f"{addr[0]} is an attention matrix, not a per-token activation: a mean over tokens of it "
                          "is no steering direction; use a residual point such as resid_post.")
 

@@ -15,14 +15,15 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .. import points as _points
 from ..address import Address
 from ..arch.binder import LayerBinding, hidden_arg
 from ..errors import CapabilityUnsupported
 
 Edit = Callable[[torch.Tensor, int], torch.Tensor]
 
-WRITABLE = ("embeddings", "resid_pre", "attn_in", "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in",
-            "mlp_pre", "mlp_pre_linear", "mlp_act", "mlp_out", "mlp_out_post", "resid_post", "final_norm")
+# Points with a module boundary where an edited value flows on: the registry says which (Point.writable).
+WRITABLE = tuple(p.name for p in _points.all_points() if p.writable)
 
 
 def _replace_hidden(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple, dict]:
