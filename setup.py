@@ -6,6 +6,7 @@ the sources, so installing needs no node. An unpacked wheel has no widgets/ fold
 """
 
 import runpy
+import shutil
 from pathlib import Path
 
 from setuptools import setup
@@ -18,6 +19,9 @@ class BuildPyWithWidgets(build_py):
     def run(self) -> None:
         if WIDGET_BUILD.is_file():
             runpy.run_path(str(WIDGET_BUILD))["ensure"]()
+        # setuptools reuses build/lib between builds: bundles (or sources) an earlier layout put there would ride along
+        if not self.editable_mode:
+            shutil.rmtree(Path(self.build_lib) / "ie_lab" / "static", ignore_errors=True)
         super().run()
 
 
