@@ -122,6 +122,20 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
     stdout = _run([py, str(work / "child.py")], cwd=str(work), env=env)
     (line,) = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
     res = json.loads(line[len("RESULT "):])
+    # The `ie-lab` console script of the installed wheel (ie_lab/cli.py), run outside the checkout: its version, a
+    # cheat sheet from the installed demo model, doctor, and `lab` naming the fix where JupyterLab is not installed.
+    cli = str(venv / "bin" / "ie-lab")
+    version = os.path.basename(whl).split("-")[1]
+    assert _run([cli, "--version"], cwd=str(work), env=env).strip() == f"ie_lab {version}"
+    sheet = _run([cli, "points", "demo"], cwd=str(work), env=env)
+    assert res["demo"] in sheet.splitlines()[0], sheet  # the wheel's copy of the demo model
+    assert re.search(r"^resid_post\.2 +\[batch, seq, 128\] +yes +yes$", sheet, re.M), sheet
+    doctor = _run([cli, "doctor"], cwd=str(work), env=env)
+    assert re.search(rf"^  ie_lab +{re.escape(version)} \({re.escape(os.path.dirname(res['file']))}\)$", doctor, re.M), doctor
+    if "False" in _run([py, "-c", "import importlib.util as u; print(u.find_spec('jupyterlab') is not None)"],
+                       cwd=str(work), env=env):
+        lab = subprocess.run([cli, "lab"], cwd=str(work), env=env, capture_output=True, text=True, timeout=HANG_S)
+        assert lab.returncode == 1 and "pip install jupyterlab" in lab.stderr, (lab.returncode, lab.stderr)
 
     site = os.path.realpath(str(venv))
     inside = lambda p: os.path.realpath(p).startswith(site + os.sep)  # noqa: E731
