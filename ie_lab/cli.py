@@ -273,21 +273,18 @@ def points_sheet(
         )
         lines += textwrap.wrap(p.definition, max(40, width - 4), initial_indent="    ", subsequent_indent="    ")
 
-    # Not served: one line per reason and backend, naming every point it applies to. A point the model lacks is
-    # listed once, under the binding's reason (neither backend has it).
+    # Not served: one line per reason, naming every point it applies to. A point this binding does not serve is
+    # listed under the binding's reason alone (whatever vLLM would add, the model lacks it); a point only vLLM
+    # refuses, under vLLM's.
     why: dict[str, dict[str, list[str]]] = {}
     unverified = vllm_by is None and family not in quirks.VLLM_VERIFIED
     if unverified:  # one line, not one entry per point
         why[expected_on_vllm(rows[0][0], True, "", family)[1]] = {"": ["every point on vLLM"]}
     for p, r, ok, why_vllm in rows:
-        if unverified:  # said once above
-            ok, why_vllm = r.served, r.reason
-        if not r.served and not ok and (vllm_by is None or why_vllm == r.reason):
-            why.setdefault(r.reason, {}).setdefault("", []).append(p.name)
-            continue
         if not r.served:
-            why.setdefault(r.reason, {}).setdefault(" on eager", []).append(p.name)
-        if not ok:
+            tag = " on eager" if ok and not unverified else ""
+            why.setdefault(r.reason, {}).setdefault(tag, []).append(p.name)
+        elif not ok and not unverified:
             why.setdefault(why_vllm, {}).setdefault(" on vLLM", []).append(p.name)
     if why:
         lines += ["", "Not served here:"]
@@ -659,7 +656,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE
     if extra and not args.takes_extra:
         top.error(f"unrecognized arguments: {' '.join(extra)}")  # exits 2
-    return args.run(args, extra) if args.takes_extra else args.run(args)
+    try:
+        return args.run(args, extra) if args.takes_extra else args.run(args)
+    except KeyboardInterrupt:  # Ctrl-C during a load: the shell's code for it, not a traceback
+        print("ie-lab: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

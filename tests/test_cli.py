@@ -110,6 +110,21 @@ def test_points_demo_lists_what_the_demo_session_serves(demo_session):
     assert "ie_lab:" not in r.stdout  # the load line goes to stderr, the table alone to stdout
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
+@pytest.mark.parametrize("model", ["demo", "qwen3"])
+def test_points_backend_vllm_asks_a_vllm_session_and_matches_the_expected_column(model):
+    """--backend vllm starts a real vLLM session (a saved tiny instance for a model type); its verdicts equal the
+    column the default run expects from the registry and the binding."""
+    expected, _ = sheet(run("points", model).stdout)
+    r = run("points", model, "--backend", "vllm")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "a vLLM session's verdict" in r.stdout
+    rows, _ = sheet(r.stdout)
+    assert rows == expected
+    assert any(v for _, _, v in rows.values()) and not all(v for _, _, v in rows.values())  # lm_head: eager only
+
+
 def test_points_on_a_model_type_builds_a_tiny_instance():
     from ie_lab.coverage import build_tiny
     from ie_lab.toy import tokenizer
