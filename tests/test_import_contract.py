@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -240,3 +241,14 @@ def test_a_cycle_is_found():
     g = {"ie_lab.vllm.worker": [(1, "ie_lab.vllm.static_taps")], "ie_lab.vllm.static_taps": [(2, "ie_lab.vllm.worker")],
          "ie_lab.points": []}
     assert cycles(g) == [{"ie_lab.vllm.worker", "ie_lab.vllm.static_taps"}]
+
+
+def test_the_wire_format_imports_without_side_effects():
+    # The vLLM client and its worker share ie_lab/vllm/wire.py for the data they exchange; importing it must not
+    # import vLLM or the worker (which registers graph mode's model loader with vLLM when imported).
+    code = ("import sys, ie_lab.vllm.wire as w; w.unpack(w.pack(__import__('torch').ones(2)));"
+            "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith(('vllm.', 'ie_lab.vllm.worker',"
+            " 'ie_lab.vllm.static_taps'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
