@@ -89,7 +89,7 @@ def test_clicking_a_head_shows_that_heads_pattern(lab):
     # the browser holds exactly the kernel's head pattern
     js = page.evaluate("""() => { const v = document.querySelector('.iel-attn'); return v.querySelector('.iel-title').textContent; }""")
     assert "head 2" in js
-    ok = _kernel(srv, page, "bool(__import__('torch').allclose(a.head_pattern(), s.capture(%r, ['attn_probs.0'])['attn_probs.0'][0, 2]))" % PROMPT)
+    ok = _kernel(srv, page, f"bool(__import__('torch').allclose(a.head_pattern(), s.capture({PROMPT!r}, ['attn_probs.0'])['attn_probs.0'][0, 2]))")
     assert ok
     # hovering a token highlights what it attends to
     view.locator('.iel-tok[data-i="5"]').hover()
@@ -161,7 +161,7 @@ def test_dark_theme(lab):
 
 def test_notebook7_renders_the_panels(lab):
     srv, _ = lab
-    srv.write("nb7.ipynb", ["import sys; sys.path.insert(0, %r)\nimport ie_lab" % ROOT,
+    srv.write("nb7.ipynb", [f"import sys; sys.path.insert(0, {ROOT!r})\nimport ie_lab",
                             "p = ie_lab.cheatsheet('gemma2', backend='vllm'); p"])
     page = srv.open("nb7.ipynb", ui="notebook")
     try:

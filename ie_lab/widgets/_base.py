@@ -9,7 +9,8 @@ panel (``panel.rejected``); the kernel never raises on a front-end message.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anywidget
 import traitlets
@@ -135,7 +136,7 @@ class Panel(anywidget.AnyWidget):
         try:
             data = msg["content"]["data"] if isinstance(msg, dict) and isinstance(msg.get("content"), dict) else None
             method = data.get("method") if isinstance(data, dict) else None
-            if not isinstance(method, str):
+            if not isinstance(data, dict) or not isinstance(method, str):
                 raise Rejected("malformed widget message (no data.method)")
             if method == "update":
                 state = data.get("state")

@@ -9,7 +9,8 @@ leaves the kernel.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import traitlets

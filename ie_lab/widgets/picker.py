@@ -51,7 +51,9 @@ def _positions(f: ArchFacts) -> list[str]:
         return ["learned"] * f.n_layers
     if mt in quirks.ALIBI_POSITIONS or (mt == "falcon" and raw.get("alibi")):
         return ["alibi"] * f.n_layers
-    rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    rope = raw.get("rope_parameters")
+    if not isinstance(rope, dict):
+        rope = {}
     frac = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
     dims = raw.get("rotary_dim") or raw.get("rotary_emb_base_dim")
     if not dims and frac is not None and float(frac) < 1:
@@ -170,14 +172,14 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
     if measured:
         from ..points_table import PointsTable
 
-        for L in range(n):
-            tables[L] = {r.name: r for r in PointsTable.for_model(lm, L).rows}
+        for layer in range(n):
+            tables[layer] = {r.name: r for r in PointsTable.for_model(lm, layer).rows}
     ambiguous = _ambiguous_names(model_ref, facts.model_type, st)
     pts = []
     for p in _points.all_points():
         if p.multi_stream_only and st["n_streams"] <= 1:
             continue
-        layers = list(range(n)) if p.scope is Scope.LAYER else [None]
+        layers: list[int | None] = list(range(n)) if p.scope is Scope.LAYER else [None]
         served, why = [], {}
         for L in layers:
             if measured:
@@ -193,7 +195,7 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
         rep = next((L for L, s in zip(layers, served) if s == "1"), layers[0])
         addr = Address(p.name, rep)
         names = {}
-        for engine, label in _ENGINES:
+        for engine, _label in _ENGINES:
             try:
                 names[engine] = _template(mappers.to_engine(addr, model_ref, engine), rep)
             except (AddressError, IELabError, KeyError, ValueError):

@@ -15,7 +15,8 @@ import concurrent.futures
 import math
 import os
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import traitlets
