@@ -61,7 +61,7 @@ class SteerSpec:
                 "swap": {"target": self.target}, "ablate": {}}[self.method]
 
     def edit(self, state: ForwardState, special_ids: frozenset[int]):
-        """The function a hook applies to a [batch, seq, d_model] tensor at `offset` positions into the forward."""
+        """The function a hook applies: (h [batch, seq, d_model], absolute position of h's first row) -> steered h."""
         fn = ops.FUNCTIONS[self.method]
         kwargs = self.method_kwargs()
 
