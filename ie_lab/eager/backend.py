@@ -1,0 +1,182 @@
+"""EagerBackend: the Backend protocol (ie_lab/backend.py) on transformers' own model, in this process.
+
+Every operation returns a plain function of no arguments; the Session computes it holding its operation lock
+(a plain call on the caller's thread, an awaited twin on the loop thread) and adds `add_cancel_hooks` around it.
+The steering of the caller's context (`with spec:` blocks, then steer=) is read when the function is made, that
+is where the call is issued, not where it computes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from tqdm.auto import tqdm
+
+from ..backend import OperationCancelled
+from ..errors import InputError
+from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
+from ..points_table import PointsTable
+from .attention import attention
+from .capture import capture
+from .generate import generate, generate_stream
+from .inputs import prepare_prompts
+from .lens import logit_lens
+from .means import mean_difference
+from .patching import gradients, patch, patch_sweep
+from .project import project
+from .steer import issued_specs, make_spec, run_issued
+
+
+def _check_callable(fn: Any) -> None:
+    if not callable(fn):
+        raise InputError(f"run() takes a function of the model handle, e.g. s.run(lambda lm: ...); got "
+                         f"{type(fn).__name__}.")
+
+
+class EagerBackend:
+    name = "eager"
+    on_loop = False
+    thread_name = "ie_lab-session"
+    extras: tuple[str, ...] = ()
+    collect_on_close = False
+
+    def __init__(self, model: Any, device: Any = None, dtype: Any = None, tokenizer: Any = None, *,
+                 trust_remote_code: bool = False, progress: bool = True):
+        # Bad arguments fail here, in the caller's thread, before a thread starts or the model is touched.
+        resolve_dtype(dtype)
+        check_tokenizer_arg(tokenizer)
+        if device is not None:
+            pick_device(device, announce=False)
+        self._args = (model, tokenizer, device, dtype, trust_remote_code, progress)
+        self.lm: Any = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def attach(self, session: Any) -> None:
+        pass  # nothing of the session is needed: the Session computes these functions itself
+
+    def load(self) -> Callable[[], Any]:
+        model, tokenizer, device, dtype, trust_remote_code, progress = self._args
+
+        def load_model():
+            with tqdm(total=2, desc="loading model", disable=not progress, leave=False) as bar:
+                lm = load(model, tokenizer, backend="eager", device=device, dtype=dtype,
+                          trust_remote_code=trust_remote_code, quiet=False)
+                bar.update(2)
+            self.lm = lm
+            return lm
+
+        return load_model
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        lm, self.lm = self.lm, None  # the backend's reference goes; memory follows unless the caller holds the model
+        if hasattr(lm, "release"):
+            lm.release()  # the caller's model object goes back in the training mode it came in
+
+    def add_cancel_hooks(self, token: Any) -> list:
+        """Layer pre-hooks that stop a forward at the next layer once the token is cancelled."""
+        def check(mod, args):
+            if token.cancelled:
+                raise OperationCancelled("interrupted")
+        handles = []
+        for lb in self.lm.binding.layers:
+            handles.append(lb.layer.register_forward_pre_hook(check))
+        return handles
+
+    # ---- operations: each returns the function the Session computes -------------------------------
+    def _steered(self, steer: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """fn carrying the steering of the caller's context, read now, where the request is issued: the
+        `with s.steer(...)` blocks open in this task or thread, then steer= (docs/STEERING.md, Scope)."""
+        lm = self.lm
+        specs = issued_specs(lm, steer)
+        return lambda: run_issued(lm, specs, fn)
+
+    def issued(self, steer: Any) -> Any:
+        return issued_specs(self.lm, steer)
+
+    def capture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any):
+        lm = self.lm
+        return self._steered(steer, lambda: capture(lm, tokens_or_text, addresses, **kwargs))
+
+    def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
+        lm = self.lm
+        kwargs["steer"] = self.issued(kwargs.get("steer"))
+        return lambda: generate(lm, prompt, max_new_tokens, **kwargs)
+
+    def stream(self, prompt: Any, max_new_tokens: int, **kwargs: Any) -> Iterator:
+        return generate_stream(self.lm, prompt, max_new_tokens, **kwargs)
+
+    def check_printable(self, prompt: Any) -> None:
+        if prepare_prompts(self.lm, prompt, rows=True) is not None:
+            raise InputError("print_tokens=True prints one prompt's stream; for a list of prompts, loop over "
+                             "s.generate_stream(prompts) and print step.token by step.prompt_index.")
+
+    def attention(self, prompt: Any, layers: Any = None):
+        lm = self.lm
+        return self._steered(None, lambda: attention(lm, prompt, layers))
+
+    def logit_lens(self, prompt: Any, **kwargs: Any):
+        lm = self.lm
+        return self._steered(None, lambda: logit_lens(lm, prompt, **kwargs))
+
+    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any):
+        lm = self.lm
+        kwargs["steer"] = self.issued(kwargs.get("steer"))
+        return lambda: project(lm, prompt, address, directions, **kwargs)
+
+    def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
+        lm = self.lm
+        return self._steered(None, lambda: patch(lm, prompt, source, addresses, **kwargs))
+
+    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
+        lm = self.lm
+        return self._steered(None, lambda: patch_sweep(lm, clean, corrupted, metric, **kwargs))
+
+    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any):
+        lm = self.lm
+        return self._steered(None, lambda: mean_difference(lm, positive, negative, address, **kwargs))
+
+    def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None):
+        lm = self.lm
+        return self._steered(None, lambda: gradients(lm, prompt, metric, addresses, of=of))
+
+    def run(self, fn: Callable[[Any], Any]):
+        _check_callable(fn)
+        lm = self.lm
+        return self._steered(None, lambda: fn(lm))
+
+    def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
+        return make_spec(self.lm, address, vector, method=method, **kwargs)
+
+    # ---- facts and reprs ------------------------------------------------------------------------
+    def raw_model(self) -> Any:
+        return self.lm.hf
+
+    def describe(self) -> str:
+        f, st = self.lm.facts, self.lm.binding.structure
+        kinds = sorted(set(f.layer_kinds))
+        parts = [f"{f.model_type}: {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim}"
+                 f" ({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.",
+                 f"Attention: {', '.join(kinds)}" + (f" (window {f.sliding_window})" if f.sliding_window else "") + ".",
+                 "Block: " + ("parallel attention + MLP" if st["parallel_block"] else "sequential") +
+                 (", sandwich norms" if st["sandwich_norms"] and st["pre_norms"] else
+                  ", post-sublayer norms only" if st["sandwich_norms"] else ", pre-norms") +
+                 (", gated MLP" if st["gated_mlp"] else "") + (", QK-norm" if st["qk_norm"] else "") +
+                 (f", MoE on layers {list(st['moe_layers'])}" if st["moe_layers"] else "") + "."]
+        return " ".join(parts)
+
+    def points(self) -> PointsTable:
+        return PointsTable.for_model(self.lm)
+
+    def summary(self) -> str:
+        f = self.lm.facts
+        return (f"backend=eager, family={f.model_type}, layers={f.n_layers}, d_model={f.d_model}, "
+                f"device={self.lm.device.type}, dtype={str(self.lm.dtype).replace('torch.', '')}")
+
+    def headline(self) -> str:
+        return f"backend eager, {self.describe()}"
+
+
+__all__ = ["EagerBackend"]
