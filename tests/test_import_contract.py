@@ -52,8 +52,10 @@ BELOW_BACKENDS = ("ops", "shared", "arch", "core")
 RULES = {
     "vllm imports nothing of eager": ("vllm", ("eager",)),
     "eager imports nothing of vllm": ("eager", ("vllm",)),
-    **{f"{low} imports no backend, session or widget": (low, ("eager", "vllm", "session", "widgets"))
-       for low in BELOW_BACKENDS},
+    **{
+        f"{low} imports no backend, session or widget": (low, ("eager", "vllm", "session", "widgets"))
+        for low in BELOW_BACKENDS
+    },
 }
 
 # Known exceptions: what only the Session redesign (issue 15 item 1, in progress) removes, because the importer
@@ -97,7 +99,7 @@ def imports_of(path: pathlib.Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -208,8 +210,8 @@ def test_known_exceptions_are_still_needed():
 def test_every_import_is_seen():
     g = graph()
     assert "ie_lab.eager.capture" in g and "ie_lab.vllm.worker" in g and "ie_lab.core.inputs" in g
-    assert ("ie_lab.core.inputs" in {t for _, t in g["ie_lab.eager.capture"]})  # `from ..core.inputs import x`
-    assert ("ie_lab.arch.attention_tap" in {t for _, t in g["ie_lab.arch.binder"]})  # `from . import module`
+    assert "ie_lab.core.inputs" in {t for _, t in g["ie_lab.eager.capture"]}  # `from ..core.inputs import x`
+    assert "ie_lab.arch.attention_tap" in {t for _, t in g["ie_lab.arch.binder"]}  # `from . import module`
     # an import inside a function body counts: the free functions of the package import their backend lazily
     assert "ie_lab.loading" in {t for _, t in g["ie_lab"]}
 
@@ -220,13 +222,17 @@ BROKEN = {
     "vllm imports nothing of eager": {"ie_lab.vllm.session": [(55, "ie_lab.eager.inputs")]},
     "eager imports nothing of vllm": {"ie_lab.eager.generate": [(1, "ie_lab.vllm.wire")]},
     "arch imports no backend, session or widget": {"ie_lab.arch.binder": [(387, "ie_lab.eager.attention_tap")]},
-    "core imports no backend, session or widget": {"ie_lab.core.handles": [(1, "ie_lab.eager.model")],
-                                                   "ie_lab.chat": [(1, "ie_lab.session")]},
+    "core imports no backend, session or widget": {
+        "ie_lab.core.handles": [(1, "ie_lab.eager.model")],
+        "ie_lab.chat": [(1, "ie_lab.session")],
+    },
     "shared imports no backend, session or widget": {"ie_lab.cache": [(1, "ie_lab.widgets.picker")]},
     "ops imports no backend, session or widget": {"ie_lab.ops.lens": [(1, "ie_lab.vllm.worker")]},
     "no module imports the package __init__": {"ie_lab.eager.capture": [(182, "ie_lab")]},
-    "ops imports only torch and the standard library": {"ie_lab.ops.steering": [(1, "ie_lab.errors")],
-                                                        "ie_lab.ops.attention": [(1, "numpy")]},
+    "ops imports only torch and the standard library": {
+        "ie_lab.ops.steering": [(1, "ie_lab.errors")],
+        "ie_lab.ops.attention": [(1, "numpy")],
+    },
 }
 
 
@@ -238,17 +244,22 @@ def test_each_rule_fires(rule):
 
 
 def test_a_cycle_is_found():
-    g = {"ie_lab.vllm.worker": [(1, "ie_lab.vllm.static_taps")], "ie_lab.vllm.static_taps": [(2, "ie_lab.vllm.worker")],
-         "ie_lab.points": []}
+    g = {
+        "ie_lab.vllm.worker": [(1, "ie_lab.vllm.static_taps")],
+        "ie_lab.vllm.static_taps": [(2, "ie_lab.vllm.worker")],
+        "ie_lab.points": [],
+    }
     assert cycles(g) == [{"ie_lab.vllm.worker", "ie_lab.vllm.static_taps"}]
 
 
 def test_the_wire_format_imports_without_side_effects():
     # The vLLM client and its worker share ie_lab/vllm/wire.py for the data they exchange; importing it must not
     # import vLLM or the worker (which registers graph mode's model loader with vLLM when imported).
-    code = ("import sys, ie_lab.vllm.wire as w; w.unpack(w.pack(__import__('torch').ones(2)));"
-            "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith(('vllm.', 'ie_lab.vllm.worker',"
-            " 'ie_lab.vllm.static_taps'))))")
+    code = (
+        "import sys, ie_lab.vllm.wire as w; w.unpack(w.pack(__import__('torch').ones(2)));"
+        "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith(('vllm.', 'ie_lab.vllm.worker',"
+        " 'ie_lab.vllm.static_taps'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -6,7 +6,8 @@ same addresses and returns a head's slice in the same layout.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -18,8 +19,10 @@ def parse_addresses(lm: Any, addresses: AddressLike | Iterable[AddressLike]) -> 
     if isinstance(addresses, (str, Address)):
         addresses = [addresses]
     if not isinstance(addresses, (list, tuple, set, frozenset)) and not hasattr(addresses, "__next__"):
-        raise AddressError(f"addresses must be an address string like 'resid_post.0' or a list of them, got "
-                           f"{type(addresses).__name__}.")
+        raise AddressError(
+            f"addresses must be an address string like 'resid_post.0' or a list of them, got "
+            f"{type(addresses).__name__}."
+        )
     out = []
     for a in addresses:
         out.append(Address.parse(a).check(lm.facts))

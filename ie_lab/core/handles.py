@@ -6,7 +6,8 @@ session. Only the eager backend can adopt a raw transformers model (it binds it)
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import InputError
 
@@ -30,5 +31,7 @@ def as_lm(model: Any, adopt: Callable[[Any], Any] | None = None) -> Any:
         return model
     if adopt is not None and is_raw_model(model):
         return adopt(model)
-    raise InputError(f"model must be a Session, a model from ie_lab.load(...), or a transformers model; got "
-                     f"{type(model).__name__}. Load one first: lm = ie_lab.load('path or HF id').")
+    raise InputError(
+        f"model must be a Session, a model from ie_lab.load(...), or a transformers model; got "
+        f"{type(model).__name__}. Load one first: lm = ie_lab.load('path or HF id')."
+    )

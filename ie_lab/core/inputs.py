@@ -19,9 +19,11 @@ def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | 
     """Return ([batch, seq] long input ids on the model's device, attention mask or None)."""
     mask = None
     if isinstance(tokens_or_text, dict):
-        raise InputError("expected text (str or list of str), token ids (tensor or list of ints) or a conversation "
-                         "(a list of {'role', 'content'} dicts), got a single dict: wrap a message in a list, e.g. "
-                         "[{'role': 'user', 'content': 'Hello'}].")
+        raise InputError(
+            "expected text (str or list of str), token ids (tensor or list of ints) or a conversation "
+            "(a list of {'role', 'content'} dicts), got a single dict: wrap a message in a list, e.g. "
+            "[{'role': 'user', 'content': 'Hello'}]."
+        )
     if chat.is_messages(tokens_or_text):
         # A conversation: rendered with the model's own chat template, as it reads it just before replying.
         tokens_or_text = torch.tensor([chat.render(lm, tokens_or_text)])
@@ -30,14 +32,18 @@ def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | 
     ):
         tok = lm.tokenizer
         if tok is None:
-            raise InputError("this model was loaded without a tokenizer, so it cannot read text: pass token ids, or "
-                             "load it with tokenizer=AutoTokenizer.from_pretrained(...).")
+            raise InputError(
+                "this model was loaded without a tokenizer, so it cannot read text: pass token ids, or "
+                "load it with tokenizer=AutoTokenizer.from_pretrained(...)."
+            )
         texts = [tokens_or_text] if isinstance(tokens_or_text, str) else list(tokens_or_text)
         if any(not t for t in texts):
             raise InputError("empty text: give at least one character to tokenize.")
         if len(texts) > 1 and tok.pad_token_id is None:
-            raise InputError("batching texts of different lengths needs a pad token, and this tokenizer has none: "
-                             "set tokenizer.pad_token = tokenizer.eos_token, or capture the texts one at a time.")
+            raise InputError(
+                "batching texts of different lengths needs a pad token, and this tokenizer has none: "
+                "set tokenizer.pad_token = tokenizer.eos_token, or capture the texts one at a time."
+            )
         enc = tok(texts, return_tensors="pt", padding=len(texts) > 1)
         ids = enc["input_ids"]
         if len(texts) > 1:
@@ -48,20 +54,26 @@ def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | 
         if len(tokens_or_text) == 0:
             raise InputError("empty input: the token list is empty; give at least one token id (or a string).")
         try:
-            ids = torch.as_tensor(np.asarray(tokens_or_text) if isinstance(tokens_or_text, np.ndarray)
-                                  else tokens_or_text)
+            ids = torch.as_tensor(
+                np.asarray(tokens_or_text) if isinstance(tokens_or_text, np.ndarray) else tokens_or_text
+            )
         except (TypeError, ValueError, RuntimeError, OverflowError) as e:
-            raise InputError(f"could not read the token list ({e}); pass a list of ints, a list of equal-length "
-                             "lists of ints, or a string.") from None
+            raise InputError(
+                f"could not read the token list ({e}); pass a list of ints, a list of equal-length "
+                "lists of ints, or a string."
+            ) from None
     else:
-        raise InputError(f"expected text (str or list of str) or token ids (tensor or list of ints), "
-                         f"got {type(tokens_or_text).__name__}.")
+        raise InputError(
+            f"expected text (str or list of str) or token ids (tensor or list of ints), "
+            f"got {type(tokens_or_text).__name__}."
+        )
 
     if ids.numel() == 0:  # before the dtype check: torch reads an empty list as float32
         raise InputError("empty input: there are no tokens to run; give at least one token.")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
-        raise InputError(f"token ids must be integers, got dtype {ids.dtype}: convert with tokens.long() "
-                         "(or pass the text itself).")
+        raise InputError(
+            f"token ids must be integers, got dtype {ids.dtype}: convert with tokens.long() (or pass the text itself)."
+        )
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     if ids.dim() != 2:
@@ -72,12 +84,15 @@ def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | 
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or (vocab and hi >= vocab):
         bad = lo if lo < 0 else hi
-        raise InputError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); were these ids made by a "
-                         "different tokenizer?")
+        raise InputError(
+            f"token id {bad} is outside the vocabulary (0..{vocab - 1}); were these ids made by a different tokenizer?"
+        )
     limit = lm.facts.max_positions
     if limit and ids.shape[1] > int(limit):
-        raise InputError(f"the input has {ids.shape[1]} tokens but this model's context is {limit}: "
-                         f"truncate it, e.g. tokens[:, -{limit}:].")
+        raise InputError(
+            f"the input has {ids.shape[1]} tokens but this model's context is {limit}: "
+            f"truncate it, e.g. tokens[:, -{limit}:]."
+        )
     device = lm.device
     ids = ids.to(device=device, dtype=torch.long)
     if mask is not None:
@@ -99,8 +114,9 @@ def _is_batch(x: Any, rows: bool) -> bool:
     if not isinstance(x, (list, tuple)) or not x or chat.is_messages(x):
         return False
     # A flat list of ints is one prompt; anything else with items that are prompts themselves is a list of them.
-    return all(isinstance(p, (str, list, tuple, torch.Tensor, np.ndarray, dict)) for p in x) and \
-        not all(isinstance(p, dict) for p in x)
+    return all(isinstance(p, (str, list, tuple, torch.Tensor, np.ndarray, dict)) for p in x) and not all(
+        isinstance(p, dict) for p in x
+    )
 
 
 def _kind(p: Any) -> str:
@@ -120,8 +136,10 @@ def prepare_prompts(lm: Any, prompts: Any, *, rows: bool = False) -> list[torch.
     Every prompt is checked before any work starts, and a refusal names its index. A list mixing text with
     ids is refused: it is far more often a mistake (a token list split into items) than meant."""
     if isinstance(prompts, (list, tuple)) and len(prompts) == 0:
-        raise InputError("empty input: the token list is empty (no prompt, no token); give a string, token ids, a conversation "
-                         "or a list of prompts.")
+        raise InputError(
+            "empty input: the token list is empty (no prompt, no token); give a string, token ids, a conversation "
+            "or a list of prompts."
+        )
     if not _is_batch(prompts, rows):
         return None
     if isinstance(prompts, (torch.Tensor, np.ndarray)):
@@ -129,20 +147,26 @@ def prepare_prompts(lm: Any, prompts: Any, *, rows: bool = False) -> list[torch.
     kinds = [_kind(p) for p in prompts]
     if "text" in kinds and "ids" in kinds:
         i = kinds.index("ids") if kinds[0] == "text" else kinds.index("text")
-        raise InputError(f"prompt {i} is {kinds[i]} but prompt 0 is {kinds[0]}: a list of prompts is all text or "
-                         "all token ids (conversations may go with either); convert one kind to the other "
-                         "(lm.to_tokens(text)[0].tolist()).")
+        raise InputError(
+            f"prompt {i} is {kinds[i]} but prompt 0 is {kinds[0]}: a list of prompts is all text or "
+            "all token ids (conversations may go with either); convert one kind to the other "
+            "(lm.to_tokens(text)[0].tolist())."
+        )
     out = []
     for i, p in enumerate(prompts):
         if isinstance(p, dict):
-            raise InputError(f"prompt {i} is a single dict: a conversation is a list of {{'role', 'content'}} "
-                             "dicts, e.g. [{'role': 'user', 'content': 'Hello'}].")
+            raise InputError(
+                f"prompt {i} is a single dict: a conversation is a list of {{'role', 'content'}} "
+                "dicts, e.g. [{'role': 'user', 'content': 'Hello'}]."
+            )
         try:
             ids, _ = prepare(lm, p)
         except InputError as e:
             raise InputError(f"prompt {i}: {e}") from None
         if ids.shape[0] != 1:
-            raise InputError(f"prompt {i} holds {ids.shape[0]} rows; each item of a list of prompts is one prompt "
-                             "(text, a list of ids, or a conversation): pass the rows as separate items.")
+            raise InputError(
+                f"prompt {i} holds {ids.shape[0]} rows; each item of a list of prompts is one prompt "
+                "(text, a list of ids, or a conversation): pass the rows as separate items."
+            )
         out.append(ids)
     return out

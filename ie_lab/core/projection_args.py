@@ -25,15 +25,24 @@ def point_width(addr: Address, facts: Any) -> int:
     """The width of one row of addr, refusing points whose rows are not per-token vectors."""
     w = addr.point.width
     if w is Width.ATTN:
-        raise AddressError(f"address {addr}: attention patterns are [heads, query, key] matrices, not per-token "
-                           "vectors; project a per-token point such as 'z.L' or 'resid_post.L'.")
+        raise AddressError(
+            f"address {addr}: attention patterns are [heads, query, key] matrices, not per-token "
+            "vectors; project a per-token point such as 'z.L' or 'resid_post.L'."
+        )
     if w is Width.STREAMS or addr.stream is not None:
         raise AddressError(f"address {addr}: per-stream points are not projected; use a single-stream point.")
     if addr.head is not None:
         return int(facts.head_dim)
-    return int({Width.D_MODEL: facts.d_model, Width.HEADS: facts.n_heads * facts.head_dim,
-                Width.KV_HEADS: facts.n_kv_heads * facts.head_dim, Width.D_MLP: facts.d_mlp,
-                Width.EXPERTS: facts.n_experts, Width.VOCAB: facts.vocab_size}[w])
+    return int(
+        {
+            Width.D_MODEL: facts.d_model,
+            Width.HEADS: facts.n_heads * facts.head_dim,
+            Width.KV_HEADS: facts.n_kv_heads * facts.head_dim,
+            Width.D_MLP: facts.d_mlp,
+            Width.EXPERTS: facts.n_experts,
+            Width.VOCAB: facts.vocab_size,
+        }[w]
+    )
 
 
 def _tensor(name: str, x: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
@@ -60,8 +69,10 @@ def _tensor(name: str, x: Any, shape: tuple[int, ...], what: str) -> torch.Tenso
 
 def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
     if not str(path).endswith(".safetensors"):
-        raise InputError(f"directions={path!r}: only a .safetensors file is loaded (never a pickle); pass a "
-                         "tensor, a dict of tensors, or a path ending in .safetensors.")
+        raise InputError(
+            f"directions={path!r}: only a .safetensors file is loaded (never a pickle); pass a "
+            "tensor, a dict of tensors, or a path ending in .safetensors."
+        )
     if not os.path.isfile(path):
         raise InputError(f"directions={path!r}: no such file.")
     from safetensors.torch import load_file
@@ -69,8 +80,9 @@ def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
     return load_file(str(path), device="cpu")
 
 
-def make_encoder(d: int, directions: Any, *, bias: Any = None, activation: str | None = None,
-                 threshold: Any = None, k: Any = None) -> Encoder:
+def make_encoder(
+    d: int, directions: Any, *, bias: Any = None, activation: str | None = None, threshold: Any = None, k: Any = None
+) -> Encoder:
     """Check what a user passed and return the Encoder that ops/projection.py applies to rows of width d.
 
     directions: a [k, d] tensor (probes: one direction a row; bias [k] optional), or an SAE's encoder as a dict
@@ -84,30 +96,40 @@ def make_encoder(d: int, directions: Any, *, bias: Any = None, activation: str |
     if isinstance(directions, dict):
         unknown = sorted(set(directions) - set(SAE_KEYS))
         if unknown:
-            raise InputError(f"directions: unknown key(s) {unknown}; an SAE encoder takes {list(SAE_KEYS)} "
-                             "(SAELens' names).")
+            raise InputError(
+                f"directions: unknown key(s) {unknown}; an SAE encoder takes {list(SAE_KEYS)} (SAELens' names)."
+            )
         if "W_enc" not in directions:
             raise InputError("directions: an SAE encoder dict needs 'W_enc' [d, k].")
         if bias is not None:
             raise InputError("bias= is for a probe matrix; an SAE dict carries its own 'b_enc'.")
         W_raw = directions["W_enc"]
         if not isinstance(W_raw, torch.Tensor) or W_raw.dim() != 2:
-            raise InputError(f"directions['W_enc'] must be a 2-D tensor [d, k], got "
-                             f"{getattr(W_raw, 'shape', type(W_raw).__name__)}.")
+            raise InputError(
+                f"directions['W_enc'] must be a 2-D tensor [d, k], got {getattr(W_raw, 'shape', type(W_raw).__name__)}."
+            )
         n = int(W_raw.shape[1])
         W = _tensor("directions['W_enc']", W_raw, (d, n), f"d = {d} rows, the width of the point")
-        b = _tensor("directions['b_enc']", directions["b_enc"], (n,), "one per feature") \
-            if directions.get("b_enc") is not None else None
-        b_dec = _tensor("directions['b_dec']", directions["b_dec"], (d,), "subtracted before encoding") \
-            if directions.get("b_dec") is not None else None
+        b = (
+            _tensor("directions['b_enc']", directions["b_enc"], (n,), "one per feature")
+            if directions.get("b_enc") is not None
+            else None
+        )
+        b_dec = (
+            _tensor("directions['b_dec']", directions["b_dec"], (d,), "subtracted before encoding")
+            if directions.get("b_dec") is not None
+            else None
+        )
         if threshold is None and directions.get("threshold") is not None:
             threshold = directions["threshold"]
         if activation is None:
             activation = "jumprelu" if threshold is not None else "relu"
     else:
         if not isinstance(directions, torch.Tensor) or directions.dim() != 2:
-            raise InputError(f"directions must be a [k, d] tensor of probe directions, a dict with 'W_enc', or a "
-                             f".safetensors path; got {getattr(directions, 'shape', type(directions).__name__)}.")
+            raise InputError(
+                f"directions must be a [k, d] tensor of probe directions, a dict with 'W_enc', or a "
+                f".safetensors path; got {getattr(directions, 'shape', type(directions).__name__)}."
+            )
         n = int(directions.shape[0])
         # kept a view (not made contiguous): the scores are x @ directions.T exactly, as a user writes it
         W = _tensor("directions", directions, (n, d), f"k directions of width d = {d}, the point's width").T
@@ -139,8 +161,7 @@ def make_encoder(d: int, directions: Any, *, bias: Any = None, activation: str |
 
 def one_address(lm: Any, address: Any) -> Address:
     if isinstance(address, (list, tuple)):
-        raise AddressError("address: project takes one address (a string like 'resid_post.3'); call it once per "
-                           "point.")
+        raise AddressError("address: project takes one address (a string like 'resid_post.3'); call it once per point.")
     return Address.parse(address).check(lm.facts)
 
 

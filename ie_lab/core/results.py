@@ -14,8 +14,8 @@ import torch
 from ..address import Address
 from ..cache import Cache
 
-
 # ---- generation ----------------------------------------------------------------------------------------
+
 
 @dataclass
 class GenStep:
@@ -39,8 +39,11 @@ class GenStep:
     prompt_index: int = 0
 
     def __repr__(self) -> str:
-        cap = f", captured positions {self.captured_positions.start}..{self.captured_positions.stop - 1}" \
-            if self.captured_positions is not None else ""
+        cap = (
+            f", captured positions {self.captured_positions.start}..{self.captured_positions.stop - 1}"
+            if self.captured_positions is not None
+            else ""
+        )
         who = f"prompt {self.prompt_index}, " if self.prompt_index else ""
         return f"GenStep({who}{self.index}: {self.token!r}, logprob={self.logprob:.3f}{cap})"
 
@@ -61,12 +64,16 @@ class GenerationResult:
     def _repr_html_(self) -> str:
         import html
 
-        toks = "".join(f"<span title='logprob {s.logprob:.2f}' style='border-bottom:1px dotted #888'>"
-                       f"{html.escape(s.token)}</span> " for s in self.steps)
+        toks = "".join(
+            f"<span title='logprob {s.logprob:.2f}' style='border-bottom:1px dotted #888'>"
+            f"{html.escape(s.token)}</span> "
+            for s in self.steps
+        )
         return f"<div><b>generated</b> ({len(self.ids)} tokens, stop: {self.stop_reason})<br>{toks}</div>"
 
 
 # ---- logit lens -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class LensResult:
@@ -82,10 +89,10 @@ class LensResult:
     def __repr__(self) -> str:
         width = max(8, max(len(t) for t in self.str_tokens[-6:]) + 1)
         pos = list(range(max(0, len(self.str_tokens) - 6), len(self.str_tokens)))
-        head = "layer  " + "".join(self.str_tokens[p][:width - 1].ljust(width) for p in pos)
+        head = "layer  " + "".join(self.str_tokens[p][: width - 1].ljust(width) for p in pos)
         rows = [f"LogitLens({self.point}, top-1 at the last {len(pos)} positions; {self.note})", head]
         for i, L in enumerate(self.layers):
-            cells = "".join(f"{self.top_tokens[i][p][0][:width - 1]}".ljust(width) for p in pos)
+            cells = "".join(f"{self.top_tokens[i][p][0][: width - 1]}".ljust(width) for p in pos)
             rows.append(f"{L:>5}  {cells}")
         return "\n".join(rows)
 
@@ -94,12 +101,22 @@ class LensResult:
 
         z = self.top_probs[:, :, 0].cpu().numpy()
         text = [[self.top_tokens[i][p][0] for p in range(len(self.str_tokens))] for i in range(len(self.layers))]
-        fig = go.Figure(go.Heatmap(z=z, x=[f"{p}:{t}" for p, t in enumerate(self.str_tokens)],
-                                   y=[f"{self.point}.{L}" for L in self.layers], text=text,
-                                   texttemplate="%{text}", colorscale="Blues", zmin=0, zmax=1,
-                                   colorbar=dict(title="p(top-1)")))
-        fig.update_layout(title="Logit lens: top token per layer and position", xaxis_title="position",
-                          yaxis_title="layer")
+        fig = go.Figure(
+            go.Heatmap(
+                z=z,
+                x=[f"{p}:{t}" for p, t in enumerate(self.str_tokens)],
+                y=[f"{self.point}.{L}" for L in self.layers],
+                text=text,
+                texttemplate="%{text}",
+                colorscale="Blues",
+                zmin=0,
+                zmax=1,
+                colorbar=dict(title="p(top-1)"),
+            )
+        )
+        fig.update_layout(
+            title="Logit lens: top token per layer and position", xaxis_title="position", yaxis_title="layer"
+        )
         return fig
 
 
@@ -110,15 +127,18 @@ def token_names(tok: Any, ids: list) -> list:
     def walk(x):
         for y in x:
             walk(y) if isinstance(y, list) else flat.add(int(y))
+
     walk(ids)
     names = {i: (tok.decode([i]) if tok is not None else str(i)) for i in flat}
 
     def build(x):
         return [build(y) if isinstance(y, list) else names[int(y)] for y in x]
+
     return build(ids)
 
 
 # ---- attention ------------------------------------------------------------------------------------------
+
 
 @dataclass
 class AttentionResult:
@@ -148,19 +168,32 @@ class AttentionResult:
         cell = max(14, min(28, 640 // max(n, 1)))
         side = cell * n
         margin = 12 + 7 * max((len(t) for t in labels), default=4)  # room for the longest label
-        fig = go.Figure(go.Heatmap(z=self.probs[layer][head].cpu().numpy(), x=idx, y=idx, colorscale="Viridis",
-                                   zmin=0, zmax=1, hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra></extra>"))
+        fig = go.Figure(
+            go.Heatmap(
+                z=self.probs[layer][head].cpu().numpy(),
+                x=idx,
+                y=idx,
+                colorscale="Viridis",
+                zmin=0,
+                zmax=1,
+                hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra></extra>",
+            )
+        )
         ticks = dict(tickmode="array", tickvals=idx, ticktext=labels, tickfont=dict(size=11), showgrid=False)
-        fig.update_layout(title=f"attn_probs.{layer}.head-{head}", autosize=False,
-                          width=side + margin + 140, height=side + margin + 100,
-                          margin=dict(l=margin + 20, b=margin + 20, t=60, r=100),
-                          xaxis=dict(title="key", tickangle=-90, constrain="domain", **ticks),
-                          yaxis=dict(title="query", autorange="reversed", scaleanchor="x", scaleratio=1,
-                                     constrain="domain", **ticks))
+        fig.update_layout(
+            title=f"attn_probs.{layer}.head-{head}",
+            autosize=False,
+            width=side + margin + 140,
+            height=side + margin + 100,
+            margin=dict(l=margin + 20, b=margin + 20, t=60, r=100),
+            xaxis=dict(title="key", tickangle=-90, constrain="domain", **ticks),
+            yaxis=dict(title="query", autorange="reversed", scaleanchor="x", scaleratio=1, constrain="domain", **ticks),
+        )
         return fig
 
 
 # ---- projection -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class Projection:

@@ -21,9 +21,20 @@ def _is_real(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def check_generation_args(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, n_logprobs: Any, *,
-                          vocab: int | None = None, seed: Any = None, stop: Any = None, keep_logits: Any = True,
-                          ignore_eos: Any = False, has_tokenizer: bool = True) -> list[str]:
+def check_generation_args(
+    max_new_tokens: Any,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    n_logprobs: Any,
+    *,
+    vocab: int | None = None,
+    seed: Any = None,
+    stop: Any = None,
+    keep_logits: Any = True,
+    ignore_eos: Any = False,
+    has_tokenizer: bool = True,
+) -> list[str]:
     """Refuse every unusable generation argument before any work starts; return the stop strings as a list.
 
     The vLLM session calls this too (vllm/session.py check_sampling), before a request reaches the engine."""
@@ -32,8 +43,10 @@ def check_generation_args(max_new_tokens: Any, temperature: Any, top_k: Any, top
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
         raise InputError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}.")
     if top_k is not None and (not _is_int(top_k) or top_k < 1 or (vocab and top_k > vocab)):
-        raise InputError(f"top_k must be None (no top-k cut) or an integer from 1 to the vocabulary size "
-                         f"({vocab or 'of the model'}), got {top_k!r}.")
+        raise InputError(
+            f"top_k must be None (no top-k cut) or an integer from 1 to the vocabulary size "
+            f"({vocab or 'of the model'}), got {top_k!r}."
+        )
     if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):  # a nan fails the comparison too
         raise InputError(f"top_p must be a number in (0, 1] or None (no nucleus cut), got {top_p!r}.")
     if not _is_int(n_logprobs) or n_logprobs < 0 or (vocab and n_logprobs > vocab):
@@ -44,11 +57,15 @@ def check_generation_args(max_new_tokens: Any, temperature: Any, top_k: Any, top
     if stops is None:
         stops = []
     if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
-        raise InputError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}; to stop at "
-                         "a token id, decode it first: tokenizer.decode([id]).")
+        raise InputError(
+            f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}; to stop at "
+            "a token id, decode it first: tokenizer.decode([id])."
+        )
     if stops and not has_tokenizer:
-        raise InputError("stop strings need a tokenizer to read the generated text, and this model was loaded "
-                         "without one: stop on ids with the model's EOS instead, or load a tokenizer.")
+        raise InputError(
+            "stop strings need a tokenizer to read the generated text, and this model was loaded "
+            "without one: stop on ids with the model's EOS instead, or load a tokenizer."
+        )
     check_flag("keep_logits", keep_logits)
     check_flag("ignore_eos", ignore_eos)
     return list(stops)

@@ -22,6 +22,7 @@ from typing import Any
 
 # ---- operations: the forwards an operation runs are marked for its own hooks ---------------------------
 
+
 @dataclass(eq=False)
 class Op:
     """The operation the code in this context runs inside: the specs it carries and its own hooks (a backend's
@@ -35,6 +36,7 @@ CURRENT_OP: contextvars.ContextVar[Op | None] = contextvars.ContextVar("ie_lab_s
 
 
 # ---- scopes: which `with` blocks are open in the calling context --------------------------------------
+
 
 @dataclass(eq=False)
 class _Scope:

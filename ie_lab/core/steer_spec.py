@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, cast
 
 import torch
 
@@ -23,7 +24,7 @@ from ..ops import steering as ops
 from .handles import as_lm
 from .steer_scope import active_specs, enter_scope, exit_scope
 
-Positions = Union[str, Sequence[int], torch.Tensor]
+Positions = str | Sequence[int] | torch.Tensor
 POSITION_KINDS = ("all", "prompt", "generated", "special")
 
 
@@ -56,18 +57,25 @@ class SteerSpec:
 
     def method_kwargs(self) -> dict[str, Any]:
         """The arguments this spec passes to its ops.steering function (shared by every backend)."""
-        return {"add": {"scale": self.scale, "normalize": self.normalize}, "orthogonal": {"scale": self.scale},
-                "norm_scaled_add": {"scale": self.scale}, "cap": {"min": self.min, "max": self.max},
-                "swap": {"target": self.target}, "ablate": {}}[self.method]
+        table: dict[str, dict[str, Any]] = {
+            "add": {"scale": self.scale, "normalize": self.normalize},
+            "orthogonal": {"scale": self.scale},
+            "norm_scaled_add": {"scale": self.scale},
+            "cap": {"min": self.min, "max": self.max},
+            "swap": {"target": self.target},
+            "ablate": {},
+        }
+        return table[self.method]
 
     def edit(self, state: ForwardState, special_ids: frozenset[int]):
         """The function a hook applies: (h [batch, seq, d_model], absolute position of h's first row) -> steered h."""
-        fn = ops.FUNCTIONS[self.method]
+        fn = cast(Callable[..., torch.Tensor], ops.FUNCTIONS[self.method])  # one signature per method
         kwargs = self.method_kwargs()
 
         def apply(h: torch.Tensor, offset: int) -> torch.Tensor:
             mask = position_mask(self.positions, h.shape[:2], offset, state, special_ids, h.device)
             return fn(h, self.vector, mask=mask, **kwargs)
+
         return apply
 
     def __enter__(self) -> "SteerSpec":
@@ -87,15 +95,21 @@ class SteerSpec:
         exit_scope(self)
 
     def __repr__(self) -> str:
-        extra = {"add": f"scale={self.scale}" + (", normalize" if self.normalize else ""),
-                 "orthogonal": f"scale={self.scale}", "norm_scaled_add": f"scale={self.scale}",
-                 "cap": f"min={self.min}, max={self.max}", "swap": f"target={self.target}", "ablate": ""}[self.method]
+        extra = {
+            "add": f"scale={self.scale}" + (", normalize" if self.normalize else ""),
+            "orthogonal": f"scale={self.scale}",
+            "norm_scaled_add": f"scale={self.scale}",
+            "cap": f"min={self.min}, max={self.max}",
+            "swap": f"target={self.target}",
+            "ablate": "",
+        }[self.method]
         where = ", ".join(str(a) for a in self.addresses)
         pos = self.positions if isinstance(self.positions, str) else "custom"
         return f"SteerSpec({self.method} at {where}; {extra}; positions={pos}; |v|={float(self.vector.float().norm()):.3g})"
 
 
 # ---- the specs an operation carries -------------------------------------------------------------------
+
 
 class Issued(tuple):
     """The specs one request carries, fixed where it was issued (a later read adds nothing)."""
@@ -111,8 +125,10 @@ def issued_specs(lm: Any, steer: Any = None) -> Issued:
     per_call = as_specs(steer)
     for sp in per_call:
         if sp.lm is not lm:
-            raise InputError("steer=: this steering spec was made on another model; make it on this one with "
-                             "s.steer(...) or ie_lab.steer(lm, ...).")
+            raise InputError(
+                "steer=: this steering spec was made on another model; make it on this one with "
+                "s.steer(...) or ie_lab.steer(lm, ...)."
+            )
     out: list[SteerSpec] = []
     for sp in active_specs(lm) + per_call:
         if not any(s is sp for s in out):  # one spec applies once per request, however it arrived
@@ -128,21 +144,26 @@ def as_specs(steer: Any) -> list[SteerSpec]:
     for it in items:
         if not isinstance(it, SteerSpec):
             got = repr(it) if isinstance(it, str) else type(it).__name__
-            raise InputError(f"steer= takes a steering spec or a list of them, got {got}; make one with "
-                             "s.steer(address, vector, ...) (or ie_lab.steer(lm, address, vector, ...)) and pass "
-                             "it as steer=spec.")
+            raise InputError(
+                f"steer= takes a steering spec or a list of them, got {got}; make one with "
+                "s.steer(address, vector, ...) (or ie_lab.steer(lm, address, vector, ...)) and pass "
+                "it as steer=spec."
+            )
     return items
 
 
 # ---- checks -------------------------------------------------------------------------------------------
+
 
 def _number(name: str, x: Any) -> float:
     """A finite real number: Python, numpy scalar or 0-d tensor; bools, complex and NaN/inf refused."""
     fix = f"pass {name} as a finite real number, e.g. {name}=2.0."
     if isinstance(x, torch.Tensor):
         if x.dim() != 0 or x.is_complex() or x.dtype == torch.bool:
-            raise InputError(f"{name} must be a real number or a 0-d real tensor, got a tensor of shape "
-                             f"{list(x.shape)} and dtype {x.dtype}; {fix}")
+            raise InputError(
+                f"{name} must be a real number or a 0-d real tensor, got a tensor of shape "
+                f"{list(x.shape)} and dtype {x.dtype}; {fix}"
+            )
         x = x.item()
     elif not isinstance(x, (int, float)) and hasattr(x, "item") and getattr(x, "shape", None) == ():
         x = x.item()  # numpy scalars and 0-d arrays
@@ -159,30 +180,42 @@ def _vector(vector: Any) -> torch.Tensor:
         try:
             vector = torch.as_tensor(vector)
         except (TypeError, ValueError, RuntimeError) as e:
-            raise InputError(f"vector must be a 1-D tensor of d_model numbers, got {type(vector).__name__} ({e}).") from None
+            raise InputError(
+                f"vector must be a 1-D tensor of d_model numbers, got {type(vector).__name__} ({e})."
+            ) from None
     if vector.is_complex():
-        raise InputError("vector is complex; steering adds a real direction, and dropping the imaginary part would "
-                         "change it silently: pass vector.real (or the direction you meant) as a real tensor.")
+        raise InputError(
+            "vector is complex; steering adds a real direction, and dropping the imaginary part would "
+            "change it silently: pass vector.real (or the direction you meant) as a real tensor."
+        )
     if vector.dtype == torch.bool:
-        raise InputError("vector is a bool tensor; a steering direction is a real tensor (e.g. mask.float() if "
-                         "that is really the direction you mean).")
+        raise InputError(
+            "vector is a bool tensor; a steering direction is a real tensor (e.g. mask.float() if "
+            "that is really the direction you mean)."
+        )
     return vector
 
 
 def _positions(positions: Any) -> Positions:
     """'all' / 'prompt' / 'generated' / 'special', a bool mask, or distinct non-negative integer indices."""
-    hint = ("pass a bool tensor for a mask (torch.tensor([True, False, False, True])) or the token indices to "
-            "steer ([0, 3]).")
+    hint = (
+        "pass a bool tensor for a mask (torch.tensor([True, False, False, True])) or the token indices to "
+        "steer ([0, 3])."
+    )
     if isinstance(positions, str):
         if positions not in POSITION_KINDS:
-            raise InputError(f"unknown positions {positions!r}; use one of {POSITION_KINDS}, a list of token "
-                             "indices, or a boolean mask.")
+            raise InputError(
+                f"unknown positions {positions!r}; use one of {POSITION_KINDS}, a list of token "
+                "indices, or a boolean mask."
+            )
         return positions
     if not isinstance(positions, torch.Tensor):
         items = positions.tolist() if hasattr(positions, "tolist") else positions  # numpy arrays and scalars
         if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-            raise InputError(f"positions={positions!r} is not a list; pass a list of token indices, e.g. "
-                             f"positions=[{positions!r}], or one of {POSITION_KINDS}.")
+            raise InputError(
+                f"positions={positions!r} is not a list; pass a list of token indices, e.g. "
+                f"positions=[{positions!r}], or one of {POSITION_KINDS}."
+            )
         items = list(items)
         n_bool = sum(isinstance(p, bool) for p in items)
         if items and n_bool == len(items):
@@ -198,14 +231,17 @@ def _positions(positions: Any) -> Positions:
         if t.dim() == 2 and t.shape[0] == 1:
             t = t[0]
         if t.dim() != 1:
-            raise InputError(f"a positions mask is 1-D over prompt + generated tokens, got shape {list(t.shape)}; "
-                             "pass mask[0] for one row (every row of a batch is steered at the same positions).")
+            raise InputError(
+                f"a positions mask is 1-D over prompt + generated tokens, got shape {list(t.shape)}; "
+                "pass mask[0] for one row (every row of a batch is steered at the same positions)."
+            )
         return t
     if t.dtype == torch.uint8:
         raise InputError(f"positions is a uint8 tensor, which reads both as a 0/1 mask and as indices; {hint}")
     if t.is_floating_point() or t.is_complex():
-        raise InputError(f"positions {t.tolist()} are not integers, and rounding them would steer other tokens "
-                         f"than meant; {hint}")
+        raise InputError(
+            f"positions {t.tolist()} are not integers, and rounding them would steer other tokens than meant; {hint}"
+        )
     if t.dim() > 1:
         raise InputError(f"positions indices are a flat list, got shape {list(t.shape)}; {hint}")
     idx = [int(p) for p in t.tolist()]
@@ -213,13 +249,21 @@ def _positions(positions: Any) -> Positions:
         raise InputError(f"positions must be non-negative token indices, got {idx}.")
     if len(set(idx)) != len(idx):
         # [1, 0, 0, 1] is a 0/1 mask written as integers far more often than a list of indices with repeats.
-        raise InputError(f"positions {idx} repeat an index, so they read as a 0/1 mask written as integers; "
-                         f"integer positions are always token indices: {hint}")
+        raise InputError(
+            f"positions {idx} repeat an index, so they read as a 0/1 mask written as integers; "
+            f"integer positions are always token indices: {hint}"
+        )
     return tuple(idx)
 
 
-def position_mask(positions: Positions, shape: tuple[int, ...], offset: int, state: ForwardState,
-                  special_ids: frozenset[int], device: torch.device) -> torch.Tensor | None:
+def position_mask(
+    positions: Positions,
+    shape: tuple[int, ...],
+    offset: int,
+    state: ForwardState,
+    special_ids: frozenset[int],
+    device: torch.device,
+) -> torch.Tensor | None:
     b, s = shape[0], shape[1]
     absolute = torch.arange(offset, offset + s, device=device)
     if isinstance(positions, str):
@@ -249,14 +293,24 @@ def position_mask(positions: Positions, shape: tuple[int, ...], offset: int, sta
         if offset + s > full.shape[0]:
             pad = torch.zeros(offset + s - full.shape[0], dtype=torch.bool, device=device)
             full = torch.cat([full, pad])
-        return full[offset:offset + s][None].expand(b, s)
+        return full[offset : offset + s][None].expand(b, s)
     idx = torch.as_tensor(list(positions), dtype=torch.long, device=device)
     return torch.isin(absolute, idx)[None].expand(b, s)
 
 
-def make_spec(lm: Any, address: AddressLike | Iterable[AddressLike], vector: Any, *, method: str = "add",
-              scale: Any = 1.0, normalize: bool = False, min: Any = None, max: Any = None,  # noqa: A002
-              target: Any = 0.0, positions: Any = "all") -> SteerSpec:
+def make_spec(
+    lm: Any,
+    address: AddressLike | Iterable[AddressLike],
+    vector: Any,
+    *,
+    method: str = "add",
+    scale: Any = 1.0,
+    normalize: bool = False,
+    min: Any = None,
+    max: Any = None,  # noqa: A002
+    target: Any = 0.0,
+    positions: Any = "all",
+) -> SteerSpec:
     """Validate everything before any hook exists; the spec is inert until entered or passed to a call.
 
     lm is a backend model or a Session; the eager backend's make_spec (ie_lab/eager/steer.py) also binds a raw
@@ -269,17 +323,21 @@ def make_spec(lm: Any, address: AddressLike | Iterable[AddressLike], vector: Any
     elif isinstance(address, (list, tuple)):
         addrs = list(address)
     else:
-        raise AddressError(f"address must be an address such as 'resid_post.3' or a list of them, got "
-                           f"{type(address).__name__} {address!r}.")
+        raise AddressError(
+            f"address must be an address such as 'resid_post.3' or a list of them, got "
+            f"{type(address).__name__} {address!r}."
+        )
     if not addrs:
         raise AddressError("no address to steer: name at least one d_model-wide point, e.g. 'resid_post.3'.")
     parsed = []
     for a in addrs:
         a = Address.parse(a).check(lm.facts)
         if not a.point.steerable or a.head is not None:
-            raise AddressError(f"{a} cannot be steered: steering adds a d_model vector, so it applies to "
-                               "per-layer d_model-wide points (resid_pre, resid_mid, resid_post, attn_out, "
-                               "attn_out_post, mlp_out, mlp_out_post, attn_in, mlp_in).")
+            raise AddressError(
+                f"{a} cannot be steered: steering adds a d_model vector, so it applies to "
+                "per-layer d_model-wide points (resid_pre, resid_mid, resid_post, attn_out, "
+                "attn_out_post, mlp_out, mlp_out_post, attn_in, mlp_in)."
+            )
         parsed.append(a)
     vector = _vector(vector)
     if not isinstance(normalize, bool) and type(normalize).__name__ != "bool_":
@@ -304,8 +362,12 @@ def check_positions_fit(specs: Sequence[SteerSpec], total_len: int) -> None:
     for sp in specs:
         pos = sp.positions
         if isinstance(pos, tuple) and pos and max(pos) >= total_len:
-            raise InputError(f"steering positions {list(pos)} reach past the {total_len} tokens this call "
-                             "will run; positions count from 0 over prompt + generated tokens.")
+            raise InputError(
+                f"steering positions {list(pos)} reach past the {total_len} tokens this call "
+                "will run; positions count from 0 over prompt + generated tokens."
+            )
         if isinstance(pos, torch.Tensor) and bool(pos[total_len:].any()):
-            raise InputError(f"the steering mask marks positions past the {total_len} tokens this call will run "
-                             f"(it is {pos.shape[0]} long); positions count from 0 over prompt + generated tokens.")
+            raise InputError(
+                f"the steering mask marks positions past the {total_len} tokens this call will run "
+                f"(it is {pos.shape[0]} long); positions count from 0 over prompt + generated tokens."
+            )

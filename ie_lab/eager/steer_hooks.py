@@ -7,7 +7,8 @@ the module that imports it.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -16,8 +17,8 @@ from ..core.steer_scope import CURRENT_OP
 from ..core.steer_spec import ForwardState, SteerSpec
 from .writers import Writers
 
-
 # ---- the hooks ----------------------------------------------------------------------------------------
+
 
 class _Local(threading.local):
     ids: torch.Tensor | None = None
@@ -57,8 +58,13 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
     Without a gate they act on the forwards marked for this object (``running(ctx)``): an operation's own.
     """
 
-    def __init__(self, lm: Any, specs: Sequence[SteerSpec], state: ForwardState | None = None,
-                 gate: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        lm: Any,
+        specs: Sequence[SteerSpec],
+        state: ForwardState | None = None,
+        gate: Callable[[], bool] | None = None,
+    ):
 
         self.lm = as_lm(lm)
         self.specs = list(specs)
@@ -84,6 +90,7 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
                 if self.gate() and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
                     self.state.ids = args[0]
                     self.writers.shape = tuple(args[0].shape[:2])
+
             self._ids_hook = self.lm.binding.embed.register_forward_pre_hook(record_ids)
         except BaseException:
             self.remove()
