@@ -17,6 +17,7 @@ import os
 import platform
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -24,10 +25,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import transformers
+from packaging.requirements import Requirement
+from transformers import CONFIG_MAPPING
+
 from . import points as _points
 from .arch import quirks
 from .core.demo import DEMO_MODEL
+from .coverage import build_tiny, causal_lm_types
 from .errors import IELabError, InputError
+from .loading import pick_device
+from .points_table import width_of
+from .session import Session
+from .toy import tokenizer
 
 # Exit codes: 2 for a command line that cannot work as written (argparse's own convention), 1 for a refusal or an
 # environment that lacks something, 0 otherwise.
@@ -105,8 +116,6 @@ def _lab(args: argparse.Namespace, extra: list[str]) -> int:
     if os.name == "posix":
         # Replace this process, so Ctrl-C and signals reach the server itself (./dev lab execs this command too).
         os.execve(sys.executable, argv, env)
-    import subprocess
-
     return subprocess.call(argv, env=env)
 
 
@@ -125,8 +134,6 @@ class _Source:
 def resolve_source(name: str) -> _Source:
     """NAME is a local folder, `demo`, or a model type of transformers' causal-LM mapping; else an InputError
     naming the fix (exit code 2)."""
-    from .coverage import causal_lm_types
-
     if name == "demo":
         return _Source(f"demo: the bundled demo model ({DEMO_MODEL})", path=DEMO_MODEL)
     path = os.path.expanduser(name)
@@ -140,8 +147,6 @@ def resolve_source(name: str) -> _Source:
             "checkpoint has its own",
             family=name,
         )
-    from transformers import CONFIG_MAPPING
-
     if name in CONFIG_MAPPING:
         raise InputError(
             f"{name!r} is a transformers model type with no causal-LM class, so ie_lab has no points "
@@ -180,32 +185,33 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def _session(src: _Source, backend: str, folder: str | None):
-    from .session import Session
-
     kwargs: dict[str, Any] = {"backend": backend, "progress": False, "replace": False}
     if backend == "eager":
         kwargs["device"] = "cpu"  # a cheat sheet needs no accelerator, and leaves its memory alone
     if src.path is not None or folder is not None:
         return Session(src.path or folder, **kwargs)
-    from .coverage import build_tiny
-    from .toy import tokenizer
-
     assert src.family is not None  # resolve_source gave a folder or a model type
-    return Session(build_tiny(src.family), tokenizer=tokenizer(), **kwargs)
+    return Session(_tiny(src.family), tokenizer=tokenizer(), **kwargs)
+
+
+def _tiny(family: str) -> Any:
+    try:
+        return build_tiny(family)
+    except Exception as e:  # noqa: BLE001 - any config that will not build small is the same answer to the user
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise IELabError(
+            f"no tiny instance of {family} could be built from its config class ({type(e).__name__}: {first}); "
+            "docs/FAMILIES.md lists these. Instead: pass a folder holding a checkpoint of the family."
+        ) from None
 
 
 def _save_tiny(family: str, folder: str) -> None:
     """vLLM loads weights from a folder: write the tiny instance there (safetensors) with its tokenizer."""
-    from .coverage import build_tiny
-    from .toy import tokenizer
-
-    build_tiny(family).save_pretrained(folder)
+    _tiny(family).save_pretrained(folder)
     tokenizer().save_pretrained(folder)
 
 
 def _shape(p: _points.Point, f: Any) -> str:
-    from .points_table import width_of
-
     if p.width is _points.Width.ATTN:
         return f"[batch, {f.n_heads}, seq, seq]"
     w = width_of(p.width, f)
@@ -301,8 +307,6 @@ def points_sheet(
 
 def _points_cmd(args: argparse.Namespace) -> int:
     if args.list:
-        from .coverage import causal_lm_types
-
         print("\n".join(["demo", *sorted(causal_lm_types())]))
         return 0
     if args.model is None:
@@ -364,12 +368,6 @@ def _dist_version(*names: str) -> tuple[str, str] | None:
 
 def _torch_pin_mismatch(dist: str) -> str:
     """The torch version the installed vLLM build pins, when the installed torch is not it (vLLM then fails to import)."""
-    import torch
-
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:  # pragma: no cover - packaging comes with transformers
-        return ""
     for line in importlib.metadata.requires(dist) or ():
         req = Requirement(line)
         if req.name == "torch" and (req.marker is None or req.marker.evaluate()) and req.specifier:
@@ -397,11 +395,6 @@ def _cpu_name() -> str:
 
 
 def doctor_report() -> str:
-    import torch
-    import transformers
-
-    from .loading import pick_device
-
     def row(key: str, text: str) -> str:
         return f"  {key:<22}{text}"
 

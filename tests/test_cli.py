@@ -189,9 +189,29 @@ def test_an_unknown_name_exits_2_with_the_fix(name, hint):
     assert "Traceback" not in r.stderr
 
 
+def _unbuildable() -> str:
+    """A model type whose config will not build small in this transformers (the survey records it as untested)."""
+    import json
+
+    from ie_lab import coverage
+
+    path = coverage.data_path(coverage.installed_version())
+    if not os.path.exists(path):
+        pytest.skip(f"no family survey for this transformers ({path})")
+    with open(path, encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    found = [r["model_type"] for r in rows if r["status"] == "untested" and "ValueError" in r["reason"]]
+    if not found:
+        pytest.skip("every family builds a tiny instance in this transformers")
+    return found[0]
+
+
 def test_a_refused_family_exits_1_with_the_reason():
     r = run("points", "mamba")
     assert r.returncode == 1 and "state-space" in r.stderr and "Traceback" not in r.stderr
+    r = run("points", _unbuildable())
+    assert r.returncode == 1 and "no tiny instance" in r.stderr and "Instead:" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_doctor_reports_this_environment():
