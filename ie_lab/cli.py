@@ -577,7 +577,7 @@ def parser() -> argparse.ArgumentParser:
         prog="ie-lab",
         allow_abbrev=False,
         description="ie_lab: a Jupyter-first workbench for looking inside language models.",
-        epilog="Docs: docs/CLI.md. Each command's --help lists its options.",
+        epilog="Docs: docs/CLI.md in the repository. Each command's --help lists its options.",
     )
     top.add_argument("--version", action="version", version=f"ie_lab {_version()}")
     sub = top.add_subparsers(dest="command", metavar="COMMAND")
