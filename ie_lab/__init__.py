@@ -92,6 +92,7 @@ from .eager.patching import (  # noqa: E402
 )
 
 from .session import OperationCancelled, Session, SessionClosed  # noqa: E402
+from .remote.client import connect  # noqa: E402  (a Session on a model served by `ie-lab serve`: docs/REMOTE.md)
 
 
 def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None):

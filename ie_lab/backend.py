@@ -162,6 +162,7 @@ class LoopStyle(Backend, Protocol):
 BACKENDS: dict[str, str] = {
     "eager": "ie_lab.eager.backend:EagerBackend",
     "vllm": "ie_lab.vllm.backend:VLLMBackend",
+    "remote": "ie_lab.remote.client:RemoteBackend",  # a model served by `ie-lab serve` (docs/REMOTE.md)
 }
 
 

@@ -37,6 +37,7 @@ from .coverage import build_tiny, causal_lm_types
 from .errors import IELabError, InputError
 from .loading import pick_device
 from .points_table import width_of
+from .remote.command import add_serve_command
 from .session import Session
 from .toy import tokenizer
 
@@ -638,6 +639,7 @@ def parser() -> argparse.ArgumentParser:
         "parallelism can run on this machine, each with the reason and the fix. Always exits 0.",
     )
     doc.set_defaults(run=_doctor, takes_extra=False)
+    add_serve_command(sub)  # `ie-lab serve`: its options in ie_lab/remote/command.py
     return top
 
 

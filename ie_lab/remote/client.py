@@ -1,0 +1,416 @@
+"""RemoteBackend: the Backend protocol (ie_lab/backend.py) over HTTP, to a model served by `ie-lab serve`.
+
+A loop-style backend: every operation is a coroutine on the Session's loop, one HTTP request made with httpx
+(a stream: one chunked response of frames). The Session above it is the same as for a local model: the same
+methods, plain and awaited, the same `with s.steer(...)` scoping, the same refusals (the server's arrive as the
+same exception classes with the same text). Cancelling a call (an interrupted cell, a cancelled task) closes its
+connection, and the server cancels the operation when it sees the client gone.
+
+What stays local: the model's facts and its tokenizer (sent once, at connect), so tokens(), to_str_tokens(),
+picker panels and steering specs are checked here before anything is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import struct
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+
+from ..backend import CancelToken
+from ..core.inputs import prepare, prepare_prompts, str_tokens
+from ..core.steer_spec import issued_specs, make_spec
+from ..errors import CapabilityUnsupported, InputError, RequestFailed
+from ..session import Session
+from .wire import CONTENT_TYPE, decode, encode, facts_from, rebuild_error
+
+TOKEN_ENV = "IE_LAB_TOKEN"  # the client's token when connect() is given none
+_POLL = 0.05  # seconds between looks at a stream's cancel token while it waits for the next step
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # tokenizer files the server sends: plain names only
+_NOT_SERVED = ("activation patching and sweeps", "gradients", "run(fn) on the model object")
+_NOT_SERVED_WHY = (
+    "a remote server runs a closed list of operations with data arguments (capture, generation, "
+    "attention, logit lens, projection, mean differences); patching and gradients take a metric "
+    "function, run(fn) takes code, and none of them is served remotely yet"
+)
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError:
+        raise CapabilityUnsupported(
+            "a remote Session", "httpx is not installed in this environment", "pip install 'ie_lab[serve]'"
+        ) from None
+    return httpx
+
+
+class RemoteModel:
+    """What the client knows of the served model: its facts and tokenizer (as a vLLM client's VLLMModel)."""
+
+    backend = "remote"
+    hf = None
+    binding = None
+
+    def __init__(self, name: str, facts: Any, tokenizer: Any, dtype: torch.dtype, served: str):
+        self.name, self.facts, self.tokenizer, self.dtype, self.served = name, facts, tokenizer, dtype, served
+        self.device = torch.device("cpu")  # where results land on the client
+        self.lock = threading.RLock()
+
+    @property
+    def family(self) -> str:
+        return self.facts.model_type
+
+    @property
+    def _lm(self) -> "RemoteModel":  # ie_lab's handle checks (make_spec, input checks) accept it as is
+        return self
+
+    def to_tokens(self, text: Any) -> torch.Tensor:
+        return prepare(self, text)[0]
+
+    def to_str_tokens(self, tokens_or_text: Any):
+        ids = prepare(self, tokens_or_text)[0]
+        out = str_tokens(self, ids)
+        single = isinstance(tokens_or_text, str) or (
+            isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1
+        )
+        return out[0] if single else out
+
+
+def _load_tokenizer(files: dict) -> Any:
+    """The server's tokenizer, rebuilt from its files; no code from them runs (trust_remote_code=False)."""
+    if not files:
+        return None
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="ie_lab-remote-tok-") as d:
+        for name, data in files.items():
+            if not isinstance(name, str) or not _FILE_NAME.match(name) or not isinstance(data, torch.Tensor):
+                raise RequestFailed(f"the server sent a tokenizer file named {str(name)[:60]!r}; refused.")
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data.numpy().tobytes())
+        return AutoTokenizer.from_pretrained(d, trust_remote_code=False)
+
+
+class _Frames:
+    """The frames of a streamed response: each is preceded by its length (8 bytes)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]):
+        self.chunks, self.buf = chunks, b""
+
+    async def next(self) -> bytes | None:
+        while True:
+            if len(self.buf) >= 8:
+                (n,) = struct.unpack(">Q", self.buf[:8])
+                if len(self.buf) >= 8 + n:
+                    frame, self.buf = self.buf[8 : 8 + n], self.buf[8 + n :]
+                    return frame
+            chunk = await anext(self.chunks, None)
+            if chunk is None:
+                return None
+            self.buf += chunk
+
+
+class RemoteBackend:
+    """Session(url, backend='remote', token=...) or ie_lab.connect(url, token=...). token: the bearer token the
+    server's operator gave you (default: $IE_LAB_TOKEN). timeout: seconds to wait for the server to accept a
+    connection (operations themselves run as long as the server's request_timeout allows)."""
+
+    name = "remote"
+    on_loop = True
+    thread_name = "ie_lab-remote-session"
+    extras = ("url", "served_backend")
+    collect_on_close = False
+
+    def __init__(
+        self,
+        model: Any,
+        device: Any = None,
+        dtype: Any = None,
+        tokenizer: Any = None,
+        *,
+        trust_remote_code: bool = False,
+        progress: bool = True,
+        token: str | None = None,
+        timeout: float = 10.0,
+    ):
+        if not isinstance(model, str) or not re.match(r"^https?://[^/\s]+/?$", model):
+            raise InputError(
+                f"a remote Session takes the server's URL, such as 'http://127.0.0.1:8765', got {str(model)[:80]!r}."
+            )
+        for what, v in (("device", device), ("dtype", dtype), ("tokenizer", tokenizer)):
+            if v is not None:
+                raise InputError(
+                    f"{what}= is chosen by the server for a remote Session; pass it to `ie-lab serve` there instead."
+                )
+        if trust_remote_code:
+            raise InputError(
+                "trust_remote_code=True: a remote Session runs no code of the model here; the "
+                "server decides what it trusts."
+            )
+        token = os.environ.get(TOKEN_ENV) if token is None else token
+        if not isinstance(token, str) or not token:
+            raise InputError(
+                f"a remote Session needs its bearer token: ie_lab.connect(url, token=...) or "
+                f"${TOKEN_ENV}; the server's operator hands one out per user."
+            )
+        _httpx()
+        self.url = model.rstrip("/")
+        self._token, self._timeout = token, float(timeout)
+        self._http: Any = None
+        self._hello: dict = {}
+        self.lm: RemoteModel | None = None
+
+    @property
+    def served_backend(self) -> str:
+        """The backend the server runs the model on ('eager' or 'vllm')."""
+        return self._hello.get("backend", "")
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def attach(self, session: Any) -> None:
+        self._loop = session._loop
+
+    def load(self) -> Any:
+        return self._load()
+
+    async def _load(self) -> RemoteModel:
+        httpx = _httpx()
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers={"authorization": f"Bearer {self._token}"},
+            timeout=httpx.Timeout(None, connect=self._timeout),
+        )
+        r = await self._send("GET", "/v1/hello")
+        hello = decode(r.content, results=True)["hello"]
+        self._hello = hello
+        dtype = getattr(torch, str(hello.get("dtype", "float32")), torch.float32)
+        self.lm = RemoteModel(
+            hello["model"],
+            facts_from(hello["facts"]),
+            _load_tokenizer(hello.get("tokenizer") or {}),
+            dtype if isinstance(dtype, torch.dtype) else torch.float32,
+            hello["backend"],
+        )
+        return self.lm
+
+    def stop(self) -> None:
+        http, self._http = self._http, None
+        if http is None:
+            return
+        loop = getattr(self, "_loop", None)
+        if loop is None or loop.is_closed() or threading.current_thread().name == self.thread_name:
+            return
+        coro = http.aclose()
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop closed meanwhile: the sockets close with the process
+            coro.close()
+            return
+        with contextlib.suppress(Exception):
+            fut.result(timeout=5)
+
+    def close(self) -> None:
+        self.lm = None
+
+    def require(self, capability: str) -> None:
+        from ..capabilities import require
+
+        if capability in _NOT_SERVED:
+            raise CapabilityUnsupported(
+                f"{capability} on a remote Session",
+                _NOT_SERVED_WHY,
+                "run ie_lab where the model is (Session(model, backend='eager'))",
+                backend="backend='remote'",
+            )
+        require(capability, self.served_backend)
+
+    # ---- requests -----------------------------------------------------------------------------------
+    def _gone(self, e: Exception) -> RequestFailed:
+        return RequestFailed(
+            f"the ie_lab server at {self.url} did not answer ({type(e).__name__}: {e}). Is "
+            "`ie-lab serve` running there? The next call connects again."
+        )
+
+    def _refusal(self, status: int, content: bytes) -> BaseException:
+        if status == 401:
+            return RequestFailed(
+                f"the ie_lab server at {self.url} refused the token (401 Unauthorized): pass the "
+                f"token its operator gave you, ie_lab.connect(url, token=...) or ${TOKEN_ENV}."
+            )
+        try:
+            body = json.loads(content)["error"]
+        except (ValueError, KeyError, TypeError):
+            body = None
+        if body is None:
+            return RequestFailed(
+                f"the ie_lab server at {self.url} answered {status} without an ie_lab error "
+                f"(a proxy in between?): {content[:200]!r}"
+            )
+        return rebuild_error(body, self.url)
+
+    async def _send(self, method: str, path: str, body: bytes | None = None) -> Any:
+        httpx = _httpx()
+        if self._http is None:
+            raise RequestFailed(f"the remote Session on {self.url} is closed; connect again.")
+        try:
+            r = await self._http.request(
+                method, path, content=body, headers={"content-type": CONTENT_TYPE} if body is not None else None
+            )
+        except httpx.TransportError as e:
+            raise self._gone(e) from None
+        if r.status_code != 200:
+            raise self._refusal(r.status_code, r.content)
+        return r
+
+    def _with_steer(self, kwargs: dict, specs: Any) -> dict:
+        if specs:
+            kwargs["steer"] = list(specs)
+        else:
+            kwargs.pop("steer", None)
+        return kwargs
+
+    def _call(self, name: str, args: tuple, kwargs: dict, steer: Any = None) -> Any:
+        """The request, encoded now (in the caller's thread: a value that cannot travel refuses here), with the
+        steering of the caller's context read now, where it is issued."""
+        kwargs = self._with_steer(dict(kwargs), issued_specs(self.lm, steer))
+        body = encode({"args": list(args), "kwargs": kwargs})
+        return self._post(name, body)
+
+    async def _post(self, name: str, body: bytes) -> Any:
+        r = await self._send("POST", f"/v1/op/{name}", body)
+        return decode(r.content, results=True)["result"]
+
+    # ---- operations: each returns a coroutine the Session runs on its loop ----------------------------
+    def capture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Any:
+        return self._call("capture", (tokens_or_text, addresses), kwargs, steer)
+
+    def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Any:
+        steer = kwargs.pop("steer", None)
+        return self._call("generate", (prompt, max_new_tokens), kwargs, steer)
+
+    async def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
+        httpx = _httpx()
+        kwargs = dict(kwargs)
+        steer = kwargs.pop("steer", None)
+        body = encode(
+            {"args": [prompt, max_new_tokens], "kwargs": self._with_steer(kwargs, issued_specs(self.lm, steer))}
+        )
+        if self._http is None:
+            raise RequestFailed(f"the remote Session on {self.url} is closed; connect again.")
+        try:
+            async with self._http.stream(
+                "POST", "/v1/op/generate_stream", content=body, headers={"content-type": CONTENT_TYPE}
+            ) as r:
+                if r.status_code != 200:
+                    raise self._refusal(r.status_code, await r.aread())
+                frames = _Frames(r.aiter_bytes())
+                while not token.cancelled:
+                    nxt = asyncio.ensure_future(frames.next())
+                    try:
+                        while not nxt.done():
+                            await asyncio.wait({nxt}, timeout=_POLL)
+                            if token.cancelled:
+                                return  # leaving the `async with` closes the connection: the server cancels
+                    finally:
+                        if not nxt.done():
+                            nxt.cancel()
+                            with contextlib.suppress(BaseException):
+                                await nxt
+                    frame = nxt.result()
+                    if frame is None:
+                        raise RequestFailed(
+                            f"the ie_lab server at {self.url} ended the stream without its last "
+                            "frame (it stopped or restarted?)."
+                        )
+                    head = decode(frame, results=True)
+                    if "step" in head:
+                        yield head["step"]
+                    elif "error" in head:
+                        raise rebuild_error(head["error"], self.url)
+                    else:
+                        return
+        except httpx.TransportError as e:
+            raise self._gone(e) from None
+
+    def attention(self, prompt: Any, layers: Any = None) -> Any:
+        return self._call("attention", (prompt, layers), {})
+
+    def logit_lens(self, prompt: Any, **kwargs: Any) -> Any:
+        return self._call("logit_lens", (prompt,), kwargs)
+
+    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any) -> Any:
+        steer = kwargs.pop("steer", None)
+        return self._call("project", (prompt, address, directions), kwargs, steer)
+
+    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any) -> Any:
+        return self._call("mean_difference", (positive, negative, address), kwargs)
+
+    def _refuse(self, capability: str) -> Any:
+        self.require(capability)  # raises: none of these is served
+
+    def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any) -> Any:
+        return self._refuse("activation patching and sweeps")
+
+    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any) -> Any:
+        return self._refuse("activation patching and sweeps")
+
+    def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None) -> Any:
+        return self._refuse("gradients")
+
+    def run(self, fn: Callable[[Any], Any]) -> Any:
+        return self._refuse("run(fn) on the model object")
+
+    def issued(self, steer: Any) -> Any:
+        return issued_specs(self.lm, steer)
+
+    def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any) -> Any:
+        """A steering spec checked here against the served model's facts; it travels as data with each request."""
+        return make_spec(self.lm, address, vector, method=method, **kwargs)
+
+    def check_printable(self, prompt: Any) -> None:
+        if prepare_prompts(self.lm, prompt, rows=True) is not None:
+            raise InputError(
+                "print_tokens=True prints one prompt's stream; for a list of prompts, loop over "
+                "s.generate_stream(prompts) and print step.token by step.prompt_index."
+            )
+
+    # ---- facts and reprs (as the server described them at connect) -----------------------------------
+    def raw_model(self) -> Any:
+        raise CapabilityUnsupported(
+            "Session.model on a remote Session",
+            "the weights live on the server",
+            "run ie_lab where the model is for the raw transformers model",
+        )
+
+    def describe(self) -> str:
+        return f"{self._hello['describe']} Served by {self.url} (backend={self.served_backend})."
+
+    def points(self) -> Any:
+        return self._hello["points"]
+
+    def capabilities(self) -> dict:
+        return self._hello["capabilities"]
+
+    def summary(self) -> str:
+        return f"backend=remote, served: {self._hello.get('summary', '')}"
+
+    def headline(self) -> str:
+        return f"remote at {self.url}: {self._hello.get('describe', '')}"
+
+
+def connect(url: str, token: str | None = None, **kwargs: Any) -> Session:
+    """A Session on the model an `ie-lab serve` runs at url: the same methods, plain and awaited, as a local one.
+
+    token: the bearer token the server's operator gave you (default: $IE_LAB_TOKEN). See docs/REMOTE.md."""
+    return Session(url, backend="remote", token=token, **kwargs)
+
+
+__all__ = ["RemoteBackend", "RemoteModel", "connect"]

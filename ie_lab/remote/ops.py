@@ -1,0 +1,263 @@
+"""The closed list of operations an ie_lab server runs, and the shape of every argument each one takes.
+
+Nothing else crosses: no code (metrics, functions, transports as callables), no module or file paths (a string
+where a path is accepted locally, such as project's directions, is refused here), no pickles. Each argument is
+checked for its kind and size here, before the Session sees it; the Session then checks its meaning (addresses,
+widths, sampling arguments) exactly as for a local call, and its refusals travel back as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..core.projection_args import SAE_KEYS
+from ..errors import InputError
+from .wire import SteerPayload
+
+MAX_ITEMS = 4096  # list lengths: prompts in a batch, stop strings, addresses, positions
+MAX_TEXT = 1 << 20  # characters in one string
+MAX_DIMS = 2
+
+
+class ArgError(InputError):
+    """An argument of the wrong kind for the operation (the server's own check, before the Session runs)."""
+
+
+Check = Callable[[str, str, Any], Any]
+
+
+def _bad(op: str, name: str, want: str, got: Any) -> ArgError:
+    shown = type(got).__name__ if not isinstance(got, (int, float, str, bool, type(None))) else repr(got)[:80]
+    return ArgError(f"{op}: argument {name!r} must be {want}, got {shown}.")
+
+
+def _text(op: str, name: str, x: Any) -> str:
+    if not isinstance(x, str):
+        raise _bad(op, name, "a string", x)
+    if len(x) > MAX_TEXT:
+        raise ArgError(f"{op}: argument {name!r} is {len(x)} characters, over the server's {MAX_TEXT}.")
+    return x
+
+
+def _items(op: str, name: str, x: Any) -> list:
+    if not isinstance(x, list):
+        raise _bad(op, name, "a list", x)
+    if len(x) > MAX_ITEMS:
+        raise ArgError(f"{op}: argument {name!r} has {len(x)} items, over the server's {MAX_ITEMS}.")
+    return x
+
+
+def _int(op: str, name: str, x: Any) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise _bad(op, name, "an integer", x)
+    return x
+
+
+def _real(op: str, name: str, x: Any) -> float | int:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise _bad(op, name, "a number", x)
+    return x
+
+
+def _flag(op: str, name: str, x: Any) -> bool:
+    if not isinstance(x, bool):
+        raise _bad(op, name, "true or false", x)
+    return x
+
+
+def _tensor(op: str, name: str, x: Any, *, ints: bool = False, dims: int = MAX_DIMS) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise _bad(op, name, "a tensor", x)
+    if x.dim() > dims:
+        raise ArgError(f"{op}: argument {name!r} has {x.dim()} dimensions {list(x.shape)}; at most {dims} here.")
+    if ints and (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
+        raise ArgError(f"{op}: argument {name!r} must hold token ids (integers), got {x.dtype}.")
+    return x
+
+
+def optional(check: Check) -> Check:
+    return lambda op, name, x: None if x is None else check(op, name, x)
+
+
+def one_of(*checks: Check, want: str) -> Check:
+    def check(op: str, name: str, x: Any) -> Any:
+        for c in checks:
+            try:
+                return c(op, name, x)
+            except ArgError:
+                continue
+        raise _bad(op, name, want, x)
+
+    return check
+
+
+def list_of(check: Check) -> Check:
+    return lambda op, name, x: [check(op, name, v) for v in _items(op, name, x)]
+
+
+def _message(op: str, name: str, x: Any) -> dict:
+    if not isinstance(x, dict) or not set(x) <= {"role", "content"} or not all(isinstance(v, str) for v in x.values()):
+        raise _bad(op, name, "a chat message {'role': str, 'content': str}", x)
+    return {k: _text(op, name, v) for k, v in x.items()}
+
+
+_ids = list_of(_int)
+_conversation = list_of(_message)
+# One prompt: text, token ids (a list or a 1-D / 2-D integer tensor), or a conversation of chat messages.
+PROMPT = one_of(
+    _text, _ids, lambda op, n, x: _tensor(op, n, x, ints=True), _conversation, want="text, token ids or a conversation"
+)
+# Several prompts: a list of any of those (capture and generation also take one).
+PROMPTS = one_of(PROMPT, list_of(PROMPT), want="a prompt or a list of prompts (text, token ids or a conversation)")
+ADDRESS = _text
+ADDRESSES = one_of(_text, list_of(_text), want="an address string or a list of them")
+LAYERS = optional(one_of(_int, list_of(_int), want="a layer index or a list of them"))
+
+
+def _positions(op: str, name: str, x: Any) -> Any:
+    if isinstance(x, str):
+        return _text(op, name, x)
+    if isinstance(x, tuple):
+        x = list(x)
+    if isinstance(x, list):
+        return [_int(op, name, v) if not isinstance(v, bool) else v for v in _items(op, name, x)]
+    return _tensor(op, name, x, dims=1)
+
+
+def _steer(op: str, name: str, x: Any) -> SteerPayload:
+    if not isinstance(x, SteerPayload):
+        raise _bad(op, name, "a steering spec (made with s.steer(...))", x)
+    return SteerPayload(
+        addresses=list_of(_text)(op, f"{name}.addresses", x.addresses),
+        vector=_tensor(op, f"{name}.vector", x.vector, dims=1),
+        method=_text(op, f"{name}.method", x.method),
+        scale=_real(op, f"{name}.scale", x.scale),
+        normalize=_flag(op, f"{name}.normalize", x.normalize),
+        min=optional(_real)(op, f"{name}.min", x.min),
+        max=optional(_real)(op, f"{name}.max", x.max),
+        target=_real(op, f"{name}.target", x.target),
+        positions=_positions(op, f"{name}.positions", x.positions),
+    )
+
+
+STEER = optional(list_of(_steer))
+CAPTURE = optional(ADDRESSES)
+
+
+def _directions(op: str, name: str, x: Any) -> Any:
+    if isinstance(x, dict):  # an SAE encoder by SAELens' names; never a file path
+        unknown = sorted(str(k) for k in x if k not in SAE_KEYS)
+        if unknown:
+            raise ArgError(f"{op}: argument {name!r}: unknown key(s) {unknown}; an SAE encoder takes {list(SAE_KEYS)}.")
+        return {k: optional(lambda o, n, v: _tensor(o, n, v))(op, f"{name}[{k!r}]", v) for k, v in x.items()}
+    if isinstance(x, str):
+        raise ArgError(
+            f"{op}: argument {name!r} is a string; a remote server reads no files: send the tensor "
+            "(or the SAE's dict of tensors) itself."
+        )
+    return _tensor(op, name, x)
+
+
+GEN = {
+    "temperature": _real,
+    "top_k": optional(_int),
+    "top_p": optional(_real),
+    "seed": optional(one_of(_int, list_of(_int), want="an integer or a list of them")),
+    "stop": optional(one_of(_text, list_of(_text), want="a string or a list of them")),
+    "n_logprobs": _int,
+    "keep_logits": _flag,
+    "ignore_eos": _flag,
+}
+
+
+@dataclass(frozen=True)
+class RemoteOp:
+    """One served operation: its positional parameters in order (name, check, required) and its keywords."""
+
+    name: str
+    params: tuple[tuple[str, Check, bool], ...] = ()
+    keywords: dict[str, Check] = field(default_factory=dict)
+    stream: bool = False
+    tokens: str | None = None  # the argument that asks for new tokens (checked against max_new_tokens)
+    # steer= carries the client's `with s.steer(...)` blocks for an operation whose Session method has no steer=
+    # (attention, lens, means): the server opens the same blocks around the call, in that request's context only.
+    scoped_steer: bool = False
+
+    def bind(self, args: Any, kwargs: Any) -> tuple[list, dict]:
+        """The checked arguments; ArgError names the first one that is wrong."""
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ArgError(f"{self.name}: the request needs a list 'args' and a map 'kwargs'.")
+        if len(args) > len(self.params):
+            raise ArgError(f"{self.name} takes at most {len(self.params)} positional argument(s), got {len(args)}.")
+        names = [p[0] for p in self.params]
+        for k in kwargs:
+            if not isinstance(k, str) or (k not in self.keywords and k not in names):
+                allowed = sorted(set(names) | set(self.keywords))
+                raise ArgError(f"{self.name}: unknown argument {str(k)[:60]!r} (a remote server takes {allowed}).")
+        out_args, out_kw = [], {}
+        for i, (name, check, required) in enumerate(self.params):
+            if i < len(args):
+                if name in kwargs:
+                    raise ArgError(f"{self.name}: argument {name!r} given twice.")
+                out_args.append(check(self.name, name, args[i]))
+            elif name in kwargs:
+                out_kw[name] = check(self.name, name, kwargs[name])
+            elif required:
+                raise ArgError(f"{self.name}: missing argument {name!r}.")
+        for k, v in kwargs.items():
+            if k in self.keywords:
+                out_kw[k] = self.keywords[k](self.name, k, v)
+        return out_args, out_kw
+
+
+_gen_params = (("prompt", PROMPTS, True), ("max_new_tokens", _int, False))
+_gen_keywords = {**GEN, "capture": CAPTURE, "steer": STEER}
+
+OPS: dict[str, RemoteOp] = {
+    op.name: op
+    for op in (
+        RemoteOp("capture", (("tokens_or_text", PROMPTS, True), ("addresses", ADDRESSES, True)), {"steer": STEER}),
+        RemoteOp("generate", _gen_params, _gen_keywords, tokens="max_new_tokens"),
+        RemoteOp("generate_stream", _gen_params, _gen_keywords, stream=True, tokens="max_new_tokens"),
+        RemoteOp(
+            "attention", (("prompt", PROMPT, True), ("layers", LAYERS, False)), {"steer": STEER}, scoped_steer=True
+        ),
+        RemoteOp(
+            "logit_lens",
+            (("prompt", PROMPT, True),),
+            {"layers": LAYERS, "k": _int, "point": _text, "keep_logits": _flag, "steer": STEER},
+            scoped_steer=True,
+        ),
+        RemoteOp(
+            "project",
+            (("prompt", PROMPT, True), ("address", ADDRESS, True), ("directions", _directions, True)),
+            {
+                "bias": optional(lambda o, n, x: _tensor(o, n, x, dims=1)),
+                "activation": optional(_text),
+                "threshold": optional(
+                    one_of(_real, lambda o, n, x: _tensor(o, n, x, dims=1), want="a number or a tensor")
+                ),
+                "k": optional(_int),
+                "max_new_tokens": _int,
+                "steer": STEER,
+                **GEN,
+            },
+            tokens="max_new_tokens",
+        ),
+        RemoteOp(
+            "mean_difference",
+            (("positive", list_of(PROMPT), True), ("negative", list_of(PROMPT), True), ("address", ADDRESS, True)),
+            {"batch_size": optional(_int), "steer": STEER},
+            scoped_steer=True,
+        ),
+        # the facts: no arguments
+        RemoteOp("describe"),
+        RemoteOp("points"),
+        RemoteOp("facts"),
+        RemoteOp("capabilities"),
+    )
+}

@@ -1,0 +1,552 @@
+"""`ie-lab serve`: one Session behind an HTTP API (FastAPI on uvicorn), for notebooks on other machines.
+
+The API is the closed list of operations in ops.py, each argument checked there; bodies are wire.py frames
+(JSON + safetensors, never pickle). Every request needs a bearer token from the tokens file (re-read when it
+changes, so adding or revoking a user needs no restart) or the environment; without a valid one the answer is
+401 and nothing runs. Per-request limits (new tokens, tensor bytes, concurrent requests per user, time) refuse
+with the limit's name. A client that goes away (a closed connection, an interrupted cell) cancels its
+operation: the Session's own cancellation, the same as an interrupt in a local notebook.
+
+Concurrency is the Session's: on eager, requests queue behind its lock; on vLLM, concurrent requests batch in
+the engine as local ones do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import os
+import struct
+import sys
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..capabilities import CAPABILITIES
+from ..errors import IELabError, InputError, RequestFailed
+from ..session import Session
+from .ops import OPS, ArgError
+from .server_defaults import DEFAULTS
+from .wire import (
+    CONTENT_TYPE,
+    STREAM_TYPE,
+    LimitExceeded,
+    SteerPayload,
+    WireError,
+    encode,
+    error_body,
+    facts_dict,
+    tensor_bytes,
+)
+from .wire import decode as decode_frame
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+TOKENS_ENV = "IE_LAB_SERVE_TOKENS"  # "alice:TOKEN,bob:TOKEN", for a server started without a tokens file
+MIN_TOKEN = 16  # characters: a shorter token is guessable, and is skipped with a warning
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-request limits; each refusal names its field (which is also the command's --option)."""
+
+    max_new_tokens: int = DEFAULTS["max_new_tokens"][1][0]
+    max_capture_bytes: int = DEFAULTS["max_capture_bytes"][1][0]
+    max_concurrent: int = DEFAULTS["max_concurrent"][1][0]  # requests running at once per user
+    request_timeout: float = DEFAULTS["request_timeout"][1][0]  # seconds, a stream's whole length included
+    max_request_bytes: int = DEFAULTS["max_request_bytes"][1][0]
+
+
+class Tokens:
+    """Bearer tokens, one per user: `NAME TOKEN` per line of the file (# starts a comment), re-read whenever the
+    file changes; or TOKENS_ENV. A token is compared in constant time against every known one."""
+
+    def __init__(self, path: str | None, env: str | None = None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: Any = None
+        self._users: list[tuple[str, bytes]] = []
+        self._env = self._parse((env or "").replace(",", "\n").replace(":", " "), TOKENS_ENV) if env else []
+        self._reload()
+
+    @staticmethod
+    def _parse(text: str, where: str) -> list[tuple[str, bytes]]:
+        users = []
+        for n, line in enumerate(text.splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            name, tok = (parts[0], parts[1]) if len(parts) >= 2 else (f"user{n}", parts[0])
+            if len(tok) < MIN_TOKEN:
+                print(
+                    f"ie-lab serve: {where} line {n}: the token of {name!r} is shorter than {MIN_TOKEN} "
+                    "characters and is ignored (make one with: python -c 'import secrets; print(secrets."
+                    "token_urlsafe(32))').",
+                    file=sys.stderr,
+                )
+                continue
+            users.append((name, tok.encode()))
+        return users
+
+    def _reload(self) -> None:
+        if self.path is None:
+            self._users = self._env
+            return
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            self._stamp, self._users = None, self._env  # the file is gone: its users are revoked
+            return
+        if stamp != self._stamp:
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    users = self._parse(f.read(), self.path)
+            except (OSError, UnicodeDecodeError) as e:
+                print(
+                    f"ie-lab serve: cannot read {self.path}: {e}; no file token is valid until it can be read.",
+                    file=sys.stderr,
+                )
+                users = []
+            self._stamp, self._users = stamp, users + self._env
+
+    def user(self, header: str | None) -> str | None:
+        """The user a request's Authorization header names, or None."""
+        with self._lock:
+            self._reload()
+            users = list(self._users)
+        if not header or not header.startswith("Bearer "):
+            return None
+        given = header[7:].strip().encode()
+        found = None
+        for name, tok in users:  # every token is compared, whichever matches: the time does not tell which
+            if hmac.compare_digest(tok, given) and found is None:
+                found = name
+        return found
+
+    def count(self) -> int:
+        with self._lock:
+            self._reload()
+            return len(self._users)
+
+
+def _status(e: BaseException) -> int:
+    if isinstance(e, LimitExceeded):
+        return {"max_capture_bytes": 413, "max_request_bytes": 413, "max_concurrent": 429, "request_timeout": 504}.get(
+            e.limit, 400
+        )
+    if isinstance(e, IELabError):
+        return 400
+    return 500
+
+
+def _refusal(e: BaseException) -> Response:
+    return JSONResponse({"error": error_body(e)}, status_code=_status(e))
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Stream(StreamingResponse):
+    """A streamed response whose generator is closed as soon as the response ends, the client gone included: the
+    generator's cleanup is what cancels the operation and frees its slot."""
+
+    def __init__(self, content: Any, *, media_type: str, on_close: Any):
+        super().__init__(content, media_type=media_type)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()  # type: ignore[attr-defined,union-attr]
+            finally:
+                self.on_close()  # also when the body never started
+
+
+class Server:
+    """The state behind the app: the Session, the tokens, the limits and the counters the tests read."""
+
+    def __init__(self, session: Session, tokens: Tokens, limits: Limits, model_name: str):
+        self.session, self.tokens, self.limits, self.model_name = session, tokens, limits, model_name
+        self.operations = 0  # operations started (after the token and the arguments were accepted)
+        self.running = 0  # operations in flight now
+        self.refused = 0
+        self.per_user: dict[str, int] = {}
+
+    # ---- requests ------------------------------------------------------------------------------------
+    async def body(self, request: Request) -> bytes:
+        limit = self.limits.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise LimitExceeded(
+                "max_request_bytes", limit, int(declared), "bytes of request body", "send smaller tensors per request"
+            )
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise LimitExceeded(
+                    "max_request_bytes",
+                    limit,
+                    size,
+                    "bytes of request body (or more)",
+                    "send smaller tensors per request",
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def steer_spec(self, p: SteerPayload) -> Any:
+        """The spec a payload describes, built and checked by the Session as a local s.steer(...) would be."""
+        return self.session.steer(
+            p.addresses,
+            p.vector,
+            method=p.method,
+            scale=p.scale,
+            normalize=p.normalize,
+            min=p.min,
+            max=p.max,
+            target=p.target,
+            positions=p.positions,
+        )
+
+    def prepare(self, name: str, head: dict) -> tuple[list, dict]:
+        op = OPS[name]
+        unknown = set(head) - {"args", "kwargs"}
+        if unknown:
+            raise ArgError(f"{name}: a request frame holds 'args' and 'kwargs' only, not {sorted(unknown)}.")
+        args, kwargs = op.bind(head.get("args", []), head.get("kwargs", {}))
+        if op.tokens is not None:
+            names = [p[0] for p in op.params]
+            asked = (
+                args[names.index(op.tokens)]
+                if op.tokens in names and names.index(op.tokens) < len(args)
+                else kwargs.get(op.tokens, 32 if op.stream or name == "generate" else 0)
+            )
+            if asked > self.limits.max_new_tokens:
+                raise LimitExceeded(
+                    "max_new_tokens",
+                    self.limits.max_new_tokens,
+                    asked,
+                    "new tokens",
+                    f"ask for at most {self.limits.max_new_tokens} per request",
+                )
+        if kwargs.get("steer") is not None:
+            kwargs["steer"] = [self.steer_spec(p) for p in kwargs["steer"]]
+        return args, kwargs
+
+    async def call(self, name: str, args: list, kwargs: dict) -> Any:
+        s = self.session
+        if name == "describe":
+            return s.describe()
+        if name == "points":
+            return s.points()
+        if name == "facts":
+            return facts_dict(s.facts)
+        if name == "capabilities":
+            return self.capabilities()
+        specs = kwargs.pop("steer", None) if OPS[name].scoped_steer else None
+        with contextlib.ExitStack() as blocks:
+            for spec in specs or ():
+                blocks.enter_context(spec)  # a scope in this request's task only: other requests never see it
+            return await getattr(s, "a" + name)(*args, **kwargs)
+
+    def capabilities(self) -> dict:
+        b = self.session.backend
+        return {
+            "backend": b,
+            "operations": sorted(OPS),
+            "limits": dataclasses.asdict(self.limits),
+            "table": {c.name: getattr(c, b) for c in CAPABILITIES},
+        }
+
+    def hello(self) -> dict:
+        """What a client needs once, when it connects: the model's facts, tables and tokenizer files."""
+        s = self.session
+        return {
+            "model": self.model_name,
+            "backend": s.backend,
+            "facts": facts_dict(s.facts),
+            "describe": s.describe(),
+            "summary": s._backend.summary(),
+            "points": s.points(),
+            "capabilities": self.capabilities(),
+            "tokenizer": _tokenizer_files(s.tokenizer),
+            "dtype": str(s._lm.dtype).replace("torch.", ""),
+        }
+
+    def slot(self, user: str) -> Any:
+        """Hold one running operation of `user` (refused over the user's max_concurrent); returns its release,
+        which may be called more than once."""
+        n = self.per_user.get(user, 0)
+        if n >= self.limits.max_concurrent:
+            raise LimitExceeded(
+                "max_concurrent",
+                self.limits.max_concurrent,
+                n + 1,
+                "requests at once for this user",
+                "wait for your running requests to finish",
+            )
+        self.per_user[user] = n + 1
+        self.operations += 1
+        self.running += 1
+        held = [True]
+
+        def release() -> None:
+            if held.pop() if held else False:
+                self.running -= 1
+                self.per_user[user] -= 1
+
+        return release
+
+    async def until_gone(self, request: Request) -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    async def run(self, request: Request, name: str, args: list, kwargs: dict) -> Any:
+        """The operation, cancelled (the Session's token: it stops at its next layer) when the client goes away or
+        the request runs past request_timeout."""
+        task = asyncio.ensure_future(self.call(name, args, kwargs))
+        gone = asyncio.ensure_future(self.until_gone(request))
+        try:
+            done, _ = await asyncio.wait(
+                {task, gone}, timeout=self.limits.request_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if task in done:
+                return task.result()
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task  # returns once the operation has stopped and given everything back
+            if gone in done:
+                raise _ClientGone
+            raise LimitExceeded(
+                "request_timeout",
+                self.limits.request_timeout,
+                "more",
+                "seconds",
+                "ask for less per request (fewer tokens, a shorter prompt)",
+            )
+        finally:
+            gone.cancel()
+
+    async def stream(self, args: list, kwargs: dict, release: Any) -> Response:
+        """generate_stream: length-prefixed frames, one per GenStep, then an end frame (or an error frame). The
+        first step is computed before the response starts, so a refusal is a plain 4xx."""
+        limit = self.limits.max_capture_bytes
+        steps: Any = None
+        deadline = asyncio.get_running_loop().time() + self.limits.request_timeout
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            steps = self.session.agenerate_stream(*args, **kwargs)
+            async with timeout:
+                first = await anext(steps, None)
+        except BaseException as e:
+            try:
+                if steps is not None:
+                    await steps.aclose()
+            finally:
+                release()
+            if isinstance(e, TimeoutError):
+                raise LimitExceeded(
+                    "request_timeout", self.limits.request_timeout, "more", "seconds", "ask for less per request"
+                ) from None
+            raise
+
+        async def frames() -> AsyncIterator[bytes]:
+            sent = 0
+            try:
+                step = first
+                while step is not None:
+                    frame = encode({"step": step})
+                    sent += tensor_bytes(frame)
+                    if sent > limit:
+                        raise LimitExceeded(
+                            "max_capture_bytes",
+                            limit,
+                            sent,
+                            "bytes of tensors in this stream",
+                            "capture fewer points, stream fewer tokens, or pass keep_logits=False",
+                        )
+                    yield struct.pack(">Q", len(frame)) + frame
+                    async with asyncio.timeout_at(deadline):
+                        step = await anext(steps, None)
+                frame = encode({"end": True})
+            except TimeoutError:
+                frame = encode(
+                    {
+                        "error": error_body(
+                            LimitExceeded(
+                                "request_timeout",
+                                self.limits.request_timeout,
+                                "more",
+                                "seconds of streaming",
+                                "stream fewer tokens per request",
+                            )
+                        )
+                    }
+                )
+            except Exception as e:  # noqa: BLE001 - a refusal mid-stream travels as the stream's last frame
+                frame = encode({"error": error_body(e)})
+            finally:
+                try:
+                    await steps.aclose()  # the operation stops and gives everything back (a client gone included)
+                finally:
+                    release()  # also when a cancelled scope interrupts the wait above
+            yield struct.pack(">Q", len(frame)) + frame
+
+        return _Stream(frames(), media_type=STREAM_TYPE, on_close=release)
+
+
+def _tokenizer_files(tok: Any) -> dict[str, torch.Tensor]:
+    """The tokenizer's own files (save_pretrained), as bytes, so the client tokenizes and decodes as the server."""
+    import tempfile
+
+    if tok is None or not hasattr(tok, "save_pretrained"):
+        return {}
+    with tempfile.TemporaryDirectory(prefix="ie_lab-serve-tok-") as d:
+        tok.save_pretrained(d)
+        out = {}
+        for name in sorted(os.listdir(d)):
+            path = os.path.join(d, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    out[name] = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+        return out
+
+
+def build_app(server: Server) -> FastAPI:
+    app = FastAPI(title="ie_lab", docs_url=None, redoc_url=None, openapi_url=None)  # no unauthenticated pages
+
+    def authorized(request: Request) -> str | None:
+        return server.tokens.user(request.headers.get("authorization"))
+
+    def unauthorized() -> Response:
+        server.refused += 1
+        return JSONResponse(
+            {
+                "error": {
+                    "class": "RequestFailed",
+                    "message": "no valid bearer token: send the header "
+                    "'Authorization: Bearer <token>' with a token from the server's tokens file "
+                    "(ie_lab.connect(url, token=...)).",
+                }
+            },
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    @app.get("/v1/hello")
+    async def hello(request: Request) -> Response:
+        if authorized(request) is None:
+            return unauthorized()
+        return Response(encode({"hello": server.hello()}), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/stats")
+    async def stats(request: Request) -> Response:
+        if authorized(request) is None:
+            return unauthorized()
+        return JSONResponse({"operations": server.operations, "running": server.running, "refused": server.refused})
+
+    @app.post("/v1/op/{name}")
+    async def operation(name: str, request: Request) -> Response:
+        user = authorized(request)
+        if user is None:
+            return unauthorized()
+        release = None
+        try:
+            if name not in OPS:
+                raise InputError(f"unknown operation {name[:60]!r}; this server runs {', '.join(sorted(OPS))}.")
+            body = await server.body(request)
+            args, kwargs = server.prepare(name, decode_frame(body, results=False))
+            release = server.slot(user)
+            if OPS[name].stream:
+                held, release = release, None  # the stream gives it back when it ends
+                return await server.stream(args, kwargs, held)
+            result = await server.run(request, name, args, kwargs)
+            return Response(encode({"result": result}, limit=server.limits.max_capture_bytes), media_type=CONTENT_TYPE)
+        except _ClientGone:
+            return Response(status_code=499)
+        except (WireError, ArgError, IELabError) as e:
+            return _refusal(e)
+        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:  # noqa: BLE001
+            return _refusal(RequestFailed(f"the server failed on this {name} request: {type(e).__name__}: {e}"))
+        finally:
+            if release is not None:
+                release()
+
+    return app
+
+
+# ---- the command -------------------------------------------------------------------------------------------
+
+
+def serve(args: Any) -> int:
+    """`ie-lab serve` (its options: command.py)."""
+    from ..core.demo import DEMO_MODEL
+
+    tokens = Tokens(args.tokens_file, os.environ.get(TOKENS_ENV))
+    if tokens.count() == 0:
+        print(
+            f"ie-lab serve: no usable token: write 'NAME TOKEN' lines (tokens of {MIN_TOKEN}+ characters) to a file "
+            f"and pass --tokens-file, or set {TOKENS_ENV}='name:token,...'. A server without tokens would refuse "
+            "every request.",
+            file=sys.stderr,
+        )
+        return 2
+    if args.host not in LOOPBACK:
+        print(
+            f"ie-lab serve: WARNING: listening on {args.host}, beyond this machine, over plain HTTP: tokens and "
+            "tensors cross the network unencrypted. Put it behind a TLS reverse proxy (docs/REMOTE.md) or an SSH "
+            "tunnel, and keep --host 127.0.0.1 for the server itself.",
+            file=sys.stderr,
+            flush=True,
+        )
+    limits = Limits(**{k: getattr(args, k) for k in DEFAULTS})
+    model = DEMO_MODEL if args.model == "demo" else args.model
+    options: dict[str, Any] = {}
+    if args.backend == "vllm" and args.tensor_parallel_size != 1:
+        options["tensor_parallel_size"] = args.tensor_parallel_size
+    session = Session(
+        model, backend=args.backend, device=args.device, dtype=args.dtype, progress=False, replace=False, **options
+    )
+    name = "ie_lab.DEMO_MODEL" if model == DEMO_MODEL else str(args.model)
+    server = Server(session, tokens, limits, name)
+    config = uvicorn.Config(
+        build_app(server),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
+    web = uvicorn.Server(config)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(web.serve())
+        while not web.started and not task.done():
+            await asyncio.sleep(0.05)
+        if web.started:
+            port = web.servers[0].sockets[0].getsockname()[1]
+            print(
+                f"ie-lab serve: {name} on backend={session.backend} at http://{args.host}:{port} "
+                f"({tokens.count()} user token(s))",
+                flush=True,
+            )
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        session.close()
+    return 0
