@@ -208,23 +208,6 @@ def _tp_size() -> int:
         return 1
 
 
-def _tp_rank() -> int:
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        return get_tensor_model_parallel_rank()
-    except Exception:  # noqa: BLE001
-        return 0
-
-
-def _gather(t: torch.Tensor) -> torch.Tensor:
-    if _tp_size() == 1:
-        return t
-    from vllm.distributed import tensor_model_parallel_all_gather
-
-    return tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
-
-
 @dataclass(frozen=True)
 class Site:
     """Where one point is read: ``read(args, kwargs)`` on a pre-call site, ``read(args, out)`` on a post-call one,

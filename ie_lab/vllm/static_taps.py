@@ -97,8 +97,8 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
 def register_loader() -> None:
     """Make ``load_format="ie_lab_static"`` known to vLLM in this process (client, engine core and workers
     all import this module: the worker extension lives next to it)."""
-    from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER as known
+    from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
     if LOAD_FORMAT in known:

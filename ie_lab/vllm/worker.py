@@ -31,7 +31,7 @@ from ..ops import steering as steer_ops
 from ..ops.attention import scores_and_probs
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
-from .sites import LayerSites, Site, _first, _gather, _tp_rank, _tp_size, bind_vllm, site_table
+from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, site_table
 
 RECOMPUTED = ("attn_scores", "attn_probs")
 
@@ -53,6 +53,22 @@ def unpack(d: dict) -> torch.Tensor:
     arr = np.frombuffer(d["data"], dtype=getattr(np, d["dtype"])).reshape(d["shape"])
     return torch.from_numpy(arr.copy())
 
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _gather(t: torch.Tensor) -> torch.Tensor:
+    if _tp_size() == 1:
+        return t
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    return tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
 
 
 @dataclass
