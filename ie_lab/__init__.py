@@ -34,9 +34,10 @@ load.__doc__ = "See ie_lab.loading.load."
 
 
 def capture(model: Any, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Cache:
+    from .core.steer_spec import issued_specs
     from .eager.capture import capture as _capture
     from .eager.model import lm_of
-    from .eager.steer import issued_specs, run_issued
+    from .eager.steer import run_issued
 
     lm = lm_of(model)
     specs = issued_specs(lm, steer)  # the `with` blocks open in this context, then steer=
@@ -54,9 +55,9 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
 
 def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
     """Yield one GenStep per token (greedy by default; temperature/top_k/top_p/seed to sample)."""
+    from .core.steer_spec import issued_specs
     from .eager.generate import generate_stream as _stream
     from .eager.model import lm_of
-    from .eager.steer import issued_specs
 
     lm = lm_of(model)
     kwargs["steer"] = issued_specs(lm, kwargs.get("steer"))  # read now, where the stream is issued

@@ -96,7 +96,7 @@ def test_a_hook_that_fails_in_the_worker_fails_only_its_request(s):
     from vllm import SamplingParams
 
     from ie_lab.vllm.session import _Work
-    from ie_lab.vllm.worker import pack
+    from ie_lab.vllm.wire import pack
 
     good_spec = s.steer("resid_post.0", _vec(1), scale=3.0)
     want_steered = s.generate(PROMPTS[2], 12, steer=good_spec, capture=["resid_post.1"])

@@ -23,10 +23,10 @@ from ..core.addresses import parse_addresses, slice_head
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.sampling import check_generation_args
-from ..core.steer_spec import ForwardState, SteerSpec, check_positions_fit
+from ..core.steer_spec import ForwardState, SteerSpec, check_positions_fit, issued_specs
 from ..errors import CapabilityUnsupported, InputError
 from .model import lm_of
-from .steer import issued_specs, running
+from .steer import running
 from .steer_hooks import steering
 from .taps import Taps
 

@@ -17,11 +17,11 @@ from ..core.addresses import slice_head
 from ..core.inputs import prepare, str_tokens
 from ..core.projection_args import check_gen, make_encoder, one_address, point_width
 from ..core.results import Projection
+from ..core.steer_spec import issued_specs
 from ..errors import CapabilityUnsupported, InputError, StructureError
 from ..ops.projection import Encoder, scores
 from .model import lm_of
 from .taps import Taps
-
 
 # ---- the hooks ------------------------------------------------------------------------------------------
 
@@ -75,7 +75,7 @@ def project(model: Any, prompt: Any, address: Any, directions: Any, *, bias: Any
     Every argument is checked before a hook is placed. With max_new_tokens > 0 the model generates (greedy
     unless temperature= etc.) and the scores cover every token it read."""
     from .generate import generate
-    from .steer import issued_specs, run_issued
+    from .steer import run_issued
 
     lm = lm_of(model)
     addr = one_address(lm, address)
