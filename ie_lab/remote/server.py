@@ -180,7 +180,8 @@ class Server:
         self.session, self.tokens, self.limits, self.model_name = session, tokens, limits, model_name
         self.operations = 0  # operations started (after the token and the arguments were accepted)
         self.running = 0  # operations in flight now
-        self.refused = 0
+        self.refused = 0  # requests without a valid token
+        self.cancelled = 0  # operations stopped because their client went away
         self.per_user: dict[str, int] = {}
 
     # ---- requests ------------------------------------------------------------------------------------
@@ -329,6 +330,7 @@ class Server:
             with contextlib.suppress(BaseException):
                 await task  # returns once the operation has stopped and given everything back
             if gone in done:
+                self.cancelled += 1
                 raise _ClientGone
             raise LimitExceeded(
                 "request_timeout",
@@ -364,7 +366,7 @@ class Server:
             raise
 
         async def frames() -> AsyncIterator[bytes]:
-            sent = 0
+            sent, ended = 0, False
             try:
                 step = first
                 while step is not None:
@@ -383,6 +385,7 @@ class Server:
                         step = await anext(steps, None)
                 frame = encode({"end": True})
             except TimeoutError:
+                ended = True
                 frame = encode(
                     {
                         "error": error_body(
@@ -397,8 +400,13 @@ class Server:
                     }
                 )
             except Exception as e:  # noqa: BLE001 - a refusal mid-stream travels as the stream's last frame
+                ended = True
                 frame = encode({"error": error_body(e)})
+            else:
+                ended = True
             finally:
+                if not ended:
+                    self.cancelled += 1  # closed from outside: the client went away (or the server is stopping)
                 try:
                     await steps.aclose()  # the operation stops and gives everything back (a client gone included)
                 finally:
@@ -456,7 +464,14 @@ def build_app(server: Server) -> FastAPI:
     async def stats(request: Request) -> Response:
         if authorized(request) is None:
             return unauthorized()
-        return JSONResponse({"operations": server.operations, "running": server.running, "refused": server.refused})
+        return JSONResponse(
+            {
+                "operations": server.operations,
+                "running": server.running,
+                "refused": server.refused,
+                "cancelled": server.cancelled,
+            }
+        )
 
     @app.post("/v1/op/{name}")
     async def operation(name: str, request: Request) -> Response:

@@ -271,8 +271,8 @@ def decode(frame: bytes, *, results: bool) -> dict:
         raise WireError("the frame is truncated: its header runs past the end of the body.")
     try:
         head = json.loads(frame[8 : 8 + n])
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WireError(f"the frame's header is not JSON: {e}.") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise WireError(f"the frame's header is not JSON (or is nested too deep): {e}.") from None
     if not isinstance(head, dict):
         raise WireError("the frame's header is not a JSON object.")
     blob = frame[8 + n :]
