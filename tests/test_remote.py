@@ -53,10 +53,30 @@ class Server:
     def __init__(self, tokens_file: pathlib.Path, port: int = 0, *extra: str):
         self.out: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--port", str(port), "--tokens-file",
-             str(tokens_file), "--max-new-tokens", str(MAX_NEW), "--max-capture-bytes", str(CAPTURE_LIMIT),
-             "--max-request-bytes", str(REQUEST_LIMIT), *extra],
-            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "ie_lab.cli",
+                "serve",
+                "demo",
+                "--port",
+                str(port),
+                "--tokens-file",
+                str(tokens_file),
+                "--max-new-tokens",
+                str(MAX_NEW),
+                "--max-capture-bytes",
+                str(CAPTURE_LIMIT),
+                "--max-request-bytes",
+                str(REQUEST_LIMIT),
+                *extra,
+            ],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.url = None
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
@@ -191,8 +211,12 @@ def test_generation_and_steering_equal_local(remote, local):
     torch.testing.assert_close(a["resid_post.3"], b["resid_post.3"], atol=1e-6, rtol=0)
     assert torch.equal(lens.top_ids, lens_local.top_ids)
     # and nothing after it
-    torch.testing.assert_close(remote.capture("Hi there", "resid_post.3")["resid_post.3"],
-                               local.capture("Hi there", "resid_post.3")["resid_post.3"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        remote.capture("Hi there", "resid_post.3")["resid_post.3"],
+        local.capture("Hi there", "resid_post.3")["resid_post.3"],
+        atol=1e-6,
+        rtol=0,
+    )
     # positions and other methods travel as data
     cap = remote.steer("resid_post.0", v / v.norm(), method="cap", max=0.5, positions=[1, 2])
     cap_l = local.steer("resid_post.0", v / v.norm(), method="cap", max=0.5, positions=[1, 2])
@@ -217,8 +241,9 @@ def test_stream_with_captures_equals_local(remote, local):
 
     ids, cache = asyncio.run(both())
     assert ids == [s.token_id for s in want[:6]]
-    torch.testing.assert_close(cache["resid_pre.2"], local.capture("The little bird", "resid_pre.2")["resid_pre.2"],
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        cache["resid_pre.2"], local.capture("The little bird", "resid_pre.2")["resid_pre.2"], atol=1e-6, rtol=0
+    )
 
 
 def test_attention_lens_projection_means_equal_local(remote, local):
@@ -244,8 +269,12 @@ def test_attention_lens_projection_means_equal_local(remote, local):
     torch.testing.assert_close(a.scores, b.scores, atol=1e-5, rtol=0)
 
     pos, neg = ["I love it", "Wonderful day"], ["I hate it", "Awful day"]
-    torch.testing.assert_close(remote.mean_difference(pos, neg, "resid_post.1"),
-                               local.mean_difference(pos, neg, "resid_post.1"), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        remote.mean_difference(pos, neg, "resid_post.1"),
+        local.mean_difference(pos, neg, "resid_post.1"),
+        atol=1e-6,
+        rtol=0,
+    )
 
 
 def test_facts_tables_and_tokenizer_equal_local(remote, local):
@@ -258,9 +287,13 @@ def test_facts_tables_and_tokenizer_equal_local(remote, local):
 
 
 def test_refusals_arrive_as_the_same_class_and_text(remote, local):
-    for call in (lambda s: s.capture("x", "resid_post.99"), lambda s: s.capture("x", "nonsense.1"),
-                 lambda s: s.generate("x", 4, top_p=5.0), lambda s: s.attention("x", [17]),
-                 lambda s: s.logit_lens("x", point="attn_probs")):
+    for call in (
+        lambda s: s.capture("x", "resid_post.99"),
+        lambda s: s.capture("x", "nonsense.1"),
+        lambda s: s.generate("x", 4, top_p=5.0),
+        lambda s: s.attention("x", [17]),
+        lambda s: s.logit_lens("x", point="attn_probs"),
+    ):
         with pytest.raises(Exception) as here:
             call(local)
         with pytest.raises(type(here.value)) as there:
@@ -321,8 +354,10 @@ def test_limits_refuse_naming_the_limit(server, remote, local, tokens):
     r = post(server, "capture", b"x" * (REQUEST_LIMIT + 1), tokens["alice"])
     assert r.status_code == 413 and "max_request_bytes" in r.json()["error"]["message"]
     assert remote.capture("Hi", "resid_post.0")["resid_post.0"].shape[1] > 0  # still serving
-    assert stats(server, tokens["alice"])["running"] == 0 and stats(server, tokens["alice"])["operations"] > \
-        before["operations"]
+    assert (
+        stats(server, tokens["alice"])["running"] == 0
+        and stats(server, tokens["alice"])["operations"] > before["operations"]
+    )
 
 
 def _safetensors_with_huge_shape() -> bytes:
@@ -344,16 +379,19 @@ HOSTILE = {
     "a result type": ("capture", _frame(b'{"args": [{"$": "GenStep", "f": {}}, "resid_post.0"], "kwargs": {}}')),
     "unknown tag": ("capture", _frame(b'{"args": [{"$": "builtins.eval", "v": "1"}, "resid_post.0"], "kwargs": {}}')),
     "missing tensor": ("capture", _frame(b'{"args": [{"$": "tensor", "id": "t9"}, "resid_post.0"], "kwargs": {}}')),
-    "huge shape": ("capture", _frame(b'{"args": [{"$": "tensor", "id": "t0"}, "resid_post.0"], "kwargs": {}}',
-                                     _safetensors_with_huge_shape())),
+    "huge shape": (
+        "capture",
+        _frame(
+            b'{"args": [{"$": "tensor", "id": "t0"}, "resid_post.0"], "kwargs": {}}', _safetensors_with_huge_shape()
+        ),
+    ),
     "wrong type": ("capture", encode({"args": [3.5, "resid_post.0"], "kwargs": {}})),
     "addresses not strings": ("capture", encode({"args": ["The cat", {"a": 1}], "kwargs": {}})),
     "unknown keyword": ("capture", encode({"args": ["The cat", "resid_post.0"], "kwargs": {"grad": True}})),
     "too many args": ("attention", encode({"args": ["x", None, 3], "kwargs": {}})),
     "extra header": ("capture", encode({"args": ["x", "resid_post.0"], "kwargs": {}, "module": "os"})),
     "float token ids": ("capture", encode({"args": [torch.rand(1, 4), "resid_post.0"], "kwargs": {}})),
-    "3-D prompt": ("capture", encode({"args": [torch.zeros(1, 1, 4, dtype=torch.long), "resid_post.0"],
-                                      "kwargs": {}})),
+    "3-D prompt": ("capture", encode({"args": [torch.zeros(1, 1, 4, dtype=torch.long), "resid_post.0"], "kwargs": {}})),
     "a file path": ("project", encode({"args": ["x", "resid_post.0", "/etc/passwd"], "kwargs": {}})),
     "steer not a spec": ("generate", encode({"args": ["x", 4], "kwargs": {"steer": ["resid_post.0"]}})),
     "bool as an int": ("generate", encode({"args": ["x", True], "kwargs": {}})),
@@ -372,8 +410,9 @@ def test_hostile_payloads_are_refused_and_the_server_keeps_serving(server, remot
             err = r.json()["error"]
             assert isinstance(err["message"], str) and err["class"] in ("InputError", "AddressError"), (name, err)
         want = local.capture("The cat sat", "resid_post.1")["resid_post.1"]
-        torch.testing.assert_close(remote.capture("The cat sat", "resid_post.1")["resid_post.1"], want,
-                                   atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            remote.capture("The cat sat", "resid_post.1")["resid_post.1"], want, atol=1e-6, rtol=0
+        )
     assert server.proc.poll() is None
     assert stats(server, tokens["alice"])["running"] == 0
     assert stats(server, tokens["alice"])["operations"] >= before["operations"]
@@ -446,8 +485,15 @@ CLIENT = textwrap.dedent("""
 
 def test_a_killed_client_frees_its_request_on_the_server(server, tokens):
     before = stats(server, tokens["bob"])
-    proc = subprocess.Popen([sys.executable, "-c", CLIENT, server.url, tokens["bob"]], cwd=ROOT, env=_env(),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, server.url, tokens["bob"]],
+        cwd=ROOT,
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.strip() == "streaming", line + proc.stdout.read()
@@ -470,8 +516,9 @@ def test_a_restarted_server_is_reached_by_the_next_call(tokens_file, tokens, loc
             s.capture("The cat sat", "resid_post.2")
         second = Server(tokens_file, first.port)
         try:
-            torch.testing.assert_close(s.capture("The cat sat", "resid_post.2")["resid_post.2"], want,
-                                       atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                s.capture("The cat sat", "resid_post.2")["resid_post.2"], want, atol=1e-6, rtol=0
+            )
             assert s.generate("Once upon a time", 6).ids == local.generate("Once upon a time", 6).ids
         finally:
             second.stop()
@@ -483,8 +530,14 @@ def test_a_restarted_server_is_reached_by_the_next_call(tokens_file, tokens, loc
 def test_serve_refuses_to_start_without_tokens_and_warns_off_loopback(tmp_path, tokens_file):
     empty = tmp_path / "none"
     empty.write_text("# nobody yet\nshort tooshort\n")
-    r = subprocess.run([sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--tokens-file", str(empty)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--tokens-file", str(empty)],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "no usable token" in r.stderr and "shorter than 16" in r.stderr
     s = Server(tokens_file, 0, "--host", "127.0.0.2")  # off the default address (still loopback): the warning
     try:
