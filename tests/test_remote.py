@@ -545,3 +545,85 @@ def test_serve_refuses_to_start_without_tokens_and_warns_off_loopback(tmp_path, 
     finally:
         s.stop()
     assert any("WARNING" in line and "TLS" in line for line in s.out), "".join(s.out)
+
+
+def _until_running(server: Server, token: str, n: int) -> None:
+    for _ in range(STEP_LIMIT * 10):
+        if stats(server, token)["running"] >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the server never had {n} operation(s) running: {stats(server, token)}")
+
+
+def test_a_cancelled_task_cancels_the_operation_on_the_server(server, remote, tokens):
+    before = stats(server, tokens["alice"])
+
+    async def main() -> None:
+        task = asyncio.ensure_future(remote.agenerate(BATCH, 100, ignore_eos=True, keep_logits=False))
+        await asyncio.to_thread(_until_running, server, tokens["alice"], 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    after = wait_until_idle(server, tokens["alice"])
+    assert after["running"] == 0 and after["cancelled"] == before["cancelled"] + 1
+
+
+INTERRUPTED = textwrap.dedent("""
+    import sys, ie_lab
+    s = ie_lab.connect(sys.argv[1], token=sys.argv[2])
+    try:
+        s.generate(["Once upon a time"] * 48, 100, ignore_eos=True, keep_logits=False)
+        print("finished", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def test_an_interrupted_call_cancels_the_operation_on_the_server(server, tokens):
+    before = stats(server, tokens["bob"])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED, server.url, tokens["bob"]],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _until_running(server, tokens["bob"], before["running"] + 1)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C, or a notebook's Interrupt
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert "interrupted" in out, out
+    after = wait_until_idle(server, tokens["bob"])
+    assert after["running"] == 0 and after["cancelled"] == before["cancelled"] + 1
+
+
+def test_too_many_concurrent_requests_of_one_user_are_refused(server, tokens):
+    """The module's server allows 4 running requests per user (the default): on eager they queue behind the
+    Session's lock, each holding its slot, so a fifth is refused while the four are in flight."""
+    users = [ie_lab.connect(server.url, token=tokens["carol"], replace=False) for _ in range(5)]
+    results: list = []
+    threads = [
+        threading.Thread(target=lambda s=s: results.append(s.generate(BATCH, 100, ignore_eos=True, keep_logits=False)))
+        for s in users[:4]
+    ]
+    try:
+        for t in threads:
+            t.start()
+        _until_running(server, tokens["carol"], 4)
+        with pytest.raises(InputError, match="max_concurrent=4"):
+            users[4].capture("Hi", "resid_post.0")
+        other = ie_lab.connect(server.url, token=tokens["c0"], replace=False)
+        assert other.capture("Hi", "resid_post.0")  # another user is not held back by carol's limit
+        other.close()
+    finally:
+        for t in threads:
+            t.join()
+        for s in users:
+            s.close()
+    assert len(results) == 4
+    assert wait_until_idle(server, tokens["carol"])["running"] == 0
