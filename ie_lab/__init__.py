@@ -24,15 +24,6 @@ from .errors import (
 __version__ = "0.1.0"
 
 
-def load(*args: Any, **kwargs: Any):
-    from .loading import load as _load
-
-    return _load(*args, **kwargs)
-
-
-load.__doc__ = "See ie_lab.loading.load."
-
-
 def capture(model: Any, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Cache:
     from .core.steer_spec import issued_specs
     from .eager.capture import capture as _capture
@@ -92,6 +83,7 @@ from .eager.patching import (  # noqa: E402
     run_with_patches,
 )
 
+from .loading import load  # noqa: E402  (an EagerModel whatever the backend: see its docstring)
 from .session import OperationCancelled, Session, SessionClosed  # noqa: E402
 from .remote.client import connect  # noqa: E402  (a Session on a model served by `ie-lab serve`: docs/REMOTE.md)
 

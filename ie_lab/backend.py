@@ -13,8 +13,9 @@ must support for it, so an operation a backend cannot do refuses from that table
 from __future__ import annotations
 
 import importlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from .errors import IELabError
 
@@ -97,8 +98,11 @@ class Backend(Protocol):
       close()           the loop has stopped: give back what the model held (idempotent).
 
     Operations (each named by a row of OPERATIONS; arguments as the user passed them):
+      require(capability)  raise CapabilityUnsupported for a capability row (ie_lab/capabilities.py) this backend
+                        does not support; called before an operation that names one. Eager and vLLM read their
+                        column of the table; a new backend may read a column it adds, or answer for itself.
       capture, generate, attention, logit_lens, project, mean_difference; patch, patch_sweep, gradients and run
-      where the capabilities table says the backend supports them (otherwise they are never called).
+      where `require` lets them through (otherwise they are never called, and need not exist).
       stream(prompt, max_new_tokens, **kw) -> Iterator[GenStep] (on_loop False), or
       astream(token, prompt, max_new_tokens, kw) -> AsyncIterator[GenStep] (on_loop True).
       issued(steer)     the steering of the caller's context, read where a stream is issued.
@@ -118,6 +122,7 @@ class Backend(Protocol):
     collect_on_close: bool
 
     def attach(self, session: Any) -> None: ...
+    def require(self, capability: str) -> None: ...
     def load(self) -> Any: ...
     def stop(self) -> None: ...
     def close(self) -> None: ...

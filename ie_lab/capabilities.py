@@ -1,4 +1,7 @@
-"""What each backend can and cannot do: the table every CapabilityUnsupported is built from."""
+"""What each backend can and cannot do: the table every CapabilityUnsupported is built from.
+
+A Session operation a backend does not support refuses from here before the backend is called: each row of
+ie_lab/backend.py's OPERATIONS names the capability it needs."""
 
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ class Capability:
         return cell[4:] if cell.startswith("no: ") else cell
 
 
+# ie_lab.load() returns one kind of handle, whatever the backend: the in-process model (an EagerModel).
+LOAD_CAPABILITY = "ie_lab.load(): an in-process model for the free functions (ie_lab.capture and the others)"
+
 CAPABILITIES: tuple[Capability, ...] = (
     Capability("capture", "yes", "yes", ""),
     Capability("attn_scores / attn_probs", "yes",
@@ -54,6 +60,10 @@ CAPABILITIES: tuple[Capability, ...] = (
                "no: vLLM runs inference-only kernels with no autograd graph", "use backend='eager'"),
     Capability("run(fn) on the model object", "yes",
                "no: the weights live inside vLLM's workers, not in this process", "use backend='eager'"),
+    Capability(LOAD_CAPABILITY, "yes (an EagerModel)",
+               "no: vLLM keeps the model inside its engine, which only a Session drives",
+               "ie_lab.Session(path, backend='vllm'), whose methods (s.capture, s.generate and the others) are "
+               "the same operations"),
     Capability("model families", "every family the binder can measure (41 tiny fixtures tested; others refused "
                "with StructureError)",
                "the families verified point by point against eager: "

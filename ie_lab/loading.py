@@ -1,4 +1,4 @@
-"""load(): from an HF id, a local folder or a model object to a backend model."""
+"""load(): from an HF id, a local folder or a model object to an EagerModel, the in-process model handle."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from typing import Any
 
 import torch
 
+from .arch.config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
+from .capabilities import LOAD_CAPABILITY, require
+from .eager.model import EagerModel, choose_attention
 from .errors import ArchitectureUnsupported, CapabilityUnsupported, InputError
+
+# transformers and huggingface_hub are imported inside the functions that load a model: `import ie_lab` does not
+# pay for them until a model is loaded.
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -195,6 +201,11 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
          *, attn_implementation: str | None = None, trust_remote_code: bool = False, quiet: bool = False):
     """Wrap a raw transformers causal LM for ie_lab.
 
+    Returns an EagerModel, whatever is passed: the in-process model the free functions (ie_lab.capture,
+    ie_lab.generate, ...) compute on, and what a Session on the eager backend holds. backend='eager' or 'auto' (the
+    same); backend='vllm' refuses: vLLM keeps the model inside its engine, which only a Session drives, so its handle
+    is ie_lab.Session(path, backend='vllm'), whose methods are the same operations (docs/ARCHITECTURE.md, Backends).
+
     model_or_path: an HF id, a local folder, or an already-built model object (pass its tokenizer too).
     Weights load from safetensors only; remote code (model or tokenizer) runs only with trust_remote_code=True.
     attn_implementation: by default the kernel that computes everything the config asks for (eager where sdpa would
@@ -202,28 +213,14 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
     something. A model object is never changed behind your back: asking for another dtype or device works on a
     copy, and the eval mode ie_lab needs is undone by Session.close() or lm.release(). The load line says each.
     """
-    from .eager.model import EagerModel, choose_attention
-
     if backend not in ("eager", "vllm", "auto"):
         raise InputError(f"unknown backend {backend!r}; use 'eager', 'vllm' or 'auto'.")
+    if backend == "vllm":
+        require(LOAD_CAPABILITY, "vllm")
     check_flags(trust_remote_code=trust_remote_code, quiet=quiet)
     check_tokenizer_arg(tokenizer)
     if attn_implementation is not None and not isinstance(attn_implementation, str):
         raise InputError(f"attn_implementation must be a name such as 'eager' or 'sdpa', got {attn_implementation!r}.")
-    if backend == "vllm":
-        # vLLM loads its own weights inside its workers: the handle is a Session on the vLLM backend.
-        if isinstance(model_or_path, torch.nn.Module):
-            raise CapabilityUnsupported(
-                "a model object on backend='vllm'", "vLLM loads the weights itself from a folder or HF id.",
-                "pass the folder or id (save_pretrained first), or use backend='eager'.")
-        if attn_implementation is not None:
-            raise CapabilityUnsupported(
-                "attn_implementation on backend='vllm'", "vLLM runs its own attention kernels (docs/VLLM.md).",
-                "leave attn_implementation unset, or use backend='eager'.")
-        from .session import Session
-
-        return Session(model_or_path, backend="vllm", device=device, dtype=dtype, tokenizer=tokenizer,
-                       trust_remote_code=trust_remote_code, progress=not quiet)
     torch_dtype = resolve_dtype(dtype)
     if isinstance(model_or_path, torch.nn.Module):
         return _load_object(model_or_path, tokenizer, device, torch_dtype, attn_implementation,
@@ -255,8 +252,6 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
             raise InputError(f"{src!r} needs custom code from its repository; ie_lab runs none unless you pass "
                              "trust_remote_code=True after reading that code.") from None
         raise
-    from .arch.config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
-
     found = unbound_structure(config)
     if found is not None:
         raise ArchitectureUnsupported(found[0], found[1], UNBOUND_INSTEAD)
@@ -295,8 +290,6 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
 
 def _load_object(model: torch.nn.Module, tokenizer: Any, device: Any, torch_dtype: torch.dtype | None,
                  attn_implementation: str | None, trust_remote_code: bool, quiet: bool):
-    from .eager.model import EagerModel
-
     if attn_implementation is not None:
         # Switching kernels on the caller's object would change their model; ie_lab leaves that to them.
         raise CapabilityUnsupported(

@@ -37,19 +37,18 @@ import queue
 import signal
 import threading
 import weakref
-from typing import Any, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import torch
 
 from .address import Address
 from .backend import BACKENDS, OPERATIONS, Backend, Operation, OperationCancelled, SessionClosed, backend_class
 from .backend import CancelToken as _CancelToken
-from .capabilities import require
 from .core.demo import DEMO_MODEL
-from .eager.generate import GenerationResult
+from .core.results import GenerationResult
 from .errors import CapabilityUnsupported, InputError, check_flag
 from .loading import check_flags
-
 
 # Live sessions by what they were built from: re-running a creating cell replaces the old one.
 _LIVE: "dict[Any, weakref.ref[Session]]" = {}
@@ -652,7 +651,7 @@ class Session:
         blocks is read now); an operation the backend cannot do refuses from the capabilities table first."""
         self._check_open()
         if op.capability is not None:
-            require(op.capability, self.backend)
+            self._backend.require(op.capability)
         return getattr(self._backend, op.method)(*args, **kwargs)
 
     def _issued(self, steer: Any) -> Any:

@@ -68,16 +68,8 @@ RULES = {
 # is session code. Each is (importer module, layer it may still import), or a set of modules that may still import
 # one another. Delete an entry once its imports are gone: test_known_exceptions_are_still_needed fails on one that
 # no longer matches anything, so the list cannot go stale.
-KNOWN_EDGES = {
-    ("ie_lab.vllm.session", "eager"),  # input checks, result types, steering specs by their eager names
-    ("ie_lab.vllm.session", "package"),  # DEMO_MODEL from the package (core/demo.py holds it now)
-    ("ie_lab.session", "package"),  # the same
-}
-KNOWN_CYCLES = [
-    # Session(backend="vllm") builds the vLLM session, which subclasses Session; load() returns a Session and
-    # Session loads through loading.py; both sessions read DEMO_MODEL from the package, which imports them.
-    {"ie_lab", "ie_lab.loading", "ie_lab.session", "ie_lab.vllm.session"},
-]
+KNOWN_EDGES: set[tuple[str, str]] = set()  # none left: the Session redesign removed the last ones
+KNOWN_CYCLES: list[set[str]] = []
 
 
 def module_of(path: pathlib.Path) -> str:

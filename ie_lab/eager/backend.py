@@ -8,18 +8,20 @@ is where the call is issued, not where it computes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from ..backend import OperationCancelled
+from ..capabilities import require
+from ..core.inputs import prepare_prompts
 from ..errors import InputError
 from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
 from ..points_table import PointsTable
 from .attention import attention
 from .capture import capture
 from .generate import generate, generate_stream
-from .inputs import prepare_prompts
 from .lens import logit_lens
 from .means import mean_difference
 from .patching import gradients, patch, patch_sweep
@@ -84,6 +86,9 @@ class EagerBackend:
         for lb in self.lm.binding.layers:
             handles.append(lb.layer.register_forward_pre_hook(check))
         return handles
+
+    def require(self, capability: str) -> None:
+        require(capability, self.name)  # this backend's column of the table
 
     # ---- operations: each returns the function the Session computes -------------------------------
     def _steered(self, steer: Any, fn: Callable[[], Any]) -> Callable[[], Any]:

@@ -17,7 +17,8 @@ import shutil
 import tempfile
 import uuid
 import weakref
-from typing import Any, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoTokenizer
@@ -29,13 +30,12 @@ from ..arch.config_facts import ArchFacts
 from ..backend import CancelToken, SessionClosed
 from ..cache import Cache
 from ..capabilities import require
-from ..eager.attention import AttentionResult
-from ..eager.capture import parse_addresses, slice_head
-from ..eager.generate import GenerationResult, GenStep
-from ..eager.inputs import prepare, str_tokens
-from ..eager.lens import LensResult, token_names
-from ..eager.project import Projection, check_gen, make_encoder, one_address, point_width
-from ..eager.steer import active_specs, check_positions_fit, enter_scope, exit_scope, make_spec
+from ..core.addresses import parse_addresses, slice_head
+from ..core.inputs import prepare, str_tokens
+from ..core.projection_args import check_gen, make_encoder, one_address, point_width
+from ..core.results import AttentionResult, GenerationResult, GenStep, LensResult, Projection, token_names
+from ..core.steer_scope import active_specs, enter_scope, exit_scope
+from ..core.steer_spec import check_positions_fit, make_spec
 from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent, RequestFailed, check_flag
 from ..loading import resolve_dtype
 from ..ops.lens import describe_postprocess
@@ -43,8 +43,16 @@ from ..ops.projection import to_plain
 from ..points import Scope, Width
 from ..points_table import PointsTable, Row, width_of
 from .engine import AsyncDriver, InprocDriver, check_engine_kwargs, engine_args
-from .session import (GENERATE_ONLY_FIX, GENERATE_ONLY_WHY, VLLMModel, _resolve_mode, _Work, check_sampling,
-                      check_served, graph_point_names)
+from .session import (
+    GENERATE_ONLY_FIX,
+    GENERATE_ONLY_WHY,
+    VLLMModel,
+    _resolve_mode,
+    _Work,
+    check_sampling,
+    check_served,
+    graph_point_names,
+)
 from .wire import RECOMPUTED, by_position, dedupe_order, pack, unpack
 
 # vllm itself is imported inside the methods that build requests (SamplingParams, TokensPrompt): it is an optional,
@@ -248,6 +256,9 @@ class VLLMBackend:
 
     def load(self) -> Any:
         return self._load()
+
+    def require(self, capability: str) -> None:
+        require(capability, self.name)  # this backend's column of the table
 
     async def _load(self) -> VLLMModel:
         self.lm = await self._aload(*self._load_args)

@@ -9,14 +9,17 @@ Session holding one. VLLMSession is kept as a name for that Session class.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
 from .. import points as _points
 from ..address import Address
 from ..arch import quirks
+from ..core.inputs import prepare, str_tokens
+from ..core.sampling import check_generation_args
 from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent
 from ..session import Session
 from .wire import RECOMPUTED
@@ -45,13 +48,9 @@ class VLLMModel:
         return self
 
     def to_tokens(self, text: Any) -> torch.Tensor:
-        from ..eager.inputs import prepare
-
         return prepare(self, text)[0]
 
     def to_str_tokens(self, tokens_or_text: Any):
-        from ..eager.inputs import prepare, str_tokens
-
         ids = prepare(self, tokens_or_text)[0]
         out = str_tokens(self, ids)
         single = isinstance(tokens_or_text, str) or (isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1)
@@ -148,12 +147,10 @@ def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any
 
     A bad value that reaches vLLM fails inside the engine's step (a seed torch cannot use, a stop that is not a
     string), which fails every request of that step: so nothing unchecked goes in. The rules are eager's
-    (ie_lab/eager/generate.py `_check_args`: ranges, finite numbers, a seed torch accepts, the vocabulary bound on
+    (ie_lab/core/sampling.py `check_generation_args`: ranges, finite numbers, a seed torch accepts, the vocabulary bound on
     top_k and n_logprobs) plus the one vLLM adds: its engine's max_logprobs."""
-    from ..eager.generate import _check_args
-
-    stops = _check_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=vocab, seed=seed, stop=stop,
-                        ignore_eos=ignore_eos)
+    stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=vocab, seed=seed,
+                                  stop=stop, ignore_eos=ignore_eos)
     if max_logprobs is not None and max_logprobs >= 0 and n_logprobs > max_logprobs:
         raise InputError(f"n_logprobs={n_logprobs} exceeds the engine's max_logprobs={max_logprobs}; create the "
                          f"Session with engine_kwargs={{'max_logprobs': {n_logprobs}}} or ask for fewer.")
