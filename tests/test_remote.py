@@ -460,12 +460,13 @@ def test_eight_concurrent_clients_each_equal_their_solo_run(server, local, token
     assert len({tuple(r[0]) for r in results}) > 1  # the clients did steer differently
 
 
-BATCH = ["Once upon a time"] * 48  # a long stream: ~100 decode steps of 48 rows each
+# A long operation (seconds on a CPU: 120 decode steps of 256 rows), so that a cancel always reaches it running.
+BATCH = ["Once upon a time"] * 256
 
 
 def test_a_closed_stream_cancels_the_operation_on_the_server(server, remote, tokens):
     before = stats(server, tokens["alice"])
-    it = remote.generate_stream(BATCH, 100, ignore_eos=True, keep_logits=False)
+    it = remote.generate_stream(BATCH, MAX_NEW, ignore_eos=True, keep_logits=False)
     first = next(it)
     assert first.token_id >= 0
     it.close()  # what an interrupted `for step in s.generate_stream(...)` cell does
@@ -477,7 +478,7 @@ def test_a_closed_stream_cancels_the_operation_on_the_server(server, remote, tok
 CLIENT = textwrap.dedent("""
     import sys, ie_lab
     s = ie_lab.connect(sys.argv[1], token=sys.argv[2])
-    for step in s.generate_stream(["Once upon a time"] * 48, 100, ignore_eos=True, keep_logits=False):
+    for step in s.generate_stream(["Once upon a time"] * 256, 120, ignore_eos=True, keep_logits=False):
         print("streaming", flush=True)
         break_here = input()  # never answered: the process is killed mid-stream
 """)
@@ -559,7 +560,7 @@ def test_a_cancelled_task_cancels_the_operation_on_the_server(server, remote, to
     before = stats(server, tokens["alice"])
 
     async def main() -> None:
-        task = asyncio.ensure_future(remote.agenerate(BATCH, 100, ignore_eos=True, keep_logits=False))
+        task = asyncio.ensure_future(remote.agenerate(BATCH, MAX_NEW, ignore_eos=True, keep_logits=False))
         await asyncio.to_thread(_until_running, server, tokens["alice"], 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -574,7 +575,7 @@ INTERRUPTED = textwrap.dedent("""
     import sys, ie_lab
     s = ie_lab.connect(sys.argv[1], token=sys.argv[2])
     try:
-        s.generate(["Once upon a time"] * 48, 100, ignore_eos=True, keep_logits=False)
+        s.generate(["Once upon a time"] * 256, 120, ignore_eos=True, keep_logits=False)
         print("finished", flush=True)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
@@ -606,11 +607,15 @@ def test_too_many_concurrent_requests_of_one_user_are_refused(server, tokens):
     """The module's server allows 4 running requests per user (the default): on eager they queue behind the
     Session's lock, each holding its slot, so a fifth is refused while the four are in flight."""
     users = [ie_lab.connect(server.url, token=tokens["carol"], replace=False) for _ in range(5)]
-    results: list = []
-    threads = [
-        threading.Thread(target=lambda s=s: results.append(s.generate(BATCH, 100, ignore_eos=True, keep_logits=False)))
-        for s in users[:4]
-    ]
+    outcomes: list = []
+
+    def long_call(s) -> None:
+        try:
+            outcomes.append(s.generate(BATCH, MAX_NEW, ignore_eos=True, keep_logits=False))
+        except BaseException as e:  # noqa: BLE001 - closed below, on purpose
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=long_call, args=(s,)) for s in users[:4]]
     try:
         for t in threads:
             t.start()
@@ -621,12 +626,13 @@ def test_too_many_concurrent_requests_of_one_user_are_refused(server, tokens):
         assert other.capture("Hi", "resid_post.0")  # another user is not held back by carol's limit
         other.close()
     finally:
+        for s in users:
+            s.close()  # cancels the calls still in flight, on the server too
         for t in threads:
             t.join()
-        for s in users:
-            s.close()
-    assert len(results) == 4
+    assert len(outcomes) == 4
     assert wait_until_idle(server, tokens["carol"])["running"] == 0
+    assert users[4].backend == "remote"
 
 
 def test_a_vllm_server_equals_eager_through_the_client(tmp_path, tokens_file, tokens):
