@@ -668,3 +668,21 @@ def test_a_vllm_server_equals_eager_through_the_client(tmp_path, tokens_file, to
     finally:
         s.close()
         server.stop()
+
+
+def test_the_tables_are_operations_of_the_api(server, local, tokens):
+    from ie_lab.remote.wire import decode, facts_from
+
+    got = {}
+    for op in ("describe", "points", "facts", "capabilities"):
+        r = post(server, op, encode({"args": [], "kwargs": {}}), tokens["alice"])
+        assert r.status_code == 200, r.text
+        got[op] = decode(r.content, results=True)["result"]
+    assert got["describe"] == local.describe()
+    assert [vars(r) for r in got["points"].rows] == [vars(r) for r in local.points().rows]
+    assert facts_from(got["facts"]) == local.facts
+    caps = got["capabilities"]
+    assert caps["backend"] == "eager" and caps["limits"]["max_new_tokens"] == MAX_NEW
+    assert set(caps["operations"]) >= {"capture", "generate", "generate_stream", "attention", "logit_lens", "project"}
+    r = post(server, "describe", encode({"args": ["extra"], "kwargs": {}}), tokens["alice"])
+    assert r.status_code == 400 and "at most 0 positional" in r.json()["error"]["message"]

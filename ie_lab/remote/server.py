@@ -494,7 +494,7 @@ def build_app(server: Server) -> FastAPI:
             return Response(status_code=499)
         except (WireError, ArgError, IELabError) as e:
             return _refusal(e)
-        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - any other failure is this request's, reported as RequestFailed
             return _refusal(RequestFailed(f"the server failed on this {name} request: {type(e).__name__}: {e}"))
         finally:
             if release is not None:
