@@ -34,7 +34,8 @@ from ie_lab.errors import AddressError, InputError, RequestFailed  # noqa: E402
 from ie_lab.remote.wire import CONTENT_TYPE, encode  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-USERS = ["alice", "bob", "carol"] + [f"c{i}" for i in range(8)]
+CLIENTS = 16  # concurrent clients, each its own user with its own steering and captures
+USERS = ["alice", "bob", "carol"] + [f"c{i}" for i in range(CLIENTS)]
 MAX_NEW = 120
 CAPTURE_LIMIT = 3_000_000  # bytes: room for every ordinary call below, not for the oversized capture
 REQUEST_LIMIT = 1_000_000  # bytes of one request body
@@ -421,32 +422,33 @@ def test_hostile_payloads_are_refused_and_the_server_keeps_serving(server, remot
 # ---- concurrency and faults --------------------------------------------------------------------------------
 
 
-def test_eight_concurrent_clients_each_equal_their_solo_run(server, local, tokens):
+def test_sixteen_concurrent_clients_each_equal_their_solo_run(server, local, tokens):
     d = local.facts.d_model
-    vectors = [torch.randn(d, generator=torch.Generator().manual_seed(100 + i)) for i in range(8)]
-    prompts = [f"Story number {i} begins" for i in range(8)]
+    vectors = [torch.randn(d, generator=torch.Generator().manual_seed(100 + i)) for i in range(CLIENTS)]
+    prompts = [f"Story number {i} begins" for i in range(CLIENTS)]
+    points = [[f"resid_post.{(i + 1) % 4}", f"mlp_out.{i % 4}"] for i in range(CLIENTS)]  # each its own captures
     solo = []
-    for i in range(8):
+    for i in range(CLIENTS):
         spec = local.steer(f"resid_post.{i % 4}", vectors[i], scale=3.0 + i)
-        g = local.generate(prompts[i], 10, steer=spec, capture="resid_post.3")
-        solo.append((g.ids, g.cache["resid_post.3"]))
-    clients = [ie_lab.connect(server.url, token=tokens[f"c{i}"], replace=False) for i in range(8)]
-    results: list = [None] * 8
+        g = local.generate(prompts[i], 10, steer=spec, capture=points[i])
+        solo.append((g.ids, g.cache))
+    clients = [ie_lab.connect(server.url, token=tokens[f"c{i}"], replace=False) for i in range(CLIENTS)]
+    results: list = [None] * CLIENTS
     errors: list = []
-    barrier = threading.Barrier(8)
+    barrier = threading.Barrier(CLIENTS)
 
     def run(i: int) -> None:
         try:
             s = clients[i]
             spec = s.steer(f"resid_post.{i % 4}", vectors[i], scale=3.0 + i)
             barrier.wait()
-            g = s.generate(prompts[i], 10, steer=spec, capture="resid_post.3")
-            results[i] = (g.ids, g.cache["resid_post.3"])
+            g = s.generate(prompts[i], 10, steer=spec, capture=points[i])
+            results[i] = (g.ids, g.cache)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
             barrier.abort()  # the others stop waiting for this one
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(CLIENTS)]
     for t in threads:
         t.start()
     for t in threads:
@@ -454,9 +456,11 @@ def test_eight_concurrent_clients_each_equal_their_solo_run(server, local, token
     for c in clients:
         c.close()
     assert not errors, errors
-    for i in range(8):
+    for i in range(CLIENTS):
         assert results[i][0] == solo[i][0], i
-        torch.testing.assert_close(results[i][1], solo[i][1], atol=1e-6, rtol=0)
+        assert [str(a) for a in results[i][1]] == points[i]
+        for a in points[i]:
+            torch.testing.assert_close(results[i][1][a], solo[i][1][a], atol=1e-6, rtol=0)
     assert len({tuple(r[0]) for r in results}) > 1  # the clients did steer differently
 
 
