@@ -690,3 +690,19 @@ def test_the_tables_are_operations_of_the_api(server, local, tokens):
     assert set(caps["operations"]) >= {"capture", "generate", "generate_stream", "attention", "logit_lens", "project"}
     r = post(server, "describe", encode({"args": ["extra"], "kwargs": {}}), tokens["alice"])
     assert r.status_code == 400 and "at most 0 positional" in r.json()["error"]["message"]
+
+
+def test_a_request_past_the_timeout_is_cancelled_and_refused_naming_it(tokens_file, tokens):
+    server = Server(tokens_file, 0, "--request-timeout", "1")
+    s = ie_lab.Session(server.url, backend="remote", token=tokens["alice"], replace=False)  # the constructor's form
+    try:
+        with pytest.raises(InputError, match=r"request_timeout=1\.0"):
+            s.generate(BATCH, MAX_NEW, ignore_eos=True, keep_logits=False)  # seconds of work on a CPU
+        with pytest.raises(InputError, match=r"request_timeout=1\.0"):
+            for _ in s.generate_stream(BATCH, MAX_NEW, ignore_eos=True, keep_logits=False):
+                pass
+        assert wait_until_idle(server, tokens["alice"])["running"] == 0
+        assert s.generate("Once upon a time", 4).ids  # short requests are served as before
+    finally:
+        s.close()
+        server.stop()
