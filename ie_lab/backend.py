@@ -13,7 +13,7 @@ must support for it, so an operation a backend cannot do refuses from that table
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ class CancelToken:
 
     def __init__(self) -> None:
         self.cancelled = False
+        self.interrupted = False  # set with cancelled by a SIGINT the caller's event loop did not turn into a cancel
 
 
 @dataclass(frozen=True)
@@ -148,18 +149,12 @@ class Backend(Protocol):
     def summary(self) -> str: ...
     def headline(self) -> str: ...
 
-
-class EagerStyle(Backend, Protocol):
-    """A backend whose operations compute on the calling thread under the session lock (on_loop False)."""
-
+    # on_loop False only (a loop-style backend need not have them):
     def stream(self, prompt: Any, max_new_tokens: int, **kwargs: Any) -> Iterator[Any]: ...
     def add_cancel_hooks(self, token: CancelToken) -> list: ...
 
-
-class LoopStyle(Backend, Protocol):
-    """A backend whose operations are coroutines on the session loop (on_loop True)."""
-
-    def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator[Any]: ...
+    # on_loop True only:
+    def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncGenerator[Any, None]: ...
 
 
 # backend= name -> "module:class". Named, not imported: session.py imports no backend, and a backend whose

@@ -115,6 +115,7 @@ def _needs_change(model: torch.nn.Module, dev: torch.device | None, dtype: torch
 
 def _json_in(src: str, filename: str) -> dict:
     """A JSON file of a folder or hub repo (the file only: nothing in it runs), or {} when there is none."""
+    path: str | None
     if os.path.isdir(src):
         path = os.path.join(src, filename)
         path = path if os.path.isfile(path) else None

@@ -37,7 +37,7 @@ import queue
 import signal
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import torch
@@ -676,14 +676,14 @@ class Session:
         return GenerationResult(ids, [s.token_id for s in steps], text, steps, "streamed",
                                 steps[-1].cache if steps else None)  # with capture=, the last step holds it all
 
-    def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
+    def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncGenerator:
         """The stream on the session loop (awaited twins and the pumped plain stream)."""
         if self._backend.on_loop:
             return self._backend.astream(token, prompt, max_new_tokens, kwargs)
         return self._locked_stream(token, prompt, max_new_tokens, kwargs)
 
     async def _locked_stream(self, token: _CancelToken, prompt: Any, max_new_tokens: int,
-                             kwargs: dict) -> AsyncIterator:
+                             kwargs: dict) -> AsyncGenerator:
         """An eager stream on the session loop: the model-side generator is created, advanced and closed on this
         one thread, as it holds the model's lock between steps."""
         self._check_open()
@@ -693,7 +693,7 @@ class Session:
             self._tokens.add(token)
             try:
                 with self._cancellable(token):
-                    it = self._backend.stream(prompt, max_new_tokens, **kwargs)
+                    it: Any = self._backend.stream(prompt, max_new_tokens, **kwargs)  # a generator: closed below
                     try:
                         while not token.cancelled:
                             step = next(it, _END)
@@ -751,7 +751,7 @@ class Session:
                 if watched:
                     _AwaitedInterrupts.remove(token)
 
-    async def _pump(self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], None]) -> None:
+    async def _pump(self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], Any]) -> None:
         def send(msg: tuple) -> bool:
             try:
                 put(msg)
@@ -791,7 +791,7 @@ class Session:
         token = _CancelToken()
         guard = _Deferral(token)
         lease = _Lease(self, token)
-        it = None
+        it: Any = None  # the backend's generator: closed below, on this thread
         hooks: list = []
         guard.install()
         try:
@@ -918,11 +918,12 @@ def _twins(op: Operation) -> tuple[Callable[..., Any], Callable[..., Any]]:
             return await self._on_loop(work)
         return await self._async(work)
 
-    sig = inspect.signature(getattr(Backend, op.method))
-    for fn, name in ((plain, op.name), (awaited, "a" + op.name)):
-        fn.__name__, fn.__qualname__ = name, f"Session.{name}"
-        fn.__doc__ = op.doc if fn is plain else f"Awaitable twin of Session.{op.name}: {op.doc}"
-        fn.__signature__ = sig  # type: ignore[attr-defined]
+    def name(fn: Any, name: str, doc: str) -> None:
+        fn.__name__, fn.__qualname__, fn.__doc__ = name, f"Session.{name}", doc
+        fn.__signature__ = inspect.signature(getattr(Backend, op.method))  # help(s.capture) shows the arguments
+
+    name(plain, op.name, op.doc)
+    name(awaited, "a" + op.name, f"Awaitable twin of Session.{op.name}: {op.doc}")
     return plain, awaited
 
 

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -234,7 +234,7 @@ class VLLMBackend:
         if engine == "inproc" and tensor_parallel_size != 1:
             raise InputError("engine='inproc' runs one worker in this process; tensor parallelism needs engine='async'.")
         self.engine_kind = engine
-        self.lm: VLLMModel | None = None
+        self.lm: Any = None  # a VLLMModel once loaded
         self._inflight: set[str] = set()
         self._driver: Any = None
         self._graph_dir: str | None = None
@@ -264,11 +264,14 @@ class VLLMBackend:
         self.lm = await self._aload(*self._load_args)
         return self.lm
 
-    def _check_open(self) -> None:
+    def _session(self) -> Any:
         host = self._host()
         if host is None:
             raise SessionClosed("this Session is closed; create a new one: Session(...).")
-        host._check_open()
+        return host
+
+    def _check_open(self) -> None:
+        self._session()._check_open()
 
     def _call(self, coro: Any) -> Any:
         host = self._host()
@@ -380,7 +383,7 @@ class VLLMBackend:
         reload=True it is refused, saying so; with it, this engine is closed first and a new one built from the same
         arguments. Switching to the mode the Session is in does nothing. Returns the Session."""
         self._check_open()
-        session = self._host()
+        session = self._session()
         if mode is None and graph_points is None:
             raise InputError("set_mode needs a mode: 'hooks', 'generate', or graph_points=[...] for graph mode.")
         check_flag("reload", reload)
@@ -510,7 +513,7 @@ class VLLMBackend:
                 "context.")
 
     async def _request(self, ids: list[int], params: Any, work: _Work, box: dict,
-                       tail: Callable[[], list[int]] | None = None) -> AsyncIterator[Any]:
+                       tail: Callable[[], list[int]] | None = None) -> AsyncGenerator[Any, None]:
         """Submit one request; yield its output deltas; put what the worker collected into box['collected'].
 
         With ``tail`` (a capture during generation), the last generated token has not been through the model when
@@ -713,7 +716,7 @@ class VLLMBackend:
                               include_stop_str_in_output=True, skip_special_tokens=False,
                               ignore_eos=bool(ignore_eos))
 
-    async def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
+    async def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncGenerator:
         kwargs = dict(kwargs)
         streaming = "_result" not in kwargs  # generate() collects once at the end; a stream drains every step
         box: dict = kwargs.pop("_result", None) if "_result" in kwargs else {}
