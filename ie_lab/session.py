@@ -877,6 +877,8 @@ class Session:
             raise SessionClosed("this Session is closed; create a new one: Session(...).") from None
 
     # ---- notebook panels (ie_lab/widgets; JS/CSS in widgets/) ----------------------------------------
+    # Each panel's module is imported when one is opened: it loads anywidget and the bundled JS, which a script
+    # that never draws a panel should not pay for.
     def picker(self, layer: int | None = None):
         """The architecture diagram of this model; clicking a point sets ``picker.address`` (an Address)."""
         from .widgets.picker import Picker
