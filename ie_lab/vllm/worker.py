@@ -32,26 +32,9 @@ from ..ops.attention import scores_and_probs
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
 from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, site_table
-
-RECOMPUTED = ("attn_scores", "attn_probs")
-
-
-# ---- plain-data tensor transport (works with vLLM's msgspec IPC without insecure pickling) -------------
-
-def pack(t: torch.Tensor) -> dict:
-    t = t.detach().to("cpu").contiguous()
-    dtype = str(t.dtype).replace("torch.", "")
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-        dtype = "float32"
-    return {"dtype": dtype, "shape": list(t.shape), "data": t.numpy().tobytes()}
-
-
-def unpack(d: dict) -> torch.Tensor:
-    import numpy as np
-
-    arr = np.frombuffer(d["data"], dtype=getattr(np, d["dtype"])).reshape(d["shape"])
-    return torch.from_numpy(arr.copy())
+from .wire import RECOMPUTED, pack, unpack  # what crosses to the client: plain data (vllm/wire.py)
+from .wire import by_position as _by_position
+from .wire import dedupe_order as _dedupe_order
 
 
 def _tp_rank() -> int:
@@ -474,23 +457,6 @@ class IELabWorker:
 def _layer_of(point: str) -> int:
     tail = point.rsplit(".", 1)[-1]
     return int(tail) if tail.isdigit() else -1
-
-
-def _dedupe_order(pos: torch.Tensor) -> torch.Tensor:
-    """Indices that sort by position, keeping the last occurrence of a repeated position (recomputes)."""
-    order = torch.argsort(pos, stable=True)
-    p = pos[order]
-    keep = torch.ones_like(p, dtype=torch.bool)
-    if p.numel() > 1:
-        keep[:-1] = p[1:] != p[:-1]
-    return order[keep]
-
-
-def _by_position(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    pos = torch.cat([p for p, _ in parts])
-    t = torch.cat([x for _, x in parts])
-    order = _dedupe_order(pos)
-    return pos[order], t[order]
 
 
 def _position_mask(positions: Any, absolute: torch.Tensor, prompt_len: int, ids: torch.Tensor | None,
