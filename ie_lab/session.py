@@ -940,6 +940,5 @@ for _op in OPERATIONS:
 del _op, _plain, _awaited
 
 ASYNC_TWINS = tuple(op.name for op in OPERATIONS)
-VLLMSession = Session  # the name older code imports; a Session on backend='vllm' is a plain Session
 
 __all__ = ["Session", "OperationCancelled", "SessionClosed", "Address"]
