@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from ..backend import OperationCancelled
 from ..capabilities import require
 from ..core.inputs import prepare_prompts
+from ..core.steer_spec import issued_specs
 from ..errors import InputError
 from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
 from ..points_table import PointsTable
@@ -26,7 +27,7 @@ from .lens import logit_lens
 from .means import mean_difference
 from .patching import gradients, patch, patch_sweep
 from .project import project
-from .steer import issued_specs, make_spec, run_issued
+from .steer import make_spec, run_issued
 
 
 def _check_callable(fn: Any) -> None:

@@ -30,8 +30,6 @@ from .steer import running
 from .steer_hooks import steering
 from .taps import Taps
 
-_check_args = check_generation_args  # its old name, which the vLLM session imports until it imports core
-
 
 def _eos_ids(lm: Any) -> set[int]:
     out: set[int] = set()

@@ -19,15 +19,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..address import AddressLike
 from ..core.steer_scope import CURRENT_OP, Op
-from ..core.steer_scope import active_specs, enter_scope, exit_scope  # noqa: F401 - re-exported for the sessions
 from ..core.steer_spec import SteerSpec
-from ..core.steer_spec import check_positions_fit, issued_specs  # noqa: F401 - re-exported for the sessions
 from ..core.steer_spec import make_spec as _make_spec
 from .model import lm_of
 from .steer_hooks import steering
-
-# The names re-exported above moved to ie_lab/core/; they stay importable from here until the session modules
-# import them from core (then these lines go).
 
 
 @contextlib.contextmanager
