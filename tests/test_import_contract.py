@@ -64,11 +64,12 @@ RULES = {
     },
 }
 
-# Known exceptions: what only the Session redesign (issue 15 item 1, in progress) removes, because the importer
-# is session code. Each is (importer module, layer it may still import), or a set of modules that may still import
-# one another. Delete an entry once its imports are gone: test_known_exceptions_are_still_needed fails on one that
-# no longer matches anything, so the list cannot go stale.
-KNOWN_EDGES: set[tuple[str, str]] = set()  # none left: the Session redesign removed the last ones
+# Known exceptions, each named with why and removed with the import it excuses: (importer module, layer it may
+# still import), or a set of modules that may still import one another. test_known_exceptions_are_still_needed
+# fails on an entry that no longer matches anything, so the list cannot go stale. None are left: the Session
+# redesign (issue 15 item 1) removed the vLLM session's eager imports, the package imports and the
+# package/loading/session/vllm-session cycle that the core move could not.
+KNOWN_EDGES: set[tuple[str, str]] = set()
 KNOWN_CYCLES: list[set[str]] = []
 
 
