@@ -119,8 +119,8 @@ class _StepRows:
 
         parts = self.attn.get(L, [])
         pos = torch.cat([p for p, _, _ in parts]) if parts else torch.zeros(0, dtype=torch.long)
-        sc = torch.cat([fit(x, float("-inf")) for _, x, _ in parts], dim=1) if parts else None
-        pr = torch.cat([fit(x, 0.0) for _, _, x in parts], dim=1) if parts else None
+        sc: Any = torch.cat([fit(x, float("-inf")) for _, x, _ in parts], dim=1) if parts else None
+        pr: Any = torch.cat([fit(x, 0.0) for _, _, x in parts], dim=1) if parts else None
         order = dedupe_order(pos)
         pos = pos[order]
         keep = (pos >= self.upto) & (pos < stop)
@@ -139,7 +139,8 @@ class _StepRows:
     def attach(self, step: Any, generated: list[int], stop: int | None = None) -> None:
         stop = self.P + step.index if stop is None else stop
         got = self._take(stop)
-        attn = {L: self._take_attn(L, stop) for L in {a.layer for a in self.addrs if a.name in RECOMPUTED}}
+        layers: set[Any] = {a.layer for a in self.addrs if a.name in RECOMPUTED}  # attention points have layers
+        attn = {L: self._take_attn(L, stop) for L in layers}
         new = {}
         for a in self.addrs:
             if a.name in RECOMPUTED:
@@ -388,7 +389,7 @@ class VLLMBackend:
             raise InputError("set_mode needs a mode: 'hooks', 'generate', or graph_points=[...] for graph mode.")
         check_flag("reload", reload)
         target = _resolve_mode(mode, graph_points)
-        names = graph_point_names(self.lm.facts, list(graph_points)) if target == "graph" else None
+        names = graph_point_names(self.lm.facts, list(graph_points or ())) if target == "graph" else None
         if target == self._mode and (target != "graph" or names == self._graph):
             return session
         now = self._mode if self._mode != "graph" else f"graph (graph_points={self._graph})"
@@ -472,7 +473,8 @@ class VLLMBackend:
     # ---- the request path -------------------------------------------------------------------------
     def _work_for(self, capture: Any, steer: Any) -> tuple[list[Address], _Work]:
         addrs = parse_addresses(self.lm, capture) if capture else []
-        points, attn = [], []
+        points: list[str] = []
+        attn: list[Any] = []  # layers of the recomputed attention points
         for a in addrs:
             check_served(self.lm, a)
             base = a.without_head()
@@ -740,7 +742,7 @@ class VLLMBackend:
         if limit and ids.shape[1] + max_new_tokens > int(limit):
             raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                              f"context of {limit}; lower max_new_tokens or shorten the prompt.")
-        if self._len_why and ids.shape[1] + max_new_tokens > self._max_len:  # vLLM would stop early, silently
+        if self._len_why and self._max_len and ids.shape[1] + max_new_tokens > self._max_len:  # vLLM would stop early
             raise CapabilityUnsupported(
                 f"a generation of {ids.shape[1]} + {max_new_tokens} tokens on backend='vllm'", self._len_why,
                 f"keep prompt + max_new_tokens within {self._max_len}, or use backend='eager'.")
@@ -790,7 +792,7 @@ class VLLMBackend:
                         return
         finally:
             self._tokens.discard(token)
-        if held is not None:
+        if held is not None and rows is not None:  # held is only set where rows are drained
             rows.finish(held, generated, box.get("collected", {}))
             yield held
         box["ids"] = generated
@@ -889,7 +891,7 @@ class VLLMBackend:
         self._refuse_in_generate_mode("attention()")
         layers = list(range(self.lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
         scored = self.lm.family not in quirks.VLLM_SCORES_UNCHECKED
-        c = await self._acapture(prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
+        c: Any = await self._acapture(prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
                                  + ([f"attn_scores.{L}" for L in layers] if scored else []))
         if c.tokens.shape[0] != 1:
             raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
