@@ -319,8 +319,11 @@ class Session:
                  tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
                  progress: bool = True, **backend_options: Any):
         if not isinstance(backend, str) or backend not in ("auto", *BACKENDS):
-            raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager' or 'vllm'.")
-        name = "eager" if backend == "auto" else backend
+            raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager', 'vllm' or 'remote'.")
+        name = backend
+        if backend == "auto":  # an http(s) address is a server (ie-lab serve); anything else loads here
+            remote = isinstance(model, str) and model.startswith(("http://", "https://"))
+            name = "remote" if remote else "eager"
         if name == "vllm" and importlib.util.find_spec("vllm") is None:
             # refuse cleanly instead of a ModuleNotFoundError inside
             raise CapabilityUnsupported("backend='vllm'", "vLLM is not installed in this environment.",
@@ -889,7 +892,9 @@ class Session:
         from .widgets.picker import Picker
 
         self._check_open()
-        return Picker(self._lm.facts, self.backend, lm=self._lm, layer=layer)
+        # the verdicts of the backend that computes: a remote session's are its server's
+        served = getattr(self._backend, "served_backend", self.backend)
+        return Picker(self._lm.facts, served, lm=self._lm, layer=layer)
 
     def show_attention(self, prompt: Any, layers: Any = None, *, layer: int | None = None, head: int = 0):
         """Attention viewer: head thumbnails per layer, the selected head's pattern fetched on demand."""

@@ -287,6 +287,21 @@ def test_facts_tables_and_tokenizer_equal_local(remote, local):
     assert remote.served_backend == "eager" and remote.backend == "remote"
 
 
+def test_the_picker_on_a_remote_session_serves_what_the_local_one_does(remote, local, server, tokens):
+    # The picker draws with the verdicts of the backend that computes (the server's), and an http address with
+    # the default backend='auto' is a remote session, not a folder name that fails to load.
+    def served(picker):
+        return {p["name"]: (p["served"], p["why"]) for p in picker.spec["points"]}
+
+    assert served(remote.picker()) == served(local.picker())
+    s = ie_lab.Session(server.url, token=tokens["alice"], replace=False, progress=False)
+    try:
+        assert s.backend == "remote" and s.served_backend == "eager"
+        assert s.tokens("The cat sat").tolist() == local.tokens("The cat sat").tolist()
+    finally:
+        s.close()
+
+
 def test_refusals_arrive_as_the_same_class_and_text(remote, local):
     for call in (
         lambda s: s.capture("x", "resid_post.99"),

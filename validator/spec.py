@@ -77,7 +77,7 @@ ENGINES: dict[str, Engine] = {
                "interp-engine's eager backend, asked for the same address (its point names match ie_lab's); a "
                "reference only, run in its own environment"),
         Engine("vllm", "ie_lab vLLM", None, VLLM,
-               "ie_lab.load(path, backend='vllm') and ie_lab.capture for the same address"),
+               "ie_lab.Session(path, backend='vllm') and its capture for the same address"),
     )
 }
 DEFAULT_ENGINES = ("hf", "tl", "nnsight", "nnterp", "interp", "vllm")

@@ -323,7 +323,7 @@ def run_vllm(job):
     import ie_lab
 
     with contextlib.redirect_stdout(sys.stderr):
-        lm = ie_lab.load(job["model_dir"], backend="vllm", dtype=job.get("dtype", "float32"), quiet=True)
+        lm = ie_lab.Session(job["model_dir"], backend="vllm", dtype=job.get("dtype", "float32"), progress=False)
     ids = _ids(job)
     got, errors = {}, {}
     capture = lm.capture if hasattr(lm, "capture") else (lambda t, a: ie_lab.capture(lm, t, a))
