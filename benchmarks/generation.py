@@ -44,8 +44,9 @@ def main() -> int:
 
     def hf(n):
         with torch.no_grad():
-            return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)[0, prompt.shape[1]:].tolist()
+            return model.generate(
+                prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+            )[0, prompt.shape[1] :].tolist()
 
     ref128, ref32 = hf(128), hf(32)
     lm.hf.generation_config.eos_token_id = None
@@ -66,8 +67,9 @@ def main() -> int:
 
     def gen_then_rerun_512():
         with torch.no_grad():
-            toks = model.generate(prompt512, max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)[0, 512:].tolist()
+            toks = model.generate(
+                prompt512, max_new_tokens=32, min_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
+            )[0, 512:].tolist()
         return toks, ie_lab.capture(lm, torch.cat([prompt512, torch.tensor([toks])], 1), all_res)
 
     def capture_gen_512():
@@ -96,9 +98,16 @@ def main() -> int:
         print("correctness check failed, not reporting speed:", checks, file=sys.stderr)
         return 1
 
-    variants = {"hf_generate": lambda: hf(128), "ie_stream": ie_stream, "gen_then_rerun": gen_then_rerun,
-                "capture_gen": capture_gen, "gen_then_rerun_512": gen_then_rerun_512,
-                "capture_gen_512": capture_gen_512, "unsteered_32": unsteered, "steered_32": steered}
+    variants = {
+        "hf_generate": lambda: hf(128),
+        "ie_stream": ie_stream,
+        "gen_then_rerun": gen_then_rerun,
+        "capture_gen": capture_gen,
+        "gen_then_rerun_512": gen_then_rerun_512,
+        "capture_gen_512": capture_gen_512,
+        "unsteered_32": unsteered,
+        "steered_32": steered,
+    }
     med = interleaved_medians(variants, args.repeats)
     ratios = {
         "ie_stream_tok_s_vs_hf": med["hf_generate"] / med["ie_stream"],
@@ -106,12 +115,23 @@ def main() -> int:
         "capture_gen_512_speedup_vs_rerun": med["gen_then_rerun_512"] / med["capture_gen_512"],
         "steered_time_vs_unsteered": med["steered_32"] / med["unsteered_32"],
     }
-    result = {"benchmark": "generation", "device": "cpu", "threads": args.threads, "repeats": args.repeats,
-              "model": "random Llama, hidden 512, 8 layers", "median_s": med, "ratios": ratios,
-              "targets": {"ie_stream_tok_s_vs_hf": ">= 0.90", "capture_gen_speedup_vs_rerun": ">= 1.5",
-                          "capture_gen_512_speedup_vs_rerun": ">= 1.5",
-                          "steered_time_vs_unsteered": "<= 1.10"},
-              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    result = {
+        "benchmark": "generation",
+        "device": "cpu",
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "model": "random Llama, hidden 512, 8 layers",
+        "median_s": med,
+        "ratios": ratios,
+        "targets": {
+            "ie_stream_tok_s_vs_hf": ">= 0.90",
+            "capture_gen_speedup_vs_rerun": ">= 1.5",
+            "capture_gen_512_speedup_vs_rerun": ">= 1.5",
+            "steered_time_vs_unsteered": "<= 1.10",
+        },
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     return write_result(args.out, "generation-cpu", result, ratios)
 
 

@@ -94,25 +94,42 @@ def main() -> int:
                 lat[name].append(time.perf_counter() - t0)
                 ename = reply["content"].get("ename")
                 if reply["content"]["status"] != "error" or ename not in EXPECTED.get(name, ("KeyboardInterrupt",)):
-                    print(f"{name}: the interrupt ended the cell with {reply['content']}, not reporting", file=sys.stderr)
+                    print(
+                        f"{name}: the interrupt ended the cell with {reply['content']}, not reporting", file=sys.stderr
+                    )
                     return 1
                 check = kc.execute("check = " + CHECK, user_expressions={"check": "check"}, stop_on_error=False)
                 r = _reply(kc, check, 120)["content"]
                 value = r.get("user_expressions", {}).get("check", {}).get("data", {}).get("text/plain")
                 if r["status"] != "ok" or value != "(0, False, 3)":
-                    print(f"{name}: after the interrupt the session was not clean: {r.get('status')} {value}",
-                          file=sys.stderr)
+                    print(
+                        f"{name}: after the interrupt the session was not clean: {r.get('status')} {value}",
+                        file=sys.stderr,
+                    )
                     return 1
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
     med = {k: statistics.median(v) for k, v in lat.items()}
     base = med["sleep"]
-    shown = {k: {"median_ms": round(med[k] * 1e3, 1), "worst_ms": round(max(lat[k]) * 1e3, 1),
-                 "median_minus_sleep_ms": round((med[k] - base) * 1e3, 1)} for k in CELLS}
-    result = {"benchmark": "interrupt_latency", "device": "cpu", "threads": args.threads, "repeats": args.repeats,
-              "model": "random Llama, 4 layers, hidden 512, in a real ipykernel", "latency_s": lat, "shown": shown,
-              "date": time.strftime("%Y-%m-%d")}
+    shown = {
+        k: {
+            "median_ms": round(med[k] * 1e3, 1),
+            "worst_ms": round(max(lat[k]) * 1e3, 1),
+            "median_minus_sleep_ms": round((med[k] - base) * 1e3, 1),
+        }
+        for k in CELLS
+    }
+    result = {
+        "benchmark": "interrupt_latency",
+        "device": "cpu",
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "model": "random Llama, 4 layers, hidden 512, in a real ipykernel",
+        "latency_s": lat,
+        "shown": shown,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     return write_result(args.out, "interrupt_latency-cpu", result, shown)
 
 

@@ -49,10 +49,19 @@ def main() -> int:
         return 1
     t = interleaved_medians({"per_cell": lambda: sweep(1), "batched": lambda: sweep(None)}, args.repeats)
     cells = lm.facts.n_layers * args.tokens
-    print(json.dumps({"cells": cells, "auto_batch_size": auto_batch_size(lm, args.tokens, 0),
-                      "threads": args.threads, "per_cell_s": round(t["per_cell"], 3),
-                      "batched_s": round(t["batched"], 3), "speedup": round(t["per_cell"] / t["batched"], 2)},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                "cells": cells,
+                "auto_batch_size": auto_batch_size(lm, args.tokens, 0),
+                "threads": args.threads,
+                "per_cell_s": round(t["per_cell"], 3),
+                "batched_s": round(t["batched"], 3),
+                "speedup": round(t["per_cell"] / t["batched"], 2),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

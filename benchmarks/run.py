@@ -29,8 +29,16 @@ sys.path.insert(0, HERE)
 
 from cell import ENGINES, WORKLOADS, shape_for  # noqa: E402
 
-ENV = {"bare": None, "ie_eager": None, "ie_vllm": None, "ie_vllm_graph": None, "interp": "interp", "tl": "tl", "tl_nocache": "tl",
-       "nnsight": "nnsight"}
+ENV = {
+    "bare": None,
+    "ie_eager": None,
+    "ie_vllm": None,
+    "ie_vllm_graph": None,
+    "interp": "interp",
+    "tl": "tl",
+    "tl_nocache": "tl",
+    "nnsight": "nnsight",
+}
 
 
 def python_for(engine: str) -> str | None:
@@ -77,9 +85,19 @@ def cell_path(out_dir, model, engine, workload):
 
 
 def placeholder(model, engine, workload, device, reason, status="not run"):
-    return {"benchmark": "sidebyside", "model": model, "engine": engine, "workload": workload, "device": device,
-            "status": status, "reason": reason, "median_s": None, "tok_per_s": None, "peak_rss_mb": None,
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "benchmark": "sidebyside",
+        "model": model,
+        "engine": engine,
+        "workload": workload,
+        "device": device,
+        "status": status,
+        "reason": reason,
+        "median_s": None,
+        "tok_per_s": None,
+        "peak_rss_mb": None,
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def widget_cells(out_dir, device):
@@ -94,9 +112,17 @@ def widget_cells(out_dir, device):
         if engine != "ie_eager":
             c["status"], c["reason"] = "n/a", "no notebook widgets in this engine"
         else:
-            c.update({"median_s": sl["median"] / 1000, "p90_s": sl["p90"] / 1000, "repeats": r["repeats"],
-                      "check": "slider change -> first steered token on screen (browser, widgets_latency.py)",
-                      "source": "benchmarks/results/widgets-cpu.json", "date": r["date"], "target_s": sl["target"] / 1000})
+            c.update(
+                {
+                    "median_s": sl["median"] / 1000,
+                    "p90_s": sl["p90"] / 1000,
+                    "repeats": r["repeats"],
+                    "check": "slider change -> first steered token on screen (browser, widgets_latency.py)",
+                    "source": "benchmarks/results/widgets-cpu.json",
+                    "date": r["date"],
+                    "target_s": sl["target"] / 1000,
+                }
+            )
         with open(cell_path(out_dir, "widget", engine, "widget_round_trip"), "w") as f:
             json.dump(c, f, indent=1)
 
@@ -109,16 +135,20 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per cell")
-    ap.add_argument("--gpu", action="store_true", help="device cuda, bfloat16, a real checkpoint (default "
-                    "meta-llama/Llama-3.2-1B or $IE_LAB_BENCH_GPU_MODEL)")
+    ap.add_argument(
+        "--gpu",
+        action="store_true",
+        help="device cuda, bfloat16, a real checkpoint (default meta-llama/Llama-3.2-1B or $IE_LAB_BENCH_GPU_MODEL)",
+    )
     ap.add_argument("--skip-existing", action="store_true", help="keep cells that already ran (status not 'not run')")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     device = "cuda" if args.gpu else "cpu"
     dtype = "bfloat16" if args.gpu else "float32"
-    models = args.model or ([os.environ.get("IE_LAB_BENCH_GPU_MODEL", "meta-llama/Llama-3.2-1B")] if args.gpu
-                            else ["bench20m", "demo"])
+    models = args.model or (
+        [os.environ.get("IE_LAB_BENCH_GPU_MODEL", "meta-llama/Llama-3.2-1B")] if args.gpu else ["bench20m", "demo"]
+    )
     engines = args.engine or ENGINES
     workloads = args.workload or WORKLOADS
     out_dir = args.out or os.path.join(HERE, "results", "sidebyside", device)
@@ -147,42 +177,72 @@ def main(argv=None) -> int:
                         continue
                     py = python_for(engine)
                     if py is None:
-                        c = placeholder(model, engine, w, device, f"no environment .venvs/{ENV[engine]} (bash "
-                                        f"validator/envs/setup.sh {ENV[engine]})")
+                        c = placeholder(
+                            model,
+                            engine,
+                            w,
+                            device,
+                            f"no environment .venvs/{ENV[engine]} (bash validator/envs/setup.sh {ENV[engine]})",
+                        )
                     else:
-                        c = placeholder(model, engine, w, device,
-                                        "the matrix run stopped before this cell (time budget)")
+                        c = placeholder(
+                            model, engine, w, device, "the matrix run stopped before this cell (time budget)"
+                        )
                         todo.append((model, engine, w, py))
                     c["model_desc"], c["shape"] = dirs[model][1], shapes[model][1]
                     with open(p, "w") as f:
                         json.dump(c, f, indent=1)
 
         # the cells the targets compare run first, so a run cut short by its time budget still decides them
-        first = {("bare", "forward_512"), ("bare", "generate"), ("ie_eager", "capture_all"),
-                 ("ie_eager", "generate"), ("ie_eager", "capture_gen"), ("ie_eager", "generate_x8"),
-                 ("interp", "generate"), ("interp", "capture_gen"), ("interp", "capture_all"), ("tl", "capture_all"),
-                 ("nnsight", "capture_all"), ("ie_vllm", "generate_x8"), ("tl", "generate"),
-                 ("tl_nocache", "generate")}
+        first = {
+            ("bare", "forward_512"),
+            ("bare", "generate"),
+            ("ie_eager", "capture_all"),
+            ("ie_eager", "generate"),
+            ("ie_eager", "capture_gen"),
+            ("ie_eager", "generate_x8"),
+            ("interp", "generate"),
+            ("interp", "capture_gen"),
+            ("interp", "capture_all"),
+            ("tl", "capture_all"),
+            ("nnsight", "capture_all"),
+            ("ie_vllm", "generate_x8"),
+            ("tl", "generate"),
+            ("tl_nocache", "generate"),
+        }
         todo.sort(key=lambda t: ((t[1], t[2]) not in first, list(dirs).index(t[0])))
 
         bases = {}
         for model, (mdir, desc) in dirs.items():
             cfg, shape = shapes[model]
-            base = {"model": model, "model_desc": desc, "model_dir": mdir, "shape": shape, "repeats": args.repeats,
-                    "threads": args.threads, "device": device, "dtype": dtype, "vocab": cfg.vocab_size,
-                    "d_model": cfg.hidden_size, "refs": os.path.join(tmp, f"{model}.refs.pt")}
+            base = {
+                "model": model,
+                "model_desc": desc,
+                "model_dir": mdir,
+                "shape": shape,
+                "repeats": args.repeats,
+                "threads": args.threads,
+                "device": device,
+                "dtype": dtype,
+                "vocab": cfg.vocab_size,
+                "d_model": cfg.hidden_size,
+                "refs": os.path.join(tmp, f"{model}.refs.pt"),
+            }
             spec_path = os.path.join(tmp, f"{model}.refs.json")
             json.dump(base, open(spec_path, "w"))
             t0 = time.time()
-            r = subprocess.run([python_for("bare"), os.path.join(HERE, "cell.py"), "--refs", spec_path],
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                [python_for("bare"), os.path.join(HERE, "cell.py"), "--refs", spec_path], capture_output=True, text=True
+            )
             if r.returncode != 0:
                 print(r.stderr[-3000:], file=sys.stderr)
                 return 1
-            print(f"[{model}] references from bare transformers in {time.time() - t0:.0f}s: {r.stdout.strip()}",
-                  flush=True)
+            print(
+                f"[{model}] references from bare transformers in {time.time() - t0:.0f}s: {r.stdout.strip()}",
+                flush=True,
+            )
             bases[model] = (base, desc, shape)
-        for (model, engine, w, py) in todo:
+        for model, engine, w, py in todo:
             if model in bases:
                 base, desc, shape = bases[model]
                 spec = dict(base, engine=engine, workload=w, out=cell_path(out_dir, model, engine, w))
@@ -191,13 +251,25 @@ def main(argv=None) -> int:
                 t1 = time.time()
                 env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(args.threads))
                 try:
-                    r = subprocess.run([py, os.path.join(HERE, "cell.py"), sp], capture_output=True, text=True,
-                                       timeout=args.timeout, env=env, cwd=ROOT)
+                    r = subprocess.run(
+                        [py, os.path.join(HERE, "cell.py"), sp],
+                        capture_output=True,
+                        text=True,
+                        timeout=args.timeout,
+                        env=env,
+                        cwd=ROOT,
+                    )
                     ok = os.path.exists(spec["out"]) and json.load(open(spec["out"])).get("status") != "not run"
                     if not ok:
                         lines = [ln for ln in (r.stderr or "").splitlines() if ln.strip()]
-                        c = placeholder(model, engine, w, device, f"the cell process died (rc {r.returncode}): "
-                                        f"{lines[-1][:250] if lines else ''}", status="error")
+                        c = placeholder(
+                            model,
+                            engine,
+                            w,
+                            device,
+                            f"the cell process died (rc {r.returncode}): {lines[-1][:250] if lines else ''}",
+                            status="error",
+                        )
                         json.dump(c, open(spec["out"], "w"), indent=1)
                 except subprocess.TimeoutExpired:
                     c = placeholder(model, engine, w, device, f"timed out after {args.timeout}s", status="error")
@@ -205,8 +277,11 @@ def main(argv=None) -> int:
                 c = json.load(open(spec["out"]))
                 c["model_desc"], c["shape"] = desc, shape
                 json.dump(c, open(spec["out"], "w"), indent=1)
-                print(f"[{model} {engine} {w}] {c['status']} {c.get('median_s')} ({time.time() - t1:.0f}s) "
-                      f"{c.get('check') or c.get('reason')}", flush=True)
+                print(
+                    f"[{model} {engine} {w}] {c['status']} {c.get('median_s')} ({time.time() - t1:.0f}s) "
+                    f"{c.get('check') or c.get('reason')}",
+                    flush=True,
+                )
         return 0
 
 

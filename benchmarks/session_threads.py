@@ -73,8 +73,11 @@ def main() -> int:
     if agen["session_agenerate"]() != ref:
         print("correctness check failed: agenerate tokens differ", file=sys.stderr)
         return 1
-    two = interleaved_medians({"direct_generate": variants["direct_generate"], "session_generate": variants["session_generate"],
-                 **agen}, args.repeats, warm=False)
+    two = interleaved_medians(
+        {"direct_generate": variants["direct_generate"], "session_generate": variants["session_generate"], **agen},
+        args.repeats,
+        warm=False,
+    )
     S.close()
     med = {**{f"{k} (one pool)": v for k, v in one.items()}, **{f"{k} (two pools)": v for k, v in two.items()}}
     ratios = {
@@ -85,15 +88,27 @@ def main() -> int:
         "session_agenerate, two pools / direct_generate, one pool": two["session_agenerate"] / one["direct_generate"],
     }
     ratios["session_capture - direct_capture (ms per call)"] = (one["session_capture"] - one["direct_capture"]) * 1e3
-    targets = {"session_generate / direct_generate": "<= 1.10", "session_stream / direct_generate": "reported",
-               "session_capture / direct_capture": "reported",
-               "session_capture - direct_capture (ms per call)": "reported",
-               "direct_generate, two pools / one pool": "reported",
-               "session_agenerate, two pools / direct_generate, one pool": "reported"}
-    result = {"benchmark": "session_threads", "device": "cpu", "threads": args.threads, "repeats": args.repeats,
-              "model": f"ie_lab demo model, {n} greedy tokens from a 64-token prompt; capture of every resid_post "
-                       "over 128 tokens", "median_s": med, "ratios": ratios, "targets": targets,
-              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    targets = {
+        "session_generate / direct_generate": "<= 1.10",
+        "session_stream / direct_generate": "reported",
+        "session_capture / direct_capture": "reported",
+        "session_capture - direct_capture (ms per call)": "reported",
+        "direct_generate, two pools / one pool": "reported",
+        "session_agenerate, two pools / direct_generate, one pool": "reported",
+    }
+    result = {
+        "benchmark": "session_threads",
+        "device": "cpu",
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "model": f"ie_lab demo model, {n} greedy tokens from a 64-token prompt; capture of every resid_post "
+        "over 128 tokens",
+        "median_s": med,
+        "ratios": ratios,
+        "targets": targets,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     return write_result(args.out, "session_threads-cpu", result, ratios)
 
 

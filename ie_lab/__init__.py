@@ -37,6 +37,7 @@ def capture(model: Any, tokens_or_text: Any, addresses: Any, *, steer: Any = Non
 
 capture.__doc__ = "See ie_lab.eager.capture.capture."
 
+
 def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
     """Generate to the end; see ie_lab.eager.generate.generate_stream for the arguments."""
     from .eager.generate import generate as _generate
@@ -82,10 +83,9 @@ from .eager.patching import (  # noqa: E402
     patch_sweep,
     run_with_patches,
 )
-
 from .loading import load  # noqa: E402  (an EagerModel whatever the backend: see its docstring)
-from .session import OperationCancelled, Session, SessionClosed  # noqa: E402
 from .remote.client import connect  # noqa: E402  (a Session on a model served by `ie-lab serve`: docs/REMOTE.md)
+from .session import OperationCancelled, Session, SessionClosed  # noqa: E402
 
 
 def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None):
@@ -98,9 +98,43 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
 
 
 __all__ = [
-    "Address", "AddressError", "ArchitectureUnsupported", "ComputeDiffersWarning", "IELabWarning", "Cache", "CapabilityUnsupported", "IELabError", "InputError", "PointAbsent", "RequestFailed",
-    "StructureError", "DEMO_MODEL", "apply_chat_template", "attention", "attribution_patch", "capture", "cheatsheet",
-    "fit_tuned_lens", "generate", "generate_stream", "gradients", "load", "logit_diff", "logit_lens",
-    "mean_difference", "message_spans", "patch", "patch_sweep", "points", "project", "run_with_patches", "steer", "Session", "SessionClosed", "OperationCancelled", "sizing",
+    "Address",
+    "AddressError",
+    "ArchitectureUnsupported",
+    "ComputeDiffersWarning",
+    "IELabWarning",
+    "Cache",
+    "CapabilityUnsupported",
+    "IELabError",
+    "InputError",
+    "PointAbsent",
+    "RequestFailed",
+    "StructureError",
+    "DEMO_MODEL",
+    "apply_chat_template",
+    "attention",
+    "attribution_patch",
+    "capture",
+    "cheatsheet",
+    "fit_tuned_lens",
+    "generate",
+    "generate_stream",
+    "gradients",
+    "load",
+    "logit_diff",
+    "logit_lens",
+    "mean_difference",
+    "message_spans",
+    "patch",
+    "patch_sweep",
+    "points",
+    "project",
+    "run_with_patches",
+    "steer",
+    "Session",
+    "SessionClosed",
+    "OperationCancelled",
+    "sizing",
+    "connect",
     "__version__",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from . import points as _points
 from .errors import AddressError
@@ -34,8 +34,9 @@ class Address:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise AddressError(f"an address's name is a point name string like 'resid_post', got "
-                               f"{type(self.name).__name__}.")
+            raise AddressError(
+                f"an address's name is a point name string like 'resid_post', got {type(self.name).__name__}."
+            )
         point = _points.get(self.name)  # raises with a suggestion for unknown names
         for coord in ("layer", "head", "stream"):
             value = getattr(self, coord)
@@ -48,17 +49,16 @@ class Address:
                 except TypeError:
                     pass
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise AddressError(f"{self.name}: {coord} must be a non-negative integer, got {value!r}"
-                                   f" ({type(value).__name__}).")
+                raise AddressError(
+                    f"{self.name}: {coord} must be a non-negative integer, got {value!r} ({type(value).__name__})."
+                )
         if point.scope is Scope.TRUNK and self.layer is not None:
             raise AddressError(
                 f"{self.name!r} is a trunk point (one per forward), so it takes no layer: write {self.name!r}, "
                 f"not '{self.name}.{self.layer}'."
             )
         if point.scope is Scope.LAYER and self.layer is None:
-            raise AddressError(
-                f"{self.name!r} exists once per layer: add the layer, e.g. '{self.name}.0'."
-            )
+            raise AddressError(f"{self.name!r} exists once per layer: add the layer, e.g. '{self.name}.0'.")
         if self.head is not None and not point.head_axis:
             head_points = ", ".join(p.name for p in _points.all_points() if p.head_axis)
             raise AddressError(
@@ -77,7 +77,7 @@ class Address:
         return _points.REGISTRY[self.name]
 
     @classmethod
-    def parse(cls, text: Union[str, "Address"]) -> "Address":
+    def parse(cls, text: str | "Address") -> "Address":
         if isinstance(text, Address):
             return text
         if not isinstance(text, str):
@@ -159,7 +159,7 @@ class Address:
         return self
 
 
-AddressLike = Union[str, Address]
+AddressLike = str | Address
 
 
 def as_address(a: AddressLike) -> Address:
@@ -187,11 +187,15 @@ def layer_list(layers: object, facts: "ArchFacts", *, arg: str = "layers") -> li
             except TypeError:
                 value = x
         if isinstance(value, bool) or not isinstance(value, int):
-            raise AddressError(f"{arg} must be layer numbers (integers 0..{n - 1}) or None for all; got {x!r} "
-                               f"({type(x).__name__}) in {arg}.")
+            raise AddressError(
+                f"{arg} must be layer numbers (integers 0..{n - 1}) or None for all; got {x!r} "
+                f"({type(x).__name__}) in {arg}."
+            )
         if not 0 <= value < n:
-            raise AddressError(f"{arg} contains {value}, but this model has {n} layers (0..{n - 1}). Negative layers "
-                               f"are not accepted; write {n - 1} for the last.")
+            raise AddressError(
+                f"{arg} contains {value}, but this model has {n} layers (0..{n - 1}). Negative layers "
+                f"are not accepted; write {n - 1} for the last."
+            )
         if value in out:
             raise AddressError(f"{arg} names layer {value} twice; list each layer once.")
         out.append(value)

@@ -52,25 +52,58 @@ class Operation:
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation("capture", "capture", doc="One forward; the activations at `addresses` in a Cache."),
-    Operation("generate", "generate", doc="Generate to the end. print_tokens=True streams the text into the cell as "
-                                          "it is produced; a capture covers prompt + every generated token."),
-    Operation("generate_stream", "stream", "stream",
-              doc="Yield GenStep objects as tokens are produced; an interrupt stops within one token."),
+    Operation(
+        "generate",
+        "generate",
+        doc="Generate to the end. print_tokens=True streams the text into the cell as "
+        "it is produced; a capture covers prompt + every generated token.",
+    ),
+    Operation(
+        "generate_stream",
+        "stream",
+        "stream",
+        doc="Yield GenStep objects as tokens are produced; an interrupt stops within one token.",
+    ),
     Operation("attention", "attention", doc="Attention patterns (and values) of one prompt, for the viewers."),
-    Operation("logit_lens", "logit_lens", doc="The logit lens: each layer's residual read out through the unembedding."),
-    Operation("project", "project", doc="Per-token scores [tokens, k] of one point against probe directions or an SAE "
-                                        "encoder, computed where the activation is read (docs/PROJECTION.md)."),
-    Operation("patch", "patch", capability="activation patching and sweeps",
-              doc="Run the prompt with activations replaced from `source` at `addresses`."),
-    Operation("patch_sweep", "patch_sweep", capability="activation patching and sweeps",
-              doc="Patch every (layer, position) of the clean run into the corrupted one; the metric per cell."),
-    Operation("gradients", "gradients", capability="gradients",
-              doc="Gradients of metric(logits) with respect to the activations at `addresses`."),
-    Operation("mean_difference", "mean_difference",
-              doc="mean(positive) - mean(negative) at `address`, the prompts in batches (see ie_lab.mean_difference)."),
-    Operation("run", "run", capability="run(fn) on the model object",
-              doc="Run fn(model) queued behind the session's other operations (for custom analyses), on the calling "
-                  "thread; interrupts stop it between layers."),
+    Operation(
+        "logit_lens", "logit_lens", doc="The logit lens: each layer's residual read out through the unembedding."
+    ),
+    Operation(
+        "project",
+        "project",
+        doc="Per-token scores [tokens, k] of one point against probe directions or an SAE "
+        "encoder, computed where the activation is read (docs/PROJECTION.md).",
+    ),
+    Operation(
+        "patch",
+        "patch",
+        capability="activation patching and sweeps",
+        doc="Run the prompt with activations replaced from `source` at `addresses`.",
+    ),
+    Operation(
+        "patch_sweep",
+        "patch_sweep",
+        capability="activation patching and sweeps",
+        doc="Patch every (layer, position) of the clean run into the corrupted one; the metric per cell.",
+    ),
+    Operation(
+        "gradients",
+        "gradients",
+        capability="gradients",
+        doc="Gradients of metric(logits) with respect to the activations at `addresses`.",
+    ),
+    Operation(
+        "mean_difference",
+        "mean_difference",
+        doc="mean(positive) - mean(negative) at `address`, the prompts in batches (see ie_lab.mean_difference).",
+    ),
+    Operation(
+        "run",
+        "run",
+        capability="run(fn) on the model object",
+        doc="Run fn(model) queued behind the session's other operations (for custom analyses), on the calling "
+        "thread; interrupts stop it between layers.",
+    ),
 )
 
 
@@ -154,7 +187,9 @@ class Backend(Protocol):
     def add_cancel_hooks(self, token: CancelToken) -> list: ...
 
     # on_loop True only:
-    def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncGenerator[Any, None]: ...
+    def astream(
+        self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict
+    ) -> AsyncGenerator[Any, None]: ...
 
 
 # backend= name -> "module:class". Named, not imported: session.py imports no backend, and a backend whose

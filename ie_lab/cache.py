@@ -24,8 +24,13 @@ def _size(n_bytes: int) -> str:
 class Cache(Mapping[Address, torch.Tensor]):
     """Captured tensors keyed by Address: per-token points [batch, seq, width], attention [batch, heads, q, k]."""
 
-    def __init__(self, tensors: dict[Address, torch.Tensor], tokens: torch.Tensor | None = None,
-                 str_tokens: list[list[str]] | None = None, attention_mask: torch.Tensor | None = None):
+    def __init__(
+        self,
+        tensors: dict[Address, torch.Tensor],
+        tokens: torch.Tensor | None = None,
+        str_tokens: list[list[str]] | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ):
         self._t = dict(tensors)
         self.tokens = tokens
         self.str_tokens = str_tokens
@@ -63,8 +68,7 @@ class Cache(Mapping[Address, torch.Tensor]):
 
     def norms(self) -> dict[str, float]:
         """Mean L2 norm over tokens of each per-token point (attention matrices are skipped)."""
-        return {str(a): float(t.float().norm(dim=-1).mean()) for a, t in self._t.items()
-                if not a.point.is_attention}
+        return {str(a): float(t.float().norm(dim=-1).mean()) for a, t in self._t.items() if not a.point.is_attention}
 
     def plot(self):
         """Activation norms per captured point (in capture order): a plotly bar chart."""
@@ -77,8 +81,12 @@ class Cache(Mapping[Address, torch.Tensor]):
 
     def _rows(self) -> list[tuple[str, str, str, str]]:
         return [
-            (str(a), "[" + ", ".join(str(s) for s in t.shape) + "]", str(t.dtype).replace("torch.", ""),
-             _size(t.numel() * t.element_size()))
+            (
+                str(a),
+                "[" + ", ".join(str(s) for s in t.shape) + "]",
+                str(t.dtype).replace("torch.", ""),
+                _size(t.numel() * t.element_size()),
+            )
             for a, t in self._t.items()
         ]
 

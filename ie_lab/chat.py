@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -28,20 +29,31 @@ def is_messages(x: Any) -> bool:
 
 
 def _check(lm: Any, messages: Sequence[dict]) -> Any:
-    if not isinstance(messages, (list, tuple)) or not messages or not all(
+    if (
+        not isinstance(messages, (list, tuple))
+        or not messages
+        or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
-            for m in messages):
-        raise InputError("messages must be a non-empty list of {'role': str, 'content': str} dicts, e.g. "
-                         "[{'role': 'user', 'content': 'Hello'}].")
+            for m in messages
+        )
+    ):
+        raise InputError(
+            "messages must be a non-empty list of {'role': str, 'content': str} dicts, e.g. "
+            "[{'role': 'user', 'content': 'Hello'}]."
+        )
     tok = getattr(lm, "tokenizer", None)
     if tok is None:
-        raise InputError("a conversation needs the model's tokenizer to render it with its chat template, and this "
-                         "model was loaded without one: load it with its tokenizer, or pass token ids.")
+        raise InputError(
+            "a conversation needs the model's tokenizer to render it with its chat template, and this "
+            "model was loaded without one: load it with its tokenizer, or pass token ids."
+        )
     if not getattr(tok, "chat_template", None):
-        raise InputError("this tokenizer has no chat template, so a list of {'role', 'content'} messages cannot be "
-                         "rendered: set tokenizer.chat_template (a Jinja string) and pass the messages again "
-                         "(ie_lab.apply_chat_template(model, messages) then shows the ids they become), or pass the "
-                         "prompt as text or token ids.")
+        raise InputError(
+            "this tokenizer has no chat template, so a list of {'role', 'content'} messages cannot be "
+            "rendered: set tokenizer.chat_template (a Jinja string) and pass the messages again "
+            "(ie_lab.apply_chat_template(model, messages) then shows the ids they become), or pass the "
+            "prompt as text or token ids."
+        )
     return tok
 
 
@@ -49,8 +61,10 @@ def _ids(tok: Any, messages: Sequence[dict], add_generation_prompt: bool) -> lis
     try:
         out = tok.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=add_generation_prompt)
     except Exception as e:  # the template's own Jinja raised (e.g. it refuses a role order)
-        raise InputError(f"the chat template could not render these messages: {e}. Check the roles and their "
-                         "order against what this model's template accepts.") from None
+        raise InputError(
+            f"the chat template could not render these messages: {e}. Check the roles and their "
+            "order against what this model's template accepts."
+        ) from None
     if isinstance(out, dict) or hasattr(out, "keys"):
         out = out["input_ids"]
     return [int(i) for i in out]
@@ -88,8 +102,10 @@ def message_spans(model: Any, messages: Sequence[dict]) -> list[Span]:
     for i in range(len(messages)):
         cur = _ids(tok, messages[: i + 1], add_generation_prompt=False)
         if cur[: len(prev)] != prev:
-            raise InputError("this chat template renders earlier messages differently once later ones are added, so "
-                             "per-message token spans are not well defined for it.")
+            raise InputError(
+                "this chat template renders earlier messages differently once later ones are added, so "
+                "per-message token spans are not well defined for it."
+            )
         spans.append(Span(messages[i]["role"], i, len(prev), len(cur)))
         prev = cur
     return spans

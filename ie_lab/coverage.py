@@ -24,38 +24,103 @@ from typing import Any
 _HIDDEN = 64
 _SMALL: dict[str, int] = {
     # widths
-    "hidden_size": _HIDDEN, "n_embd": _HIDDEN, "d_model": _HIDDEN, "dim": _HIDDEN, "embed_dim": _HIDDEN,
-    "word_embed_proj_dim": _HIDDEN, "embedding_size": _HIDDEN,
+    "hidden_size": _HIDDEN,
+    "n_embd": _HIDDEN,
+    "d_model": _HIDDEN,
+    "dim": _HIDDEN,
+    "embed_dim": _HIDDEN,
+    "word_embed_proj_dim": _HIDDEN,
+    "embedding_size": _HIDDEN,
     # depth
-    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2,
+    "num_hidden_layers": 2,
+    "n_layer": 2,
+    "num_layers": 2,
+    "n_layers": 2,
+    "decoder_layers": 2,
     "encoder_layers": 2,
     # heads
-    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4, "decoder_attention_heads": 4,
-    "encoder_attention_heads": 4, "attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "attention_head_dim": 16, "kv_channels": 16, "attention_head_size": 16, "d_head": 16,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "num_heads": 4,
+    "n_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4,
+    "attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "attention_head_dim": 16,
+    "kv_channels": 16,
+    "attention_head_size": 16,
+    "d_head": 16,
     "dim_head": 16,
     # MLPs and experts
-    "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "ffn_hidden_size": 128, "decoder_ffn_dim": 128,
-    "encoder_ffn_dim": 128, "dim_ff": 128, "d_inner": 128, "intermediate_size_mlp": 128,
+    "intermediate_size": 128,
+    "n_inner": 128,
+    "ffn_dim": 128,
+    "ffn_hidden_size": 128,
+    "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128,
+    "dim_ff": 128,
+    "d_inner": 128,
+    "intermediate_size_mlp": 128,
     "dense_intermediate_size": 128,
-    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "expert_ffn_hidden_size": 32,
-    "moe_shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
-    "num_experts": 4, "n_routed_experts": 4, "n_shared_experts": 1, "num_local_experts": 4, "moe_num_experts": 4,
-    "num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_k": 2, "n_group": 1, "topk_group": 1,
-    "num_expert_group": 1, "first_k_dense_replace": 1, "moe_layer_start_index": 1,  # layer 0 dense, layer 1 MoE
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "expert_ffn_hidden_size": 32,
+    "moe_shared_expert_intermediate_size": 32,
+    "shared_intermediate_size": 32,
+    "num_experts": 4,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_local_experts": 4,
+    "moe_num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_experts_per_token": 2,
+    "moe_k": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "num_expert_group": 1,
+    "first_k_dense_replace": 1,
+    "moe_layer_start_index": 1,  # layer 0 dense, layer 1 MoE
     # latent attention
-    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    "qk_head_dim": 16, "o_lora_rank": 16, "rotary_dim": 8, "index_head_dim": 16, "index_n_heads": 4,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "qk_head_dim": 16,
+    "o_lora_rank": 16,
+    "rotary_dim": 8,
+    "index_head_dim": 16,
+    "index_n_heads": 4,
     "index_topk": 4,
     # linear attention / state space
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-    "mamba_d_state": 8, "ssm_state_size": 8, "state_size": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
-    "mamba_num_heads": 8, "mamba_head_dim": 16, "mamba_headdim": 16, "time_step_rank": 8, "mamba_dt_rank": 8,
-    "linear_head_dim": 16, "linear_num_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "mamba_d_state": 8,
+    "ssm_state_size": 8,
+    "state_size": 8,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 16,
+    "mamba_headdim": 16,
+    "time_step_rank": 8,
+    "mamba_dt_rank": 8,
+    "linear_head_dim": 16,
+    "linear_num_heads": 4,
     # vocabulary and context
-    "vocab_size": 512, "max_position_embeddings": 512, "n_positions": 512, "n_ctx": 512,
-    "vocab_size_per_layer_input": 512, "hidden_size_per_layer_input": 16, "emb_dim": _HIDDEN,
-    "pronunciation_embed_dim": 16, "shape_embed_dim": 16,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "n_positions": 512,
+    "n_ctx": 512,
+    "vocab_size_per_layer_input": 512,
+    "hidden_size_per_layer_input": 16,
+    "emb_dim": _HIDDEN,
+    "pronunciation_embed_dim": 16,
+    "shape_embed_dim": 16,
 }
 # A multimodal wrapper's towers are shrunk too: only the text trunk is bound, but all of it is built.
 _SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "encoder_config", "decoder_config")
@@ -70,8 +135,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma3n_text": {"num_kv_shared_layers": 0},  # KV sharing needs more layers than the tiny instance has
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # its config derives none when left unset
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
-    "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0},
-             "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}},
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0},
+        "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
+    },
 }
 
 VOCAB = 512
@@ -86,8 +153,15 @@ def causal_lm_types() -> dict[str, str]:
 
 # Keys a config may leave None to derive from others ("head_dim = hidden // heads"): set them explicitly, since
 # the derivation can need keys this small config does not shrink.
-_DERIVED_WHEN_NONE = ("head_dim", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
-                      "num_experts_per_tok", "n_routed_experts", "n_shared_experts")
+_DERIVED_WHEN_NONE = (
+    "head_dim",
+    "num_key_value_heads",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_experts_per_tok",
+    "n_routed_experts",
+    "n_shared_experts",
+)
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 
@@ -95,7 +169,9 @@ def _small_kwargs(defaults: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in _SMALL.items():
         d = defaults.get(k, 0) if k in defaults else 0
-        if (isinstance(d, int) and not isinstance(d, bool) and k in defaults) or (d is None and k in _DERIVED_WHEN_NONE):
+        if (isinstance(d, int) and not isinstance(d, bool) and k in defaults) or (
+            d is None and k in _DERIVED_WHEN_NONE
+        ):
             out[k] = v
         elif isinstance(d, list) and d and all(isinstance(x, int) for x in d):
             out[k] = v  # a per-layer list (Gemma 3n's intermediate sizes): one value for every layer
@@ -202,18 +278,34 @@ def check_invariants(lm) -> None:
         names = ["resid_pre", "attn_out_post", "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
         c = capture(lm, x, [f"{n}.{L}" for n in names])
         if lb.parallel:
-            torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"] + c[f"mlp_out_post.{L}"],
-                                       c[f"resid_post.{L}"], **tol, msg=lambda m: f"parallel residual sum, layer {L}")
+            torch.testing.assert_close(
+                c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"] + c[f"mlp_out_post.{L}"],
+                c[f"resid_post.{L}"],
+                **tol,
+                msg=f"parallel residual sum, layer {L}",
+            )
         else:
-            torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"], c[f"resid_mid.{L}"], **tol,
-                                       msg=lambda m: f"resid_pre + attn_out_post = resid_mid, layer {L}")
-            torch.testing.assert_close(c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"], c[f"resid_post.{L}"], **tol,
-                                       msg=lambda m: f"resid_mid + mlp_out_post = resid_post, layer {L}")
+            torch.testing.assert_close(
+                c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"],
+                c[f"resid_mid.{L}"],
+                **tol,
+                msg=f"resid_pre + attn_out_post = resid_mid, layer {L}",
+            )
+            torch.testing.assert_close(
+                c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"],
+                c[f"resid_post.{L}"],
+                **tol,
+                msg=f"resid_mid + mlp_out_post = resid_post, layer {L}",
+            )
         if not lb.sparse_moe:
             c = capture(lm, x, [f"mlp_act.{L}", f"mlp_out.{L}"])
             with torch.no_grad():
-                torch.testing.assert_close(lb.down_proj(c[f"mlp_act.{L}"]), c[f"mlp_out.{L}"], **tol,
-                                           msg=lambda m: f"down_proj(mlp_act) = mlp_out, layer {L}")
+                torch.testing.assert_close(
+                    lb.down_proj(c[f"mlp_act.{L}"]),
+                    c[f"mlp_out.{L}"],
+                    **tol,
+                    msg=f"down_proj(mlp_act) = mlp_out, layer {L}",
+                )
         if lb.uses_attention_interface:
             c = capture(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}"])
             probs, value = c[f"attn_probs.{L}"], c[f"value.{L}"]
@@ -222,7 +314,7 @@ def check_invariants(lm) -> None:
             v = value.reshape(b, s, -1, d_v).transpose(1, 2)
             v = v.repeat_interleave(f.n_heads // v.shape[1], dim=1)
             z = (probs @ v).transpose(1, 2).reshape(b, s, f.n_heads * d_v)
-            torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=lambda m: f"attn_probs @ value = z, layer {L}")
+            torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=f"attn_probs @ value = z, layer {L}")
             assert torch.all(probs.triu(1) == 0), f"attention is not causal at layer {L}"
     for lb in lm.binding.layers:
         if not lb.sparse_moe:
@@ -242,11 +334,13 @@ def check_invariants(lm) -> None:
         c = capture(lm, x, ["lm_head"])
     with torch.no_grad():
         if "final_norm" in c:
-            torch.testing.assert_close(lm.binding.lm_head(c["final_norm"]), c["lm_head"], **tol,
-                                       msg=lambda m: "lm_head(final_norm) = lm_head")
+            torch.testing.assert_close(
+                lm.binding.lm_head(c["final_norm"]), c["lm_head"], **tol, msg=lambda m: "lm_head(final_norm) = lm_head"
+            )
         logits = lm.hf(input_ids=x).logits
-    torch.testing.assert_close(postprocess_logits(f, c["lm_head"]), logits, **tol,
-                               msg=lambda m: "post-processed lm_head = the model's logits")
+    torch.testing.assert_close(
+        postprocess_logits(f, c["lm_head"]), logits, **tol, msg=lambda m: "post-processed lm_head = the model's logits"
+    )
 
 
 def classify(model_type: str) -> dict[str, Any]:
@@ -294,8 +388,10 @@ _CATEGORIES = (
     ("state-space / recurrent / hybrid", ("state-space", "recurrent", "linear-attention", "mamba", " conv")),
     ("attention output transformed before o_proj", ("transformed before the output projection",)),
     ("a fact under no spelling ie_lab reads", ("under any spelling ie_lab reads",)),
-    ("attention without an output projection ie_lab knows (BERT-style and others)",
-     ("attention has no output projection",)),
+    (
+        "attention without an output projection ie_lab knows (BERT-style and others)",
+        ("attention has no output projection",),
+    ),
     ("no attention module", ("no attention module",)),
     ("residual identities fail", ("residual identities",)),
     ("final norm rescaled before lm_head", ("final norm's output is changed",)),
@@ -365,8 +461,12 @@ def markdown(surveys: list[dict[str, Any]] | None = None) -> str:
     surveys = load_surveys() if surveys is None else surveys
     versions = [s["transformers"] for s in surveys]
     by = [{r["model_type"]: r for r in s["rows"]} for s in surveys]
-    lines = ["## Counts", "", "| | " + " | ".join(f"transformers {v}" for v in versions) + " |",
-             "| --- |" + " --- |" * len(versions)]
+    lines = [
+        "## Counts",
+        "",
+        "| | " + " | ".join(f"transformers {v}" for v in versions) + " |",
+        "| --- |" + " --- |" * len(versions),
+    ]
     cats: list[str] = []
     for s in surveys:
         for r in s["rows"]:
@@ -375,18 +475,26 @@ def markdown(surveys: list[dict[str, Any]] | None = None) -> str:
     order = ["bound, eager and vLLM", "bound, eager"]
     cats = order + sorted(c for c in cats if c not in order)
     lines.append("| model types in the causal-LM mapping | " + " | ".join(str(len(s["rows"])) for s in surveys) + " |")
-    lines.append("| **bound (all invariants pass)** | " + " | ".join(
-        f"**{sum(r['status'] == 'bound' for r in s['rows'])}**" for s in surveys) + " |")
+    lines.append(
+        "| **bound (all invariants pass)** | "
+        + " | ".join(f"**{sum(r['status'] == 'bound' for r in s['rows'])}**" for s in surveys)
+        + " |"
+    )
     for c in cats:
-        lines.append(f"| {c} | " + " | ".join(str(sum(r['category'] == c for r in s['rows'])) for s in surveys) + " |")
-    lines += ["", "## Every model type", "",
-              "✅ bound on eager with every invariant passing (vLLM too: served by the vLLM backend as well); "
-              "⛔ refused by `ie_lab.load` with an `IELabError` (its category, then the refusal); 🐞 a defect: the "
-              "load crashed with another exception class, or it bound and an invariant fails; ❔ no tiny instance "
-              "could be built from the config class (the reason is the construction error); — not in that "
-              "version's mapping; * a note (the reason column says it).", "",
-              "| model type | " + " | ".join(versions) + " | reason (newest version that refuses it) |",
-              "| --- |" + " --- |" * len(versions) + " --- |"]
+        lines.append(f"| {c} | " + " | ".join(str(sum(r["category"] == c for r in s["rows"])) for s in surveys) + " |")
+    lines += [
+        "",
+        "## Every model type",
+        "",
+        "✅ bound on eager with every invariant passing (vLLM too: served by the vLLM backend as well); "
+        "⛔ refused by `ie_lab.load` with an `IELabError` (its category, then the refusal); 🐞 a defect: the "
+        "load crashed with another exception class, or it bound and an invariant fails; ❔ no tiny instance "
+        "could be built from the config class (the reason is the construction error); — not in that "
+        "version's mapping; * a note (the reason column says it).",
+        "",
+        "| model type | " + " | ".join(versions) + " | reason (newest version that refuses it) |",
+        "| --- |" + " --- |" * len(versions) + " --- |",
+    ]
     types = sorted({mt for b in by for mt in b})
     for mt in types:
         cells, reason = [], ""

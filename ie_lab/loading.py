@@ -19,9 +19,14 @@ from .errors import ArchitectureUnsupported, CapabilityUnsupported, InputError
 # pay for them until a model is loaded.
 
 _DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
 }
 
 
@@ -34,8 +39,9 @@ def resolve_dtype(dtype: Any) -> torch.dtype | None:
         return None
     if isinstance(dtype, torch.dtype):
         if dtype not in _FLOAT_DTYPES:
-            raise InputError(f"dtype {dtype} is not a floating-point type a model computes in; use float32, "
-                             "bfloat16 or float16.")
+            raise InputError(
+                f"dtype {dtype} is not a floating-point type a model computes in; use float32, bfloat16 or float16."
+            )
         return dtype
     if isinstance(dtype, str) and dtype.replace("torch.", "") in _DTYPES:
         return _DTYPES[dtype.replace("torch.", "")]
@@ -54,16 +60,19 @@ def check_tokenizer_arg(tokenizer: Any) -> None:
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
         return
     if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
-        raise InputError(f"tokenizer must be a tokenizer object (with encode / decode), a folder or an HF id, or "
-                         f"None to load the one beside the weights; got {type(tokenizer).__name__}.")
+        raise InputError(
+            f"tokenizer must be a tokenizer object (with encode / decode), a folder or an HF id, or "
+            f"None to load the one beside the weights; got {type(tokenizer).__name__}."
+        )
 
 
 def pick_device(device: Any = None, *, announce: bool = True) -> tuple[torch.device, str]:
     """The device ladder: CUDA, then MPS, then CPU, with one sentence saying why."""
     if device is not None:
         if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-            raise InputError(f"device must be a name such as 'cpu' or 'cuda:0', an index or a torch.device, "
-                             f"got {device!r}.")
+            raise InputError(
+                f"device must be a name such as 'cpu' or 'cuda:0', an index or a torch.device, got {device!r}."
+            )
         if isinstance(device, int) and device < 0:
             raise InputError(f"device index {device} is negative; pass 'cpu', 'cuda' or a CUDA index >= 0.")
         try:
@@ -73,8 +82,10 @@ def pick_device(device: Any = None, *, announce: bool = True) -> tuple[torch.dev
         if d.type not in ("cpu", "cuda", "mps"):
             raise InputError(f"device {device!r} is not one ie_lab runs on; use 'cpu', 'cuda', 'cuda:N' or 'mps'.")
         if d.type == "cuda" and not torch.cuda.is_available():
-            raise InputError(f"device {device!r} was asked for but torch sees no CUDA device here "
-                             f"(torch {torch.__version__}); pass device='cpu', or install a CUDA build of torch.")
+            raise InputError(
+                f"device {device!r} was asked for but torch sees no CUDA device here "
+                f"(torch {torch.__version__}); pass device='cpu', or install a CUDA build of torch."
+            )
         if d.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise InputError(f"device {device!r} was asked for but MPS is not available; pass device='cpu'.")
         if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
@@ -100,8 +111,9 @@ def _name(dtype: torch.dtype) -> str:
 
 
 def _on(p: torch.Tensor, want: torch.device) -> bool:
-    return p.device.type == want.type and (want.index is None or p.device.index == want.index
-                                           or (p.device.index is None and want.index == 0))
+    return p.device.type == want.type and (
+        want.index is None or p.device.index == want.index or (p.device.index is None and want.index == 0)
+    )
 
 
 def _needs_change(model: torch.nn.Module, dev: torch.device | None, dtype: torch.dtype | None) -> bool:
@@ -123,8 +135,12 @@ def _json_in(src: str, filename: str) -> dict:
         from transformers.utils import cached_file
 
         try:
-            path = cached_file(src, filename, _raise_exceptions_for_missing_entries=False,
-                               _raise_exceptions_for_connection_errors=False)
+            path = cached_file(
+                src,
+                filename,
+                _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False,
+            )
         except OSError:
             path = None
     if not path:
@@ -150,11 +166,19 @@ def _refuse_tokenizer_code(src: str, trust_remote_code: bool) -> None:
         raise InputError(
             f"the tokenizer at {src!r} is custom code: {code}. ie_lab runs no code from a model's files unless you "
             "pass trust_remote_code=True after reading it, and it will not swap in a generic tokenizer that may split "
-            "text differently. Pass trust_remote_code=True, or tokenizer= a tokenizer you built yourself.")
+            "text differently. Pass trust_remote_code=True, or tokenizer= a tokenizer you built yourself."
+        )
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                    "spiece.model", "tokenizer.tiktoken")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "tokenizer.tiktoken",
+)
 
 
 def _load_tokenizer(src: str, trust_remote_code: bool, asked: bool):
@@ -168,11 +192,16 @@ def _load_tokenizer(src: str, trust_remote_code: bool, asked: bool):
         with _transformers_bars_off():  # a hub download of the tokenizer files would draw the hub's bars
             return AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        if not asked and not os.path.isdir(src) and not (_json_in(src, "tokenizer_config.json")
-                                                         or _json_in(src, "tokenizer.json")):
+        if (
+            not asked
+            and not os.path.isdir(src)
+            and not (_json_in(src, "tokenizer_config.json") or _json_in(src, "tokenizer.json"))
+        ):
             return None  # a hub repo that ships no tokenizer
-        raise InputError(f"could not load the tokenizer at {src!r} ({type(e).__name__}: {str(e).strip()[:300]}). "
-                         "Pass tokenizer= a tokenizer object, or the id or folder of one.") from None
+        raise InputError(
+            f"could not load the tokenizer at {src!r} ({type(e).__name__}: {str(e).strip()[:300]}). "
+            "Pass tokenizer= a tokenizer object, or the id or folder of one."
+        ) from None
 
 
 def _check_tokenizer_arg(tokenizer: Any, trust_remote_code: bool):
@@ -198,8 +227,17 @@ def _transformers_bars_off():
         (disable_progress_bars if hub_off else enable_progress_bars)()
 
 
-def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", device: Any = None, dtype: Any = None,
-         *, attn_implementation: str | None = None, trust_remote_code: bool = False, quiet: bool = False):
+def load(
+    model_or_path: Any,
+    tokenizer: Any = None,
+    backend: str = "eager",
+    device: Any = None,
+    dtype: Any = None,
+    *,
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+    quiet: bool = False,
+):
     """Wrap a raw transformers causal LM for ie_lab.
 
     Returns an EagerModel, whatever is passed: the in-process model the free functions (ie_lab.capture,
@@ -224,8 +262,9 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
         raise InputError(f"attn_implementation must be a name such as 'eager' or 'sdpa', got {attn_implementation!r}.")
     torch_dtype = resolve_dtype(dtype)
     if isinstance(model_or_path, torch.nn.Module):
-        return _load_object(model_or_path, tokenizer, device, torch_dtype, attn_implementation,
-                            trust_remote_code, quiet)
+        return _load_object(
+            model_or_path, tokenizer, device, torch_dtype, attn_implementation, trust_remote_code, quiet
+        )
     if not isinstance(model_or_path, (str, os.PathLike)):
         raise InputError(f"expected an HF id, a folder path or a model object, got {type(model_or_path).__name__}.")
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -237,8 +276,10 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
     if os.path.isdir(os.path.expanduser(src)):
         src = os.path.expanduser(src)
         if not any(f.endswith(".safetensors") for f in os.listdir(src)):
-            raise InputError(f"{src!r} holds no .safetensors weights; ie_lab loads safetensors only "
-                             "(convert with model.save_pretrained(path, safe_serialization=True)).")
+            raise InputError(
+                f"{src!r} holds no .safetensors weights; ie_lab loads safetensors only "
+                "(convert with model.save_pretrained(path, safe_serialization=True))."
+            )
     dev, why = pick_device(device)
     torch_dtype = torch_dtype or default_dtype(dev)
     # Everything that can refuse does so from the config and the tokenizer files, before any weights are read.
@@ -246,12 +287,16 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
         with _transformers_bars_off():
             config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
     except OSError as e:
-        raise InputError(f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
-                         "in the local HF cache or a folder.") from None
+        raise InputError(
+            f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
+            "in the local HF cache or a folder."
+        ) from None
     except ValueError as e:
         if "trust_remote_code" in str(e):
-            raise InputError(f"{src!r} needs custom code from its repository; ie_lab runs none unless you pass "
-                             "trust_remote_code=True after reading that code.") from None
+            raise InputError(
+                f"{src!r} needs custom code from its repository; ie_lab runs none unless you pass "
+                "trust_remote_code=True after reading that code."
+            ) from None
         raise
     found = unbound_structure(config)
     if found is not None:
@@ -267,14 +312,19 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
     try:
         with _transformers_bars_off():
             model = AutoModelForCausalLM.from_pretrained(
-                src, dtype=torch_dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs)
+                src, dtype=torch_dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs
+            )
     except OSError as e:
-        raise InputError(f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
-                         "in the local HF cache or a folder.") from None
+        raise InputError(
+            f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
+            "in the local HF cache or a folder."
+        ) from None
     except (ValueError, ImportError) as e:
         if attn_implementation is not None:
-            raise InputError(f"attn_implementation={attn_implementation!r} cannot run here: {e}. Use 'eager' or "
-                             "'sdpa', or leave it unset.") from None
+            raise InputError(
+                f"attn_implementation={attn_implementation!r} cannot run here: {e}. Use 'eager' or "
+                "'sdpa', or leave it unset."
+            ) from None
         raise
     model.to(dev).eval()
     if not asked_tokenizer:
@@ -289,15 +339,23 @@ def load(model_or_path: Any, tokenizer: Any = None, backend: str = "eager", devi
     return lm
 
 
-def _load_object(model: torch.nn.Module, tokenizer: Any, device: Any, torch_dtype: torch.dtype | None,
-                 attn_implementation: str | None, trust_remote_code: bool, quiet: bool):
+def _load_object(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    device: Any,
+    torch_dtype: torch.dtype | None,
+    attn_implementation: str | None,
+    trust_remote_code: bool,
+    quiet: bool,
+):
     if attn_implementation is not None:
         # Switching kernels on the caller's object would change their model; ie_lab leaves that to them.
         raise CapabilityUnsupported(
-            "attn_implementation= with a model object", "the kernel is part of the object you built, and ie_lab does "
-            "not change your object.",
+            "attn_implementation= with a model object",
+            "the kernel is part of the object you built, and ie_lab does not change your object.",
             f"call model.set_attn_implementation({attn_implementation!r}) yourself first, or load from the folder "
-            f"or id with attn_implementation={attn_implementation!r}.")
+            f"or id with attn_implementation={attn_implementation!r}.",
+        )
     tokenizer = _check_tokenizer_arg(tokenizer, trust_remote_code)
     dev = pick_device(device)[0] if device is not None else None
     p = next(model.parameters())
@@ -308,15 +366,19 @@ def _load_object(model: torch.nn.Module, tokenizer: Any, device: Any, torch_dtyp
         target = copy.deepcopy(model).to(device=dev, dtype=torch_dtype)
         target.eval()
         q = next(target.parameters())
-        notes.append(f"working on a copy in {_name(q.dtype)} on {q.device} (your object stays {given}; the copy "
-                     "takes memory of its own)")
+        notes.append(
+            f"working on a copy in {_name(q.dtype)} on {q.device} (your object stays {given}; the copy "
+            "takes memory of its own)"
+        )
         lm = EagerModel(target, tokenizer)
     else:
         lm = EagerModel(model, tokenizer)
         notes.append(f"model object on {given} (kept as given)")
         if lm.hold_eval():
-            notes.append("switched from training to eval mode (dropout off); Session.close() or lm.release() "
-                         "restores each module's mode")
+            notes.append(
+                "switched from training to eval mode (dropout off); Session.close() or lm.release() "
+                "restores each module's mode"
+            )
     if not quiet:
         notes.append(f"attention {getattr(lm.hf.config, '_attn_implementation', '?')}")
         print("ie_lab: " + "; ".join(notes))
@@ -327,34 +389,52 @@ def _load_object(model: torch.nn.Module, tokenizer: Any, device: Any, torch_dtyp
 # from this). tests/test_option_audit.py checks every row: the result equals the raw transformers model run with
 # the same option, or the call refuses.
 OPTIONS: tuple[tuple[str, str, str], ...] = (
-    ("`dtype`", "the weights and every activation are computed in that dtype; from a folder or id the weights load "
-     "in it (`from_pretrained(dtype=...)`), a model object is copied and cast (your object is left as it is). "
-     "Default: float32 on CPU, bfloat16 (or float16) on CUDA, float16 on MPS",
-     "equals the raw model loaded (or cast) with the same dtype, bit for bit; unknown names refuse"),
-    ("`device`", "where the model runs; a model object elsewhere is copied there (your object stays put). Default: "
-     "CUDA, then MPS, then CPU, with the reason in the load line",
-     "cpu audited here (equals the raw model); a device that is not present refuses"),
-    ("`attn_implementation`", "the attention kernel. Unset: the one that computes everything the config asks for "
-     "(eager where sdpa would drop `attn_logit_softcapping`, as on Gemma 2; transformers' default elsewhere, where "
-     "the kernels agree to float noise); the load line names it and why. Set: honoured, with a "
-     "`ComputeDiffersWarning` when it drops something (`quirks.ATTENTION_KERNEL_DROPS`). A model object keeps the "
-     "kernel it was built with (warned the same way); passing the option with an object refuses",
-     "equals the raw model with the same kernel; unset, equals the eager reference and differs from sdpa on Gemma 2; "
-     "a kernel that cannot run here refuses"),
-    ("`tokenizer`", "how text becomes ids: unset, the folder's or id's own tokenizer (none found: the load line says "
-     "so and text input refuses); a path or id loads that one; an object is used as given",
-     "ids equal the raw tokenizer's on the same text; a tokenizer that fails to load refuses"),
-    ("`trust_remote_code`", "lets custom code from the model's files run (model or tokenizer classes named by "
-     "`auto_map`). Without it such a model or tokenizer refuses before any of its code is imported, never replaced "
-     "by a generic class", "refusal checked with code that would leave a trace if imported"),
-    ("`backend='vllm'` engine arguments (`engine_kwargs`)",
-     "only an allow-list reaches vLLM (batch size, token budget and chunked prefill, KV block size, memory sizing, "
-     "`max_logprobs`, logging and loading): none changes a captured or steered tensor. Anything that compiles the "
-     "model (`enforce_eager=False`, `compilation_config`: use `graph_points=`), changes numerics hooks cannot see "
-     "(`kv_cache_dtype`, quantization), runs draft tokens, or repeats a Session keyword is refused at load with why; "
-     "the table is in docs/VLLM.md",
-     "every refusal, and an allowed set (8-token chunks, a batch of 2) equal to eager, in "
-     "tests/test_vllm_reliability.py"),
+    (
+        "`dtype`",
+        "the weights and every activation are computed in that dtype; from a folder or id the weights load "
+        "in it (`from_pretrained(dtype=...)`), a model object is copied and cast (your object is left as it is). "
+        "Default: float32 on CPU, bfloat16 (or float16) on CUDA, float16 on MPS",
+        "equals the raw model loaded (or cast) with the same dtype, bit for bit; unknown names refuse",
+    ),
+    (
+        "`device`",
+        "where the model runs; a model object elsewhere is copied there (your object stays put). Default: "
+        "CUDA, then MPS, then CPU, with the reason in the load line",
+        "cpu audited here (equals the raw model); a device that is not present refuses",
+    ),
+    (
+        "`attn_implementation`",
+        "the attention kernel. Unset: the one that computes everything the config asks for "
+        "(eager where sdpa would drop `attn_logit_softcapping`, as on Gemma 2; transformers' default elsewhere, where "
+        "the kernels agree to float noise); the load line names it and why. Set: honoured, with a "
+        "`ComputeDiffersWarning` when it drops something (`quirks.ATTENTION_KERNEL_DROPS`). A model object keeps the "
+        "kernel it was built with (warned the same way); passing the option with an object refuses",
+        "equals the raw model with the same kernel; unset, equals the eager reference and differs from sdpa on Gemma 2; "
+        "a kernel that cannot run here refuses",
+    ),
+    (
+        "`tokenizer`",
+        "how text becomes ids: unset, the folder's or id's own tokenizer (none found: the load line says "
+        "so and text input refuses); a path or id loads that one; an object is used as given",
+        "ids equal the raw tokenizer's on the same text; a tokenizer that fails to load refuses",
+    ),
+    (
+        "`trust_remote_code`",
+        "lets custom code from the model's files run (model or tokenizer classes named by "
+        "`auto_map`). Without it such a model or tokenizer refuses before any of its code is imported, never replaced "
+        "by a generic class",
+        "refusal checked with code that would leave a trace if imported",
+    ),
+    (
+        "`backend='vllm'` engine arguments (`engine_kwargs`)",
+        "only an allow-list reaches vLLM (batch size, token budget and chunked prefill, KV block size, memory sizing, "
+        "`max_logprobs`, logging and loading): none changes a captured or steered tensor. Anything that compiles the "
+        "model (`enforce_eager=False`, `compilation_config`: use `graph_points=`), changes numerics hooks cannot see "
+        "(`kv_cache_dtype`, quantization), runs draft tokens, or repeats a Session keyword is refused at load with why; "
+        "the table is in docs/VLLM.md",
+        "every refusal, and an allowed set (8-token chunks, a batch of 2) equal to eager, in "
+        "tests/test_vllm_reliability.py",
+    ),
 )
 
 

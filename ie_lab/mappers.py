@@ -50,7 +50,8 @@ class _Shape:
         if keys:
             raise AddressError(
                 f"{what} on {self.family} depends on the checkpoint's config ({', '.join(keys)}), which a family "
-                "name does not give: pass the loaded model (or its Session), or its config.")
+                "name does not give: pass the loaded model (or its Session), or its config."
+            )
 
     def routes(self, layer: int | None) -> bool:
         """Whether this layer's MLP is a routed mixture of experts."""
@@ -87,9 +88,11 @@ def _family_facts(name: str) -> ArchFacts:
     from transformers import CONFIG_MAPPING
 
     if name not in CONFIG_MAPPING:
-        raise AddressError(f"unknown model family {name!r}: transformers has no model_type of that name."
-                           f"{did_you_mean(name, list(CONFIG_MAPPING.keys()))} Pass the loaded model (or its "
-                           "Session), or its config, and the structure is read from it.")
+        raise AddressError(
+            f"unknown model family {name!r}: transformers has no model_type of that name."
+            f"{did_you_mean(name, list(CONFIG_MAPPING.keys()))} Pass the loaded model (or its "
+            "Session), or its config, and the structure is read from it."
+        )
     _require_measured(name)
     return ArchFacts.from_config(CONFIG_MAPPING[name]())
 
@@ -99,7 +102,8 @@ def _require_measured(family: str) -> None:
         raise AddressError(
             f"ie_lab has not measured the block structure of {family!r} (where its norms sit, whether its sublayers "
             "run in parallel), so without the model it cannot say which tensor another engine's name holds there. "
-            "Pass the loaded model (or its Session): the binder measures it.")
+            "Pass the loaded model (or its Session): the binder measures it."
+        )
 
 
 def _shape(model: Any) -> _Shape:
@@ -108,10 +112,18 @@ def _shape(model: Any) -> _Shape:
     if binding is not None:
         lb = binding.layers[0]
         st = binding.structure
-        return _Shape(binding.family, lb.post_attn_norm is not None or lb.attn_multiplier is not None,
-                      lb.post_mlp_norm is not None or lb.mlp_multiplier is not None, lb.post_attn_norm is not None,
-                      lb.input_norm is not None, lb.parallel, bool(st["gated_mlp"]), st["qk_norm"], st["moe_layers"],
-                      live=True)
+        return _Shape(
+            binding.family,
+            lb.post_attn_norm is not None or lb.attn_multiplier is not None,
+            lb.post_mlp_norm is not None or lb.mlp_multiplier is not None,
+            lb.post_attn_norm is not None,
+            lb.input_norm is not None,
+            lb.parallel,
+            bool(st["gated_mlp"]),
+            st["qk_norm"],
+            st["moe_layers"],
+            live=True,
+        )
     by_name = isinstance(model, str)
     if by_name:
         facts = _family_facts(model.strip())
@@ -121,8 +133,10 @@ def _shape(model: Any) -> _Shape:
         try:
             facts = ArchFacts.from_config(model)
         except (TypeError, ValueError) as e:
-            raise InputError(f"model must be a loaded model, a Session, a family name (a transformers model_type such "
-                             f"as 'llama'), a config or ArchFacts; got {type(model).__name__} ({e}).") from None
+            raise InputError(
+                f"model must be a loaded model, a Session, a family name (a transformers model_type such "
+                f"as 'llama'), a config or ArchFacts; got {type(model).__name__} ({e})."
+            ) from None
     if not by_name:
         _require_measured(facts.model_type)
     raw = facts.raw or {}
@@ -137,18 +151,34 @@ def _shape(model: Any) -> _Shape:
     post = facts.sandwich_norms or mult
     in_module, probs_eager = _attention_facts(facts.model_type)
     attn_impl = raw.get("_attn_implementation") or raw.get("attn_implementation")
-    return _Shape(facts.model_type, post, post, facts.sandwich_norms, facts.pre_norms, facts.parallel_block,
-                  facts.gated_mlp, facts.qk_norm, facts.moe_layers, moe_everywhere=by_name and facts.is_moe,
-                  attn_in_module=in_module, probs_need_eager=probs_eager and attn_impl != "eager",
-                  attn_gate=bool(raw.get("attn_output_gate") or raw.get("use_gated_attention")
-                                 or raw.get("gated_attention")),
-                  depends=tuple(depends))
+    return _Shape(
+        facts.model_type,
+        post,
+        post,
+        facts.sandwich_norms,
+        facts.pre_norms,
+        facts.parallel_block,
+        facts.gated_mlp,
+        facts.qk_norm,
+        facts.moe_layers,
+        moe_everywhere=by_name and facts.is_moe,
+        attn_in_module=in_module,
+        probs_need_eager=probs_eager and attn_impl != "eager",
+        attn_gate=bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
+        depends=tuple(depends),
+    )
 
 
 def _structure(s: _Shape, layer: int | None) -> _points.Structure:
     """The registry's view of this shape at one layer (a family name may only say that every layer routes)."""
-    return _points.Structure(s.family, qk_norm=s.qk_norm, parallel=s.parallel, gated_mlp=s.gated,
-                             moe_layers=(layer,) if s.routes(layer) else (), attn_gate=s.attn_gate)
+    return _points.Structure(
+        s.family,
+        qk_norm=s.qk_norm,
+        parallel=s.parallel,
+        gated_mlp=s.gated,
+        moe_layers=(layer,) if s.routes(layer) else (),
+        attn_gate=s.attn_gate,
+    )
 
 
 def _refuse_absent(addr: Address, s: _Shape) -> None:
@@ -166,11 +196,15 @@ def _refuse_absent(addr: Address, s: _Shape) -> None:
     if a is not None and a.need is not _points.Needs.QK_NORM:  # refused in to_engine, saying what hook_q is then
         raise AddressError(f"{addr} does not exist on {s.family}: {a.why}")
     if name == "attn_scores" and s.attn_in_module:
-        raise AddressError(f"{s.family} computes attention inside its own module, so the pre-softmax scores never "
-                           "leave it (capture attn_probs).")
+        raise AddressError(
+            f"{s.family} computes attention inside its own module, so the pre-softmax scores never "
+            "leave it (capture attn_probs)."
+        )
     if name == "attn_probs" and s.probs_need_eager:
-        raise AddressError(f"{s.family}'s attention probabilities exist only on its eager code path, and the default "
-                           "is sdpa: load the model with attn_implementation='eager' and pass it.")
+        raise AddressError(
+            f"{s.family}'s attention probabilities exist only on its eager code path, and the default "
+            "is sdpa: load the model with attn_implementation='eager' and pass it."
+        )
 
 
 _FOREIGN = quirks.FOREIGN_ENGINE_CONVENTIONS
@@ -178,32 +212,32 @@ _FOREIGN = quirks.FOREIGN_ENGINE_CONVENTIONS
 # Names of other engines that have no ie_lab equivalent, and why.
 _NO_EQUIVALENT = {
     "hook_pos_embed": "positional embeddings are not a point of their own; on learned-position families "
-                      "resid_pre.0 - embeddings is that sum.",
+    "resid_pre.0 - embeddings is that sum.",
     "hook_q": "ie_lab has no pre-RoPE query point except on QK-norm families (q_norm_in / q_norm_out); the post-RoPE "
-              "queries are what attn_scores is built from.",
+    "queries are what attn_scores is built from.",
     "hook_k": "as hook_q, for keys (k_norm_in / k_norm_out on QK-norm families).",
     "hook_rot_q": "post-RoPE queries are not exposed as a point; attn_scores is q·k from them.",
     "hook_rot_k": "post-RoPE keys are not exposed as a point; attn_scores is q·k from them.",
     "hook_result": "per-head outputs (z times each head's slice of W_O) are a computation, not a module output: "
-                   "take z.L and the output projection's weight.",
+    "take z.L and the output projection's weight.",
     "ln1.hook_scale": "norm scales are not points; attn_in is the normalised output.",
     "ln2.hook_scale": "norm scales are not points; mlp_in is the normalised output.",
     "ln1.hook_normalized": "it is x / RMS before the norm's own weight is applied (equal to attn_in only on models with "
-                           "folded norms); the weighted output is attn_in (TransformerBridge: blocks.L.ln1.hook_out).",
+    "folded norms); the weighted output is attn_in (TransformerBridge: blocks.L.ln1.hook_out).",
     "ln2.hook_normalized": "it is x / RMS before the norm's own weight is applied; the weighted output is mlp_in "
-                           "(TransformerBridge: blocks.L.ln2.hook_out).",
+    "(TransformerBridge: blocks.L.ln2.hook_out).",
     "ln_final.hook_normalized": "it is x / RMS before the final norm's weight; the weighted output is final_norm "
-                                "(TransformerBridge: ln_final.hook_out).",
+    "(TransformerBridge: ln_final.hook_out).",
     "hook_attn_in": "it is the pre-norm residual (resid_pre.L, repeated per head), not the normalised attn_in.",
     "hook_mlp_in": "it is the pre-norm residual (resid_mid.L), not the normalised mlp_in.",
     "hook_expert_weights": "HookedTransformer's is the softmax over all experts before top-k; ie_lab's expert_weights "
-                           "holds only the selected experts' weights (zeros elsewhere): take router_logits.L.softmax(-1).",
+    "holds only the selected experts' weights (zeros elsewhere): take router_logits.L.softmax(-1).",
     "hook_expert_indices": "TransformerLens holds k expert indices per token; ie_lab's expert_indices is a dense 0/1 "
-                           "mask: take expert_indices.L.nonzero().",
+    "mask: take expert_indices.L.nonzero().",
     "gate.hook_expert_indices": "TransformerBridge holds k expert indices per token; ie_lab's expert_indices is a dense "
-                                "0/1 mask: take expert_indices.L.nonzero().",
+    "0/1 mask: take expert_indices.L.nonzero().",
     "logits": "the final logits are the model output (after any soft-capping or scaling), not a point: capture "
-              "lm_head for the raw unembedding.",
+    "lm_head for the raw unembedding.",
 }
 
 
@@ -225,8 +259,10 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
     """The other engine's name for an ie_lab address on this model (a loaded model or Session, a config, or a
     family name; see docs/MAPPERS.md for what a family name can and cannot settle)."""
     if engine not in ENGINES:
-        raise InputError(f"unknown engine {engine!r}: engine must be one of {', '.join(map(repr, ENGINES))}."
-                         f"{did_you_mean(str(engine), ENGINES)}")
+        raise InputError(
+            f"unknown engine {engine!r}: engine must be one of {', '.join(map(repr, ENGINES))}."
+            f"{did_you_mean(str(engine), ENGINES)}"
+        )
     addr = Address.parse(address)
     if addr.head is not None or addr.stream is not None:
         raise AddressError(f"translate the whole point ({addr.without_head()}) and slice heads on the other side.")
@@ -235,8 +271,8 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
     L = addr.layer
     lm = getattr(model, "_lm", model)
     if getattr(lm, "binding", None) is not None:
-        from .errors import CapabilityUnsupported, PointAbsent
         from .eager.taps import resolve
+        from .errors import CapabilityUnsupported, PointAbsent
 
         try:
             resolve(lm, addr.check(lm.facts))
@@ -245,23 +281,35 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
     else:
         _refuse_absent(addr, s)
     fq = _FOREIGN.get(s.family, {})
-    eng_name = {"transformerlens": "TransformerLens", "transformerlens_bridge": "TransformerBridge",
-                "nnterp": "nnterp"}[engine]
+    eng_name = {
+        "transformerlens": "TransformerLens",
+        "transformerlens_bridge": "TransformerBridge",
+        "nnterp": "nnterp",
+    }[engine]
 
     def differs(why: str) -> AddressError:
         return AddressError(f"{addr} has no faithful {eng_name} name on {s.family}: {why}")
 
-    emb_mult = bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None)) or s.family in quirks.EMBEDDING_MULTIPLIER
+    emb_mult = (
+        bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None))
+        or s.family in quirks.EMBEDDING_MULTIPLIER
+    )
     if name == "embeddings" and engine.startswith("transformerlens"):
         if emb_mult:
-            raise differs("TransformerLens' embedding hooks include the family's embedding multiplier, which "
-                          "ie_lab's embeddings (the embedding module's output) do not; that product is resid_pre.0.")
+            raise differs(
+                "TransformerLens' embedding hooks include the family's embedding multiplier, which "
+                "ie_lab's embeddings (the embedding module's output) do not; that product is resid_pre.0."
+            )
         if fq.get("tl_embed_after_norm") and engine == "transformerlens":
-            raise differs("HookedTransformer's hook_embed is taken after the embedding norm (that is resid_pre.0); "
-                          "TransformerBridge's embed.hook_out is this point.")
+            raise differs(
+                "HookedTransformer's hook_embed is taken after the embedding norm (that is resid_pre.0); "
+                "TransformerBridge's embed.hook_out is this point."
+            )
     if fq.get("modules_add_residual") and name in ("attn_out", "mlp_out", "attn_out_post", "mlp_out_post"):
-        raise differs("its attention and MLP modules add the residual themselves, so the other engine's module-output "
-                      "names hold contribution + residual (resid_mid / resid_post), not this point.")
+        raise differs(
+            "its attention and MLP modules add the residual themselves, so the other engine's module-output "
+            "names hold contribution + residual (resid_mid / resid_post), not this point."
+        )
     if fq.get("tl_scores_are_pattern") and name == "attn_scores" and engine.startswith("transformerlens"):
         raise differs("TransformerLens' hook_attn_scores on this family holds the post-softmax pattern.")
     if fq.get("qk_norm_after_rope") and name in ("q_norm_in", "k_norm_in") and engine.startswith("transformerlens"):
@@ -276,8 +324,11 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
         # Block-level outputs: which ie_lab point TransformerLens' name stands for depends on the family.
         if name in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post"):
             hook = "hook_attn_out" if name.startswith("attn") else "hook_mlp_out"
-            s.need("post", f"which tensor blocks.{L}.{hook} holds (the sublayer output times a residual multiplier "
-                           "unless it is 1)")
+            s.need(
+                "post",
+                f"which tensor blocks.{L}.{hook} holds (the sublayer output times a residual multiplier "
+                "unless it is 1)",
+            )
             post = s.post_attn if name.startswith("attn") else s.post_mlp
             if name.endswith("_post") or not post:
                 return f"blocks.{L}.{hook}"
@@ -287,8 +338,10 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
                 f"{to_engine(addr, model, 'transformerlens_bridge')} on TransformerBridge."
             )
     if _points.Needs.QK_NORM in addr.point.needs and not s.qk_norm:  # (by name: settled above)
-        raise AddressError(f"{s.family} has no QK-norm, so {name} does not exist there (TransformerLens' hook_q / "
-                           "hook_k are then plain projections with no ie_lab point).")
+        raise AddressError(
+            f"{s.family} has no QK-norm, so {name} does not exist there (TransformerLens' hook_q / "
+            "hook_k are then plain projections with no ie_lab point)."
+        )
     if engine == "transformerlens_bridge":
         if name in ("attn_out_post", "mlp_out_post"):
             s.need("post", f"whether {name} differs from the raw sublayer output (a residual multiplier other than 1)")
@@ -296,8 +349,10 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
             if not post:
                 return to_engine(Address(name[:-5], L), model, engine)  # equal to the raw output here
             if not norm:
-                raise AddressError(f"{addr} on {s.family} is the raw output times a residual multiplier; "
-                                   "TransformerBridge has no hook for that product.")
+                raise AddressError(
+                    f"{addr} on {s.family} is the raw output times a residual multiplier; "
+                    "TransformerBridge has no hook for that product."
+                )
         if name == "mlp_pre" and not s.gated:
             return f"blocks.{L}.mlp.in.hook_out"
         if name == "mlp_pre_linear" and not s.gated:
@@ -322,16 +377,23 @@ def from_engine(name: str, model: Any, engine: str = "transformerlens") -> Addre
 
 def _from_engine(name: str, model: Any, engine: str) -> Address:
     if engine not in ENGINES:
-        raise InputError(f"unknown engine {engine!r}: engine must be one of {', '.join(map(repr, ENGINES))}."
-                         f"{did_you_mean(str(engine), ENGINES)}")
+        raise InputError(
+            f"unknown engine {engine!r}: engine must be one of {', '.join(map(repr, ENGINES))}."
+            f"{did_you_mean(str(engine), ENGINES)}"
+        )
     if not isinstance(name, str):
-        raise InputError(f"name must be the other engine's name as a string (e.g. 'blocks.3.hook_resid_post'), "
-                         f"got {type(name).__name__}.")
+        raise InputError(
+            f"name must be the other engine's name as a string (e.g. 'blocks.3.hook_resid_post'), "
+            f"got {type(name).__name__}."
+        )
     s = _shape(model)
     text = name.strip()
     fq = _FOREIGN.get(s.family, {})
     lm = getattr(model, "_lm", model)
-    emb_mult = bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None)) or s.family in quirks.EMBEDDING_MULTIPLIER
+    emb_mult = (
+        bool(getattr(getattr(lm, "facts", None), "embedding_multiplier", None))
+        or s.family in quirks.EMBEDDING_MULTIPLIER
+    )
     if engine.startswith("transformerlens") and text in ("hook_embed", "embed.hook_out"):
         if emb_mult or (fq.get("tl_embed_after_norm") and text == "hook_embed"):
             return Address("resid_pre", 0)  # scaled / normalised embedding: what layer 0 reads
@@ -342,13 +404,16 @@ def _from_engine(name: str, model: Any, engine: str) -> Address:
             which = m.group(2) or ("attn" if m.group(3) == "attentions" else "mlp")
             return Address("resid_mid" if which == "attn" else "resid_post", L)
         if re.fullmatch(r"blocks\.[0-9]+\.hook_(attn|mlp)_out", text):
-            raise AddressError(f"{text} on {s.family}: its modules add the residual themselves, so this name's "
-                               "tensor is not a sublayer output ie_lab can vouch for; capture attn_out / mlp_out.")
+            raise AddressError(
+                f"{text} on {s.family}: its modules add the residual themselves, so this name's "
+                "tensor is not a sublayer output ie_lab can vouch for; capture attn_out / mlp_out."
+            )
     if fq.get("tl_scores_are_pattern") and re.fullmatch(r"blocks\.[0-9]+\.attn\.hook_attn_scores", text):
         raise AddressError(f"{text} on {s.family} holds the post-softmax pattern in TransformerLens: use attn_probs.")
     if fq.get("qk_norm_after_rope") and re.fullmatch(r"blocks\.[0-9]+\.attn\.hook_[qk]", text):
-        raise AddressError(f"{text} is taken before RoPE, but {s.family} normalises rotated queries/keys: no ie_lab "
-                           "point holds it.")
+        raise AddressError(
+            f"{text} is taken before RoPE, but {s.family} normalises rotated queries/keys: no ie_lab point holds it."
+        )
     m = re.fullmatch(r"blocks\.([0-9]+)\.hook_(attn|mlp)_out", text)
     if m and engine.startswith("transformerlens"):  # the legacy alias is also live on TransformerBridge
         L, which = int(m.group(1)), m.group(2)
@@ -366,8 +431,10 @@ def _from_engine(name: str, model: Any, engine: str) -> Address:
     if m:
         s.need("qk_norm", f"which tensor {text} holds (a QK-norm's input, or a plain projection)")
     if m and not s.qk_norm:
-        raise AddressError(f"{text} is the plain {m.group(2)} projection on {s.family} (no QK-norm); ie_lab has no such "
-                           "point: attn_scores holds q·k.")
+        raise AddressError(
+            f"{text} is the plain {m.group(2)} projection on {s.family} (no QK-norm); ie_lab has no such "
+            "point: attn_scores holds q·k."
+        )
     for point, template in _templates(engine):
         m = _to_regex(template).match(text)
         if m:
@@ -381,7 +448,9 @@ def _from_engine(name: str, model: Any, engine: str) -> Address:
     if tail.startswith(("q_norm.", "k_norm.")) and tail.endswith("hook_normalized"):
         tail = "ln1.hook_normalized"
     if tail in _NO_EQUIVALENT or text in _NO_EQUIVALENT:
-        raise AddressError(f"{text} has no faithful ie_lab equivalent: {_NO_EQUIVALENT.get(tail) or _NO_EQUIVALENT[text]}")
+        raise AddressError(
+            f"{text} has no faithful ie_lab equivalent: {_NO_EQUIVALENT.get(tail) or _NO_EQUIVALENT[text]}"
+        )
     known = [t.replace("{L}", "0") for _, t in _templates(engine)]
     raise AddressError(f"unknown {engine} name {text!r}.{did_you_mean(text, known)}")
 

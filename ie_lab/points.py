@@ -133,15 +133,15 @@ class Point:
 
 _OK = BackendVerdict(Verdict.SERVED)
 _TP_NOTE = "Sharded across tensor-parallel ranks, so ie_lab gathers the slices before returning it."
-_MHC_EAGER = BackendVerdict(
-    Verdict.SERVED, "Only on trunks that carry several residual streams (hyper-connections)."
-)
+_MHC_EAGER = BackendVerdict(Verdict.SERVED, "Only on trunks that carry several residual streams (hyper-connections).")
 _MHC_VLLM = BackendVerdict(
     Verdict.UNIMPLEMENTED,
     "No multi-stream family has been checked against eager on vLLM yet; use backend='eager'.",
 )
 _L, _T = Scope.LAYER, Scope.TRUNK
 
+# One row per point, laid out as a table: the formatter would put every field on its own line.
+# fmt: off
 _POINTS: tuple[Point, ...] = (
     Point(
         "embeddings", _T, Width.D_MODEL,
@@ -386,6 +386,7 @@ _POINTS: tuple[Point, ...] = (
         _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
 )
+# fmt: on
 
 REGISTRY: dict[str, Point] = {p.name: p for p in _POINTS}
 NAMES: tuple[str, ...] = tuple(REGISTRY)
@@ -438,21 +439,32 @@ class Structure:
         """From a config's ArchFacts (no weights). Configs do not say whether the trunk ends in a norm: a backend
         that found out passes it."""
         raw = facts.raw or {}
-        return cls(facts.model_type, qk_norm=bool(facts.qk_norm), parallel=bool(facts.parallel_block),
-                   gated_mlp=bool(facts.gated_mlp), moe_layers=tuple(facts.moe_layers),
-                   attn_gate=bool(raw.get("attn_output_gate") or raw.get("use_gated_attention")
-                                  or raw.get("gated_attention")),
-                   final_norm=final_norm, n_streams=int(facts.n_streams))
+        return cls(
+            facts.model_type,
+            qk_norm=bool(facts.qk_norm),
+            parallel=bool(facts.parallel_block),
+            gated_mlp=bool(facts.gated_mlp),
+            moe_layers=tuple(facts.moe_layers),
+            attn_gate=bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
+            final_norm=final_norm,
+            n_streams=int(facts.n_streams),
+        )
 
     @classmethod
     def from_binding(cls, binding: Any) -> "Structure":
         """Measured on a loaded model by arch.binder (a model with only MoE layers counts as gated: no dense
         layer exists to ask)."""
         st = binding.structure
-        return cls(binding.family, qk_norm=bool(st["qk_norm"]), parallel=bool(st["parallel_block"]),
-                   gated_mlp=st["gated_mlp"] is not False, moe_layers=tuple(st["moe_layers"]),
-                   attn_gate=any(getattr(lb, "attn_gate", None) is not None for lb in binding.layers),
-                   final_norm=binding.final_norm is not None, n_streams=int(binding.facts.n_streams))
+        return cls(
+            binding.family,
+            qk_norm=bool(st["qk_norm"]),
+            parallel=bool(st["parallel_block"]),
+            gated_mlp=st["gated_mlp"] is not False,
+            moe_layers=tuple(st["moe_layers"]),
+            attn_gate=any(getattr(lb, "attn_gate", None) is not None for lb in binding.layers),
+            final_norm=binding.final_norm is not None,
+            n_streams=int(binding.facts.n_streams),
+        )
 
     def has(self, need: Needs, layer: int | None = None) -> bool:
         return {
@@ -478,18 +490,30 @@ class Absence:
 
 # Per missing feature: (why, instead); {L} is the layer, {name} the point, {moe} the model's MoE layers.
 _ABSENT: dict[Needs, tuple[str, str]] = {
-    Needs.MULTI_STREAM: ("this trunk carries a single residual stream, so there are no per-stream points or stream "
-                         "coordinates.", "use the plain point, e.g. 'resid_post.3'."),
+    Needs.MULTI_STREAM: (
+        "this trunk carries a single residual stream, so there are no per-stream points or stream coordinates.",
+        "use the plain point, e.g. 'resid_post.3'.",
+    ),
     Needs.FINAL_NORM: ("the trunk has no final norm before the unembedding.", "use the last resid_post."),
-    Needs.QK_NORM: ("this family has no QK-norm (queries and keys enter attention un-normalised).",
-                    "capture attn_in, or value / attn_scores."),
+    Needs.QK_NORM: (
+        "this family has no QK-norm (queries and keys enter attention un-normalised).",
+        "capture attn_in, or value / attn_scores.",
+    ),
     Needs.ATTN_GATE: ("this family's attention has no output gate.", "capture z."),
-    Needs.SEQUENTIAL: ("this family runs attention and the MLP in parallel on the same layer input (a parallel "
-                       "block), so no residual exists between them.", "use resid_pre (what both read) or resid_post."),
-    Needs.DENSE_MLP: ("layer {L} is a sparse mixture-of-experts layer: each expert has its own neurons, so there is "
-                      "no single {name} tensor.", "capture router_logits / expert_weights, or mlp_out."),
-    Needs.GATED_MLP: ("this family's MLP is not gated (up -> activation -> down), so there is no separate linear "
-                      "branch.", "capture mlp_pre (the pre-activation) or mlp_act."),
+    Needs.SEQUENTIAL: (
+        "this family runs attention and the MLP in parallel on the same layer input (a parallel "
+        "block), so no residual exists between them.",
+        "use resid_pre (what both read) or resid_post.",
+    ),
+    Needs.DENSE_MLP: (
+        "layer {L} is a sparse mixture-of-experts layer: each expert has its own neurons, so there is "
+        "no single {name} tensor.",
+        "capture router_logits / expert_weights, or mlp_out.",
+    ),
+    Needs.GATED_MLP: (
+        "this family's MLP is not gated (up -> activation -> down), so there is no separate linear branch.",
+        "capture mlp_pre (the pre-activation) or mlp_act.",
+    ),
     Needs.MOE: ("layer {L} is a dense MLP layer with no router.", "MoE layers of this model: {moe}."),
 }
 
@@ -512,8 +536,9 @@ def absent_reason(point: "Point | str", structure: Structure, layer: int | None 
     return None if a is None else a.why
 
 
-def require_present(point: "Point | str", structure: Structure, layer: int | None = None,
-                    label: str | None = None) -> None:
+def require_present(
+    point: "Point | str", structure: Structure, layer: int | None = None, label: str | None = None
+) -> None:
     """Raise PointAbsent (naming ``label``, the point's name by default) where ``absence`` finds a reason."""
     a = absence(point, structure, layer)
     if a is not None:
@@ -535,6 +560,7 @@ def markdown_table() -> str:
         "| --- | --- | --- | :---: | :---: | --- | --- | --- |",
     ]
     for p in _POINTS:
+
         def cell(v: BackendVerdict) -> str:
             text = v.verdict.symbol + " " + v.verdict.value
             return text + (f": {v.reason}" if v.reason else "")

@@ -13,10 +13,14 @@ from .points import Needs, Scope, Structure, Width, all_points
 
 def width_of(width: Width, facts: Any) -> int | str:
     return {
-        Width.D_MODEL: facts.d_model, Width.HEADS: facts.n_heads * facts.head_dim,
-        Width.KV_HEADS: facts.n_kv_heads * facts.head_dim, Width.D_MLP: facts.d_mlp,
-        Width.EXPERTS: facts.n_experts, Width.VOCAB: facts.vocab_size,
-        Width.ATTN: f"{facts.n_heads} x q x k", Width.STREAMS: facts.n_streams,
+        Width.D_MODEL: facts.d_model,
+        Width.HEADS: facts.n_heads * facts.head_dim,
+        Width.KV_HEADS: facts.n_kv_heads * facts.head_dim,
+        Width.D_MLP: facts.d_mlp,
+        Width.EXPERTS: facts.n_experts,
+        Width.VOCAB: facts.vocab_size,
+        Width.ATTN: f"{facts.n_heads} x q x k",
+        Width.STREAMS: facts.n_streams,
     }[width]
 
 
@@ -73,7 +77,11 @@ class PointsTable:
         body = "".join(
             f"<tr style='opacity:{1 if r.served else 0.55}'><td>{'✓' if r.served else '✗'}</td>"
             f"<td><code>{html.escape(r.example)}</code></td><td>{html.escape(r.width)}</td>"
-            f"<td>{html.escape(r.reason)}</td></tr>" for r in self.rows)
-        return (f"<div><b>Points on {html.escape(self.family)}</b> ({self.backend}): {len(self.served())} of "
-                f"{len(self.rows)} served<table><tr><th></th><th>address</th><th>width</th><th>note</th></tr>"
-                f"{body}</table></div>")
+            f"<td>{html.escape(r.reason)}</td></tr>"
+            for r in self.rows
+        )
+        return (
+            f"<div><b>Points on {html.escape(self.family)}</b> ({self.backend}): {len(self.served())} of "
+            f"{len(self.rows)} served<table><tr><th></th><th>address</th><th>width</th><th>note</th></tr>"
+            f"{body}</table></div>"
+        )

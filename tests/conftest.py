@@ -4,6 +4,12 @@ import sys
 
 import pytest
 import torch
+from hypothesis import settings
+
+# Property tests assert behaviour, never speed: hypothesis' default 200 ms deadline per example failed on a loaded
+# 2-core machine when an example's first call imported and bound a model (FlakyFailure: DeadlineExceeded).
+settings.register_profile("ie_lab", deadline=None)
+settings.load_profile("ie_lab")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -23,7 +29,7 @@ UNSUPPORTED = {"qwen3_next": "hybrid linear-attention layers are not bound yet"}
 SUPPORTED = [f for f in FAMILIES if f not in UNSUPPORTED]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def lm_for(family: str, attn_implementation: str | None = None):
     import ie_lab
 

@@ -20,7 +20,7 @@ import functools
 import inspect
 import os
 import re
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,90 +51,258 @@ _SW3 = ["sliding_attention", "sliding_attention", "full_attention"]
 # family -> (model_type for CONFIG_MAPPING, kwargs)
 _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     # ---------------- classic / fused-qkv / alibi families ----------------
-    "gpt2": ("gpt2", dict(vocab_size=VOCAB_SIZE, n_positions=MAX_POS, n_embd=_H, n_layer=2, n_head=_NH,
-                          n_inner=_FF, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
-    "gpt_neox": ("gpt_neox", dict(vocab_size=VOCAB_SIZE, hidden_size=_H, num_hidden_layers=2,
-                                  num_attention_heads=_NH, intermediate_size=_FF,
-                                  max_position_embeddings=MAX_POS, use_parallel_residual=True,
-                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                   "partial_rotary_factor": 0.25})),
-    "gptj": ("gptj", dict(vocab_size=VOCAB_SIZE, n_positions=MAX_POS, n_embd=_H, n_layer=2, n_head=_NH,
-                          rotary_dim=16, n_inner=_FF, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+    "gpt2": (
+        "gpt2",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            n_positions=MAX_POS,
+            n_embd=_H,
+            n_layer=2,
+            n_head=_NH,
+            n_inner=_FF,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        ),
+    ),
+    "gpt_neox": (
+        "gpt_neox",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=_H,
+            num_hidden_layers=2,
+            num_attention_heads=_NH,
+            intermediate_size=_FF,
+            max_position_embeddings=MAX_POS,
+            use_parallel_residual=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        ),
+    ),
+    "gptj": (
+        "gptj",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            n_positions=MAX_POS,
+            n_embd=_H,
+            n_layer=2,
+            n_head=_NH,
+            rotary_dim=16,
+            n_inner=_FF,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        ),
+    ),
     "bloom": ("bloom", dict(vocab_size=VOCAB_SIZE, hidden_size=_H, n_layer=2, n_head=_NH)),
-    "opt": ("opt", dict(vocab_size=VOCAB_SIZE, hidden_size=_H, num_hidden_layers=2, ffn_dim=_FF,
-                        num_attention_heads=_NH, max_position_embeddings=MAX_POS, word_embed_proj_dim=_H,
-                        dropout=0.0, do_layer_norm_before=True)),
+    "opt": (
+        "opt",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=_H,
+            num_hidden_layers=2,
+            ffn_dim=_FF,
+            num_attention_heads=_NH,
+            max_position_embeddings=MAX_POS,
+            word_embed_proj_dim=_H,
+            dropout=0.0,
+            do_layer_norm_before=True,
+        ),
+    ),
     # falcon-40b/180b style: new_decoder_architecture, GQA (num_kv_heads), ln_attn + ln_mlp, parallel block
-    "falcon": ("falcon", dict(vocab_size=VOCAB_SIZE, hidden_size=_H, num_hidden_layers=2, num_attention_heads=_NH,
-                              num_kv_heads=_NKV, new_decoder_architecture=True, parallel_attn=True, bias=True,
-                              alibi=False, ffn_hidden_size=_FF, max_position_embeddings=MAX_POS)),
+    "falcon": (
+        "falcon",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=_H,
+            num_hidden_layers=2,
+            num_attention_heads=_NH,
+            num_kv_heads=_NKV,
+            new_decoder_architecture=True,
+            parallel_attn=True,
+            bias=True,
+            alibi=False,
+            ffn_hidden_size=_FF,
+            max_position_embeddings=MAX_POS,
+        ),
+    ),
     # falcon-7b style: multi-query (1 kv head), parallel attn, one shared input_layernorm
-    "falcon_mqa": ("falcon", dict(vocab_size=VOCAB_SIZE, hidden_size=_H, num_hidden_layers=2,
-                                  num_attention_heads=_NH, new_decoder_architecture=False, multi_query=True,
-                                  parallel_attn=True, bias=False, alibi=False, ffn_hidden_size=_FF,
-                                  max_position_embeddings=MAX_POS)),
+    "falcon_mqa": (
+        "falcon",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=_H,
+            num_hidden_layers=2,
+            num_attention_heads=_NH,
+            new_decoder_architecture=False,
+            multi_query=True,
+            parallel_attn=True,
+            bias=False,
+            alibi=False,
+            ffn_hidden_size=_FF,
+            max_position_embeddings=MAX_POS,
+        ),
+    ),
     # ---------------- llama-like ----------------
     "llama": ("llama", dict(_LLAMA_LIKE)),
     "mistral": ("mistral", dict(_LLAMA_LIKE, sliding_window=None)),
     "mistral_sliding": ("mistral", dict(_LLAMA_LIKE, sliding_window=SLIDING_WINDOW)),
     "mixtral": ("mixtral", dict(_LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
     "qwen2": ("qwen2", dict(_LLAMA_LIKE)),  # q/k/v biases always on in qwen2
-    "qwen2_moe": ("qwen2_moe", dict(_LLAMA_LIKE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
-                                    shared_expert_intermediate_size=_FF, decoder_sparse_step=1,
-                                    norm_topk_prob=False)),
+    "qwen2_moe": (
+        "qwen2_moe",
+        dict(
+            _LLAMA_LIKE,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=_FF,
+            decoder_sparse_step=1,
+            norm_topk_prob=False,
+        ),
+    ),
     "qwen3": ("qwen3", dict(_LLAMA_LIKE)),
-    "qwen3_moe": ("qwen3_moe", dict(_LLAMA_LIKE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
-                                    decoder_sparse_step=1, norm_topk_prob=True)),
+    "qwen3_moe": (
+        "qwen3_moe",
+        dict(
+            _LLAMA_LIKE,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+        ),
+    ),
     "gemma": ("gemma", dict(_LLAMA_LIKE)),
-    "gemma2": ("gemma2", dict(_LLAMA_LIKE, query_pre_attn_scalar=48, sliding_window=SLIDING_WINDOW,
-                              layer_types=["sliding_attention", "full_attention"],
-                              final_logit_softcapping=2.0, attn_logit_softcapping=0.5)),  # small caps that bite
-    "gemma3_text": ("gemma3_text", dict(_LLAMA_LIKE, num_hidden_layers=3, query_pre_attn_scalar=48,
-                                        sliding_window=SLIDING_WINDOW, layer_types=list(_SW3))),
+    "gemma2": (
+        "gemma2",
+        dict(
+            _LLAMA_LIKE,
+            query_pre_attn_scalar=48,
+            sliding_window=SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            final_logit_softcapping=2.0,
+            attn_logit_softcapping=0.5,
+        ),
+    ),  # small caps that bite
+    "gemma3_text": (
+        "gemma3_text",
+        dict(
+            _LLAMA_LIKE,
+            num_hidden_layers=3,
+            query_pre_attn_scalar=48,
+            sliding_window=SLIDING_WINDOW,
+            layer_types=list(_SW3),
+        ),
+    ),
     "olmo": ("olmo", dict(_LLAMA_LIKE)),
     "olmo2": ("olmo2", dict(_LLAMA_LIKE)),
     "olmoe": ("olmoe", dict(_LLAMA_LIKE, intermediate_size=64, num_experts=4, num_experts_per_tok=2)),
     "phi": ("phi", dict(_LLAMA_LIKE, resid_pdrop=0.0, embd_pdrop=0.0)),
     "phi3": ("phi3", dict(_LLAMA_LIKE, resid_pdrop=0.0, embd_pdrop=0.0, original_max_position_embeddings=MAX_POS)),
-    "granite": ("granite", dict(_LLAMA_LIKE, embedding_multiplier=12.0, residual_multiplier=0.22,
-                                attention_multiplier=0.0625, logits_scaling=8.0)),
-    "granitemoe": ("granitemoe", dict(_LLAMA_LIKE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
-                                      embedding_multiplier=12.0, residual_multiplier=0.22,
-                                      attention_multiplier=0.0625, logits_scaling=8.0)),
+    "granite": (
+        "granite",
+        dict(
+            _LLAMA_LIKE,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.0625,
+            logits_scaling=8.0,
+        ),
+    ),
+    "granitemoe": (
+        "granitemoe",
+        dict(
+            _LLAMA_LIKE,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.0625,
+            logits_scaling=8.0,
+        ),
+    ),
     "stablelm": ("stablelm", dict(_LLAMA_LIKE, use_qkv_bias=True)),
     "starcoder2": ("starcoder2", dict(_LLAMA_LIKE, use_bias=True, sliding_window=None)),
     "cohere": ("cohere", dict(_LLAMA_LIKE, logit_scale=0.25)),
-    "cohere2": ("cohere2", dict(_LLAMA_LIKE, num_hidden_layers=3, logit_scale=0.25, sliding_window=SLIDING_WINDOW,
-                                layer_types=list(_SW3))),
+    "cohere2": (
+        "cohere2",
+        dict(_LLAMA_LIKE, num_hidden_layers=3, logit_scale=0.25, sliding_window=SLIDING_WINDOW, layer_types=list(_SW3)),
+    ),
     "glm": ("glm", dict(_LLAMA_LIKE)),
     "helium": ("helium", dict(_LLAMA_LIKE)),
     "smollm3": ("smollm3", dict(_LLAMA_LIKE, num_hidden_layers=2, no_rope_layers=[1, 0])),
-    "exaone4": ("exaone4", dict(_LLAMA_LIKE, num_hidden_layers=3, sliding_window=SLIDING_WINDOW,
-                                layer_types=list(_SW3))),
-    "ministral": ("ministral", dict(_LLAMA_LIKE, sliding_window=SLIDING_WINDOW,
-                                    layer_types=["sliding_attention", "full_attention"])),
+    "exaone4": (
+        "exaone4",
+        dict(_LLAMA_LIKE, num_hidden_layers=3, sliding_window=SLIDING_WINDOW, layer_types=list(_SW3)),
+    ),
+    "ministral": (
+        "ministral",
+        dict(_LLAMA_LIKE, sliding_window=SLIDING_WINDOW, layer_types=["sliding_attention", "full_attention"]),
+    ),
     "seed_oss": ("seed_oss", dict(_LLAMA_LIKE, attention_dropout=0.0, residual_dropout=0.0)),
     "arcee": ("arcee", dict(_LLAMA_LIKE)),
     "apertus": ("apertus", dict(_LLAMA_LIKE, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
-    "olmo3": ("olmo3", dict(_LLAMA_LIKE, num_hidden_layers=3, sliding_window=SLIDING_WINDOW,
-                            layer_types=list(_SW3))),
+    "olmo3": ("olmo3", dict(_LLAMA_LIKE, num_hidden_layers=3, sliding_window=SLIDING_WINDOW, layer_types=list(_SW3))),
     "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(_LLAMA_LIKE)),
     # ---------------- MLA / hybrid ----------------
-    "gpt_oss": ("gpt_oss", dict(_LLAMA_LIKE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
-                                sliding_window=SLIDING_WINDOW, layer_types=["sliding_attention", "full_attention"])),
-    "deepseek_v3": ("deepseek_v3", dict(vocab_size=VOCAB_SIZE, hidden_size=_H, intermediate_size=_FF,
-                                        moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=_NH,
-                                        num_key_value_heads=_NH, n_shared_experts=1, n_routed_experts=4,
-                                        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
-                                        kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=32,
-                                        qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=MAX_POS,
-                                        routed_scaling_factor=2.5, norm_topk_prob=True)),
-    "qwen3_next": ("qwen3_next", dict(_LLAMA_LIKE, head_dim=_HD * 2, num_attention_heads=2, num_key_value_heads=1,
-                                      linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                                      linear_num_key_heads=2, linear_num_value_heads=4,
-                                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
-                                      shared_expert_intermediate_size=64, decoder_sparse_step=1,
-                                      layer_types=["linear_attention", "full_attention"])),
+    "gpt_oss": (
+        "gpt_oss",
+        dict(
+            _LLAMA_LIKE,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
+    "deepseek_v3": (
+        "deepseek_v3",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=_H,
+            intermediate_size=_FF,
+            moe_intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=_NH,
+            num_key_value_heads=_NH,
+            n_shared_experts=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=32,
+            q_lora_rank=64,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            max_position_embeddings=MAX_POS,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        ),
+    ),
+    "qwen3_next": (
+        "qwen3_next",
+        dict(
+            _LLAMA_LIKE,
+            head_dim=_HD * 2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            decoder_sparse_step=1,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+    ),
 }
 
 FAMILIES: list[str] = list(_SPECS)
@@ -175,7 +343,7 @@ def make_config(family: str):
 _ONE_PLUS_RE = re.compile(r"\(?\s*1(\.0)?\s*\+\s*self\.weight")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_one_plus_weight_norm(cls: type) -> bool:
     """True for Gemma-style norms whose effective gain is ``1 + weight``."""
     srcs = []
@@ -252,8 +420,10 @@ def make_model(family: str, attn_implementation: str | None = None):
 # --------------------------------------------------------------------------------------
 _SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3 == PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
-_NAMES = ("Mary John Alice Bob Tom Sarah James Emma Michael Anna David Laura Paul Kate Peter Lucy Mark Jane "
-          "Daniel Rachel Chris Amy Steve Lisa Sam Nora Ben Eve Max Ida Leo Zoe").split()
+_NAMES = (
+    "Mary John Alice Bob Tom Sarah James Emma Michael Anna David Laura Paul Kate Peter Lucy Mark Jane "
+    "Daniel Rachel Chris Amy Steve Lisa Sam Nora Ben Eve Max Ida Leo Zoe"
+).split()
 _WORDS = (
     "the a an and or but if then when while after before because so as of to in on at by for with from "
     "into onto over under about between through during without within up down out off near far "
@@ -326,9 +496,7 @@ def make_tokenizer():
 def saved_model_dir(family: str, tmp_root: str | os.PathLike, attn_implementation: str | None = None) -> str:
     """Save ``make_model(family)`` + tokenizer (safetensors) under ``tmp_root/family`` and return the path."""
     path = os.path.join(os.fspath(tmp_root), family)
-    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(
-        os.path.join(path, "model.safetensors")
-    ):
+    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
         return path
     os.makedirs(path, exist_ok=True)
     model = make_model(family, attn_implementation=attn_implementation)

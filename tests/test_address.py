@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import ie_lab
 from ie_lab import Address, AddressError
@@ -25,28 +26,34 @@ def test_parse_and_str_round_trip(addr):
     assert str(Address.parse(str(addr))) == str(addr)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("resid_post.10", Address("resid_post", 10)),
-    ("z.3.head-2", Address("z", 3, head=2)),
-    ("embeddings", Address("embeddings")),
-    ("resid_post.5.stream-2", Address("resid_post", 5, stream=2)),
-    ("attn_probs.0.head-7", Address("attn_probs", 0, head=7)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("resid_post.10", Address("resid_post", 10)),
+        ("z.3.head-2", Address("z", 3, head=2)),
+        ("embeddings", Address("embeddings")),
+        ("resid_post.5.stream-2", Address("resid_post", 5, stream=2)),
+        ("attn_probs.0.head-7", Address("attn_probs", 0, head=7)),
+    ],
+)
 def test_examples(text, expected):
     assert Address.parse(text) == expected
     assert str(expected) == text
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("resid_pots.3", "Did you mean 'resid_post'"),
-    ("resid_post", "exists once per layer"),
-    ("embeddings.0", "trunk point"),
-    ("resid_post.3.head-1", "has no head axis"),
-    ("z.3.hd-1", "expected name[.layer][.head-H][.stream-S]"),
-    ("resid_post.-1", "non-negative"),
-    ("mlp_out.2.stream-1", "has no stream coordinate"),
-    ("", "empty address"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("resid_pots.3", "Did you mean 'resid_post'"),
+        ("resid_post", "exists once per layer"),
+        ("embeddings.0", "trunk point"),
+        ("resid_post.3.head-1", "has no head axis"),
+        ("z.3.hd-1", "expected name[.layer][.head-H][.stream-S]"),
+        ("resid_post.-1", "non-negative"),
+        ("mlp_out.2.stream-1", "has no stream coordinate"),
+        ("", "empty address"),
+    ],
+)
 def test_errors_name_the_wrong_part(text, fragment):
     with pytest.raises(AddressError, match=None) as e:
         Address.parse(text)
@@ -74,19 +81,21 @@ def test_range_checks_against_a_model():
 
 def test_head_slices_are_the_heads_of_the_full_point():
     import torch
+
     from tests.conftest import lm_for
 
     lm = lm_for("llama")
     d = lm.facts.head_dim
     c = ie_lab.capture(lm, [5, 6, 7, 8], ["z.1", "z.1.head-2", "attn_probs.0", "attn_probs.0.head-3", "value.1.head-1"])
-    torch.testing.assert_close(c["z.1.head-2"], c["z.1"][..., 2 * d:3 * d])
-    assert not torch.equal(c["z.1.head-2"], c["z.1"][..., 1 * d:2 * d])
+    torch.testing.assert_close(c["z.1.head-2"], c["z.1"][..., 2 * d : 3 * d])
+    assert not torch.equal(c["z.1.head-2"], c["z.1"][..., 1 * d : 2 * d])
     torch.testing.assert_close(c["attn_probs.0.head-3"], c["attn_probs.0"][:, 3])
     assert c["value.1.head-1"].shape == (1, 4, d)
 
 
-@pytest.mark.parametrize("text", ["resid_post.²", "resid_post.١", "resid_post.۳", "z.0.head-١", "z.1.head-²",
-                                  "resid_post.𝟘"])
+@pytest.mark.parametrize(
+    "text", ["resid_post.²", "resid_post.١", "resid_post.۳", "z.0.head-١", "z.1.head-²", "resid_post.𝟘"]
+)
 def test_only_ascii_digits_are_numbers(text):
     # str.isdigit accepts these; int() then fails ('²') or reads a number the user never typed ('١' -> 1).
     with pytest.raises(AddressError, match="ASCII digits 0-9"):
@@ -110,23 +119,35 @@ def test_integer_scalars_of_numpy_and_torch_are_plain_ints():
 def test_layer_lists_are_checked_against_the_model():
     from ie_lab.address import layer_list
 
-    facts = ArchFacts.from_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3,
-                                   "num_attention_heads": 4})
+    facts = ArchFacts.from_config(
+        {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4}
+    )
     assert layer_list(None, facts) == [0, 1, 2]
     assert layer_list(2, facts) == [2] and layer_list((2, 0), facts) == [2, 0]
-    for bad, fragment in [([3], "has 3 layers"), ([-1], "Negative layers"), ([1.0], "integers 0..2"),
-                          (["1"], "integers 0..2"), ([True], "integers 0..2"), ([], "empty"), ([1, 1], "twice"),
-                          (float("nan"), "integers 0..2")]:
+    for bad, fragment in [
+        ([3], "has 3 layers"),
+        ([-1], "Negative layers"),
+        ([1.0], "integers 0..2"),
+        (["1"], "integers 0..2"),
+        ([True], "integers 0..2"),
+        ([], "empty"),
+        ([1, 1], "twice"),
+        (float("nan"), "integers 0..2"),
+    ]:
         with pytest.raises(AddressError, match=fragment):
             layer_list(bad, facts, arg="layers")
 
 
-_ADDRESSISH = st.text(alphabet=st.sampled_from(list("resid_post.zhead-stream0123456789²١۳𝟘 -_.")) | st.characters(),
-                      max_size=30)
+_ADDRESSISH = st.text(
+    alphabet=st.sampled_from(list("resid_post.zhead-stream0123456789²١۳𝟘 -_.")) | st.characters(), max_size=30
+)
 
 
-@given(st.one_of(_ADDRESSISH, st.sampled_from(sorted(REGISTRY)).flatmap(
-    lambda n: st.builds(lambda tail: n + tail, _ADDRESSISH))))
+@given(
+    st.one_of(
+        _ADDRESSISH, st.sampled_from(sorted(REGISTRY)).flatmap(lambda n: st.builds(lambda tail: n + tail, _ADDRESSISH))
+    )
+)
 def test_any_text_is_an_address_or_an_address_error(text):
     # Nothing a user can type reaches int() or the registry unchecked (issue 14.9).
     try:

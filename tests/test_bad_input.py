@@ -16,21 +16,24 @@ def _params(lm):
     return {k: v.clone() for k, v in lm.hf.state_dict().items()}
 
 
-@pytest.mark.parametrize("inp,addresses,exc,fragment", [
-    ([5, 6, 7], ["resid_psot.0"], ie_lab.AddressError, "Did you mean 'resid_post'"),
-    ([5, 6, 7], ["resid_post.9"], ie_lab.AddressError, "out of range"),
-    ([5, 6, 7], ["z.0.head-9"], ie_lab.AddressError, "out of range"),
-    ([5, 6, 7], ["router_logits.0"], ie_lab.PointAbsent, "dense MLP layer"),
-    ([5, 6, 7], ["resid_post.0.stream-1"], ie_lab.AddressError, "single residual stream"),
-    (torch.tensor([[1.0, 2.0]]), ["resid_post.0"], ie_lab.InputError, "tokens.long()"),
-    (torch.tensor([[1, 600]]), ["resid_post.0"], ie_lab.InputError, "outside the vocabulary"),
-    (torch.tensor([[-1, 6]]), ["resid_post.0"], ie_lab.InputError, "outside the vocabulary"),
-    (torch.zeros((1, 0), dtype=torch.long), ["resid_post.0"], ie_lab.InputError, "empty input"),
-    ("", ["resid_post.0"], ie_lab.InputError, "empty text"),
-    (torch.ones((1, 300), dtype=torch.long), ["resid_post.0"], ie_lab.InputError, "context is 256"),
-    ({"ids": 1}, ["resid_post.0"], ie_lab.InputError, "expected text"),
-    ([5, 6, 7], [], ie_lab.AddressError, "no addresses"),
-])
+@pytest.mark.parametrize(
+    "inp,addresses,exc,fragment",
+    [
+        ([5, 6, 7], ["resid_psot.0"], ie_lab.AddressError, "Did you mean 'resid_post'"),
+        ([5, 6, 7], ["resid_post.9"], ie_lab.AddressError, "out of range"),
+        ([5, 6, 7], ["z.0.head-9"], ie_lab.AddressError, "out of range"),
+        ([5, 6, 7], ["router_logits.0"], ie_lab.PointAbsent, "dense MLP layer"),
+        ([5, 6, 7], ["resid_post.0.stream-1"], ie_lab.AddressError, "single residual stream"),
+        (torch.tensor([[1.0, 2.0]]), ["resid_post.0"], ie_lab.InputError, "tokens.long()"),
+        (torch.tensor([[1, 600]]), ["resid_post.0"], ie_lab.InputError, "outside the vocabulary"),
+        (torch.tensor([[-1, 6]]), ["resid_post.0"], ie_lab.InputError, "outside the vocabulary"),
+        (torch.zeros((1, 0), dtype=torch.long), ["resid_post.0"], ie_lab.InputError, "empty input"),
+        ("", ["resid_post.0"], ie_lab.InputError, "empty text"),
+        (torch.ones((1, 300), dtype=torch.long), ["resid_post.0"], ie_lab.InputError, "context is 256"),
+        ({"ids": 1}, ["resid_post.0"], ie_lab.InputError, "expected text"),
+        ([5, 6, 7], [], ie_lab.AddressError, "no addresses"),
+    ],
+)
 def test_bad_input_is_refused_cleanly(lm, inp, addresses, exc, fragment):
     before = _params(lm)
     with pytest.raises(exc) as e:
@@ -99,8 +102,10 @@ def test_capability_refusals_read_as_one_sentence_each():
 
     from ie_lab.capabilities import CAPABILITIES, require
 
-    shape = re.compile(r"(?P<name>.+) is not supported on backend='(?P<b>eager|vllm)': (?P<why>[^.].+)\. "
-                       r"Instead: (?P<instead>.+)\.")
+    shape = re.compile(
+        r"(?P<name>.+) is not supported on backend='(?P<b>eager|vllm)': (?P<why>[^.].+)\. "
+        r"Instead: (?P<instead>.+)\."
+    )
     n = 0
     for cap in CAPABILITIES:
         for backend in ("eager", "vllm"):
@@ -117,14 +122,19 @@ def test_capability_refusals_read_as_one_sentence_each():
             n += 1
     assert n >= 8
     # the vLLM session's refusals come from the same table
-    with pytest.raises(ie_lab.CapabilityUnsupported, match=r"^activation patching and sweeps is not supported on "
-                                                           r"backend='vllm': patching replaces"):
+    with pytest.raises(
+        ie_lab.CapabilityUnsupported,
+        match=r"^activation patching and sweeps is not supported on "
+        r"backend='vllm': patching replaces",
+    ):
         require("activation patching and sweeps", "vllm")
 
 
 def test_refusals_built_anywhere_end_each_part_once():
     e = ie_lab.CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
-    assert str(e) == "attention() on a batch is not supported: the viewer shows one prompt. Instead: call it per prompt."
+    assert (
+        str(e) == "attention() on a batch is not supported: the viewer shows one prompt. Instead: call it per prompt."
+    )
     e = ie_lab.CapabilityUnsupported("x", "no reason given", "do y")
     assert str(e) == "x is not supported: no reason given. Instead: do y."
 
@@ -137,8 +147,10 @@ def chat_lm():
     from tests.families import make_model, make_tokenizer
 
     tok = copy.deepcopy(make_tokenizer())
-    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}She{% else %}He{% endif %} said : "
-                         "{{ m['content'] }} . {% endfor %}{% if add_generation_prompt %}He said :{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}She{% else %}He{% endif %} said : "
+        "{{ m['content'] }} . {% endfor %}{% if add_generation_prompt %}He said :{% endif %}"
+    )
     return ie_lab.load(make_model("llama"), tok)
 
 
@@ -184,23 +196,28 @@ def test_a_conversation_without_a_template_is_refused_naming_the_helper(lm):
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("call,fragment", [
-    (lambda lm: ie_lab.attention(lm, [5, 6, 7], layers=[99]), "has 2 layers"),
-    (lambda lm: ie_lab.attention(lm, [5, 6, 7], layers=[1.7]), "integers 0..1"),
-    (lambda lm: ie_lab.attention(lm, [[5, 6, 7], [5, 6, 8]]), "one prompt"),
-    (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], layers=["١"]), "integers 0..1"),
-    (lambda lm: ie_lab.logit_lens(lm, [[5, 6, 7], [5, 6, 8]]), "batch of 2"),
-    (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], k=True), "k (how many top tokens"),
-    (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], k=10_000), "vocabulary size 512"),
-    (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], layers=[0], transports={0: (torch.eye(3), torch.zeros(3))}),
-     "A [128, 128]"),
-    (lambda lm: ie_lab.fit_tuned_lens(lm, "the cat sat"), "character by character"),
-    (lambda lm: ie_lab.fit_tuned_lens(lm, ["the cat"], ridge=float("nan")), "ridge"),
-    (lambda lm: ie_lab.capture(lm, [None], ["resid_post.0"]), "could not read the token list"),
-    (lambda lm: ie_lab.capture(lm, [], ["resid_post.0"]), "the token list is empty"),
-    (lambda lm: ie_lab.capture(lm, [5, 6, 7], 3), "list of them"),
-    (lambda lm: ie_lab.capture(None, [5, 6, 7], ["resid_post.0"]), "model must be"),
-])
+@pytest.mark.parametrize(
+    "call,fragment",
+    [
+        (lambda lm: ie_lab.attention(lm, [5, 6, 7], layers=[99]), "has 2 layers"),
+        (lambda lm: ie_lab.attention(lm, [5, 6, 7], layers=[1.7]), "integers 0..1"),
+        (lambda lm: ie_lab.attention(lm, [[5, 6, 7], [5, 6, 8]]), "one prompt"),
+        (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], layers=["١"]), "integers 0..1"),
+        (lambda lm: ie_lab.logit_lens(lm, [[5, 6, 7], [5, 6, 8]]), "batch of 2"),
+        (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], k=True), "k (how many top tokens"),
+        (lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], k=10_000), "vocabulary size 512"),
+        (
+            lambda lm: ie_lab.logit_lens(lm, [5, 6, 7], layers=[0], transports={0: (torch.eye(3), torch.zeros(3))}),
+            "A [128, 128]",
+        ),
+        (lambda lm: ie_lab.fit_tuned_lens(lm, "the cat sat"), "character by character"),
+        (lambda lm: ie_lab.fit_tuned_lens(lm, ["the cat"], ridge=float("nan")), "ridge"),
+        (lambda lm: ie_lab.capture(lm, [None], ["resid_post.0"]), "could not read the token list"),
+        (lambda lm: ie_lab.capture(lm, [], ["resid_post.0"]), "the token list is empty"),
+        (lambda lm: ie_lab.capture(lm, [5, 6, 7], 3), "list of them"),
+        (lambda lm: ie_lab.capture(None, [5, 6, 7], ["resid_post.0"]), "model must be"),
+    ],
+)
 def test_viewer_and_lens_arguments_are_refused_before_any_work(lm, call, fragment):
     # attention(layers=[99]) used to raise IndexError, logit_lens on a batch silently read the first prompt only.
     with pytest.raises(ie_lab.IELabError) as e:
@@ -212,8 +229,12 @@ def test_viewer_and_lens_arguments_are_refused_before_any_work(lm, call, fragmen
 def test_attention_viewer_arguments_are_checked_like_the_operations(lm):
     s = ie_lab.Session(lm.hf, tokenizer=lm.tokenizer, progress=False)
     try:
-        for kwargs, fragment in [({"layer": "1"}, "layer must be an integer"), ({"head": 1.5}, "head must be"),
-                                 ({"layers": [0.5]}, "integers 0..1"), ({"layers": [0, 0]}, "twice")]:
+        for kwargs, fragment in [
+            ({"layer": "1"}, "layer must be an integer"),
+            ({"head": 1.5}, "head must be"),
+            ({"layers": [0.5]}, "integers 0..1"),
+            ({"layers": [0, 0]}, "twice"),
+        ]:
             with pytest.raises(ie_lab.InputError, match=fragment):
                 s.show_attention("When Mary and John went to the store", **kwargs)
         with pytest.raises(ie_lab.InputError, match="could not read the token list"):

@@ -84,9 +84,19 @@ def _metric(logits):
 def _reference_positions(lm, layers):
     """One forward per (layer, position) cell, through run_with_patches (the unbatched sweep's own path)."""
     src = ie_lab.capture(lm, CLEAN, [f"resid_pre.{L}" for L in layers])
-    return torch.tensor([[float(_metric(ie_lab.run_with_patches(lm, CORRUPT, {f"resid_pre.{L}": src[f"resid_pre.{L}"]},
-                                                                    positions=[j])))
-                          for j in range(CORRUPT.shape[1])] for L in layers])
+    return torch.tensor(
+        [
+            [
+                float(
+                    _metric(
+                        ie_lab.run_with_patches(lm, CORRUPT, {f"resid_pre.{L}": src[f"resid_pre.{L}"]}, positions=[j])
+                    )
+                )
+                for j in range(CORRUPT.shape[1])
+            ]
+            for L in layers
+        ]
+    )
 
 
 def _reference_heads(lm, layers):
@@ -98,7 +108,7 @@ def _reference_heads(lm, layers):
     for i, L in enumerate(layers):
         for h in range(H):
             mixed = x[f"z.{L}"].clone()
-            mixed[..., h * d:(h + 1) * d] = c[f"z.{L}"][..., h * d:(h + 1) * d]
+            mixed[..., h * d : (h + 1) * d] = c[f"z.{L}"][..., h * d : (h + 1) * d]
             out[i, h] = float(_metric(ie_lab.run_with_patches(lm, CORRUPT, {f"z.{L}": mixed})))
     return out
 
@@ -122,8 +132,9 @@ def test_batched_head_sweep_equals_one_forward_per_cell(fam):
     want = _reference_heads(lm, layers)
     assert want.std() > 1e-5
     for bs in (1, 3, None):
-        grid = ie_lab.patch_sweep(lm, CLEAN, CORRUPT, _metric, over="layer_head", layers=layers, progress=False,
-                                  batch_size=bs)
+        grid = ie_lab.patch_sweep(
+            lm, CLEAN, CORRUPT, _metric, over="layer_head", layers=layers, progress=False, batch_size=bs
+        )
         torch.testing.assert_close(grid.values, want, atol=1e-5, rtol=1e-5)
     assert_clean(lm)
 
@@ -141,9 +152,19 @@ def test_batched_sweep_of_a_batched_prompt_equals_one_forward_per_cell():
     clean, corrupt = CLEAN.repeat(2, 1), torch.cat([CORRUPT, CLEAN.flip(1)])
     layers = [0, 1]
     src = ie_lab.capture(lm, clean, [f"resid_pre.{L}" for L in layers])
-    want = torch.tensor([[float(_metric(ie_lab.run_with_patches(lm, corrupt, {f"resid_pre.{L}": src[f"resid_pre.{L}"]},
-                                                                    positions=[j])))
-                          for j in range(clean.shape[1])] for L in layers])
+    want = torch.tensor(
+        [
+            [
+                float(
+                    _metric(
+                        ie_lab.run_with_patches(lm, corrupt, {f"resid_pre.{L}": src[f"resid_pre.{L}"]}, positions=[j])
+                    )
+                )
+                for j in range(clean.shape[1])
+            ]
+            for L in layers
+        ]
+    )
     for bs in (3, None):
         grid = ie_lab.patch_sweep(lm, clean, corrupt, _metric, layers=layers, progress=False, batch_size=bs)
         torch.testing.assert_close(grid.values, want, atol=1e-5, rtol=1e-5)
@@ -159,8 +180,9 @@ def test_session_mean_difference_and_its_twin_equal_the_free_function():
     s = ie_lab.Session(m, tokenizer=t, progress=False)
     try:
         want = _one_at_a_time(s._lm, POS, "resid_post.0") - _one_at_a_time(s._lm, NEG, "resid_post.0")
-        torch.testing.assert_close(s.mean_difference(POS, NEG, "resid_post.0", batch_size=2), want,
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            s.mean_difference(POS, NEG, "resid_post.0", batch_size=2), want, atol=1e-5, rtol=1e-5
+        )
         got = asyncio.run(s.amean_difference(POS, NEG, "resid_post.0"))
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     finally:

@@ -57,7 +57,7 @@ def test_batched_texts_and_a_tensor_of_rows():
         assert b.text == solo.text
     rows = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])  # a [batch, seq] tensor is that many prompts
     got = ie_lab.generate(lm, rows, 5)
-    assert [g.ids for g in got] == [ie_lab.generate(lm, rows[i:i + 1], 5).ids for i in range(2)]
+    assert [g.ids for g in got] == [ie_lab.generate(lm, rows[i : i + 1], 5).ids for i in range(2)]
 
 
 def test_sampling_is_reproducible_per_prompt():
@@ -194,8 +194,9 @@ def test_bad_lists_are_refused_naming_the_prompt_before_any_forward():
         with pytest.raises(ie_lab.InputError, match="3 seeds for 2 prompts"):
             ie_lab.generate(lm, [[5, 6], [7, 8]], 2, temperature=1.0, seed=[1, 2, 3])
         with pytest.raises(ie_lab.InputError, match="prompt 1: steering positions"):
-            ie_lab.generate(lm, [[5] * 10, [7, 8]], 2, steer=ie_lab.steer(lm, "resid_post.0", torch.ones(128),
-                                                                            positions=[6]))
+            ie_lab.generate(
+                lm, [[5] * 10, [7, 8]], 2, steer=ie_lab.steer(lm, "resid_post.0", torch.ones(128), positions=[6])
+            )
     finally:
         h.remove()
     assert seen == []
@@ -220,8 +221,9 @@ def test_session_methods_take_a_list(session):
     assert [g.ids for g in got] == [s.ids for s in solo]
     assert [(s.prompt_index, s.token_id) for s in streamed] == [(s.prompt_index, s.token_id) for s in steps]
     for t, c in zip(texts, caps):
-        torch.testing.assert_close(c["resid_post.1"], session.capture(t, ["resid_post.1"])["resid_post.1"],
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            c["resid_post.1"], session.capture(t, ["resid_post.1"])["resid_post.1"], atol=1e-5, rtol=1e-5
+        )
     with pytest.raises(ie_lab.InputError, match="print_tokens"):
         session.generate(texts, 3, print_tokens=True)
     assert_clean(session._lm)

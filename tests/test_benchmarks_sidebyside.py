@@ -61,8 +61,15 @@ class _Fake:
 def _spec(tmp_path, workload, ref):
     p = tmp_path / "refs.pt"
     torch.save({"inputs": {"prompt": torch.zeros(1, 4, dtype=torch.long)}, **ref}, p)
-    return {"model": "t", "engine": "fake", "workload": workload, "refs": str(p), "shape": SHAPE, "repeats": 1,
-            "threads": 1}
+    return {
+        "model": "t",
+        "engine": "fake",
+        "workload": workload,
+        "refs": str(p),
+        "shape": SHAPE,
+        "repeats": 1,
+        "threads": 1,
+    }
 
 
 @pytest.mark.parametrize("tokens,status", [([5, 6, 7], "ok"), ([5, 6, 8], "WRONG"), ([5, 6], "WRONG")])
@@ -99,17 +106,34 @@ def test_engine_without_the_workload_is_na_with_reason(tmp_path):
 
 
 def _c(engine, w, status="ok", s=1.0, tps=None, **kw):
-    return {"model": "m", "engine": engine, "workload": w, "status": status, "median_s": s, "tok_per_s": tps,
-            "peak_rss_mb": 100.0, "date": "2026-01-01", "threads": 2, "repeats": 3, "reason": kw.get("reason", ""),
-            "check": kw.get("check", "")}
+    return {
+        "model": "m",
+        "engine": engine,
+        "workload": w,
+        "status": status,
+        "median_s": s,
+        "tok_per_s": tps,
+        "peak_rss_mb": 100.0,
+        "date": "2026-01-01",
+        "threads": 2,
+        "repeats": 3,
+        "reason": kw.get("reason", ""),
+        "check": kw.get("check", ""),
+    }
 
 
 def test_render_shows_wrong_and_na_and_target_verdicts():
-    cells = [_c("bare", "forward_512", s=1.0), _c("ie_eager", "capture_all", s=1.2), _c("tl", "capture_all", s=2.0),
-             _c("interp", "capture_all", s=1.0),
-             _c("bare", "generate", tps=100), _c("ie_eager", "generate", tps=95), _c("interp", "generate", tps=90),
-             _c("tl", "generate", "WRONG", s=0.1, tps=1000, check="tokens differ from HF greedy at position 3"),
-             _c("interp", "generate_x8", "n/a", s=None, reason="one sequence per call")]
+    cells = [
+        _c("bare", "forward_512", s=1.0),
+        _c("ie_eager", "capture_all", s=1.2),
+        _c("tl", "capture_all", s=2.0),
+        _c("interp", "capture_all", s=1.0),
+        _c("bare", "generate", tps=100),
+        _c("ie_eager", "generate", tps=95),
+        _c("interp", "generate", tps=90),
+        _c("tl", "generate", "WRONG", s=0.1, tps=1000, check="tokens differ from HF greedy at position 3"),
+        _c("interp", "generate_x8", "n/a", s=None, reason="one sequence per call"),
+    ]
     md = "\n".join(RENDER["render_sidebyside"](cells, "cpu"))
     assert "**WRONG**" in md and "tokens differ from HF greedy at position 3" in md
     assert "n/a [" in md and "one sequence per call" in md

@@ -35,8 +35,14 @@ def loaded():
 
 def test_files_and_size():
     names = {p.name for p in MODEL_DIR.iterdir()}
-    for required in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                     "special_tokens_map.json", "training_report.json"):
+    for required in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "training_report.json",
+    ):
         assert required in names
     assert not any(n.endswith(".bin") for n in names)
     assert sum(p.stat().st_size for p in MODEL_DIR.iterdir()) <= 20 * 1024 * 1024

@@ -15,9 +15,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STARTUP = 180  # seconds; only to turn a hang into a failure (JupyterLab starts in seconds)
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self") or
-                                not os.path.exists(os.path.join(sys.prefix, "bin", "jupyter-lab")),
-                                reason="needs Linux /proc and JupyterLab in this environment")
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir("/proc/self") or not os.path.exists(os.path.join(sys.prefix, "bin", "jupyter-lab")),
+    reason="needs Linux /proc and JupyterLab in this environment",
+)
 
 
 def _free_port() -> int:
@@ -61,13 +62,26 @@ def _group(pgid: int) -> dict[int, bytes]:
 def test_dev_lab_keeps_the_token_off_the_command_line(tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_TOKEN", "JUPYTER_TOKEN_FILE", "IE_LAB_TOKEN")}
-    env.update(IE_LAB_SKIP_INSTALL="1", IE_LAB_PORT=str(port), IE_LAB_VENV=sys.prefix,
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"))
+    env.update(
+        IE_LAB_SKIP_INSTALL="1",
+        IE_LAB_PORT=str(port),
+        IE_LAB_VENV=sys.prefix,
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+        JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"),
+    )
     log = tmp_path / "lab.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([os.path.join(ROOT, "dev"), "lab"], cwd=ROOT, env=env, stdout=f,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [os.path.join(ROOT, "dev"), "lab"],
+            cwd=ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         end = time.monotonic() + STARTUP
         token = None
@@ -85,8 +99,11 @@ def test_dev_lab_keeps_the_token_off_the_command_line(tmp_path):
 
         procs = _group(proc.pid)
         assert proc.pid in procs and b"jupyter" in procs[proc.pid], procs  # ./dev exec'd the server
-        leaked = {pid: cmd.replace(b"\0", b" ").decode(errors="replace") for pid, cmd in procs.items()
-                  if token.encode() in cmd}
+        leaked = {
+            pid: cmd.replace(b"\0", b" ").decode(errors="replace")
+            for pid, cmd in procs.items()
+            if token.encode() in cmd
+        }
         assert not leaked, f"the token is readable in the process list: {leaked}"
 
         assert _status(port, None) == 403

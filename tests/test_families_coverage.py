@@ -47,8 +47,11 @@ def test_every_model_type_in_the_mapping_has_a_row():
 @pytest.mark.slow
 def test_no_load_crashes_outside_ielaberror(fresh):
     """Item 2 of issue 20: a family ie_lab does not bind is refused with an IELabError, never another crash."""
-    crashed = {r["model_type"]: r["reason"] for r in fresh["rows"]
-               if r["status"] == "defect" and r["reason"].startswith("load crashed")}
+    crashed = {
+        r["model_type"]: r["reason"]
+        for r in fresh["rows"]
+        if r["status"] == "defect" and r["reason"].startswith("load crashed")
+    }
     assert not crashed
 
 

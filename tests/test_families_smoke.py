@@ -105,9 +105,10 @@ def test_saved_model_dir_roundtrip(family, tmp_path):
     path = saved_model_dir(family, tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
-    assert tok("When Mary and John went to the store").input_ids == make_tokenizer()(
-        "When Mary and John went to the store"
-    ).input_ids
+    assert (
+        tok("When Mary and John went to the store").input_ids
+        == make_tokenizer()("When Mary and John went to the store").input_ids
+    )
     ref = make_model(family)
     ids = _ids()
     with torch.no_grad():

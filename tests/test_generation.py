@@ -14,7 +14,7 @@ def test_greedy_equals_hf_generate(fam):
     with torch.no_grad():
         ref = lm.hf.generate(PROMPT, max_new_tokens=12, do_sample=False, pad_token_id=0)
     n = len(ours.ids)
-    assert ours.ids == ref[0, PROMPT.shape[1]:PROMPT.shape[1] + n].tolist()
+    assert ours.ids == ref[0, PROMPT.shape[1] : PROMPT.shape[1] + n].tolist()
     assert n == 12 or ours.stop_reason == "eos"
     assert_clean(lm)
 
@@ -38,8 +38,10 @@ def test_captures_come_from_the_cached_forwards_not_a_rerun():
     # Count forwards of layer 0: prompt (1) + one per generated token, with no extra full-length pass.
     lm = lm_for("llama")
     lengths = []
-    h = lm.binding.layers[0].layer.register_forward_pre_hook(lambda m, a, k: lengths.append(
-        (k.get("hidden_states") if "hidden_states" in k else a[0]).shape[1]), with_kwargs=True)
+    h = lm.binding.layers[0].layer.register_forward_pre_hook(
+        lambda m, a, k: lengths.append((k.get("hidden_states") if "hidden_states" in k else a[0]).shape[1]),
+        with_kwargs=True,
+    )
     try:
         res = ie_lab.generate(lm, PROMPT, 5, capture=["resid_post.0"])
     finally:
@@ -88,8 +90,9 @@ def test_stop_at_eos_and_stop_strings():
 def test_breaking_out_of_a_stream_removes_hooks():
     lm = lm_for("llama")
     v = torch.randn(lm.facts.d_model)
-    for step in ie_lab.generate_stream(lm, PROMPT, 20, capture=["resid_post.1"],
-                                       steer=ie_lab.steer(lm, "resid_post.0", v, scale=3.0)):
+    for step in ie_lab.generate_stream(
+        lm, PROMPT, 20, capture=["resid_post.1"], steer=ie_lab.steer(lm, "resid_post.0", v, scale=3.0)
+    ):
         if step.index == 2:
             break
     import gc
@@ -98,30 +101,33 @@ def test_breaking_out_of_a_stream_removes_hooks():
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("kwargs,fragment", [
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=True), "max_new_tokens"),
-    (dict(max_new_tokens=8, temperature=-1.0), "temperature"),
-    (dict(max_new_tokens=8, temperature=float("nan")), "temperature"),
-    (dict(max_new_tokens=8, temperature=float("inf")), "temperature"),
-    (dict(max_new_tokens=8, temperature="hot"), "temperature"),
-    (dict(max_new_tokens=8, top_p=0.0), "top_p"),
-    (dict(max_new_tokens=8, top_p=float("nan")), "top_p"),
-    (dict(max_new_tokens=8, top_k=0), "top_k"),
-    (dict(max_new_tokens=8, top_k=2.5), "top_k"),
-    (dict(max_new_tokens=8, top_k=10**12), "top_k"),
-    (dict(max_new_tokens=8, n_logprobs=513), "n_logprobs"),
-    (dict(max_new_tokens=8, n_logprobs=-1), "n_logprobs"),
-    (dict(max_new_tokens=8, n_logprobs=1.5), "n_logprobs"),
-    (dict(max_new_tokens=8, seed=-1), "seed"),
-    (dict(max_new_tokens=8, seed="x"), "seed"),
-    (dict(max_new_tokens=8, stop=[None]), "stop"),
-    (dict(max_new_tokens=8, stop=""), "stop"),
-    (dict(max_new_tokens=8, stop=5), "stop"),
-    (dict(max_new_tokens=8, keep_logits="no"), "keep_logits"),
-    (dict(max_new_tokens=8, ignore_eos=1), "ignore_eos"),
-    (dict(max_new_tokens=300), "context of 256"),
-])
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=True), "max_new_tokens"),
+        (dict(max_new_tokens=8, temperature=-1.0), "temperature"),
+        (dict(max_new_tokens=8, temperature=float("nan")), "temperature"),
+        (dict(max_new_tokens=8, temperature=float("inf")), "temperature"),
+        (dict(max_new_tokens=8, temperature="hot"), "temperature"),
+        (dict(max_new_tokens=8, top_p=0.0), "top_p"),
+        (dict(max_new_tokens=8, top_p=float("nan")), "top_p"),
+        (dict(max_new_tokens=8, top_k=0), "top_k"),
+        (dict(max_new_tokens=8, top_k=2.5), "top_k"),
+        (dict(max_new_tokens=8, top_k=10**12), "top_k"),
+        (dict(max_new_tokens=8, n_logprobs=513), "n_logprobs"),
+        (dict(max_new_tokens=8, n_logprobs=-1), "n_logprobs"),
+        (dict(max_new_tokens=8, n_logprobs=1.5), "n_logprobs"),
+        (dict(max_new_tokens=8, seed=-1), "seed"),
+        (dict(max_new_tokens=8, seed="x"), "seed"),
+        (dict(max_new_tokens=8, stop=[None]), "stop"),
+        (dict(max_new_tokens=8, stop=""), "stop"),
+        (dict(max_new_tokens=8, stop=5), "stop"),
+        (dict(max_new_tokens=8, keep_logits="no"), "keep_logits"),
+        (dict(max_new_tokens=8, ignore_eos=1), "ignore_eos"),
+        (dict(max_new_tokens=300), "context of 256"),
+    ],
+)
 def test_bad_generation_arguments(kwargs, fragment):
     lm = lm_for("llama")
     with pytest.raises(ie_lab.InputError, match=fragment):
@@ -179,6 +185,7 @@ def test_ignore_eos_runs_to_the_requested_length():
 
 # ---- captures on streamed steps (issue 13.4) ------------------------------------------------------------
 
+
 def _join_steps(steps, addr, total):
     """Concatenate each step's rows of one point along positions (attention: pad keys to the full length)."""
     rows = [s.captured[addr] for s in steps]
@@ -198,7 +205,9 @@ def _check_streamed_captures(steps, res, addrs):
         assert s.captured_positions.start == prev.captured_positions.stop
     assert steps[-1].captured_positions.stop == total
     for s in steps:
-        assert torch.equal(s.captured.tokens, res.cache.tokens[:, s.captured_positions.start:s.captured_positions.stop])
+        assert torch.equal(
+            s.captured.tokens, res.cache.tokens[:, s.captured_positions.start : s.captured_positions.stop]
+        )
     for a in addrs:
         assert torch.equal(_join_steps(steps, a, total), res.cache[a]), a
     # The last step carries the whole cache; no earlier one does.
@@ -242,6 +251,7 @@ def test_session_streams_carry_captures():
 
         async def consume():
             return [step async for step in s.agenerate_stream(PROMPT, 6, capture=addrs)]
+
         _check_streamed_captures(asyncio.run(consume()), res, addrs)
         printed = s.generate(PROMPT, 6, capture=addrs, print_tokens=True)  # streamed into the cell
         for a in addrs:
@@ -254,6 +264,7 @@ def test_steps_without_capture_carry_no_rows():
 
 
 # ---- no deprecated transformers call path (issue 13, "Also") --------------------------------------------
+
 
 @pytest.mark.parametrize("fam", ["llama", "gpt2", "gemma2", "falcon", "opt", "bloom", "mistral_sliding"])
 def test_generate_uses_no_deprecated_transformers_path(fam):

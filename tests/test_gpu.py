@@ -14,15 +14,34 @@ import torch
 
 import ie_lab
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 TEXT = "the cat sat on the mat and Mary went to the store"
-PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "one two three four five six seven",
-           "John gave a book to", "the dog ran in the park", "Alice and Bob went to the beach",
-           "Paris is the capital of", "the old man walked to the"]
-POINTS = ["embeddings", "resid_pre.0", "z.0", "value.1", "mlp_pre.0", "mlp_pre_linear.1", "mlp_act.1",
-          "q_norm_out.1", "k_norm_in.0", "resid_mid.1", "mlp_out.0", "resid_post.1", "final_norm"]
+PROMPTS = [
+    "the cat sat on the mat",
+    "Mary went to the store and",
+    "one two three four five six seven",
+    "John gave a book to",
+    "the dog ran in the park",
+    "Alice and Bob went to the beach",
+    "Paris is the capital of",
+    "the old man walked to the",
+]
+POINTS = [
+    "embeddings",
+    "resid_pre.0",
+    "z.0",
+    "value.1",
+    "mlp_pre.0",
+    "mlp_pre_linear.1",
+    "mlp_act.1",
+    "q_norm_out.1",
+    "k_norm_in.0",
+    "resid_mid.1",
+    "mlp_out.0",
+    "resid_post.1",
+    "final_norm",
+]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 2e-2) -> bool:
@@ -52,8 +71,9 @@ def test_eager_backend_on_cuda_equals_cpu(model_dir):
 
 def test_graph_mode_with_cuda_graphs_equals_eager_hook_mode(model_dir):
     pytest.importorskip("vllm")
-    kw = dict(backend="vllm", dtype="float16", progress=False, replace=False,
-              engine_kwargs={"gpu_memory_utilization": 0.3})
+    kw = dict(
+        backend="vllm", dtype="float16", progress=False, replace=False, engine_kwargs={"gpu_memory_utilization": 0.3}
+    )
     ref = ie_lab.Session(model_dir, **kw)
     try:
         want = ref.capture(TEXT, POINTS)

@@ -21,8 +21,9 @@ def test_residual_identities(family):
         names = ["resid_pre", "attn_out_post", "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
         c = ie_lab.capture(lm, x, [f"{n}.{L}" for n in names])
         if lb.parallel:
-            torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"] + c[f"mlp_out_post.{L}"],
-                                       c[f"resid_post.{L}"], **TOL)
+            torch.testing.assert_close(
+                c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"] + c[f"mlp_out_post.{L}"], c[f"resid_post.{L}"], **TOL
+            )
         else:
             torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"], c[f"resid_mid.{L}"], **TOL)
             torch.testing.assert_close(c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"], c[f"resid_post.{L}"], **TOL)
@@ -207,13 +208,22 @@ def test_recompute_with_sinks_and_windows_equals_the_eager_kernel():
 
     def listen(mod, call):
         seen[id(mod)] = call
+
     with attention_tap.listening({id(lb.attn): listen for lb in lm.binding.layers}):
         with torch.no_grad():
             lm.hf(input_ids=ids())
     for lb in lm.binding.layers:
         call = seen[id(lb.attn)]
         _, own = eager_fn(lb.attn, call.query, call.key, call.value, call.attention_mask, **call.kwargs)
-        as_if_sdpa = AttentionCall(call.query, call.key, call.value, None if lb.index == 1 else call.attention_mask,
-                                   {**call.kwargs, "s_aux": lb.attn.sinks}, call.output, None, "sdpa")
+        as_if_sdpa = AttentionCall(
+            call.query,
+            call.key,
+            call.value,
+            None if lb.index == 1 else call.attention_mask,
+            {**call.kwargs, "s_aux": lb.attn.sinks},
+            call.output,
+            None,
+            "sdpa",
+        )
         scores, probs = _recompute(as_if_sdpa)
         torch.testing.assert_close(probs, own.float(), **TOL)

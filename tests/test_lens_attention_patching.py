@@ -31,8 +31,7 @@ def test_identity_transport_changes_nothing_and_a_real_one_does():
     lm = lm_for("llama")
     d = lm.facts.d_model
     plain = ie_lab.logit_lens(lm, PROMPT, layers=[0], keep_logits=True)
-    ident = ie_lab.logit_lens(lm, PROMPT, layers=[0], keep_logits=True,
-                              transports={0: (torch.eye(d), torch.zeros(d))})
+    ident = ie_lab.logit_lens(lm, PROMPT, layers=[0], keep_logits=True, transports={0: (torch.eye(d), torch.zeros(d))})
     torch.testing.assert_close(plain.logits, ident.logits)
     other = ie_lab.logit_lens(lm, PROMPT, layers=[0], keep_logits=True, transports={0: lambda h: -h})
     assert not torch.allclose(plain.logits, other.logits)
@@ -149,14 +148,16 @@ def test_chat_helpers():
     msgs = [{"role": "user", "content": "Mary went to the store"}, {"role": "assistant", "content": "John gave a book"}]
     with pytest.raises(ie_lab.InputError, match="no chat template"):
         ie_lab.apply_chat_template(lm, msgs)
-    lm.tokenizer.chat_template = "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}" \
-                                 "{% if add_generation_prompt %}<s> assistant :{% endif %}"
+    lm.tokenizer.chat_template = (
+        "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+        "{% if add_generation_prompt %}<s> assistant :{% endif %}"
+    )
     ids = ie_lab.apply_chat_template(lm, msgs)
     spans = ie_lab.message_spans(lm, msgs)
     assert [s.role for s in spans] == ["user", "assistant"]
     assert spans[0].start == 0 and spans[0].end == spans[1].start
     toks = lm.tokenizer.convert_ids_to_tokens(ids[0].tolist())
-    assert toks[spans[1].start:spans[1].end][1] == "assistant"
+    assert toks[spans[1].start : spans[1].end][1] == "assistant"
     assert toks[-2:] == ["assistant", ":"]  # the generation prompt
 
 
@@ -174,6 +175,7 @@ def test_capture_with_grad_stays_on_the_graph_and_survives_in_place_updates():
 
 # ---- gradients between captured points (issue 13.5) ------------------------------------------------------
 
+
 def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
@@ -188,14 +190,15 @@ def _hand_grad(lm, at, u, read, *, pre=False, head=None):
             box["x"] = base.requires_grad_()
             return box["x"].clone()  # a clone, so in-place updates later in the forward are allowed
         d = lm.facts.head_dim
-        box["x"] = base[..., head * d:(head + 1) * d].clone().requires_grad_()
-        return torch.cat([base[..., :head * d], box["x"], base[..., (head + 1) * d:]], -1)
+        box["x"] = base[..., head * d : (head + 1) * d].clone().requires_grad_()
+        return torch.cat([base[..., : head * d], box["x"], base[..., (head + 1) * d :]], -1)
 
     if pre:
         h1 = at.register_forward_pre_hook(lambda m, args: (leaf_for(args[0]),) + tuple(args[1:]))
     else:
-        h1 = at.register_forward_hook(lambda m, args, out: (leaf_for(out[0]),) + tuple(out[1:])
-                                      if isinstance(out, tuple) else leaf_for(out))
+        h1 = at.register_forward_hook(
+            lambda m, args, out: (leaf_for(out[0]),) + tuple(out[1:]) if isinstance(out, tuple) else leaf_for(out)
+        )
     h2 = read.register_forward_hook(lambda m, args, out: box.__setitem__("y", _first(out)))
     try:
         with torch.enable_grad():
@@ -220,8 +223,9 @@ def test_capture_grad_links_points_through_the_model(fam):
     torch.testing.assert_close(g_resid, _hand_grad(lm, b.layers[0].layer, u, b.layers[1].layer), atol=1e-5, rtol=1e-4)
     ref_mlp = _hand_grad(lm, b.layers[0].mlp_out_module, u, b.layers[1].layer)
     torch.testing.assert_close(g_mlp, ref_mlp.reshape(g_mlp.shape), atol=1e-5, rtol=1e-4)  # OPT: [tokens, width]
-    torch.testing.assert_close(g_head, _hand_grad(lm, b.layers[1].o_proj, u, b.layers[1].layer, pre=True, head=1),
-                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        g_head, _hand_grad(lm, b.layers[1].o_proj, u, b.layers[1].layer, pre=True, head=1), atol=1e-5, rtol=1e-4
+    )
     assert float(g_resid.abs().sum()) > 0 and float(g_head.abs().sum()) > 0
     lm.hf.zero_grad(set_to_none=True)
     assert_clean(lm)
@@ -231,8 +235,9 @@ def test_capture_grad_through_a_residual_multiplier():
     lm = lm_for("granite")  # mlp_out_post = 0.22 * the MLP's output
     lb = lm.binding.layers[0]
     c = ie_lab.capture(lm, PROMPT, ["mlp_out_post.0", "resid_post.1"], grad=True)
-    torch.testing.assert_close(c["mlp_out_post.0"].detach(), ie_lab.capture(lm, PROMPT, ["mlp_out_post.0"])["mlp_out_post.0"],
-                               atol=0, rtol=0)
+    torch.testing.assert_close(
+        c["mlp_out_post.0"].detach(), ie_lab.capture(lm, PROMPT, ["mlp_out_post.0"])["mlp_out_post.0"], atol=0, rtol=0
+    )
     u = torch.randn(c["resid_post.1"].shape, generator=torch.Generator().manual_seed(1))
     (g,) = torch.autograd.grad((c["resid_post.1"] * u).sum(), [c["mlp_out_post.0"]])
     ref = _hand_grad(lm, lb.mlp_out_module, u, lm.binding.layers[1].layer) / lb.mlp_multiplier
@@ -264,8 +269,13 @@ def test_gradients_of_a_metric_on_any_point():
     ref = _hand_grad(lm, lm.binding.layers[0].layer, u, lm.binding.layers[1].layer)
     torch.testing.assert_close(g["resid_post.0"], ref, atol=1e-5, rtol=1e-4)
     # A Cache of several points; one upstream of the point differentiated contributes nothing.
-    g2 = ie_lab.gradients(lm, PROMPT, lambda c: (c["resid_post.1"] * u).sum() + c["resid_pre.0"].sum(),
-                          ["resid_post.0"], of=["resid_post.1", "resid_pre.0"])
+    g2 = ie_lab.gradients(
+        lm,
+        PROMPT,
+        lambda c: (c["resid_post.1"] * u).sum() + c["resid_pre.0"].sum(),
+        ["resid_post.0"],
+        of=["resid_post.1", "resid_pre.0"],
+    )
     torch.testing.assert_close(g2["resid_post.0"], ref, atol=1e-5, rtol=1e-4)
     # Attention patterns are measurable too: d(attention of layer 1 to token 0) / d resid_post.0.
     g3 = ie_lab.gradients(lm, PROMPT, lambda p: p[0, :, -1, 0].sum(), ["resid_post.0"], of="attn_probs.1")

@@ -34,7 +34,9 @@ def test_load_from_a_local_folder_equals_the_object(saved):
 def test_text_input_uses_the_tokenizer(saved):
     lm = ie_lab.load(saved, quiet=True)
     c = ie_lab.capture(lm, "When Mary and John went to the store", ["resid_post.0"])
-    assert c.str_tokens[0][:3] == lm.tokenizer.convert_ids_to_tokens(lm.tokenizer("When Mary and John")["input_ids"])[:3]
+    assert (
+        c.str_tokens[0][:3] == lm.tokenizer.convert_ids_to_tokens(lm.tokenizer("When Mary and John")["input_ids"])[:3]
+    )
     assert c["resid_post.0"].shape[1] == len(c.str_tokens[0])
 
 
@@ -137,8 +139,9 @@ def test_forcing_sdpa_on_gemma2_warns_and_names_the_difference(gemma2_dir):
     with pytest.warns(ie_lab.ComputeDiffersWarning, match="attn_logit_softcapping"):
         lm = ie_lab.load(gemma2_dir, attn_implementation="sdpa", quiet=True)
     # what was asked for is what runs: the raw model with the same option
-    torch.testing.assert_close(_logits(lm.hf, ids()), _logits(_raw(gemma2_dir, attn_implementation="sdpa"), ids()),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        _logits(lm.hf, ids()), _logits(_raw(gemma2_dir, attn_implementation="sdpa"), ids()), rtol=0, atol=1e-6
+    )
 
 
 @_no_gemma2_sdpa
@@ -213,20 +216,55 @@ def test_training_mode_is_restored_at_session_close():
 _S = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 _UNBOUND = {
     # config class name -> (kwargs, a word the refusal must name)
-    "MambaConfig": (dict(hidden_size=64, num_hidden_layers=2, state_size=8, intermediate_size=128,
-                         time_step_rank=8), "state-space"),
-    "FalconMambaConfig": (dict(hidden_size=64, num_hidden_layers=2, state_size=8, intermediate_size=128,
-                               time_step_rank=8), "state-space"),
-    "RwkvConfig": (dict(hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128,
-                        context_length=64), "recurrence"),
-    "NemotronHConfig": (dict(hidden_size=64, layers_block_type=["mamba", "attention"], num_attention_heads=4,
-                             num_key_value_heads=2, head_dim=16, intermediate_size=128, mamba_num_heads=4,
-                             mamba_head_dim=32, n_groups=1, ssm_state_size=8, chunk_size=16, n_routed_experts=2,
-                             moe_intermediate_size=32, moe_shared_expert_intermediate_size=32), "state-space"),
-    "JambaConfig": (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, num_experts=2, num_experts_per_tok=1, attn_layer_period=2,
-                         attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8,
-                         mamba_dt_rank=8), "state-space"),
+    "MambaConfig": (
+        dict(hidden_size=64, num_hidden_layers=2, state_size=8, intermediate_size=128, time_step_rank=8),
+        "state-space",
+    ),
+    "FalconMambaConfig": (
+        dict(hidden_size=64, num_hidden_layers=2, state_size=8, intermediate_size=128, time_step_rank=8),
+        "state-space",
+    ),
+    "RwkvConfig": (
+        dict(hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128, context_length=64),
+        "recurrence",
+    ),
+    "NemotronHConfig": (
+        dict(
+            hidden_size=64,
+            layers_block_type=["mamba", "attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            mamba_num_heads=4,
+            mamba_head_dim=32,
+            n_groups=1,
+            ssm_state_size=8,
+            chunk_size=16,
+            n_routed_experts=2,
+            moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=32,
+        ),
+        "state-space",
+    ),
+    "JambaConfig": (
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            num_experts=2,
+            num_experts_per_tok=1,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            mamba_d_state=8,
+            mamba_dt_rank=8,
+        ),
+        "state-space",
+    ),
     "CodeGenConfig": (dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64, n_ctx=64), "fused QKV"),
 }
 

@@ -56,6 +56,7 @@ def test_load_hides_transformers_bar_and_restores_both_settings(saved, capfd):
     finally:
         (hf_logging.enable_progress_bar if was_tf else hf_logging.disable_progress_bar)()
         from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
         (disable_progress_bars if was_hub else enable_progress_bars)()
 
 

@@ -4,13 +4,19 @@ import torch
 import ie_lab
 from ie_lab import Address, AddressError
 from ie_lab.mappers import ENGINES, from_engine, table, to_engine
-from tests.conftest import SUPPORTED, lm_for, ids
+from tests.conftest import SUPPORTED, ids, lm_for
 
 
-@pytest.mark.parametrize("fam,expected", [
-    ("llama", "mlp_out.5"), ("gpt2", "mlp_out.5"),
-    ("gemma2", "mlp_out_post.5"), ("olmo2", "mlp_out_post.5"), ("gemma3_text", "mlp_out_post.5"),
-])
+@pytest.mark.parametrize(
+    "fam,expected",
+    [
+        ("llama", "mlp_out.5"),
+        ("gpt2", "mlp_out.5"),
+        ("gemma2", "mlp_out_post.5"),
+        ("olmo2", "mlp_out_post.5"),
+        ("gemma3_text", "mlp_out_post.5"),
+    ],
+)
 def test_hook_mlp_out_is_model_aware(fam, expected):
     assert str(from_engine("blocks.5.hook_mlp_out", fam)) == expected  # a family name: any layer
     live = expected.replace(".5", ".1")  # the fixture has 2 layers, and a loaded model range-checks
@@ -54,14 +60,17 @@ def test_round_trip_every_translatable_point(engine, fam):
     assert n >= 5
 
 
-@pytest.mark.parametrize("name,fragment", [
-    ("blocks.2.ln1.hook_normalized", "before the norm's own weight"),
-    ("blocks.2.hook_mlp_in", "pre-norm residual"),
-    ("blocks.2.attn.hook_result", "computation"),
-    ("hook_pos_embed", "positional embeddings"),
-    ("blocks.2.mlp.hook_expert_weights", "softmax over all experts"),
-    ("blocks.2.hook_resid_psot", "Did you mean"),
-])
+@pytest.mark.parametrize(
+    "name,fragment",
+    [
+        ("blocks.2.ln1.hook_normalized", "before the norm's own weight"),
+        ("blocks.2.hook_mlp_in", "pre-norm residual"),
+        ("blocks.2.attn.hook_result", "computation"),
+        ("hook_pos_embed", "positional embeddings"),
+        ("blocks.2.mlp.hook_expert_weights", "softmax over all experts"),
+        ("blocks.2.hook_resid_psot", "Did you mean"),
+    ],
+)
 def test_refusals_explain(name, fragment):
     with pytest.raises(AddressError) as e:
         from_engine(name, "llama")
@@ -74,9 +83,13 @@ def test_parallel_family_has_no_resid_mid():
 
 
 def test_bridge_gate_hook_is_router_on_moe_layers():
-    assert from_engine("blocks.0.mlp.gate.hook_out", lm_for("mixtral"), "transformerlens_bridge") == Address("router_logits", 0)
+    assert from_engine("blocks.0.mlp.gate.hook_out", lm_for("mixtral"), "transformerlens_bridge") == Address(
+        "router_logits", 0
+    )
     assert from_engine("blocks.0.mlp.gate.hook_out", lm_for("llama"), "transformerlens_bridge") == Address("mlp_pre", 0)
-    assert from_engine("blocks.0.mlp.in.hook_out", lm_for("llama"), "transformerlens_bridge") == Address("mlp_pre_linear", 0)
+    assert from_engine("blocks.0.mlp.in.hook_out", lm_for("llama"), "transformerlens_bridge") == Address(
+        "mlp_pre_linear", 0
+    )
     assert from_engine("blocks.0.mlp.in.hook_out", lm_for("gpt2"), "transformerlens_bridge") == Address("mlp_pre", 0)
 
 
@@ -86,15 +99,18 @@ def test_hook_q_only_names_a_point_on_qk_norm_families():
         from_engine("blocks.1.attn.hook_q", lm_for("llama"))
 
 
-@pytest.mark.parametrize("family,address,engine,fragment", [
-    ("granite", "embeddings", "transformerlens_bridge", "embedding multiplier"),
-    ("bloom", "embeddings", "transformerlens", "after the embedding norm"),
-    ("bloom", "mlp_out.0", "nnterp", "add the residual themselves"),
-    ("bloom", "attn_out.1", "transformerlens_bridge", "add the residual themselves"),
-    ("opt", "attn_scores.0", "transformerlens", "post-softmax"),
-    ("hunyuan_v1_dense", "q_norm_in.0", "transformerlens", "after RoPE"),
-    ("deepseek_v3", "value.1", "transformerlens_bridge", "latent attention"),
-])
+@pytest.mark.parametrize(
+    "family,address,engine,fragment",
+    [
+        ("granite", "embeddings", "transformerlens_bridge", "embedding multiplier"),
+        ("bloom", "embeddings", "transformerlens", "after the embedding norm"),
+        ("bloom", "mlp_out.0", "nnterp", "add the residual themselves"),
+        ("bloom", "attn_out.1", "transformerlens_bridge", "add the residual themselves"),
+        ("opt", "attn_scores.0", "transformerlens", "post-softmax"),
+        ("hunyuan_v1_dense", "q_norm_in.0", "transformerlens", "after RoPE"),
+        ("deepseek_v3", "value.1", "transformerlens_bridge", "latent attention"),
+    ],
+)
 def test_validator_findings_are_refused(family, address, engine, fragment):
     # Each case is a comparison validator/ found failing: the other engine's name holds a different tensor there.
     with pytest.raises(AddressError, match=fragment):
@@ -147,11 +163,17 @@ def test_family_name_and_config_translate_as_the_live_model_does(fam):
     assert equal >= 100  # most names do not hang on the checkpoint: the family name answers them
 
 
-@pytest.mark.parametrize("family,fragment", [
-    ("glm4", "has not measured the block structure"),  # a real model_type whose norm placement ie_lab never measured
-    ("totally_made_up", "unknown model family"),
-    ("lama", "Did you mean 'llama'"),
-])
+@pytest.mark.parametrize(
+    "family,fragment",
+    [
+        (
+            "glm4",
+            "has not measured the block structure",
+        ),  # a real model_type whose norm placement ie_lab never measured
+        ("totally_made_up", "unknown model family"),
+        ("lama", "Did you mean 'llama'"),
+    ],
+)
 def test_families_it_cannot_resolve_refuse_and_say_to_pass_the_model(family, fragment):
     for call in (lambda: from_engine("blocks.5.hook_mlp_out", family), lambda: to_engine("mlp_out.5", family)):
         with pytest.raises(AddressError) as e:
@@ -170,9 +192,11 @@ def test_checkpoint_dependent_answers_name_the_config_key():
     from tests.families import make_config
 
     assert from_engine("blocks.1.hook_mlp_out", make_config("granite")) == Address("mlp_out_post", 1)
-    assert from_engine("blocks.1.mlp.gate.hook_out", make_config("deepseek_v3"), "transformerlens_bridge") == \
-        from_engine("blocks.1.mlp.gate.hook_out", lm_for("deepseek_v3"), "transformerlens_bridge") == \
-        Address("router_logits", 1)
+    assert (
+        from_engine("blocks.1.mlp.gate.hook_out", make_config("deepseek_v3"), "transformerlens_bridge")
+        == from_engine("blocks.1.mlp.gate.hook_out", lm_for("deepseek_v3"), "transformerlens_bridge")
+        == Address("router_logits", 1)
+    )
 
 
 def test_bad_model_and_engine_arguments_are_refused():
@@ -210,9 +234,19 @@ def test_the_reported_glm4_case_answers_only_from_the_model():
 
     from tests.families import make_tokenizer
 
-    cfg = CONFIG_MAPPING["glm4"](vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                 max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = CONFIG_MAPPING["glm4"](
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     lm = ie_lab.load(AutoModelForCausalLM.from_config(cfg).eval(), make_tokenizer())
     assert from_engine("blocks.1.hook_mlp_out", lm) == Address("mlp_out_post", 1)

@@ -8,8 +8,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_notebooks_match_their_sources():
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "build_notebooks.py"), "--check"],
-                       capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "build_notebooks.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
 
 
@@ -18,7 +22,9 @@ def test_every_notebook_has_a_colab_cell_and_link():
 
     import nbformat
 
-    for path in glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")) + glob.glob(os.path.join(ROOT, "tutorials", "*.ipynb")):
+    for path in glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")) + glob.glob(
+        os.path.join(ROOT, "tutorials", "*.ipynb")
+    ):
         nb = nbformat.read(path, as_version=4)
         assert "colab.research.google.com" in nb.cells[0].source, path
         assert "google.colab" in nb.cells[1].source, path
@@ -70,7 +76,9 @@ def test_colab_cells_install_from_pyprojects_repository_url():
     url = _pyproject_repository()
     assert url.startswith("https://github.com/"), url
     owner_name = url.removeprefix("https://github.com/")
-    paths = glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")) + glob.glob(os.path.join(ROOT, "tutorials", "*.ipynb"))
+    paths = glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")) + glob.glob(
+        os.path.join(ROOT, "tutorials", "*.ipynb")
+    )
     assert len(paths) >= 10
     for path in paths:
         nb = nbformat.read(path, as_version=4)
@@ -101,7 +109,9 @@ def test_the_build_script_takes_the_url_from_pyproject_only(tmp_path):
     with open(src, "w", encoding="utf-8") as fh:
         fh.write("# %% [markdown]\n# # Title\n\n# %%\nx = 1\n")
     _, nb = mod.build(src)
-    assert "colab.research.google.com/github/someone/fork_of_ie_lab/blob/main/notebooks/01_x.ipynb" in nb.cells[0].source
+    assert (
+        "colab.research.google.com/github/someone/fork_of_ie_lab/blob/main/notebooks/01_x.ipynb" in nb.cells[0].source
+    )
     assert nb.cells[1].source == mod.COLAB_CELL
 
 
@@ -114,8 +124,12 @@ def test_attention_viewer_is_shown_where_attention_is_taught():
         nb = nbformat.read(os.path.join(ROOT, rel), as_version=4)
         cells = [c for c in nb.cells if c.cell_type == "code" and "s.show_attention(" in c.source]
         assert cells, f"{rel}: no code cell opens the attention viewer"
-        shown = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for c in cells for o in c.outputs
-                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        shown = [
+            o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+            for c in cells
+            for o in c.outputs
+            if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+        ]
         assert shown, f"{rel}: the viewer cell has no displayed panel"
         state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
         for model_id in shown:

@@ -173,8 +173,11 @@ def test_tokenizer_options_tokenize_like_the_raw_tokenizer(folders, how):
     from transformers import AutoTokenizer
 
     path = folders["llama"]
-    kw = {"from the folder": {}, "tokenizer=path": {"tokenizer": path},
-          "tokenizer=object": {"tokenizer": make_tokenizer()}}[how]
+    kw = {
+        "from the folder": {},
+        "tokenizer=path": {"tokenizer": path},
+        "tokenizer=object": {"tokenizer": make_tokenizer()},
+    }[how]
     lm = ie_lab.load(path, quiet=True, **kw)
     want = AutoTokenizer.from_pretrained(path)(TEXT, return_tensors="pt").input_ids
     assert torch.equal(lm.to_tokens(TEXT).reshape(1, -1), want)

@@ -99,7 +99,8 @@ def test_absence_names_the_first_missing_feature_with_the_layer():
     assert points.absence("router_logits", s, 0).instead == "MoE layers of this model: [1]."
     assert points.absent_reason("router_logits", s, 1) is None
     assert points.absent_reason("resid_mid", points.Structure("toy", parallel=True), 0).startswith(
-        "this family runs attention and the MLP in parallel")
+        "this family runs attention and the MLP in parallel"
+    )
     with pytest.raises(PointAbsent, match="no QK-norm"):
         points.require_present("q_norm_in", s, 0)
 
@@ -107,8 +108,16 @@ def test_absence_names_the_first_missing_feature_with_the_layer():
 def test_steering_reads_the_registry():
     """Steering adds a d_model vector to a per-layer point; the tappable set is what vLLM reads by hook."""
     assert {p.name for p in points.all_points() if p.steerable and not p.multi_stream_only} == {
-        "resid_pre", "attn_in", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_out", "mlp_out_post",
-        "resid_post"}
+        "resid_pre",
+        "attn_in",
+        "attn_out",
+        "attn_out_post",
+        "resid_mid",
+        "mlp_in",
+        "mlp_out",
+        "mlp_out_post",
+        "resid_post",
+    }
     assert set(points.tappable()) == {p.name for p in points.all_points() if p.vllm.verdict is points.Verdict.SERVED}
     assert not any(p.tappable for p in points.all_points() if p.recomputed)
     assert {p.name for p in points.all_points() if p.is_attention} == {"attn_scores", "attn_probs"}

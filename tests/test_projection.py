@@ -24,12 +24,16 @@ def _capture(lm, addr, text=TEXT):
 
 def _sae(d: int, n: int, seed: int = 0) -> dict:
     g = _g(seed)
-    return {"W_enc": torch.randn(d, n, generator=g) / d ** 0.5, "b_enc": torch.randn(n, generator=g) * 0.1,
-            "b_dec": torch.randn(d, generator=g) * 0.1}
+    return {
+        "W_enc": torch.randn(d, n, generator=g) / d**0.5,
+        "b_enc": torch.randn(n, generator=g) * 0.1,
+        "b_dec": torch.randn(d, generator=g) * 0.1,
+    }
 
 
-@pytest.mark.parametrize("family,addr", [("llama", "resid_post.1"), ("gpt2", "mlp_act.0"), ("qwen3", "z.1.head-2"),
-                                         ("opt", "mlp_out.1")])
+@pytest.mark.parametrize(
+    "family,addr", [("llama", "resid_post.1"), ("gpt2", "mlp_act.0"), ("qwen3", "z.1.head-2"), ("opt", "mlp_out.1")]
+)
 def test_probe_scores_equal_capture_then_matmul(family, addr):
     lm = lm_for(family)
     x = _capture(lm, addr)
@@ -128,7 +132,7 @@ def test_during_generation_scores_cover_every_token_read():
     assert p.scores.shape == (rows.shape[0], 5)
     P = p.tokens.shape[0] - 5
     # by hand, forward by forward as the hook sees them: the prompt's rows together, then one row per step
-    want = torch.cat([rows[:P] @ D.T] + [rows[i:i + 1] @ D.T for i in range(P, rows.shape[0])])
+    want = torch.cat([rows[:P] @ D.T] + [rows[i : i + 1] @ D.T for i in range(P, rows.shape[0])])
     assert torch.equal(p.scores, want)
     assert torch.equal(p.tokens, g.cache.tokens[0, :-1])
 

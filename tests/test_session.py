@@ -11,7 +11,7 @@ import torch
 
 import ie_lab
 from ie_lab.toy import tiny_model
-from tests.conftest import assert_clean, hook_count
+from tests.conftest import assert_clean
 
 
 def test_sync_and_async_twins_agree(session):
@@ -31,7 +31,12 @@ def test_sync_and_async_twins_agree(session):
         return r, steps
 
     r, steps = asyncio.run(gen())
-    assert g.ids == r.ids == [s.token_id for s in steps] == [s.token_id for s in session.generate_stream("Mary went to", 5)]
+    assert (
+        g.ids
+        == r.ids
+        == [s.token_id for s in steps]
+        == [s.token_id for s in session.generate_stream("Mary went to", 5)]
+    )
 
 
 def test_every_operation_has_an_async_twin():
@@ -135,6 +140,7 @@ def _interrupt_from_hook(layer_module):
 
     def hook(mod, args, out):
         _thread.interrupt_main()
+
     return layer_module.register_forward_hook(hook)
 
 
@@ -160,8 +166,9 @@ def test_interrupt_in_a_generation_step_stops_it_within_one_token(session):
     ref = session.generate("Mary went to", 8).ids
     steps = []
     layer0 = session._lm.binding.layers[0].layer
-    h = layer0.register_forward_hook(lambda m, a, o: steps.append(1) if len(steps) < 3 else
-                                     (steps.append(1), __import__("_thread").interrupt_main()))
+    h = layer0.register_forward_hook(
+        lambda m, a, o: steps.append(1) if len(steps) < 3 else (steps.append(1), __import__("_thread").interrupt_main())
+    )
     try:
         with pytest.raises(KeyboardInterrupt):
             session.generate("Mary went to", 200, ignore_eos=True)
@@ -181,6 +188,7 @@ def _in_thread(fn, timeout=60):
             box["value"] = fn()
         except BaseException as e:  # noqa: BLE001 - reported below
             box["error"] = e
+
     th = threading.Thread(target=run, daemon=True)
     th.start()
     th.join(timeout)
@@ -215,6 +223,7 @@ def test_broken_streams_leave_no_memory_behind(session):
         for _ in range(n):
             for _step in session.generate_stream("Mary went to the park", 5):
                 break
+
     break_out(10)  # warm: lazily built caches, interned strings
     gc.collect()
     tracemalloc.start()
@@ -244,8 +253,17 @@ def long_session():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    m = LlamaForCausalLM(LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                     intermediate_size=256, vocab_size=512, max_position_embeddings=4096)).eval()
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=256,
+            vocab_size=512,
+            max_position_embeddings=4096,
+        )
+    ).eval()
     _, t = tiny_model("llama")
     s = ie_lab.Session(m, tokenizer=t, progress=False)
     yield s
@@ -411,8 +429,11 @@ def test_bad_input_names_the_fix(tmp_path):
         ie_lab.Session(m, tokenizer=t, backend="tpu")
     with pytest.raises(ie_lab.CapabilityUnsupported, match="backend='eager'"):
         ie_lab.Session(m, tokenizer=t, backend="vllm")
-    assert not [th for th in threading.enumerate() if th.name == "ie_lab-session" and th.is_alive()
-                and not getattr(th, "_ie_lab_owner_alive", True)]
+    assert not [
+        th
+        for th in threading.enumerate()
+        if th.name == "ie_lab-session" and th.is_alive() and not getattr(th, "_ie_lab_owner_alive", True)
+    ]
 
 
 def test_sizing_against_measured_parameters():
@@ -423,9 +444,19 @@ def test_sizing_against_measured_parameters():
         assert est.weights_bytes == pytest.approx(measured, rel=0.1), fam
         f = est.facts
         assert est.kv_bytes_per_token == 2 * f.n_layers * f.n_kv_heads * f.head_dim * 4
-    t = ie_lab.sizing.table({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
-                             "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
-                             "vocab_size": 128256}, "bfloat16", 8192)
+    t = ie_lab.sizing.table(
+        {
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+        },
+        "bfloat16",
+        8192,
+    )
     text = repr(t)
     assert "8.0" in text.splitlines()[0] or "~8" in text  # ~8B params (Llama-3-8B shape)
     assert "does not fit" in text.split("T4")[1].splitlines()[0]

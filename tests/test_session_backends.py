@@ -36,8 +36,16 @@ class ToyBackend:
     name, on_loop, thread_name, extras, collect_on_close = "toy", True, "ie_lab-toy", ("ping",), False
     closed: list[str] = []
 
-    def __init__(self, model: Any, device: Any = None, dtype: Any = None, tokenizer: Any = None, *,
-                 trust_remote_code: bool = False, progress: bool = True):
+    def __init__(
+        self,
+        model: Any,
+        device: Any = None,
+        dtype: Any = None,
+        tokenizer: Any = None,
+        *,
+        trust_remote_code: bool = False,
+        progress: bool = True,
+    ):
         self.lm = None
 
     def attach(self, session: Any) -> None:
@@ -111,14 +119,17 @@ def test_a_new_backend_is_the_protocol_alone(toy):
         toy.capture("x", ["a"])
 
 
-@pytest.mark.parametrize("call,row", [
-    (lambda s: s.patch("p", None, ["resid_post.0"]), "activation patching and sweeps"),
-    (lambda s: s.patch_sweep("a", "b", None), "activation patching and sweeps"),
-    (lambda s: s.gradients("p", None, ["resid_post.0"]), "gradients"),
-    (lambda s: s.run(lambda lm: lm), "run(fn) on the model object"),
-    (lambda s: asyncio.run(s.apatch("p", None, ["resid_post.0"])), "activation patching and sweeps"),
-    (lambda s: asyncio.run(s.arun(lambda lm: lm)), "run(fn) on the model object"),
-])
+@pytest.mark.parametrize(
+    "call,row",
+    [
+        (lambda s: s.patch("p", None, ["resid_post.0"]), "activation patching and sweeps"),
+        (lambda s: s.patch_sweep("a", "b", None), "activation patching and sweeps"),
+        (lambda s: s.gradients("p", None, ["resid_post.0"]), "gradients"),
+        (lambda s: s.run(lambda lm: lm), "run(fn) on the model object"),
+        (lambda s: asyncio.run(s.apatch("p", None, ["resid_post.0"])), "activation patching and sweeps"),
+        (lambda s: asyncio.run(s.arun(lambda lm: lm)), "run(fn) on the model object"),
+    ],
+)
 def test_unsupported_operations_refuse_from_the_capabilities_table(toy, call, row):
     with pytest.raises(ie_lab.CapabilityUnsupported) as e:
         call(toy)  # ToyBackend has no such method: only the table can have answered

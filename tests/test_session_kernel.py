@@ -1,8 +1,6 @@
 """The Session inside a real Jupyter kernel (ipykernel over ZMQ), driven by nbclient / jupyter_client."""
 
 import os
-import queue
-import sys
 import textwrap
 import time
 
@@ -13,15 +11,15 @@ from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SETUP = textwrap.dedent("""
-    import sys; sys.path.insert(0, %r)
+SETUP = textwrap.dedent(f"""
+    import sys; sys.path.insert(0, {ROOT!r})
     import torch; torch.set_num_threads(1)
     import ie_lab
     from ie_lab.toy import tiny_model
     from tests.conftest import hook_count
     m, t = tiny_model("llama")
     s = ie_lab.Session(m, tokenizer=t, progress=False)
-""" % ROOT)
+""")
 
 
 def _outputs_text(cell):
@@ -118,7 +116,10 @@ def _run(kc, code, timeout=120):
 def test_interrupt_stops_generation_and_the_next_call_works():
     km, kc = start_new_kernel(kernel_name="python3", cwd=ROOT)
     try:
-        _run(kc, SETUP.replace('tiny_model("llama")', 'tiny_model("llama")') + textwrap.dedent("""
+        _run(
+            kc,
+            SETUP.replace('tiny_model("llama")', 'tiny_model("llama")')
+            + textwrap.dedent("""
             from transformers import LlamaConfig, LlamaForCausalLM
             big = LlamaForCausalLM(LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, intermediate_size=256, vocab_size=512,
@@ -127,12 +128,15 @@ def test_interrupt_stops_generation_and_the_next_call_works():
             sb = ie_lab.Session(big, tokenizer=t, progress=False)
             v = torch.randn(128)
             print('ready')
-        """))
+        """),
+        )
         # stop_on_error=False: otherwise ipykernel aborts execute requests that arrive while it is still clearing
         # its queue after the KeyboardInterrupt (a kernel race, not the session's), and the check below is
         # answered "aborted" on a fast machine.
-        msg_id = kc.execute("with sb.steer('resid_post.0', v):\n    sb.generate('Mary went', 20000, capture=['resid_post.1'])",
-                            stop_on_error=False)
+        msg_id = kc.execute(
+            "with sb.steer('resid_post.0', v):\n    sb.generate('Mary went', 20000, capture=['resid_post.1'])",
+            stop_on_error=False,
+        )
         time.sleep(2.0)
         km.interrupt_kernel()
         # It stops (a bounded wait that only detects a hang: 20000 tokens would take minutes); how fast is measured
@@ -146,7 +150,8 @@ def test_interrupt_stops_generation_and_the_next_call_works():
         check_id = kc.execute(
             "check = (hook_count(big), ie_lab.arch.attention_tap.is_installed(), "
             "tuple(sb.capture('Mary went', ['resid_post.1'])['resid_post.1'].shape), len(sb.generate('Mary', 3).ids))",
-            user_expressions={"check": "check"})
+            user_expressions={"check": "check"},
+        )
         reply = kc.get_shell_msg(timeout=120)
         while reply["parent_header"].get("msg_id") != check_id:
             reply = kc.get_shell_msg(timeout=120)
@@ -163,8 +168,9 @@ def test_interrupt_stops_generation_and_the_next_call_works():
             reply = kc.get_shell_msg(timeout=60)
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] in ("CancelledError", "KeyboardInterrupt"), reply["content"]["ename"]
-        check_id = kc.execute("check = (hook_count(big), len(sb.generate('Mary', 3).ids))",
-                              user_expressions={"check": "check"})
+        check_id = kc.execute(
+            "check = (hook_count(big), len(sb.generate('Mary', 3).ids))", user_expressions={"check": "check"}
+        )
         reply = kc.get_shell_msg(timeout=120)
         while reply["parent_header"].get("msg_id") != check_id:
             reply = kc.get_shell_msg(timeout=120)

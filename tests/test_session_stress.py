@@ -31,8 +31,10 @@ def test_random_interrupts_leave_no_deadlock_no_foreign_error_and_no_trace():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     cmd = [sys.executable, "-c", f"from tests.test_session_stress import main; main({TRIALS_PER_KIND})"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, (f"the stress run died (rc {r.returncode}; a hang ends it with the stacks):\n"
-                               f"{r.stdout[-2000:]}\n{r.stderr[-6000:]}")
+    assert r.returncode == 0, (
+        f"the stress run died (rc {r.returncode}; a hang ends it with the stacks):\n"
+        f"{r.stdout[-2000:]}\n{r.stderr[-6000:]}"
+    )
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["trials"] == N_KINDS * TRIALS_PER_KIND
     assert report["foreign"] == [], report["foreign"]
@@ -45,6 +47,7 @@ def test_random_interrupts_leave_no_deadlock_no_foreign_error_and_no_trace():
 
 
 # ---- the child process ------------------------------------------------------------------------------------------
+
 
 def main(per_kind: int, seed: int = 0) -> None:
     import _thread
@@ -78,10 +81,12 @@ def main(per_kind: int, seed: int = 0) -> None:
     metric = ie_lab.logit_diff(20, 21)
 
     def check_calls():
-        return {"capture": s.capture(P, addrs),
-                "generate": s.generate(P, 10, capture=["resid_post.1"]),
-                "steered": s.generate(P, 10, steer=spec).ids,
-                "gradients": s.gradients(P, metric, ["resid_post.0"])}
+        return {
+            "capture": s.capture(P, addrs),
+            "generate": s.generate(P, 10, capture=["resid_post.1"]),
+            "steered": s.generate(P, 10, steer=spec).ids,
+            "gradients": s.gradients(P, metric, ["resid_post.0"]),
+        }
 
     ref = check_calls()
 
@@ -162,13 +167,20 @@ def main(per_kind: int, seed: int = 0) -> None:
             if ok:
                 lm.lock.release()
             box.append(ok)
+
         th = threading.Thread(target=take)
         th.start()
         th.join()
         return box[0]
 
-    report = {"trials": 0, "outcomes": {k: {} for k in kinds}, "foreign": [], "dirty": [], "lock_held": [],
-              "differs": []}
+    report = {
+        "trials": 0,
+        "outcomes": {k: {} for k in kinds},
+        "foreign": [],
+        "dirty": [],
+        "lock_held": [],
+        "differs": [],
+    }
     order = [k for k in kinds for _ in range(per_kind)]
     rng.shuffle(order)
     main_ident = threading.main_thread().ident

@@ -26,8 +26,12 @@ def _vectors(d):
         if i in (2, 5):
             out.append(None)
         else:
-            out.append((torch.randn(d, generator=g) * (4 + i), {"scale": 1.0 + i / 4} if i % 3 else
-                        {"method": "norm_scaled_add", "scale": 2.0}))
+            out.append(
+                (
+                    torch.randn(d, generator=g) * (4 + i),
+                    {"scale": 1.0 + i / 4} if i % 3 else {"method": "norm_scaled_add", "scale": 2.0},
+                )
+            )
     return out
 
 
@@ -59,6 +63,7 @@ def _in_threads(fn, n, barrier):
             errors.append(e)
             if barrier is not None:
                 barrier.abort()
+
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
@@ -89,8 +94,13 @@ def test_async_tasks_each_steer_only_their_own_requests(session):
             lens = await session.alogit_lens(PROMPT)
             if barrier is not None:
                 await barrier.wait()  # and still open while the others run
-        return {"ids": gen.ids, "capture": cap["resid_post.1"], "gen_cache": gen.cache["resid_post.1"],
-                "stream": torch.tensor([st.token_id for st in steps]), "lens": lens.top_ids}
+        return {
+            "ids": gen.ids,
+            "capture": cap["resid_post.1"],
+            "gen_cache": gen.cache["resid_post.1"],
+            "stream": torch.tensor([st.token_id for st in steps]),
+            "lens": lens.top_ids,
+        }
 
     async def together():
         barrier = asyncio.Barrier(N)
@@ -114,8 +124,13 @@ def test_threads_each_steer_only_their_own_requests(session):
             ran = session.run(_raw)
             if barrier is not None:
                 barrier.wait(timeout=120)
-        return {"ids": gen.ids, "capture": cap["resid_post.1"], "gen_cache": gen.cache["resid_post.1"],
-                "stream": torch.tensor(stream), "run": ran}
+        return {
+            "ids": gen.ids,
+            "capture": cap["resid_post.1"],
+            "gen_cache": gen.cache["resid_post.1"],
+            "stream": torch.tensor(stream),
+            "run": ran,
+        }
 
     _check(_solo(one), _in_threads(one, N, threading.Barrier(N)))
     assert_clean(session._lm)
@@ -176,6 +191,7 @@ def test_entering_the_same_spec_twice_steers_once_and_leaves_nothing(where, sess
 
         def gen():
             return session.generate(IDS, 5).ids
+
     plain, plain_ids = cap(), gen()
     with spec:
         once, once_ids = cap(), gen()
@@ -216,6 +232,7 @@ def test_a_spec_shared_by_two_tasks_ends_only_where_its_block_ends(session):
                 b_inside.set()
                 await a_left.wait()
                 return await session.acapture(PROMPT, ["resid_post.1"])
+
         return await asyncio.gather(a(), b())
 
     after_a, inside_b = asyncio.run(main())

@@ -61,7 +61,9 @@ def test_steering_sets_the_point_to_the_formula(fam, point):
 def test_steering_resid_mid_changes_the_stream_not_just_the_mlp_input():
     lm = lm_for("llama")
     v = torch.randn(lm.facts.d_model)
-    base = ie_lab.capture(lm, PROMPT, ["resid_pre.1", "attn_out_post.1", "resid_mid.1", "mlp_out_post.1", "resid_post.1"])
+    base = ie_lab.capture(
+        lm, PROMPT, ["resid_pre.1", "attn_out_post.1", "resid_mid.1", "mlp_out_post.1", "resid_post.1"]
+    )
     with ie_lab.steer(lm, "resid_mid.1", v, scale=2.0):
         st = ie_lab.capture(lm, PROMPT, ["resid_mid.1", "mlp_out_post.1", "resid_post.1"])
     torch.testing.assert_close(st["resid_mid.1"], base["resid_mid.1"] + 2.0 * v, atol=1e-4, rtol=1e-4)
@@ -78,8 +80,9 @@ def test_positions_prompt_generated_and_list():
     assert changed.tolist() == [False, True, False, True, False, False]
     # generated-only steering leaves the prompt's forward untouched, so the first token cannot change.
     plain = ie_lab.generate(lm, PROMPT, 6, capture=["resid_post.0"])
-    gen_only = ie_lab.generate(lm, PROMPT, 6, capture=["resid_post.0"],
-                               steer=ie_lab.steer(lm, "resid_post.0", v * 10, positions="generated"))
+    gen_only = ie_lab.generate(
+        lm, PROMPT, 6, capture=["resid_post.0"], steer=ie_lab.steer(lm, "resid_post.0", v * 10, positions="generated")
+    )
     n = PROMPT.shape[1]
     torch.testing.assert_close(gen_only.cache["resid_post.0"][:, :n], plain.cache["resid_post.0"][:, :n])
     assert gen_only.ids[0] == plain.ids[0]
@@ -113,18 +116,21 @@ def test_steered_generation_equals_context_and_per_call():
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("vector,kwargs,fragment", [
-    (torch.ones(7), {}, "d_model = 128"),
-    (torch.full((128,), float("nan")), {}, "NaN or inf"),
-    (torch.zeros(128), {"normalize": True}, "all zeros"),
-    (torch.zeros(128), {"method": "ablate"}, "all zeros"),
-    (torch.ones(128), {"method": "cap"}, "min, max"),
-    (torch.ones(128), {"method": "cap", "min": 2.0, "max": 1.0}, "above max"),
-    (torch.ones(128), {"method": "rotate"}, "unknown steering method"),
-    (torch.ones(128), {"positions": "middle"}, "unknown positions"),
-    (torch.ones(128), {"positions": [-1]}, "non-negative"),
-    (torch.ones(128), {"scale": float("inf")}, "finite"),
-])
+@pytest.mark.parametrize(
+    "vector,kwargs,fragment",
+    [
+        (torch.ones(7), {}, "d_model = 128"),
+        (torch.full((128,), float("nan")), {}, "NaN or inf"),
+        (torch.zeros(128), {"normalize": True}, "all zeros"),
+        (torch.zeros(128), {"method": "ablate"}, "all zeros"),
+        (torch.ones(128), {"method": "cap"}, "min, max"),
+        (torch.ones(128), {"method": "cap", "min": 2.0, "max": 1.0}, "above max"),
+        (torch.ones(128), {"method": "rotate"}, "unknown steering method"),
+        (torch.ones(128), {"positions": "middle"}, "unknown positions"),
+        (torch.ones(128), {"positions": [-1]}, "non-negative"),
+        (torch.ones(128), {"scale": float("inf")}, "finite"),
+    ],
+)
 def test_bad_steering_is_refused_before_any_hook(vector, kwargs, fragment):
     lm = lm_for("llama")
     with pytest.raises(ie_lab.InputError, match=fragment):
@@ -159,6 +165,7 @@ def test_context_manager_and_per_call_agree_on_generated_positions():
 
 # ---- steering inputs are read as written, or refused naming the argument and the fix -------------------
 
+
 def _changed_positions(lm, **kwargs):
     v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(7)) * 5
     base = ie_lab.capture(lm, PROMPT, ["resid_post.0"])["resid_post.0"]
@@ -167,31 +174,40 @@ def _changed_positions(lm, **kwargs):
     return [i for i, c in enumerate(((st - base).abs().amax(-1)[0] > 1e-5).tolist()) if c]
 
 
-@pytest.mark.parametrize("positions", [
-    torch.tensor([True, False, False, True]),
-    [True, False, False, True],
-    np.array([True, False, False, True]),
-    torch.tensor([[True, False, False, True]]),  # one row of a [1, seq] mask
-    [0, 3], (3, 0), torch.tensor([0, 3]), np.array([0, 3]),
-])
+@pytest.mark.parametrize(
+    "positions",
+    [
+        torch.tensor([True, False, False, True]),
+        [True, False, False, True],
+        np.array([True, False, False, True]),
+        torch.tensor([[True, False, False, True]]),  # one row of a [1, seq] mask
+        [0, 3],
+        (3, 0),
+        torch.tensor([0, 3]),
+        np.array([0, 3]),
+    ],
+)
 def test_masks_and_index_lists_steer_the_positions_they_name(positions):
     lm = lm_for("llama")
     assert _changed_positions(lm, positions=positions) == [0, 3]
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("positions,fragment", [
-    ([1, 0, 0, 1], "repeat an index"),            # a 0/1 mask written as integers: ambiguous
-    (torch.tensor([1, 0, 0, 1]), "repeat an index"),
-    (torch.tensor([1, 0, 0, 1], dtype=torch.uint8), "uint8"),
-    (torch.tensor([1.0, 0.0, 0.0, 1.0]), "not integers"),
-    ([0.5, 3.7], "not integers"),
-    (np.array([0.0, 3.0]), "not integers"),
-    ([True, 2], "not token indices"),
-    (3, "not a list"),
-    (torch.ones(2, 4, dtype=torch.bool), "1-D"),
-    ([[0, 3]], "flat list"),
-])
+@pytest.mark.parametrize(
+    "positions,fragment",
+    [
+        ([1, 0, 0, 1], "repeat an index"),  # a 0/1 mask written as integers: ambiguous
+        (torch.tensor([1, 0, 0, 1]), "repeat an index"),
+        (torch.tensor([1, 0, 0, 1], dtype=torch.uint8), "uint8"),
+        (torch.tensor([1.0, 0.0, 0.0, 1.0]), "not integers"),
+        ([0.5, 3.7], "not integers"),
+        (np.array([0.0, 3.0]), "not integers"),
+        ([True, 2], "not token indices"),
+        (3, "not a list"),
+        (torch.ones(2, 4, dtype=torch.bool), "1-D"),
+        ([[0, 3]], "flat list"),
+    ],
+)
 def test_ambiguous_or_lossy_positions_are_refused(positions, fragment):
     lm = lm_for("llama")
     with pytest.raises(ie_lab.InputError, match=fragment) as e:
@@ -209,8 +225,15 @@ def test_a_mask_reaching_past_the_call_is_refused():
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("vector", [torch.ones(128, dtype=torch.complex64), np.ones(128, dtype=np.complex128),
-                                    torch.ones(128, dtype=torch.bool), ["a"] * 128])
+@pytest.mark.parametrize(
+    "vector",
+    [
+        torch.ones(128, dtype=torch.complex64),
+        np.ones(128, dtype=np.complex128),
+        torch.ones(128, dtype=torch.bool),
+        ["a"] * 128,
+    ],
+)
 def test_vectors_that_would_change_silently_are_refused(vector):
     lm = lm_for("llama")
     with pytest.raises(ie_lab.InputError, match="vector"):
@@ -222,26 +245,33 @@ def test_vectors_that_would_change_silently_are_refused(vector):
 def test_numpy_scalars_and_0d_tensors_are_numbers(scale):
     lm = lm_for("llama")
     v = torch.randn(128, generator=torch.Generator().manual_seed(8))
-    want = ie_lab.generate(lm, PROMPT, 4, steer=ie_lab.steer(lm, "resid_post.0", v, scale=2.0), capture=["resid_post.0"])
-    got = ie_lab.generate(lm, PROMPT, 4, steer=ie_lab.steer(lm, "resid_post.0", v, scale=scale), capture=["resid_post.0"])
+    want = ie_lab.generate(
+        lm, PROMPT, 4, steer=ie_lab.steer(lm, "resid_post.0", v, scale=2.0), capture=["resid_post.0"]
+    )
+    got = ie_lab.generate(
+        lm, PROMPT, 4, steer=ie_lab.steer(lm, "resid_post.0", v, scale=scale), capture=["resid_post.0"]
+    )
     assert got.ids == want.ids and torch.equal(got.cache["resid_post.0"], want.cache["resid_post.0"])
     spec = ie_lab.steer(lm, "resid_post.0", v, method="cap", min=np.float32(-1), max=torch.tensor(1.0))
     assert (spec.min, spec.max) == (-1.0, 1.0)
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("kwargs,fragment", [
-    ({"scale": float("nan")}, "scale must be finite"),
-    ({"scale": np.float32("inf")}, "scale must be finite"),
-    ({"scale": torch.tensor(float("nan"))}, "scale must be finite"),
-    ({"scale": True}, "scale must be a real number"),
-    ({"scale": "2"}, "scale must be a real number"),
-    ({"scale": 1 + 2j}, "scale must be a real number"),
-    ({"scale": torch.tensor([2.0])}, "0-d"),
-    ({"method": "swap", "target": float("inf")}, "target must be finite"),
-    ({"method": "cap", "min": float("nan")}, "min must be finite"),
-    ({"normalize": "yes"}, "normalize must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({"scale": float("nan")}, "scale must be finite"),
+        ({"scale": np.float32("inf")}, "scale must be finite"),
+        ({"scale": torch.tensor(float("nan"))}, "scale must be finite"),
+        ({"scale": True}, "scale must be a real number"),
+        ({"scale": "2"}, "scale must be a real number"),
+        ({"scale": 1 + 2j}, "scale must be a real number"),
+        ({"scale": torch.tensor([2.0])}, "0-d"),
+        ({"method": "swap", "target": float("inf")}, "target must be finite"),
+        ({"method": "cap", "min": float("nan")}, "min must be finite"),
+        ({"normalize": "yes"}, "normalize must be True or False"),
+    ],
+)
 def test_bad_numbers_are_refused_naming_the_argument(kwargs, fragment):
     lm = lm_for("llama")
     with pytest.raises(ie_lab.InputError, match=fragment):
@@ -253,9 +283,11 @@ def test_steer_that_is_not_a_spec_is_refused_naming_s_steer():
     from ie_lab.toy import tiny_model
 
     lm = lm_for("llama")
-    calls = [lambda st: ie_lab.generate(lm, PROMPT, 3, steer=st),
-             lambda st: ie_lab.generate_stream(lm, PROMPT, 3, steer=st),
-             lambda st: ie_lab.capture(lm, PROMPT, ["resid_post.0"], steer=st)]
+    calls = [
+        lambda st: ie_lab.generate(lm, PROMPT, 3, steer=st),
+        lambda st: ie_lab.generate_stream(lm, PROMPT, 3, steer=st),
+        lambda st: ie_lab.capture(lm, PROMPT, ["resid_post.0"], steer=st),
+    ]
     other = ie_lab.steer(lm_for("gemma2"), "resid_post.0", torch.ones(lm_for("gemma2").facts.d_model))
     for call in calls:
         for bad in ("resid_post.1", ["resid_post.1"], torch.ones(128)):
@@ -266,12 +298,14 @@ def test_steer_that_is_not_a_spec_is_refused_naming_s_steer():
         assert_clean(lm)
     m, t = tiny_model("llama")
     with ie_lab.Session(m, tokenizer=t, progress=False) as s:
-        for call in (lambda: s.generate("Mary", 3, steer="resid_post.1"),
-                     lambda: s.generate_stream("Mary", 3, steer="resid_post.1"),
-                     lambda: s.capture("Mary", ["resid_post.0"], steer="resid_post.1"),
-                     lambda: asyncio.run(s.agenerate("Mary", 3, steer="resid_post.1")),
-                     lambda: s.steer("resid_post.0", torch.ones(128), positions=[0.5, 3.7]),
-                     lambda: s.steer("resid_post.0", torch.ones(128), scale=float("nan"))):
+        for call in (
+            lambda: s.generate("Mary", 3, steer="resid_post.1"),
+            lambda: s.generate_stream("Mary", 3, steer="resid_post.1"),
+            lambda: s.capture("Mary", ["resid_post.0"], steer="resid_post.1"),
+            lambda: asyncio.run(s.agenerate("Mary", 3, steer="resid_post.1")),
+            lambda: s.steer("resid_post.0", torch.ones(128), positions=[0.5, 3.7]),
+            lambda: s.steer("resid_post.0", torch.ones(128), scale=float("nan")),
+        ):
             with pytest.raises(ie_lab.InputError):
                 call()
             assert_clean(s._lm)

@@ -59,8 +59,14 @@ def test_selftest_with_plain_hooks_fails(models_dir, tmp_path, monkeypatch):
     from validator import run as R
     from validator.selftest import FAMILY, wrong_mapping
 
-    (doc,) = R.run([FAMILY], ["hf"], out_dir=str(tmp_path), models_dir=models_dir, override=wrong_mapping("hf"),
-                   log=lambda *a: None)
+    (doc,) = R.run(
+        [FAMILY],
+        ["hf"],
+        out_dir=str(tmp_path),
+        models_dir=models_dir,
+        override=wrong_mapping("hf"),
+        log=lambda *a: None,
+    )
     assert len(doc["rows"]) == 2 and all(r["verdict"] == S.FAIL for r in doc["rows"]), doc["rows"]
     # and it is the magnitude, not only the direction, that gives it away
     assert all(r["rel_err"] > 1.0 for r in doc["rows"])

@@ -10,10 +10,11 @@ import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
-from validator import render, spec as S
+from validator import render
 from validator import run as R
+from validator import spec as S
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +23,15 @@ def tl_env():
     lock = os.path.join(R.venvs_dir(), ".setup.lock")
     with open(lock, "w") as fh:  # xdist workers build it once
         fcntl.flock(fh, fcntl.LOCK_EX)
-        proc = subprocess.run(["bash", os.path.join(R.HERE, "envs", "setup.sh"), "tl"], capture_output=True,
-                              text=True, timeout=900)
+        proc = subprocess.run(
+            ["bash", os.path.join(R.HERE, "envs", "setup.sh"), "tl"], capture_output=True, text=True, timeout=900
+        )
         fcntl.flock(fh, fcntl.LOCK_UN)
     if proc.returncode != 0:
-        pytest.skip("the TransformerLens environment could not be built from PyPI here "
-                    f"(validator/envs/setup.sh tl exited {proc.returncode}): {proc.stderr.strip()[-300:]}")
+        pytest.skip(
+            "the TransformerLens environment could not be built from PyPI here "
+            f"(validator/envs/setup.sh tl exited {proc.returncode}): {proc.stderr.strip()[-300:]}"
+        )
     return True
 
 
@@ -46,8 +50,14 @@ def test_mistake_selftest_fails_on_transformerlens(tl_env, models_dir, tmp_path)
     """TransformerLens' hook_mlp_out deliberately read as raw mlp_out on Gemma 2 must come out FAIL."""
     from validator.selftest import FAMILY, wrong_mapping
 
-    (doc,) = R.run([FAMILY], ["tl"], out_dir=str(tmp_path), models_dir=models_dir, override=wrong_mapping("tl"),
-                   log=lambda *a: None)
+    (doc,) = R.run(
+        [FAMILY],
+        ["tl"],
+        out_dir=str(tmp_path),
+        models_dir=models_dir,
+        override=wrong_mapping("tl"),
+        log=lambda *a: None,
+    )
     assert doc["status"] == "ok", doc["reason"]
     assert doc["rows"] and all(r["verdict"] == S.FAIL for r in doc["rows"]), doc["rows"]
     assert all(r["name"].endswith("hook_mlp_out") and r["address"].startswith("mlp_out.") for r in doc["rows"])
@@ -80,5 +90,7 @@ def test_ci_subset_matches_committed_verdicts(ci_run):
             was = before.get((r["address"], r["name"]))
             if was != r["verdict"]:
                 changed.append((d["model"], d["engine"], r["address"], r["name"], was, r["verdict"], r.get("why", "")))
-    assert not changed, "verdicts changed since the committed sweep (rerun `python -m validator run --all`):\n" + \
-        "\n".join(map(str, changed))
+    assert not changed, (
+        "verdicts changed since the committed sweep (rerun `python -m validator run --all`):\n"
+        + "\n".join(map(str, changed))
+    )

@@ -23,11 +23,28 @@ from ie_lab.vllm.static_taps import StaticTaps  # noqa: E402
 from tests.families import make_model  # noqa: E402
 from tests.vllm_helpers import TEXT, close, eager_for, vllm_session  # noqa: E402
 
-LAYER_POINTS = ["resid_pre", "attn_in", "value", "z", "attn_out", "attn_out_post", "resid_mid", "mlp_in", "mlp_pre",
-                "mlp_act", "mlp_out", "mlp_out_post", "resid_post"]
+LAYER_POINTS = [
+    "resid_pre",
+    "attn_in",
+    "value",
+    "z",
+    "attn_out",
+    "attn_out_post",
+    "resid_mid",
+    "mlp_in",
+    "mlp_pre",
+    "mlp_act",
+    "mlp_out",
+    "mlp_out_post",
+    "resid_post",
+]
 EXTRA = {"qwen3": ["q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out", "mlp_pre_linear"], "gpt2": []}
-PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "one two three four five six seven",
-           "John gave a book to"]
+PROMPTS = [
+    "the cat sat on the mat",
+    "Mary went to the store and",
+    "one two three four five six seven",
+    "John gave a book to",
+]
 
 
 def _declared(family: str) -> list[str]:
@@ -86,9 +103,11 @@ def test_capture_during_generation_covers_every_decode_step(qwen3):
 def test_what_graph_mode_cannot_do_is_refused(qwen3):
     with pytest.raises(ie_lab.CapabilityUnsupported, match="graph_points="):
         qwen3.capture(TEXT, ["attn_in.0"])
-    for call in (lambda: qwen3.steer("resid_post.0", torch.ones(128)),
-                 lambda: qwen3.attention(TEXT, [0]),
-                 lambda: qwen3.logit_lens(TEXT)):
+    for call in (
+        lambda: qwen3.steer("resid_post.0", torch.ones(128)),
+        lambda: qwen3.attention(TEXT, [0]),
+        lambda: qwen3.logit_lens(TEXT),
+    ):
         with pytest.raises(ie_lab.CapabilityUnsupported, match="without graph_points"):
             call()
     assert qwen3.worker_state()[0]["specs"] == []

@@ -20,8 +20,12 @@ from ie_lab.errors import CapabilityUnsupported, InputError  # noqa: E402
 from tests.families import saved_model_dir  # noqa: E402
 from tests.vllm_helpers import TEXT, eager_for, vllm_session  # noqa: E402
 
-PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "one two three four five six seven",
-           "John gave a book to"]
+PROMPTS = [
+    "the cat sat on the mat",
+    "Mary went to the store and",
+    "one two three four five six seven",
+    "John gave a book to",
+]
 N = 8
 
 
@@ -40,12 +44,15 @@ def eager_ids():
 
 def _greedy_everywhere(s) -> dict:
     """Greedy ids of every prompt by generate, generate_stream and concurrent agenerate."""
+
     async def many():
         return await asyncio.gather(*(s.agenerate(p, N, ignore_eos=True) for p in PROMPTS))
 
-    return {"generate": {p: s.generate(p, N, ignore_eos=True).ids for p in PROMPTS},
-            "stream": {p: [st.token_id for st in s.generate_stream(p, N, ignore_eos=True)] for p in PROMPTS},
-            "agenerate": {p: g.ids for p, g in zip(PROMPTS, asyncio.run(many()))}}
+    return {
+        "generate": {p: s.generate(p, N, ignore_eos=True).ids for p in PROMPTS},
+        "stream": {p: [st.token_id for st in s.generate_stream(p, N, ignore_eos=True)] for p in PROMPTS},
+        "agenerate": {p: g.ids for p, g in zip(PROMPTS, asyncio.run(many()))},
+    }
 
 
 def test_generate_mode_is_compiled_with_nothing_installed(gen):
@@ -88,8 +95,12 @@ def test_every_hook_operation_is_refused_naming_the_mode(gen):
 
 def test_bad_modes_are_refused_before_anything_starts(tmp_path):
     path = saved_model_dir("llama", tmp_path)
-    for kw in ({"mode": "fast"}, {"mode": "graph"}, {"mode": "generate", "graph_points": ["resid_post.0"]},
-               {"mode": "generate", "engine_kwargs": {"enforce_eager": True}}):
+    for kw in (
+        {"mode": "fast"},
+        {"mode": "graph"},
+        {"mode": "generate", "graph_points": ["resid_post.0"]},
+        {"mode": "generate", "engine_kwargs": {"enforce_eager": True}},
+    ):
         with pytest.raises(InputError):
             ie_lab.Session(path, backend="vllm", progress=False, replace=False, **kw)
     with pytest.raises(CapabilityUnsupported, match="mode='generate'"):

@@ -14,17 +14,20 @@ from tests.vllm_helpers import TEXT, close, eager_for, served_addresses, vllm_se
 
 FAMILIES = ["llama", "gpt2", "qwen3", "gemma2", "mixtral", "granite", "stablelm", "exaone4", "opt", "gpt_oss"]
 # What each family must exercise, so a binding that silently drops a point is caught.
-MUST = {"qwen3": ["q_norm_in.0", "k_norm_out.1", "mlp_pre.0", "mlp_pre_linear.1"],
-        "mixtral": ["router_logits.0", "mlp_out.1"],
-        "gemma2": ["attn_out_post.0", "mlp_out_post.1", "mlp_pre_linear.0"], "gpt2": ["resid_mid.1", "mlp_act.0", "mlp_pre.1"],
-        "llama": ["resid_post.1", "attn_probs.1", "mlp_pre.0", "mlp_pre_linear.1"],
-        "granite": ["attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "resid_post.1"],
-        "stablelm": ["resid_mid.1", "resid_post.0", "mlp_pre_linear.1", "attn_probs.0"],
-        "exaone4": ["attn_out_post.0", "mlp_out_post.2", "resid_mid.1", "mlp_in.1", "k_norm_out.2", "attn_probs.2"],
-        # OPT's MLP is two linears on the layer itself (fc1, fc2), no MLP module
-        "opt": ["embeddings", "resid_mid.1", "mlp_in.0", "mlp_pre.1", "mlp_act.0", "mlp_out.1", "final_norm"],
-        # GPT-OSS: attention sinks join the softmax (rows sum below 1), sliding layers alternate, MoE router
-        "gpt_oss": ["attn_probs.0", "attn_probs.1", "attn_scores.1", "router_logits.0", "mlp_out.1", "resid_mid.0"]}
+MUST = {
+    "qwen3": ["q_norm_in.0", "k_norm_out.1", "mlp_pre.0", "mlp_pre_linear.1"],
+    "mixtral": ["router_logits.0", "mlp_out.1"],
+    "gemma2": ["attn_out_post.0", "mlp_out_post.1", "mlp_pre_linear.0"],
+    "gpt2": ["resid_mid.1", "mlp_act.0", "mlp_pre.1"],
+    "llama": ["resid_post.1", "attn_probs.1", "mlp_pre.0", "mlp_pre_linear.1"],
+    "granite": ["attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "resid_post.1"],
+    "stablelm": ["resid_mid.1", "resid_post.0", "mlp_pre_linear.1", "attn_probs.0"],
+    "exaone4": ["attn_out_post.0", "mlp_out_post.2", "resid_mid.1", "mlp_in.1", "k_norm_out.2", "attn_probs.2"],
+    # OPT's MLP is two linears on the layer itself (fc1, fc2), no MLP module
+    "opt": ["embeddings", "resid_mid.1", "mlp_in.0", "mlp_pre.1", "mlp_act.0", "mlp_out.1", "final_norm"],
+    # GPT-OSS: attention sinks join the softmax (rows sum below 1), sliding layers alternate, MoE router
+    "gpt_oss": ["attn_probs.0", "attn_probs.1", "attn_scores.1", "router_logits.0", "mlp_out.1", "resid_mid.0"],
+}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

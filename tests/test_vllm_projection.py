@@ -39,15 +39,23 @@ def _g(seed):
 def _encoders(f):
     d, dm = f.d_model, f.d_mlp
     probe = torch.randn(8, d, generator=_g(0))
-    sae = {"W_enc": torch.randn(dm, 32, generator=_g(1)) / dm ** 0.5, "b_enc": torch.randn(32, generator=_g(2)) * .1,
-           "b_dec": torch.randn(dm, generator=_g(3)) * .1}
-    jump = {"W_enc": torch.randn(f.head_dim, 12, generator=_g(4)), "b_enc": torch.randn(12, generator=_g(5)),
-            "threshold": torch.rand(12, generator=_g(6))}
+    sae = {
+        "W_enc": torch.randn(dm, 32, generator=_g(1)) / dm**0.5,
+        "b_enc": torch.randn(32, generator=_g(2)) * 0.1,
+        "b_dec": torch.randn(dm, generator=_g(3)) * 0.1,
+    }
+    jump = {
+        "W_enc": torch.randn(f.head_dim, 12, generator=_g(4)),
+        "b_enc": torch.randn(12, generator=_g(5)),
+        "threshold": torch.rand(12, generator=_g(6)),
+    }
     topk = {"W_enc": torch.randn(d, 20, generator=_g(7)), "b_enc": torch.randn(20, generator=_g(8))}
-    return [("resid_post.1", probe, {"bias": torch.randn(8, generator=_g(9))}),
-            ("mlp_act.0", sae, {}),
-            ("z.1.head-2", jump, {}),
-            ("mlp_out.1", topk, {"activation": "topk", "k": 4})]
+    return [
+        ("resid_post.1", probe, {"bias": torch.randn(8, generator=_g(9))}),
+        ("mlp_act.0", sae, {}),
+        ("z.1.head-2", jump, {}),
+        ("mlp_out.1", topk, {"activation": "topk", "k": 4}),
+    ]
 
 
 def test_scores_equal_eager_prompt_generation_and_concurrent(session, eager):
@@ -103,10 +111,12 @@ def test_only_scores_cross_the_process_boundary(session, eager):
 
 def test_bad_inputs_refused_before_a_request(session, eager):
     d = eager.facts.d_model
-    cases = [(dict(directions=torch.randn(3, d + 1)), "directions"),
-             (dict(directions={"W_enc": torch.randn(d, 4)}, activation="topk", k=5), "k="),
-             (dict(directions=torch.full((3, d), float("nan"))), "directions"),
-             (dict(directions=torch.randn(3, d), activation="softplus"), "activation")]
+    cases = [
+        (dict(directions=torch.randn(3, d + 1)), "directions"),
+        (dict(directions={"W_enc": torch.randn(d, 4)}, activation="topk", k=5), "k="),
+        (dict(directions=torch.full((3, d), float("nan"))), "directions"),
+        (dict(directions=torch.randn(3, d), activation="softplus"), "activation"),
+    ]
     for kw, needle in cases:
         kw = dict(kw)
         with pytest.raises(IELabError, match=needle):

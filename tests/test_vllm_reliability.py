@@ -19,7 +19,6 @@ from ie_lab.errors import CapabilityUnsupported, InputError, RequestFailed  # no
 from tests.vllm_helpers import PROMPTS, TEXT, close, eager_for, vllm_session  # noqa: E402
 
 
-
 @pytest.fixture(scope="module")
 def s(tmp_path_factory):
     sess = vllm_session("llama", tmp_path_factory.mktemp("vllm_rel"))
@@ -39,13 +38,27 @@ def _clean(s) -> None:
 
 # ---- A: bad arguments never reach the engine; a failure inside it fails one request -----------------------
 
-BAD = [({"seed": "abc"}, "seed"), ({"seed": 2**70}, "seed"), ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"),
-       ({"stop": [123]}, "stop"), ({"stop": 5}, "stop"), ({"stop": [""]}, "stop"),
-       ({"temperature": float("nan")}, "temperature"), ({"temperature": -0.5}, "temperature"),
-       ({"temperature": "hot"}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": float("nan")}, "top_p"),
-       ({"top_k": 0}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"top_k": 10**9}, "top_k"),
-       ({"n_logprobs": -1}, "n_logprobs"), ({"n_logprobs": 21}, "max_logprobs"), ({"n_logprobs": 1.5}, "n_logprobs"),
-       ({"ignore_eos": "yes"}, "ignore_eos")]
+BAD = [
+    ({"seed": "abc"}, "seed"),
+    ({"seed": 2**70}, "seed"),
+    ({"seed": 1.5}, "seed"),
+    ({"seed": -1}, "seed"),
+    ({"stop": [123]}, "stop"),
+    ({"stop": 5}, "stop"),
+    ({"stop": [""]}, "stop"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"top_k": 2.5}, "top_k"),
+    ({"top_k": 10**9}, "top_k"),
+    ({"n_logprobs": -1}, "n_logprobs"),
+    ({"n_logprobs": 21}, "max_logprobs"),
+    ({"n_logprobs": 1.5}, "n_logprobs"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+]
 
 
 def test_bad_sampling_arguments_are_refused_and_requests_in_flight_survive(s):
@@ -80,8 +93,9 @@ def test_a_step_that_fails_inside_vllm_fails_its_request_and_the_engine_goes_on(
 
     async def bad():
         ids = s.tokenizer(TEXT)["input_ids"]
-        async for _ in s._driver.generate(TokensPrompt(prompt_token_ids=ids),
-                                          SamplingParams(max_tokens=4, temperature=1.0, seed="abc"), "bad-seed"):
+        async for _ in s._driver.generate(
+            TokensPrompt(prompt_token_ids=ids), SamplingParams(max_tokens=4, temperature=1.0, seed="abc"), "bad-seed"
+        ):
             pass
 
     with pytest.raises(RequestFailed, match="manual_seed"):
@@ -101,20 +115,29 @@ def test_a_hook_that_fails_in_the_worker_fails_only_its_request(s):
     good_spec = s.steer("resid_post.0", _vec(1), scale=3.0)
     want_steered = s.generate(PROMPTS[2], 12, steer=good_spec, capture=["resid_post.1"])
     want_plain = s.generate(PROMPTS[3], 12)
-    bad_payload = {"address": "resid_post.0", "method": "add", "kwargs": {"scale": 1.0},
-                   "vector": pack(torch.zeros(7)), "positions": "all"}
+    bad_payload = {
+        "address": "resid_post.0",
+        "method": "add",
+        "kwargs": {"scale": 1.0},
+        "vector": pack(torch.zeros(7)),
+        "positions": "all",
+    }
 
     async def broken():
         box: dict = {}
         ids = s.tokenizer(PROMPTS[0])["input_ids"]
-        async for _ in s._request(ids, SamplingParams(max_tokens=12, temperature=0.0), _Work([], [], [bad_payload]),
-                                  box):
+        async for _ in s._request(
+            ids, SamplingParams(max_tokens=12, temperature=0.0), _Work([], [], [bad_payload]), box
+        ):
             pass
 
     async def scenario():
-        return await asyncio.gather(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(broken(), s._loop)),
-                                    s.agenerate(PROMPTS[2], 12, steer=good_spec, capture=["resid_post.1"]),
-                                    s.agenerate(PROMPTS[3], 12), return_exceptions=True)
+        return await asyncio.gather(
+            asyncio.wrap_future(asyncio.run_coroutine_threadsafe(broken(), s._loop)),
+            s.agenerate(PROMPTS[2], 12, steer=good_spec, capture=["resid_post.1"]),
+            s.agenerate(PROMPTS[3], 12),
+            return_exceptions=True,
+        )
 
     err, steered, plain = asyncio.run(scenario())
     assert isinstance(err, RequestFailed) and "steering resid_post.0" in str(err), err
@@ -126,17 +149,21 @@ def test_a_hook_that_fails_in_the_worker_fails_only_its_request(s):
 
 # ---- B: engine arguments ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw,match", [
-    ({"enforce_eager": False}, "graph_points"),
-    ({"compilation_config": {"mode": 3}}, "graph_points"),
-    ({"kv_cache_dtype": "fp8"}, "KV cache"),
-    ({"speculative_config": {"method": "ngram"}}, "draft"),
-    ({"enable_prefix_caching": False}, "enable_prefix_caching="),
-    ({"seed": 3}, "Session"),
-    ({"worker_extension_cls": "x.Y"}, "ie_lab sets it"),
-    ({"max_num_seq": 4}, "max_num_seqs"),  # a typo: not checked, and the near name is suggested
-    ({"swap_space": 4}, "has not been checked"),
-])
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"enforce_eager": False}, "graph_points"),
+        ({"compilation_config": {"mode": 3}}, "graph_points"),
+        ({"kv_cache_dtype": "fp8"}, "KV cache"),
+        ({"speculative_config": {"method": "ngram"}}, "draft"),
+        ({"enable_prefix_caching": False}, "enable_prefix_caching="),
+        ({"seed": 3}, "Session"),
+        ({"worker_extension_cls": "x.Y"}, "ie_lab sets it"),
+        ({"max_num_seq": 4}, "max_num_seqs"),  # a typo: not checked, and the near name is suggested
+        ({"swap_space": 4}, "has not been checked"),
+    ],
+)
 def test_engine_arguments_that_would_change_results_are_refused_before_the_engine_starts(kw, match, tmp_path):
     from tests.families import saved_model_dir
 
@@ -154,13 +181,22 @@ def test_allowed_engine_arguments_keep_steering_and_capture_exact(s, tmp_path):
 
     eager = eager_for("llama")
     other = s.generate(TEXT, 6).ids  # a second in-process engine beside the module's, then closed
-    sess = vllm_session("llama", tmp_path, engine_kwargs={"max_num_seqs": 2, "max_num_batched_tokens": 8,
-                                                          "enable_chunked_prefill": True, "max_logprobs": 30})
+    sess = vllm_session(
+        "llama",
+        tmp_path,
+        engine_kwargs={
+            "max_num_seqs": 2,
+            "max_num_batched_tokens": 8,
+            "enable_chunked_prefill": True,
+            "max_logprobs": 30,
+        },
+    )
     try:
         v = _vec(4)
         got = sess.generate(TEXT, 8, steer=sess.steer("resid_mid.1", v, scale=3.0), capture=["resid_post.1"])
-        want = ie_lab.generate(eager, TEXT, 8, steer=make_spec(eager, "resid_mid.1", v, scale=3.0),
-                               capture=["resid_post.1"])
+        want = ie_lab.generate(
+            eager, TEXT, 8, steer=make_spec(eager, "resid_mid.1", v, scale=3.0), capture=["resid_post.1"]
+        )
         assert got.ids == want.ids and got.ids != ie_lab.generate(eager, TEXT, 8).ids
         assert close(got.cache["resid_post.1"], want.cache["resid_post.1"])
         assert len(sess.generate(TEXT, 2, n_logprobs=25).steps[0].top_logprobs) == 25  # max_logprobs passed on
@@ -171,6 +207,7 @@ def test_allowed_engine_arguments_keep_steering_and_capture_exact(s, tmp_path):
 
 
 # ---- C: `with spec:` steers its own context only ---------------------------------------------------------------
+
 
 def test_with_blocks_in_concurrent_tasks_each_steer_only_their_own_requests(s):
     specs = [s.steer(f"resid_post.{i % 2}", _vec(20 + i), scale=3.0) if i % 3 != 2 else None for i in range(8)]
@@ -218,6 +255,7 @@ def test_with_block_nested_twice_applies_once_and_other_threads_are_untouched(s)
 
 # ---- D: streamed captures ------------------------------------------------------------------------------------
 
+
 def test_streamed_steps_carry_their_captures_and_the_last_the_whole_cache(s):
     caps = ["resid_post.1", "z.0.head-1", "mlp_out.0", "attn_probs.1"]
     spec = s.steer("resid_mid.0", _vec(41), scale=2.0)
@@ -235,8 +273,13 @@ def test_streamed_steps_carry_their_captures_and_the_last_the_whole_cache(s):
     # attention rows: [1, heads, new queries, keys so far]; padded (masked) to every key they join up
     T = P + 7
     assert [x.captured["attn_probs.1"].shape[-1] for x in steps] == [P + i for i in range(6)] + [T]
-    joined = torch.cat([torch.nn.functional.pad(x.captured["attn_probs.1"], (0, T - x.captured["attn_probs.1"].shape[-1]))
-                        for x in steps], dim=2)
+    joined = torch.cat(
+        [
+            torch.nn.functional.pad(x.captured["attn_probs.1"], (0, T - x.captured["attn_probs.1"].shape[-1]))
+            for x in steps
+        ],
+        dim=2,
+    )
     assert close(joined, want.cache["attn_probs.1"])
     assert close(steps[-1].cache["attn_probs.1"], want.cache["attn_probs.1"])
     assert all(x.cache is None for x in steps[:-1])
@@ -246,18 +289,27 @@ def test_streamed_steps_carry_their_captures_and_the_last_the_whole_cache(s):
 
 # ---- E: closing leaves nothing of ours -------------------------------------------------------------------------
 
+
 def test_closed_sessions_leave_no_object_of_ours_behind(tmp_path):
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.engine.llm_engine import LLMEngine
+
     from ie_lab.vllm import engine as vengine
     from ie_lab.vllm import session as vsession
     from ie_lab.vllm import worker as vworker
 
-    from vllm.v1.engine.core import EngineCore
-    from vllm.v1.engine.llm_engine import LLMEngine
-
     # Ours, and what our hooks and drivers would keep alive if they leaked: the engine, and any module (the
     # served model's layers hold its weights).
-    kinds = (vsession.VLLMSession, vsession.VLLMModel, vengine.InprocDriver, vengine.AsyncDriver,
-             vworker.IELabWorker, LLMEngine, EngineCore, torch.nn.Module)
+    kinds = (
+        vsession.VLLMSession,
+        vsession.VLLMModel,
+        vengine.InprocDriver,
+        vengine.AsyncDriver,
+        vworker.IELabWorker,
+        LLMEngine,
+        EngineCore,
+        torch.nn.Module,
+    )
 
     def count():
         gc.collect()

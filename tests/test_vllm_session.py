@@ -16,7 +16,6 @@ from ie_lab.eager.steer import make_spec  # noqa: E402
 from tests.vllm_helpers import PROMPTS, TEXT, close, eager_for, vllm_session  # noqa: E402
 
 
-
 @pytest.fixture(scope="module")
 def s(tmp_path_factory):
     sess = vllm_session("llama", tmp_path_factory.mktemp("vllm_llama"))
@@ -47,7 +46,7 @@ def test_eight_concurrent_requests_each_equal_their_solo_run(s):
         return await asyncio.gather(*(s.agenerate(p, n, **kw) for p, n, kw in jobs))
 
     conc = asyncio.run(together())
-    for a, b, (p, n, kw) in zip(solo, conc, jobs):
+    for a, b, (p, _n, kw) in zip(solo, conc, jobs):
         assert a.ids == b.ids, p
         for addr in kw["capture"]:
             assert close(a.cache[addr], b.cache[addr]), (p, addr)
@@ -64,6 +63,7 @@ def test_concurrent_agenerate_is_not_serialized(s):
             while True:
                 peak[0] = max(peak[0], len(s._inflight))
                 await asyncio.sleep(0.001)
+
         w = asyncio.ensure_future(watch())
         try:
             return await asyncio.gather(*(s.agenerate(p, 16) for p in PROMPTS))
@@ -75,15 +75,29 @@ def test_concurrent_agenerate_is_not_serialized(s):
     assert [r.ids for r in got[:2]] == [s.generate(p, 16).ids for p in PROMPTS[:2]]
 
 
-@pytest.mark.parametrize("method,kw", [("add", {"scale": 4.0}), ("orthogonal", {"scale": 0.0}),
-                                       ("cap", {"max": 0.5}), ("norm_scaled_add", {"scale": 0.5}),
-                                       ("ablate", {}), ("swap", {"target": 3.0})])
+@pytest.mark.parametrize(
+    "method,kw",
+    [
+        ("add", {"scale": 4.0}),
+        ("orthogonal", {"scale": 0.0}),
+        ("cap", {"max": 0.5}),
+        ("norm_scaled_add", {"scale": 0.5}),
+        ("ablate", {}),
+        ("swap", {"target": 3.0}),
+    ],
+)
 def test_steered_tokens_equal_eager(s, eager, method, kw):
     v = _vec(7)
-    for addr, positions in (("resid_post.0", "all"), ("resid_mid.1", "generated"), ("mlp_out.0", [0, 2, 5]),
-                            ("attn_in.1", "prompt")):
+    for addr, positions in (
+        ("resid_post.0", "all"),
+        ("resid_mid.1", "generated"),
+        ("mlp_out.0", [0, 2, 5]),
+        ("attn_in.1", "prompt"),
+    ):
         got = s.generate(TEXT, 10, steer=s.steer(addr, v, method=method, positions=positions, **kw))
-        want = ie_lab.generate(eager, TEXT, 10, steer=make_spec(eager, addr, v, method=method, positions=positions, **kw))
+        want = ie_lab.generate(
+            eager, TEXT, 10, steer=make_spec(eager, addr, v, method=method, positions=positions, **kw)
+        )
         assert got.ids == want.ids, (method, addr)
     plain = s.generate(TEXT, 10)
     assert plain.ids == ie_lab.generate(eager, TEXT, 10).ids  # nothing leaks into later requests
@@ -178,8 +192,12 @@ def test_unserved_points_are_refused_with_the_registry_reason(s):
         s.capture(TEXT, ["q_norm_in.0"])
     with pytest.raises(ie_lab.PointAbsent, match="no router"):
         s.capture(TEXT, ["router_logits.0"])
-    for call in (lambda: s.patch(TEXT, TEXT, ["resid_post.0"]), lambda: s.gradients(TEXT, None, ["resid_post.0"]),
-                 lambda: s.run(lambda m: m), lambda: s.capture(TEXT, ["resid_post.0"], grad=True)):
+    for call in (
+        lambda: s.patch(TEXT, TEXT, ["resid_post.0"]),
+        lambda: s.gradients(TEXT, None, ["resid_post.0"]),
+        lambda: s.run(lambda m: m),
+        lambda: s.capture(TEXT, ["resid_post.0"], grad=True),
+    ):
         with pytest.raises(ie_lab.CapabilityUnsupported, match="backend='eager'"):
             call()
     with pytest.raises(ie_lab.AddressError):
@@ -231,12 +249,15 @@ def test_families_vllm_computes_differently_are_refused_with_the_difference(fami
         ie_lab.Session(saved_model_dir(family, tmp_path), backend="vllm", progress=False)
 
 
-@pytest.mark.parametrize("family,change,why", [
-    ("opt", {"do_layer_norm_before": False}, "OPT-350m"),  # post-norm layers: not the layout checked
-    ("falcon_4h", {"alibi": True}, "ALiBi"),  # the attention read-out adds no ALiBi bias
-    ("falcon_4h", {"parallel_attn": False, "new_decoder_architecture": False}, "sequential"),  # Falcon-RW
-    ("falcon", {}, "4 x hidden_size = 512"),  # vLLM's Falcon cannot load another MLP width
-])
+@pytest.mark.parametrize(
+    "family,change,why",
+    [
+        ("opt", {"do_layer_norm_before": False}, "OPT-350m"),  # post-norm layers: not the layout checked
+        ("falcon_4h", {"alibi": True}, "ALiBi"),  # the attention read-out adds no ALiBi bias
+        ("falcon_4h", {"parallel_attn": False, "new_decoder_architecture": False}, "sequential"),  # Falcon-RW
+        ("falcon", {}, "4 x hidden_size = 512"),  # vLLM's Falcon cannot load another MLP width
+    ],
+)
 def test_layouts_the_worker_was_not_checked_on_are_refused_before_the_engine(family, change, why, tmp_path):
     import json
     import os

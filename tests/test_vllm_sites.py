@@ -58,8 +58,7 @@ def test_hooks_and_graph_taps_cover_what_the_registry_serves(family, tmp_path):
         layered = sorted(f"{n}.{L}" for n, layers in want.items() if points.get(n).tappable for L in layers)
         assert sorted(p for p, _ in sites) == sorted(trunk + layered)
         # steering edits exactly the steerable points, wherever they exist
-        assert {p.partition(".")[0] for p, w in sites if w} == {
-            n for n in want if points.get(n).steerable}
+        assert {p.partition(".")[0] for p, w in sites if w} == {n for n in want if points.get(n).steerable}
         # graph mode: every site can be tapped, with the width the registry gives the point
         declared = [p for p, _ in sites]
         (widths,) = engine.collective_rpc(_tap_widths, args=(declared, facts.d_model))

@@ -21,19 +21,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What each run must cover. GPT-OSS: each rank holds its heads' attention-sink logits, so the attention
 # read-out (on rank 0, over every head) needs all of them; the MoE router is replicated.
-MUST = {"qwen3": ({"q_norm_in.0", "k_norm_out.1", "value.0", "z.1", "mlp_act.0", "mlp_pre.0", "mlp_pre_linear.1",
-                   "attn_probs.1"}, {"z.0", "mlp_pre_linear.1", "q_norm_out.0", "k_norm_in.1", "resid_post.1"}),
-        "gpt_oss": ({"attn_probs.0", "attn_probs.1", "attn_scores.1", "router_logits.0", "value.1", "z.0"},
-                    {"z.0", "value.1", "resid_post.1"})}
+MUST = {
+    "qwen3": (
+        {"q_norm_in.0", "k_norm_out.1", "value.0", "z.1", "mlp_act.0", "mlp_pre.0", "mlp_pre_linear.1", "attn_probs.1"},
+        {"z.0", "mlp_pre_linear.1", "q_norm_out.0", "k_norm_in.1", "resid_post.1"},
+    ),
+    "gpt_oss": (
+        {"attn_probs.0", "attn_probs.1", "attn_scores.1", "router_logits.0", "value.1", "z.0"},
+        {"z.0", "value.1", "resid_post.1"},
+    ),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(MUST))
 def test_every_served_point_at_tp2_equals_tp1(family, tmp_path):
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_CPU_KVCACHE_SPACE="1",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "vllm_tp_script.py"), family, str(tmp_path)],
-                       capture_output=True, text=True, timeout=480, env=env, cwd=ROOT)
+    env = dict(
+        os.environ,
+        VLLM_CPU_OMP_THREADS_BIND="0|1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "vllm_tp_script.py"), family, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=480,
+        env=env,
+        cwd=ROOT,
+    )
     line = next((x for x in p.stdout.splitlines() if x.startswith("IE_LAB_TP_RESULT ")), None)
     assert line is not None, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads(line.split(" ", 1)[1])

@@ -53,7 +53,7 @@ def _torch_requirement() -> str:
 
 
 # Runs inside the fresh venv, with cwd outside the checkout; prints one JSON line the test checks.
-CHILD = r'''
+CHILD = r"""
 import json, os, sys
 import ie_lab
 from ie_lab.widgets import AttentionViewer, Picker, SteeringPanel, _static
@@ -83,7 +83,7 @@ try:
 finally:
     s.close()
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 
 def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
@@ -94,12 +94,19 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
     # The wheel's file list: every data file the package reads at run time is inside, as a real file.
     names = set(zipfile.ZipFile(whl).namelist())
     want = _expected_package_data()
-    assert {"ie_lab/demo_model/model.safetensors", "ie_lab/demo_model/tokenizer.json",
-            "ie_lab/demo_model/config.json", "ie_lab/static/ie_lab.css",
-            "ie_lab/static/picker.js", "ie_lab/static/attention.js",
-            "ie_lab/static/steering.js"} <= want, "the checkout's data files moved; update this test"
+    assert {
+        "ie_lab/demo_model/model.safetensors",
+        "ie_lab/demo_model/tokenizer.json",
+        "ie_lab/demo_model/config.json",
+        "ie_lab/static/ie_lab.css",
+        "ie_lab/static/picker.js",
+        "ie_lab/static/attention.js",
+        "ie_lab/static/steering.js",
+    } <= want, "the checkout's data files moved; update this test"
     assert any(n.startswith("ie_lab/coverage_data/") for n in want)
-    assert not want - names, f"missing from the wheel (pyproject [tool.setuptools.package-data]): {sorted(want - names)}"
+    assert not want - names, (
+        f"missing from the wheel (pyproject [tool.setuptools.package-data]): {sorted(want - names)}"
+    )
     assert not any(n.startswith("ie_lab/static/widgets/") for n in names), "the old symlinked sources are back"
     with zipfile.ZipFile(whl) as z:  # the committed bundles (tests/test_widgets_bundle.py keeps them built)
         for n in sorted(x for x in want if x.startswith("ie_lab/static/")):
@@ -121,7 +128,7 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     stdout = _run([py, str(work / "child.py")], cwd=str(work), env=env)
     (line,) = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-    res = json.loads(line[len("RESULT "):])
+    res = json.loads(line[len("RESULT ") :])
     # The `ie-lab` console script of the installed wheel (ie_lab/cli.py), run outside the checkout: its version, a
     # cheat sheet from the installed demo model, doctor, and `lab` naming the fix where JupyterLab is not installed.
     cli = str(venv / "bin" / "ie-lab")
@@ -131,9 +138,12 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
     assert res["demo"] in sheet.splitlines()[0], sheet  # the wheel's copy of the demo model
     assert re.search(r"^resid_post\.2 +\[batch, seq, 128\] +yes +yes$", sheet, re.M), sheet
     doctor = _run([cli, "doctor"], cwd=str(work), env=env)
-    assert re.search(rf"^  ie_lab +{re.escape(version)} \({re.escape(os.path.dirname(res['file']))}\)$", doctor, re.M), doctor
-    if "False" in _run([py, "-c", "import importlib.util as u; print(u.find_spec('jupyterlab') is not None)"],
-                       cwd=str(work), env=env):
+    assert re.search(
+        rf"^  ie_lab +{re.escape(version)} \({re.escape(os.path.dirname(res['file']))}\)$", doctor, re.M
+    ), doctor
+    if "False" in _run(
+        [py, "-c", "import importlib.util as u; print(u.find_spec('jupyterlab') is not None)"], cwd=str(work), env=env
+    ):
         lab = subprocess.run([cli, "lab"], cwd=str(work), env=env, capture_output=True, text=True, timeout=HANG_S)
         assert lab.returncode == 1 and "pip install jupyterlab" in lab.stderr, (lab.returncode, lab.stderr)
 

@@ -87,9 +87,15 @@ def test_clicking_a_head_shows_that_heads_pattern(lab):
     assert view.locator("canvas.iel-pattern").screenshot() != before
     assert _kernel(srv, page, "[a.layer, a.head]") == [0, 2]
     # the browser holds exactly the kernel's head pattern
-    js = page.evaluate("""() => { const v = document.querySelector('.iel-attn'); return v.querySelector('.iel-title').textContent; }""")
+    js = page.evaluate(
+        """() => { const v = document.querySelector('.iel-attn'); return v.querySelector('.iel-title').textContent; }"""
+    )
     assert "head 2" in js
-    ok = _kernel(srv, page, f"bool(__import__('torch').allclose(a.head_pattern(), s.capture({PROMPT!r}, ['attn_probs.0'])['attn_probs.0'][0, 2]))")
+    ok = _kernel(
+        srv,
+        page,
+        f"bool(__import__('torch').allclose(a.head_pattern(), s.capture({PROMPT!r}, ['attn_probs.0'])['attn_probs.0'][0, 2]))",
+    )
     assert ok
     # hovering a token highlights what it attends to
     view.locator('.iel-tok[data-i="5"]').hover()
@@ -108,12 +114,19 @@ def test_moving_a_slider_changes_the_steered_text_in_the_dom_and_the_kernel(lab)
     assert before == panel.locator('[data-which="baseline"]').inner_text()  # scale 0: identical
     page.evaluate("""() => { const r = document.querySelector('.iel-steer input[data-knob="scale"]');
         r.value = String(r.max); r.dispatchEvent(new Event('input', {bubbles: true})); }""")
-    page.wait_for_function("b => { const e = document.querySelector('.iel-steer [data-which=\"steered\"]');"
-                           " return e.innerText !== b && !document.querySelector('.iel-steer').classList.contains('iel-busy'); }",
-                           arg=before, timeout=20000)
+    page.wait_for_function(
+        "b => { const e = document.querySelector('.iel-steer [data-which=\"steered\"]');"
+        " return e.innerText !== b && !document.querySelector('.iel-steer').classList.contains('iel-busy'); }",
+        arg=before,
+        timeout=20000,
+    )
     dom = steered.locator(".iel-tok").all_text_contents()
     assert panel.locator('[data-which="steered"] .iel-added').count() > 0  # token-level differences marked
-    k = _until(lambda: (lambda r: r if r["scale"] == 10.0 else None)(_kernel(srv, page, "dict(scale=sp.scale, toks=sp.steered)")))
+    k = _until(
+        lambda: (lambda r: r if r["scale"] == 10.0 else None)(
+            _kernel(srv, page, "dict(scale=sp.scale, toks=sp.steered)")
+        )
+    )
     assert k and k["scale"] == 10.0
     assert dom == k["toks"]  # the toy vocabulary has no spaces or newlines, so tokens show verbatim
     srv.shot(panel, "steering-lab-light.png")
@@ -123,16 +136,20 @@ def test_a_long_contrast_shows_progress_leaves_the_kernel_free_and_stops(lab):
     srv, page = lab
     panel = page.locator(".iel-steer")
     # hold the vector job after its first prompt (on the session's loop), to look at the panel meanwhile
-    srv.execute(page, "import threading as _t, torch as _torch\n_reached, _release = _t.Event(), _t.Event()\n"
-                      "def _gate(ch):\n    if ch['new'][0] == 1:\n        _reached.set(); _release.wait(60)\n"
-                      "sp.observe(_gate, 'progress'); _v0, _src0 = sp.vector.clone(), sp.vector_source")
+    srv.execute(
+        page,
+        "import threading as _t, torch as _torch\n_reached, _release = _t.Event(), _t.Event()\n"
+        "def _gate(ch):\n    if ch['new'][0] == 1:\n        _reached.set(); _release.wait(60)\n"
+        "sp.observe(_gate, 'progress'); _v0, _src0 = sp.vector.clone(), sp.vector_source",
+    )
     try:
         panel.locator(".iel-contrast summary").click()
         panel.locator('textarea[aria-label^="positive"]').fill("\n".join(f"happy good day {i}" for i in range(64)))
         panel.locator('textarea[aria-label^="negative"]').fill("\n".join(f"sad bad night {i}" for i in range(64)))
         panel.get_by_role("button", name="use difference of means").click()
-        page.wait_for_function("() => document.querySelector('.iel-steer .iel-status').textContent.includes('1/128')",
-                               timeout=30000)
+        page.wait_for_function(
+            "() => document.querySelector('.iel-steer .iel-status').textContent.includes('1/128')", timeout=30000
+        )
         assert panel.locator("progress.iel-progress").is_visible()
         # the kernel answers while the vector is being computed
         assert _kernel(srv, page, "[_reached.is_set(), sp.status, sp.progress]") == [True, "vector", [1, 128]]
@@ -161,8 +178,13 @@ def test_dark_theme(lab):
 
 def test_notebook7_renders_the_panels(lab):
     srv, _ = lab
-    srv.write("nb7.ipynb", [f"import sys; sys.path.insert(0, {ROOT!r})\nimport ie_lab",
-                            "p = ie_lab.cheatsheet('gemma2', backend='vllm'); p"])
+    srv.write(
+        "nb7.ipynb",
+        [
+            f"import sys; sys.path.insert(0, {ROOT!r})\nimport ie_lab",
+            "p = ie_lab.cheatsheet('gemma2', backend='vllm'); p",
+        ],
+    )
     page = srv.open("nb7.ipynb", ui="notebook")
     try:
         page.wait_for_selector(".iel-picker svg", timeout=30000)
@@ -178,8 +200,10 @@ def test_notebook7_renders_the_panels(lab):
 
 
 # ---- issue 19: what a teacher would see (a 1,100 px window with the file browser open; both themes) --------------
-PROMPT41 = ("When Mary and John went to the store , John gave a drink to Mary . Then Alice and Bob went to the park , "
-            "and Bob gave a book to Alice . Later Tom and Sarah went home and slept")
+PROMPT41 = (
+    "When Mary and John went to the store , John gave a drink to Mary . Then Alice and Bob went to the park , "
+    "and Bob gave a book to Alice . Later Tom and Sarah went home and slept"
+)
 CELLS19 = [
     setup_code("llama"),
     "p = s.picker(); p",
@@ -205,11 +229,17 @@ MEASURE = """(sels) => {
       out.push({ what, fg: parse(e instanceof SVGElement ? cs.fill : cs.color), opacity: Number(cs.opacity), bg: bgOf(e) }); }
   }
   return out; }"""
-TEXTS = [("picker point", ".iel-picker .iel-pt:not(.iel-off) text"), ("picker module", ".iel-picker .iel-mod text"),
-         ("picker card", ".iel-picker .iel-def"), ("attention axis label", ".iel-attn .iel-axes text"),
-         ("attention token", ".iel-attn .iel-tokens .iel-tok"), ("attention read-out", ".iel-attn .iel-readout"),
-         ("steering text", ".iel-steer .iel-text .iel-tok"), ("steering note", ".iel-steer .iel-novector"),
-         ("steering status", ".iel-steer .iel-status")]
+TEXTS = [
+    ("picker point", ".iel-picker .iel-pt:not(.iel-off) text"),
+    ("picker module", ".iel-picker .iel-mod text"),
+    ("picker card", ".iel-picker .iel-def"),
+    ("attention axis label", ".iel-attn .iel-axes text"),
+    ("attention token", ".iel-attn .iel-tokens .iel-tok"),
+    ("attention read-out", ".iel-attn .iel-readout"),
+    ("steering text", ".iel-steer .iel-text .iel-tok"),
+    ("steering note", ".iel-steer .iel-novector"),
+    ("steering status", ".iel-steer .iel-status"),
+]
 
 
 def _contrast(fg, bg):
@@ -221,6 +251,7 @@ def _contrast(fg, bg):
         c = [x / 255 for x in c]
         c = [x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
         return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+
     hi, lo = sorted((lum(rgb), lum(bg[:3])), reverse=True)
     return (hi + 0.05) / (lo + 0.05)
 
@@ -240,8 +271,9 @@ def lab19(server):
     for sel in (".iel-picker svg", ".iel-attn canvas.iel-pattern", ".iel-steer .iel-text"):
         page.wait_for_selector(sel, timeout=30000)
     page.evaluate("() => window.jupyterapp.shell.activateById('filebrowser')")
-    page.wait_for_function("() => { const f = document.getElementById('filebrowser'); return f && f.offsetWidth > 150; }",
-                           timeout=15000)
+    page.wait_for_function(
+        "() => { const f = document.getElementById('filebrowser'); return f && f.offsetWidth > 150; }", timeout=15000
+    )
     page.wait_for_timeout(300)
     yield srv, page
     srv.close_page(page)
@@ -310,8 +342,10 @@ def test_steering_panel_without_a_vector_says_what_is_missing(lab19):
     panel.locator('textarea[aria-label^="negative"]').fill("sad bad night\nbad evening")
     panel.get_by_role("button", name="use difference of means").click()
     assert _until(lambda: _kernel(srv, page, "[sp.status, sp.has_vector]") == ["ready", True], 60)
-    page.wait_for_function("() => !document.querySelectorAll('.iel-steer')[0].querySelector('input[data-knob=\"scale\"]').disabled",
-                           timeout=15000)
+    page.wait_for_function(
+        "() => !document.querySelectorAll('.iel-steer')[0].querySelector('input[data-knob=\"scale\"]').disabled",
+        timeout=15000,
+    )
     assert not note.is_visible()
 
 
@@ -338,11 +372,18 @@ def test_typed_contrast_lists_survive_a_slider_move_and_a_layer_change(lab19):
     assert _until(lambda: _kernel(srv, page, "[sq.address, sq.status]") == ["resid_post.0", "ready"], 60)
     page.wait_for_timeout(300)
     assert (pos.input_value(), neg.input_value()) == (typed_pos, typed_neg)
-    assert _kernel(srv, page, "[sq.positive, sq.negative]") == [["happy good day", "good morning"],
-                                                                 ["sad bad night", "bad evening"]]
+    assert _kernel(srv, page, "[sq.positive, sq.negative]") == [
+        ["happy good day", "good morning"],
+        ["sad bad night", "bad evening"],
+    ]
     panel.get_by_role("button", name="use difference of means").click()
-    assert _until(lambda: _kernel(srv, page, "[sq.positive, sq.negative, sq.status]") == [
-        typed_pos.split("\n"), typed_neg.split("\n"), "ready"], 60)
+    assert _until(
+        lambda: (
+            _kernel(srv, page, "[sq.positive, sq.negative, sq.status]")
+            == [typed_pos.split("\n"), typed_neg.split("\n"), "ready"]
+        ),
+        60,
+    )
 
 
 def test_attention_pattern_has_square_cells_and_every_label_readable(lab19):
@@ -394,7 +435,7 @@ def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
     def check(theme):
         got = page.evaluate(MEASURE, TEXTS)
         seen = {g["what"] for g in got}
-        assert {w for w, _ in TEXTS} - {"steering note"} <= seen, ({w for w, _ in TEXTS} - seen)
+        assert {w for w, _ in TEXTS} - {"steering note"} <= seen, {w for w, _ in TEXTS} - seen
         bad = []
         for g in got:
             need = 3.0 if g["what"] in ("picker module", "steering status") else 4.5  # muted UI text: 3:1
@@ -408,9 +449,12 @@ def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
         page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: {theme!r}}})")
         page.wait_for_function(f"() => document.body.dataset.jpThemeLight === {str(light).lower()!r}", timeout=20000)
         # the theme's stylesheet has applied once the panel's own background follows it
-        page.wait_for_function("d => { const c = getComputedStyle(document.querySelector('.iel-attn')).backgroundColor"
-                               ".match(/\\d+/g).map(Number); const l = (c[0] + c[1] + c[2]) / 3; return d ? l < 100 : l > 155; }",
-                               arg=not light, timeout=20000)
+        page.wait_for_function(
+            "d => { const c = getComputedStyle(document.querySelector('.iel-attn')).backgroundColor"
+            ".match(/\\d+/g).map(Number); const l = (c[0] + c[1] + c[2]) / 3; return d ? l < 100 : l > 155; }",
+            arg=not light,
+            timeout=20000,
+        )
         page.wait_for_timeout(200)
 
     light = check("light")

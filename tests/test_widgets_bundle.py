@@ -40,7 +40,8 @@ def test_a_fresh_build_gives_the_committed_bytes(tmp_path):
     BUILD["build"](tmp_path)
     for name in BUILD["OUTPUTS"]:
         assert (tmp_path / name).read_bytes() == (ROOT / "ie_lab" / "static" / name).read_bytes(), (
-            f"ie_lab/static/{name} differs from a fresh build: run `python widgets/build.py` and commit")
+            f"ie_lab/static/{name} differs from a fresh build: run `python widgets/build.py` and commit"
+        )
 
 
 def test_an_edited_helper_makes_every_bundle_stale_and_the_build_step_refuses_without_esbuild(tmp_path):
@@ -61,8 +62,12 @@ def test_the_build_step_rebuilds_an_edited_source(tmp_path):
     build = _copy_checkout(tmp_path)
     (tmp_path / "node_modules").symlink_to(ROOT / "node_modules")
     src = tmp_path / "widgets" / "steering.js"
-    src.write_text(src.read_text(encoding="utf-8").replace("function render(", "function render_edited_here(", 1)
-                   .replace("{ render }", "{ render: render_edited_here }"), encoding="utf-8")
+    src.write_text(
+        src.read_text(encoding="utf-8")
+        .replace("function render(", "function render_edited_here(", 1)
+        .replace("{ render }", "{ render: render_edited_here }"),
+        encoding="utf-8",
+    )
     build["ensure"]()
     assert build["stale"]() == []
     assert "render_edited_here" in (tmp_path / "ie_lab" / "static" / "steering.js").read_text(encoding="utf-8")
@@ -96,16 +101,26 @@ def test_watch_build_and_anywidget_hot_reload_bring_a_saved_edit_to_a_live_panel
     (tmp_path / "node_modules").symlink_to(ROOT / "node_modules")
     dev = tmp_path / "build" / "widgets-dev"
 
-    watch = subprocess.Popen([sys.executable, str(tmp_path / "widgets" / "build.py"), "--watch"], cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watch = subprocess.Popen(
+        [sys.executable, str(tmp_path / "widgets" / "build.py"), "--watch"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + HANG_S
         while not all((dev / n).is_file() for n in BUILD["OUTPUTS"]):
             assert time.monotonic() < deadline, "the watch build never wrote the development bundles"
             time.sleep(0.1)
         env = {**os.environ, "ANYWIDGET_HMR": "1", "PYTHONPATH": str(tmp_path)}
-        r = subprocess.run([sys.executable, "-c", HOT_CHILD, str(tmp_path), str(HANG_S)], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=2 * HANG_S)
+        r = subprocess.run(
+            [sys.executable, "-c", HOT_CHILD, str(tmp_path), str(HANG_S)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=2 * HANG_S,
+        )
         assert r.returncode == 0 and "RELOADED" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
     finally:
         watch.terminate()  # build.py stops its esbuild on the way out

@@ -22,15 +22,23 @@ def private_reaches(source: str) -> list[str]:
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             if not (isinstance(node.value, ast.Name) and node.value.id in OWN):
                 found.append(f"line {node.lineno}: {ast.unparse(node)}")
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) > 1
-              and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_")
-              and not str(node.args[1].value).startswith("__")
-              and not (isinstance(node.args[0], ast.Name) and node.args[0].id in OWN)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and str(node.args[1].value).startswith("_")
+            and not str(node.args[1].value).startswith("__")
+            and not (isinstance(node.args[0], ast.Name) and node.args[0].id in OWN)
+        ):
             found.append(f"line {node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.ImportFrom) and not (node.level == 1 and node.module is None):
-            found += [f"line {node.lineno}: from {'.' * node.level}{node.module} import {a.name}"
-                      for a in node.names if a.name.startswith("_")]
+            found += [
+                f"line {node.lineno}: from {'.' * node.level}{node.module} import {a.name}"
+                for a in node.names
+                if a.name.startswith("_")
+            ]
     return found
 
 
@@ -38,7 +46,8 @@ def private_reaches(source: str) -> list[str]:
 def test_panels_use_only_public_session_members(path):
     assert not private_reaches(path.read_text(encoding="utf-8")), (
         f"{path.name} reaches into private members; use Session's public API (session.py: 'public API for the "
-        f"notebook panels'): {private_reaches(path.read_text(encoding='utf-8'))}")
+        f"notebook panels'): {private_reaches(path.read_text(encoding='utf-8'))}"
+    )
 
 
 def test_the_scan_catches_what_the_panels_used_to_do():
@@ -70,9 +79,12 @@ def test_submit_runs_a_coroutine_on_the_session_loop_and_refuses_once_closed():
     m, t = tiny_model("llama")
     s = ie_lab.Session(m, tokenizer=t, progress=False, replace=False)
     try:
+
         async def where():
             await asyncio.sleep(0)
-            return threading.current_thread() is not threading.main_thread(), (await s.acapture("a b", ["resid_post.0"]))
+            return threading.current_thread() is not threading.main_thread(), (
+                await s.acapture("a b", ["resid_post.0"])
+            )
 
         off_main, cache = s.submit(where()).result(timeout=60)
         assert off_main and cache["resid_post.0"].shape[:2] == s.tokens("a b").shape

@@ -33,30 +33,52 @@ def _weights(model):
 
 
 HOSTILE = [
-    "not a dict", 42, None, [], {"cmd": "rm -rf /"}, {"cmd": 7}, {"nocmd": True}, {"cmd": "__init__"},
-    {"cmd": "select", "address": "x" * 10_000, "multi": False}, {"cmd": "select", "address": ["resid_post.0"], "multi": False},
-    {"cmd": "select", "layer": "0", "head": 1}, {"cmd": "select", "layer": 10**12, "head": 0},
-    {"cmd": "select", "layer": 0, "head": 0, "extra": "x"}, {"cmd": "steer", "seq": 1, "scale": float("nan")},
-    {"cmd": "steer", "seq": 1, "scale": 1e300}, {"cmd": "steer", "seq": 1, "method": "exec"},
-    {"cmd": "steer", "seq": -1}, {"cmd": "contrast", "seq": 1, "positive": ["a"] * 10_000, "negative": ["b"]},
-    {"cmd": "prompt", "seq": 1, "prompt": "x" * 100_000}, {"cmd": "address", "seq": 1, "address": "lm_head"},
-    {"cmd": "address", "seq": 1, "address": "resid_post.99"}, {"cmd": "select", "address": "attn_probs.0.head-1", "multi": True},
+    "not a dict",
+    42,
+    None,
+    [],
+    {"cmd": "rm -rf /"},
+    {"cmd": 7},
+    {"nocmd": True},
+    {"cmd": "__init__"},
+    {"cmd": "select", "address": "x" * 10_000, "multi": False},
+    {"cmd": "select", "address": ["resid_post.0"], "multi": False},
+    {"cmd": "select", "layer": "0", "head": 1},
+    {"cmd": "select", "layer": 10**12, "head": 0},
+    {"cmd": "select", "layer": 0, "head": 0, "extra": "x"},
+    {"cmd": "steer", "seq": 1, "scale": float("nan")},
+    {"cmd": "steer", "seq": 1, "scale": 1e300},
+    {"cmd": "steer", "seq": 1, "method": "exec"},
+    {"cmd": "steer", "seq": -1},
+    {"cmd": "contrast", "seq": 1, "positive": ["a"] * 10_000, "negative": ["b"]},
+    {"cmd": "prompt", "seq": 1, "prompt": "x" * 100_000},
+    {"cmd": "address", "seq": 1, "address": "lm_head"},
+    {"cmd": "address", "seq": 1, "address": "resid_post.99"},
+    {"cmd": "select", "address": "attn_probs.0.head-1", "multi": True},
     {f"k{i}": i for i in range(100)},
     # JSON can carry lone surrogates; the tokenizer fails on them later (a TypeError), so they are refused on arrival
-    {"cmd": "prompt", "seq": 1, "prompt": "Mary \ud800"}, {"cmd": "contrast", "seq": 1, "positive": ["\udfff"], "negative": ["b"]},
+    {"cmd": "prompt", "seq": 1, "prompt": "Mary \ud800"},
+    {"cmd": "contrast", "seq": 1, "positive": ["\udfff"], "negative": ["b"]},
     # an integer literal too long for a float (JSON may carry one; float() raised OverflowError into the kernel)
-    {"cmd": "steer", "seq": 1, "scale": 10 ** 400}, {"cmd": "steer", "seq": 10 ** 400, "scale": 1.0},
+    {"cmd": "steer", "seq": 1, "scale": 10**400},
+    {"cmd": "steer", "seq": 10**400, "scale": 1.0},
 ]
 
 # Whole comm messages as ipywidgets receives them, malformed below the level of a panel's commands.
 MALFORMED_COMM = [
-    {"content": {"data": {"method": "update", "state": {"layer": 1}, "buffer_paths": [["layer", "x"]]}},
-     "buffers": [memoryview(b"1234")]},
+    {
+        "content": {"data": {"method": "update", "state": {"layer": 1}, "buffer_paths": [["layer", "x"]]}},
+        "buffers": [memoryview(b"1234")],
+    },
     {"content": {"data": {"method": "update", "state": {"a": {}}, "buffer_paths": [["a", "b", "c"]]}}, "buffers": []},
     {"content": {"data": {"method": "update", "state": "junk"}}, "buffers": []},
     {"content": {"data": {"method": "custom", "content": {"cmd": "cancel"}}}, "buffers": "not a list"},
     {"content": {"data": {"method": "exec", "code": "import os"}}, "buffers": []},
-    {"content": {"data": {"method": 5}}}, {"content": {"data": ["update"]}}, {"content": "x"}, {}, "junk",
+    {"content": {"data": {"method": 5}}},
+    {"content": {"data": ["update"]}},
+    {"content": "x"},
+    {},
+    "junk",
 ]
 
 
@@ -65,7 +87,7 @@ def test_modules_are_self_contained_and_offline():
     for cls in (Picker, AttentionViewer, SteeringPanel):
         text = str(cls._esm)  # what anywidget sends: the bundle's text
         assert re.search(r"^export \{[^}]*\bas default\b", text, re.M), cls.__name__
-        assert not re.search(r'^\s*import\s', text, re.M), f"{cls.__name__}'s bundle still imports something"
+        assert not re.search(r"^\s*import\s", text, re.M), f"{cls.__name__}'s bundle still imports something"
         urls = set(re.findall(r"https?://[^\s\"']+", text)) - {"http://www.w3.org/2000/svg"}  # the SVG namespace
         assert not urls and "fetch(" not in text, f"no network at runtime: {urls}"
     css = str(Picker._css)
@@ -79,22 +101,37 @@ def test_cheatsheet_needs_no_weights_and_draws_the_structure():
     pts = {p["name"]: p for p in g.spec["points"]}
     assert pts["mlp_out"]["warnings"] == [
         "TransformerLens / TransformerBridge: blocks.{L}.hook_mlp_out is mlp_out_post on gemma2, not mlp_out as on "
-        "plain pre-norm families (Llama): same name, different tensor."]
+        "plain pre-norm families (Llama): same name, different tensor."
+    ]
     assert pts["mlp_out"]["names"]["transformerlens"] == ""  # no faithful legacy name for the raw output here
     assert pts["mlp_out_post"]["names"]["transformerlens"] == "blocks.{L}.hook_mlp_out"
     assert "26 × q × k" not in pts["attn_probs"]["width"] and "8 × q × k" in pts["attn_probs"]["width"]
     llama = {p["name"]: p for p in ie_lab.cheatsheet("llama").spec["points"]}
-    assert llama["mlp_out"]["warnings"] == [] and llama["mlp_out"]["names"]["transformerlens"] == "blocks.{L}.hook_mlp_out"
+    assert (
+        llama["mlp_out"]["warnings"] == [] and llama["mlp_out"]["names"]["transformerlens"] == "blocks.{L}.hook_mlp_out"
+    )
     assert set(llama["q_norm_in"]["served"]) == {"0"}  # no QK-norm on Llama
     par = ie_lab.cheatsheet("phi")
     assert par.spec["structure"]["parallel_block"]
     assert set({p["name"]: p for p in par.spec["points"]}["resid_mid"]["served"]) == {"0"}
-    moe = {p["name"]: p for p in ie_lab.cheatsheet({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 3,
-                                                    "num_attention_heads": 4, "num_local_experts": 8}).spec["points"]}
+    moe = {
+        p["name"]: p
+        for p in ie_lab.cheatsheet(
+            {
+                "model_type": "mixtral",
+                "hidden_size": 64,
+                "num_hidden_layers": 3,
+                "num_attention_heads": 4,
+                "num_local_experts": 8,
+            }
+        ).spec["points"]
+    }
     assert moe["router_logits"]["served"] == "111" and moe["mlp_act"]["served"] == "000"
     vllm = {p["name"]: p for p in ie_lab.cheatsheet("llama", backend="vllm").spec["points"]}
     assert set(vllm["lm_head"]["served"]) == {"0"} and "eager" in vllm["lm_head"]["why"]["0"]
-    big = ie_lab.cheatsheet({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 40, "num_attention_heads": 4})
+    big = ie_lab.cheatsheet(
+        {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 40, "num_attention_heads": 4}
+    )
     assert big.spec["n_layers"] == 40 and len(big.spec["points"][1]["served"]) == 40
 
 
@@ -137,8 +174,16 @@ def test_hostile_messages_are_rejected_without_side_effects(session, monkeypatch
         for msg in HOSTILE:
             w._on_front_end_msg(w, msg, [])
         w._on_front_end_msg(w, {"cmd": "select", "address": "resid_post.0", "multi": False}, [memoryview(b"x" * 10)])
-        w._handle_msg({"content": {"data": {"method": "update", "state": {"layer": 999, "spec": {}, "scale": 1e9,
-                                                                           "pattern": "AAAA", "_esm": "alert(1)"}}}})
+        w._handle_msg(
+            {
+                "content": {
+                    "data": {
+                        "method": "update",
+                        "state": {"layer": 999, "spec": {}, "scale": 1e9, "pattern": "AAAA", "_esm": "alert(1)"},
+                    }
+                }
+            }
+        )
         sp.wait()
         assert out and all(m["type"] == "error" for m in out), out
         assert len(w.rejected) >= 5
@@ -166,9 +211,21 @@ def test_malformed_comm_messages_are_refused_in_the_panel(session, monkeypatch):
             assert w.error == out[-1]["message"]  # on screen, and in the kernel's state
         assert {k: v for k, v in w.get_state().items() if k != "error"} == state
         # a well-formed message still works afterwards
-        w._handle_msg({"content": {"data": {"method": "custom", "content": {"cmd": "cancel"} if w is sp else
-                                            {"cmd": "clear"} if w is p else {"cmd": "select", "layer": 1, "head": 3}}},
-                       "buffers": []})
+        w._handle_msg(
+            {
+                "content": {
+                    "data": {
+                        "method": "custom",
+                        "content": {"cmd": "cancel"}
+                        if w is sp
+                        else {"cmd": "clear"}
+                        if w is p
+                        else {"cmd": "select", "layer": 1, "head": 3},
+                    }
+                },
+                "buffers": [],
+            }
+        )
     assert (a.layer, a.head) == (1, 3) and a.error == ""
     assert_clean(session._lm)
 
@@ -194,7 +251,7 @@ def test_attention_viewer_sends_one_head_at_a_time(session):
     a = session.show_attention("When Mary and John went to the store", layers=[0, 1])
     n = len(a.tokens)
     assert isinstance(a, AttentionViewer) and a.n_heads == 4 and a.layers == [0, 1]
-    assert len(a.pattern) == n * n * 4 and len(a.thumbs) == 4 * a.thumb_side ** 2
+    assert len(a.pattern) == n * n * 4 and len(a.thumbs) == 4 * a.thumb_side**2
     ref = session.capture("When Mary and John went to the store", ["attn_probs.1"])["attn_probs.1"][0]
     a._on_front_end_msg(a, {"cmd": "select", "layer": 1, "head": 2}, [])
     assert (a.layer, a.head) == (1, 2)
@@ -209,8 +266,13 @@ def test_attention_viewer_sends_one_head_at_a_time(session):
 
 # ---- steering panel -----------------------------------------------------------------------------------------
 def test_steering_panel_regenerates_and_the_kernel_sees_it(session, monkeypatch):
-    sp = session.steering_panel("Mary went to the", positive=["happy good day", "good morning"],
-                                negative=["sad bad night", "bad evening"], scale=0.0, max_new_tokens=8)
+    sp = session.steering_panel(
+        "Mary went to the",
+        positive=["happy good day", "good morning"],
+        negative=["sad bad night", "bad evening"],
+        scale=0.0,
+        max_new_tokens=8,
+    )
     assert sp.steered_ids == sp.baseline_ids  # scale 0 is a no-op
     assert sp.vector_source.startswith("difference of means at resid_post.1 (2 vs 2")
     out = _outbox(sp, monkeypatch)
@@ -226,8 +288,9 @@ def test_steering_panel_regenerates_and_the_kernel_sees_it(session, monkeypatch)
 
 
 def test_a_newer_value_cancels_the_generation_in_flight(session, monkeypatch):
-    sp = session.steering_panel("Mary went to the", vector=torch.randn(128, generator=torch.Generator().manual_seed(1)),
-                                max_new_tokens=200)
+    sp = session.steering_panel(
+        "Mary went to the", vector=torch.randn(128, generator=torch.Generator().manual_seed(1)), max_new_tokens=200
+    )
     out = _outbox(sp, monkeypatch)
     for i, scale in enumerate([1.0, 2.0, 3.0, 4.0], start=1):
         sp._on_front_end_msg(sp, {"cmd": "steer", "seq": i, "scale": scale}, [])
@@ -244,8 +307,12 @@ def test_vector_sources_and_methods(session, tmp_path):
     torch.save(v, tmp_path / "v.pt")
     np.save(tmp_path / "v.npy", v.numpy())
     cache = session.capture("Mary went home", ["resid_post.0"])
-    for src, label in ((v, "given tensor"), (str(tmp_path / "v.pt"), "saved tensor v.pt"),
-                       (tmp_path / "v.npy", "saved tensor v.npy"), (cache, "capture of resid_post.0")):
+    for src, label in (
+        (v, "given tensor"),
+        (str(tmp_path / "v.pt"), "saved tensor v.pt"),
+        (tmp_path / "v.npy", "saved tensor v.npy"),
+        (cache, "capture of resid_post.0"),
+    ):
         sp = session.steering_panel("Mary went to the", address="resid_post.0", vector=src, max_new_tokens=3)
         assert sp.vector_source.startswith(label) and sp.vector.shape == (128,)
     sp.update(method="cap", cap_min=-0.5, cap_max=0.5)
@@ -315,12 +382,15 @@ def _gate_progress(panel, at=1):
         if change["new"][0] == at:
             reached.set()
             release.wait(60)
+
     panel.observe(gate, "progress")
     return reached, release, seen
 
 
-CONTRAST = {"positive": [f"happy good day {i}" for i in range(64)],  # the largest message: 64 prompts a side
-            "negative": [f"sad bad night {i}" for i in range(64)]}
+CONTRAST = {
+    "positive": [f"happy good day {i}" for i in range(64)],  # the largest message: 64 prompts a side
+    "negative": [f"sad bad night {i}" for i in range(64)],
+}
 
 
 def test_the_largest_contrast_runs_in_the_background_with_progress(session, monkeypatch):
@@ -341,8 +411,10 @@ def test_the_largest_contrast_runs_in_the_background_with_progress(session, monk
     assert [n for n, _ in seen if n > 0] == list(range(1, 129))
 
     def mean(prompts):
-        return torch.stack([session.capture(p, ["resid_post.1"])["resid_post.1"][0].float().mean(0)
-                            for p in prompts]).mean(0)
+        return torch.stack(
+            [session.capture(p, ["resid_post.1"])["resid_post.1"][0].float().mean(0) for p in prompts]
+        ).mean(0)
+
     ref = mean(CONTRAST["positive"]) - mean(CONTRAST["negative"])
     assert torch.allclose(sp.vector, ref, atol=1e-5)
     assert sp.vector_source == "difference of means at resid_post.1 (64 vs 64 prompts)"
@@ -391,14 +463,21 @@ def _drawn_blocks(structures: dict) -> dict:
     if shutil.which("node") is None:
         pytest.skip("node is not installed")
     util = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "widgets", "util.js")
-    script = (f"import {{ layoutBlock }} from {json.dumps('file://' + util)};\n"
-              "let d = ''; process.stdin.on('data', (c) => d += c); process.stdin.on('end', () => {\n"
-              "  const out = {}; for (const [k, [st, layer]] of Object.entries(JSON.parse(d))) {\n"
-              "    const lay = layoutBlock(st, st.moe_layers.includes(layer), null, layer);\n"
-              "    out[k] = lay.items.filter((i) => i.kind === 'module' || i.kind === 'trunk').map((i) => i.label); }\n"
-              "  process.stdout.write(JSON.stringify(out)); });\n")
-    r = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps(structures), capture_output=True,
-                       text=True, timeout=120)
+    script = (
+        f"import {{ layoutBlock }} from {json.dumps('file://' + util)};\n"
+        "let d = ''; process.stdin.on('data', (c) => d += c); process.stdin.on('end', () => {\n"
+        "  const out = {}; for (const [k, [st, layer]] of Object.entries(JSON.parse(d))) {\n"
+        "    const lay = layoutBlock(st, st.moe_layers.includes(layer), null, layer);\n"
+        "    out[k] = lay.items.filter((i) => i.kind === 'module' || i.kind === 'trunk').map((i) => i.label); }\n"
+        "  process.stdout.write(JSON.stringify(out)); });\n"
+    )
+    r = subprocess.run(
+        ["node", "--input-type=module", "-e", script],
+        input=json.dumps(structures),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 
@@ -411,11 +490,15 @@ def _truth(family: str) -> dict:
 
     model = make_model(family)
     tok_emb = model.get_input_embeddings()
-    learned = any(isinstance(m, nn.Embedding) and m is not tok_emb and MAX_POS <= m.num_embeddings <= MAX_POS + 2
-                  for m in model.modules())
+    learned = any(
+        isinstance(m, nn.Embedding) and m is not tok_emb and MAX_POS <= m.num_embeddings <= MAX_POS + 2
+        for m in model.modules()
+    )
     # a rotary-embedding module, or rotary dims kept on the attention itself (GPT-J computes its sin/cos there)
     rotary = any("rotary" in type(m).__name__.lower() or getattr(m, "rotary_dim", None) for m in model.modules())
-    layers = next(m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == model.config.num_hidden_layers)
+    layers = next(
+        m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == model.config.num_hidden_layers
+    )
     positions = []
     for layer in layers:
         attn = next((m for n, m in layer.named_children() if "attn" in n or "attention" in n), None)
@@ -453,20 +536,26 @@ def test_cheatsheet_labels_are_the_models_own_facts_for_every_family():
         pos = t["positions"][int(L)]
         attn = [x for x in labels if x.startswith("attention (")]
         emb = labels[0]
-        ok_pos = len(attn) == 1 and {
-            "rope": "RoPE" in attn[0] and "NoPE" not in attn[0],
-            "learned": "RoPE" not in attn[0] and "ALiBi" not in attn[0] and "position" in emb,
-            "alibi": "ALiBi" in attn[0],
-            "none": "NoPE" in attn[0],
-        }[pos] and (pos == "learned") == ("position" in emb)
+        ok_pos = (
+            len(attn) == 1
+            and {
+                "rope": "RoPE" in attn[0] and "NoPE" not in attn[0],
+                "learned": "RoPE" not in attn[0] and "ALiBi" not in attn[0] and "position" in emb,
+                "alibi": "ALiBi" in attn[0],
+                "none": "NoPE" in attn[0],
+            }[pos]
+            and (pos == "learned") == ("position" in emb)
+        )
         block_norms = [x for x in labels if "norm" in x and x not in ("final norm", "q_norm · k_norm")]
         ok_norms = len(block_norms) == len(t["norms"])
         if not (ok_pos and ok_norms):
             bad.append(f"{key}: truth {pos}, norms {t['norms']}; drawn {emb!r}, {attn}, {block_norms}")
     assert not bad, "\n".join(bad)
     # the two reported cases, spelled out
-    assert [x for x in drawn["gpt_neox/0"] if "norm" in x][:2] == ["input norm (attention branch)",
-                                                                   "input norm (MLP branch)"]
+    assert [x for x in drawn["gpt_neox/0"] if "norm" in x][:2] == [
+        "input norm (attention branch)",
+        "input norm (MLP branch)",
+    ]
     assert not any("shared" in x for x in drawn["gpt_neox/0"])
     assert "input norm (shared)" in drawn["gptj/0"]
     assert drawn["gpt2/0"][0] == "token + position embedding" and "attention (q·kᵀ, softmax)" in drawn["gpt2/0"]

@@ -35,8 +35,7 @@ def test_attention_viewer_of_a_vllm_session(s):
 
 
 def test_steering_panel_streams_on_the_vllm_session_loop(s):
-    sp = s.steering_panel("Mary went to the", positive=["happy good day"], negative=["sad bad night"],
-                          max_new_tokens=3)
+    sp = s.steering_panel("Mary went to the", positive=["happy good day"], negative=["sad bad night"], max_new_tokens=3)
     assert isinstance(sp, SteeringPanel) and len(sp.baseline) == 3
     sp.update(scale=0.0)  # submitted to the session's loop (Session.submit), then awaited
     assert sp.status == "ready" and not sp.error and sp.steered_ids == sp.baseline_ids

@@ -10,9 +10,16 @@ from tests.families import make_model, make_tokenizer, saved_model_dir
 
 TEXT = "the cat sat on the mat and Mary went to the store"
 # Eight prompts of different lengths, for the concurrent-request tests.
-PROMPTS = ["the cat sat on the mat", "Mary went to the store and", "Paris is the capital of France and",
-           "John gave a book to", "the dog ran in the park", "Alice and Bob went to the beach",
-           "one two three four five", "the old man walked to the station"]
+PROMPTS = [
+    "the cat sat on the mat",
+    "Mary went to the store and",
+    "Paris is the capital of France and",
+    "John gave a book to",
+    "the dog ran in the park",
+    "Alice and Bob went to the beach",
+    "one two three four five",
+    "the old man walked to the station",
+]
 
 
 def served_addresses(session) -> list[str]:
@@ -26,7 +33,7 @@ def served_addresses(session) -> list[str]:
         p = points.get(name)
         if p.multi_stream_only:
             continue
-        for L in ([None] if p.scope is points.Scope.TRUNK else range(f.n_layers)):
+        for L in [None] if p.scope is points.Scope.TRUNK else range(f.n_layers):
             a = ie_lab.Address(name, L)
             try:
                 check_served(session._lm, a)

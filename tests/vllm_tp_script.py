@@ -34,10 +34,21 @@ def main(family: str, root: str) -> dict:
     finally:
         two.close()
     # graph mode at TP=2: each rank's static buffers hold its shard; the gather runs after the compiled forward
-    graph_pts = [a for a in addrs if a.split(".")[0] in ("z", "value", "mlp_act", "mlp_pre", "mlp_pre_linear",
-                                                         "q_norm_out", "k_norm_in", "resid_post")]
-    three = ie_lab.Session(path, backend="vllm", engine="async", tensor_parallel_size=2, progress=False,
-                           replace=False, graph_points=graph_pts)
+    graph_pts = [
+        a
+        for a in addrs
+        if a.split(".")[0]
+        in ("z", "value", "mlp_act", "mlp_pre", "mlp_pre_linear", "q_norm_out", "k_norm_in", "resid_post")
+    ]
+    three = ie_lab.Session(
+        path,
+        backend="vllm",
+        engine="async",
+        tensor_parallel_size=2,
+        progress=False,
+        replace=False,
+        graph_points=graph_pts,
+    )
     try:
         c3 = three.capture(TEXT, graph_pts)
         g3 = three.generate(TEXT, 10).ids
@@ -63,12 +74,21 @@ def main(family: str, root: str) -> dict:
     while leftovers() and time.time() < deadline:
         time.sleep(0.5)
     orphans = leftovers()
-    return {"family": family, "tp_size": tp, "addresses": addrs, "orphans": orphans,
-            "differ": [a for a in addrs if not close(c1[a], c2[a], atol=1e-4)],
-            "shapes_equal": all(c1[a].shape == c2[a].shape for a in addrs),
-            "greedy_equal": g1 == g2, "steered_len": len(steered), "graph_points": graph_pts,
-            "graph_differ": [a for a in graph_pts if not close(c1[a], c3[a], atol=1e-4)], "graph_greedy_equal": g1 == g3,
-            "workers_idle": all(not s["specs"] for s in state), "n_workers": len(state)}
+    return {
+        "family": family,
+        "tp_size": tp,
+        "addresses": addrs,
+        "orphans": orphans,
+        "differ": [a for a in addrs if not close(c1[a], c2[a], atol=1e-4)],
+        "shapes_equal": all(c1[a].shape == c2[a].shape for a in addrs),
+        "greedy_equal": g1 == g2,
+        "steered_len": len(steered),
+        "graph_points": graph_pts,
+        "graph_differ": [a for a in graph_pts if not close(c1[a], c3[a], atol=1e-4)],
+        "graph_greedy_equal": g1 == g3,
+        "workers_idle": all(not s["specs"] for s in state),
+        "n_workers": len(state),
+    }
 
 
 if __name__ == "__main__":

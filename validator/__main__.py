@@ -1,12 +1,12 @@
 """python -m validator: cross-engine parity for ie_lab's hook points.
 
-    python -m validator run --all                       # the full sweep: every family ie_lab binds x every engine
-    python -m validator run --ci                        # CI's subset (4 families x hf, tl), into a temp dir
-    python -m validator run --family llama --engine hf --engine tl
-    python -m validator run --model gpt2 --model google/gemma-2-2b --device cuda --dtype bfloat16   # real weights
-    python -m validator selftest                        # the classic mistake must come out FAIL
-    python -m validator render                          # README table + heatmap from the committed JSON only
-    python -m validator setup tl                        # create .venvs/tl (also: nnsight, nnterp, interp)
+python -m validator run --all                       # the full sweep: every family ie_lab binds x every engine
+python -m validator run --ci                        # CI's subset (4 families x hf, tl), into a temp dir
+python -m validator run --family llama --engine hf --engine tl
+python -m validator run --model gpt2 --model google/gemma-2-2b --device cuda --dtype bfloat16   # real weights
+python -m validator selftest                        # the classic mistake must come out FAIL
+python -m validator render                          # README table + heatmap from the committed JSON only
+python -m validator setup tl                        # create .venvs/tl (also: nnsight, nnterp, interp)
 """
 
 from __future__ import annotations
@@ -33,19 +33,25 @@ def _families_all() -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m validator", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m validator", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="capture, compare, write JSON (and re-render unless --out elsewhere)")
     r.add_argument("--family", action="append", default=[], help="a tiny fixture family (tests/families.py)")
     r.add_argument("--model", action="append", default=[], help="a real HF id or folder (needs the weights)")
     r.add_argument("--engine", action="append", default=[], choices=list(S.ENGINES))
     r.add_argument("--all", action="store_true", help="every family ie_lab binds, every engine")
-    r.add_argument("--ci", action="store_true", help=f"CI's subset: {', '.join(S.CI_FAMILIES)} x {', '.join(S.CI_ENGINES)}")
+    r.add_argument(
+        "--ci", action="store_true", help=f"CI's subset: {', '.join(S.CI_FAMILIES)} x {', '.join(S.CI_ENGINES)}"
+    )
     r.add_argument("--out", default=None, help="results folder (default validator/results; --ci: a temp dir)")
     r.add_argument("--models-dir", default=None, help="where the tiny fixtures are saved (reused across runs)")
-    r.add_argument("--attn", default="eager", help="attn_implementation every engine loads with (default eager, "
-                   "which TransformerBridge forces anyway)")
+    r.add_argument(
+        "--attn",
+        default="eager",
+        help="attn_implementation every engine loads with (default eager, which TransformerBridge forces anyway)",
+    )
     r.add_argument("--device", default="cpu")
     r.add_argument("--dtype", default="float32")
     r.add_argument("--setup", action="store_true", help="create missing engine environments first")
@@ -89,8 +95,17 @@ def main(argv=None) -> int:
     if not families and not args.model:
         ap.error("name --family, --model, --all or --ci")
     out = args.out or (tempfile.mkdtemp(prefix="ie_lab_validator_ci_") if args.ci else RESULTS)
-    docs = run(families, engines, models=args.model, out_dir=out, models_dir=args.models_dir, attn=args.attn,
-               device=args.device, dtype=args.dtype, setup=args.setup)
+    docs = run(
+        families,
+        engines,
+        models=args.model,
+        out_dir=out,
+        models_dir=args.models_dir,
+        attn=args.attn,
+        device=args.device,
+        dtype=args.dtype,
+        setup=args.setup,
+    )
     if os.path.abspath(out) == os.path.abspath(RESULTS):
         render.write_all()
     print(render.summary_text(docs))

@@ -59,12 +59,18 @@ def metrics(ref: torch.Tensor, got: torch.Tensor, attention: bool) -> tuple[dict
     row_cos = (r * g).sum(-1) / (rn * gn).clamp_min(tiny)
     both_zero = (rn < tiny) & (gn < tiny)
     row_cos = torch.where(both_zero, torch.ones_like(row_cos), row_cos)
-    whole = float((r * g).sum() / max(ref_norm * float(g.norm()), tiny)) if (ref_norm > tiny or float(g.norm()) > tiny) else 1.0
+    whole = (
+        float((r * g).sum() / max(ref_norm * float(g.norm()), tiny))
+        if (ref_norm > tiny or float(g.norm()) > tiny)
+        else 1.0
+    )
     out = {
         "cosine": whole,
         "worst_token_cosine": float(row_cos.min()),
         "max_abs": float(diff.abs().max()),
-        "rel_err": float(diff.norm()) / ref_norm if ref_norm > tiny else (0.0 if float(diff.norm()) < tiny else math.inf),
+        "rel_err": float(diff.norm()) / ref_norm
+        if ref_norm > tiny
+        else (0.0 if float(diff.norm()) < tiny else math.inf),
         "ref_norm": ref_norm,
         "norm_ratio": float(g.norm()) / ref_norm if ref_norm > tiny else 1.0,
     }
@@ -73,6 +79,7 @@ def metrics(ref: torch.Tensor, got: torch.Tensor, attention: bool) -> tuple[dict
 
 def rounded(m: dict) -> dict:
     """Metrics to 6 significant digits, so committed JSON does not churn on float noise."""
+
     def r(x: float) -> float:
         if x == 0 or not math.isfinite(x):
             return x

@@ -42,7 +42,7 @@ def addresses(lm: Any, family: str) -> ModelPlan:
     for p in P.all_points():
         if p.multi_stream_only:
             continue
-        for L in (layers if p.scope is P.Scope.LAYER else [None]):
+        for L in layers if p.scope is P.Scope.LAYER else [None]:
             a = Address(p.name, L)
             try:
                 resolve(lm, a.check(lm.facts))
@@ -56,6 +56,7 @@ def addresses(lm: Any, family: str) -> ModelPlan:
 
 
 # ---- module paths (plain hooks and nnsight) ----------------------------------------------------------------------
+
 
 def _module_specs(lm: Any) -> tuple[dict[int, str], Any]:
     names = {id(m): n for n, m in lm.hf.named_modules() if n}
@@ -197,8 +198,9 @@ def asks(lm: Any, plan: ModelPlan, engine: str) -> list[Ask]:
                 out.append(Ask(address, f"hidden_states[{a.layer}]", {"kind": "hidden_states", "index": a.layer}))
                 continue
             if a.name == "resid_post" and a.layer < n_layers - 1:
-                out.append(Ask(address, f"hidden_states[{a.layer + 1}]",
-                               {"kind": "hidden_states", "index": a.layer + 1}))
+                out.append(
+                    Ask(address, f"hidden_states[{a.layer + 1}]", {"kind": "hidden_states", "index": a.layer + 1})
+                )
                 continue
             if a.name == "attn_probs":
                 out.append(Ask(address, f"attentions[{a.layer}]", {"kind": "attentions", "index": a.layer}))

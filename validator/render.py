@@ -61,42 +61,54 @@ def table(docs: list[dict]) -> str:
     by = {(d["model"], d["engine"]): d for d in docs}
     lines = []
     lines.append("### Totals per engine\n")
-    lines.append("| engine | tolerance (max abs · cosine · worst-token cosine · rel err) | "
-                 + " | ".join(S.VERDICTS) + " |")
+    lines.append(
+        "| engine | tolerance (max abs · cosine · worst-token cosine · rel err) | " + " | ".join(S.VERDICTS) + " |"
+    )
     lines.append("| --- | --- | " + " | ".join("---:" for _ in S.VERDICTS) + " |")
     for e in engines:
         rows = [r for d in docs if d["engine"] == e for r in d["rows"]]
         c = _counts(rows)
         t = S.ENGINES[e].tolerance
-        lines.append(f"| {S.ENGINES[e].title} (`{e}`) | {t.max_abs:g} · {t.cosine:g} · {t.worst_cosine:g} · {t.rel:g} | "
-                     + " | ".join(str(c[v]) for v in S.VERDICTS) + " |")
+        lines.append(
+            f"| {S.ENGINES[e].title} (`{e}`) | {t.max_abs:g} · {t.cosine:g} · {t.worst_cosine:g} · {t.rel:g} | "
+            + " | ".join(str(c[v]) for v in S.VERDICTS)
+            + " |"
+        )
     lines.append("")
     lines.append("### Per model\n")
-    lines.append("Each cell counts (address, engine name) pairs at layers "
-                 "first / middle / last: ✅ PASS, ⚠️ WARN, ❌ FAIL, then what was not compared and why.\n")
+    lines.append(
+        "Each cell counts (address, engine name) pairs at layers "
+        "first / middle / last: ✅ PASS, ⚠️ WARN, ❌ FAIL, then what was not compared and why.\n"
+    )
     lines.append("| model | layers | absent | " + " | ".join(S.ENGINES[e].title for e in engines) + " |")
     lines.append("| --- | --- | ---: | " + " | ".join("---" for _ in engines) + " |")
     for m in _models(docs):
         any_doc = next(d for d in docs if d["model"] == m)
         layers = ", ".join(str(x) for x in any_doc["layers"])
-        lines.append(f"| `{m}` | {layers} | {len(any_doc['absent'])} | "
-                     + " | ".join(_cell(by.get((m, e))) for e in engines) + " |")
+        lines.append(
+            f"| `{m}` | {layers} | {len(any_doc['absent'])} | "
+            + " | ".join(_cell(by.get((m, e))) for e in engines)
+            + " |"
+        )
     lines.append("")
     bad = [(d, r) for d in docs for r in d["rows"] if r["verdict"] in (S.FAIL, S.WARN)]
     lines.append(f"### Failures and warnings ({len(bad)})\n")
     if bad:
-        lines.append("| model | engine | address | engine's name | verdict | cosine | worst-token cos | max abs | rel err | why |")
+        lines.append(
+            "| model | engine | address | engine's name | verdict | cosine | worst-token cos | max abs | rel err | why |"
+        )
         lines.append("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
         for d, r in bad:
             why = (r.get("why", "") + (f" — known: {r['known']}" if r.get("known") else "")).replace("|", "\\|")
-            lines.append(f"| `{d['model']}` | {d['engine']} | `{r['address']}` | `{r['name']}` | {r['verdict']} | "
-                         f"{_f(r.get('cosine'))} | {_f(r.get('worst_token_cosine'))} | {_f(r.get('max_abs'))} | "
-                         f"{_f(r.get('rel_err'))} | {why} |")
+            lines.append(
+                f"| `{d['model']}` | {d['engine']} | `{r['address']}` | `{r['name']}` | {r['verdict']} | "
+                f"{_f(r.get('cosine'))} | {_f(r.get('worst_token_cosine'))} | {_f(r.get('max_abs'))} | "
+                f"{_f(r.get('rel_err'))} | {why} |"
+            )
     else:
         lines.append("None.")
     lines.append("")
-    unavailable = sorted({(d["engine"], d["model"], d.get("reason", "")) for d in docs
-                          if d.get("status") != "ok"})
+    unavailable = sorted({(d["engine"], d["model"], d.get("reason", "")) for d in docs if d.get("status") != "ok"})
     lines.append(f"### Engines that could not run a model ({len(unavailable)})\n")
     if unavailable:
         lines.append("| engine | model | reason |")
@@ -142,8 +154,9 @@ def heatmap(docs: list[dict]):
     for m in models:
         zr, tr = [], []
         for n in names:
-            rows = [(d["engine"], r) for d in docs if d["model"] == m for r in d["rows"]
-                    if r["address"].split(".")[0] == n]
+            rows = [
+                (d["engine"], r) for d in docs if d["model"] == m for r in d["rows"] if r["address"].split(".")[0] == n
+            ]
             compared = [(e, r) for e, r in rows if r["verdict"] in _Z]
             if not compared:
                 zr.append(None)
@@ -158,14 +171,29 @@ def heatmap(docs: list[dict]):
             tr.append(f"{m} · {n}: {w}<br>{detail}")
         z.append(zr)
         text.append(tr)
-    fig = go.Figure(go.Heatmap(
-        z=z, x=names, y=models, text=text, hoverinfo="text", zmin=0, zmax=2, xgap=1, ygap=1,
-        colorscale=[[0, "#d62728"], [0.5, "#ff9f1c"], [1, "#2ca02c"]],
-        colorbar=dict(tickvals=[0, 1, 2], ticktext=["FAIL", "WARN", "PASS"]),
-    ))
-    fig.update_layout(title="ie_lab eager vs other engines: worst verdict per family and point (all engines, layers)",
-                      height=max(400, 22 * len(models) + 200), width=1300, xaxis=dict(tickangle=-45),
-                      yaxis=dict(autorange="reversed"), template="plotly_white")
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=names,
+            y=models,
+            text=text,
+            hoverinfo="text",
+            zmin=0,
+            zmax=2,
+            xgap=1,
+            ygap=1,
+            colorscale=[[0, "#d62728"], [0.5, "#ff9f1c"], [1, "#2ca02c"]],
+            colorbar=dict(tickvals=[0, 1, 2], ticktext=["FAIL", "WARN", "PASS"]),
+        )
+    )
+    fig.update_layout(
+        title="ie_lab eager vs other engines: worst verdict per family and point (all engines, layers)",
+        height=max(400, 22 * len(models) + 200),
+        width=1300,
+        xaxis=dict(tickangle=-45),
+        yaxis=dict(autorange="reversed"),
+        template="plotly_white",
+    )
     return fig
 
 
@@ -181,5 +209,6 @@ def write_all(results_dir: str = RESULTS, readme: str = README) -> None:
     with open(os.path.join(results_dir, "heatmap.json"), "w") as f:
         f.write(fig.to_json(pretty=False))
         f.write("\n")
-    fig.write_html(os.path.join(results_dir, "heatmap.html"), include_plotlyjs=True, full_html=True,
-                   div_id="validator-heatmap")
+    fig.write_html(
+        os.path.join(results_dir, "heatmap.html"), include_plotlyjs=True, full_html=True, div_id="validator-heatmap"
+    )

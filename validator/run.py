@@ -32,8 +32,10 @@ def engine_python(engine: str) -> tuple[str | None, str]:
     py = os.path.join(venvs_dir(), env, "bin", "python")
     if os.path.exists(py):
         return py, ""
-    return None, (f"no environment at {os.path.dirname(os.path.dirname(py))}: create it with "
-                  f"`bash validator/envs/setup.sh {env}` (or pass --setup)")
+    return None, (
+        f"no environment at {os.path.dirname(os.path.dirname(py))}: create it with "
+        f"`bash validator/envs/setup.sh {env}` (or pass --setup)"
+    )
 
 
 def setup_env(engine: str) -> None:
@@ -118,9 +120,21 @@ def _reference(lm, ids, addresses: list[str]) -> tuple[dict, dict]:
     return got, errors
 
 
-def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RESULTS, models_dir: str | None = None,
-        attn: str = "eager", device: str = "cpu", dtype: str = "float32", setup: bool = False,
-        override=None, timeout: int = 1800, log=print) -> list[dict]:
+def run(
+    families=(),
+    engines=S.DEFAULT_ENGINES,
+    *,
+    models=(),
+    out_dir: str = RESULTS,
+    models_dir: str | None = None,
+    attn: str = "eager",
+    device: str = "cpu",
+    dtype: str = "float32",
+    setup: bool = False,
+    override=None,
+    timeout: int = 1800,
+    log=print,
+) -> list[dict]:
     """Validate; write one JSON per (model, engine) into out_dir and return them.
 
     ``override(model, engine, asks) -> asks`` replaces the requests (the self-test uses it to inject a wrong
@@ -153,8 +167,10 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
                 a = plan_mod.asks(lm, p, e)
                 asks[e] = override(m, e, a) if override else a
             per_model[m.slug] = dict(model=m, lm_facts=lm.facts, plan=p, ids=ids, ref=ref, ref_err=ref_err, asks=asks)
-            log(f"[ie_lab] {m.slug}: {len(ref)} reference tensors, {len(p.absent)} absent, "
-                f"{len(ref_err)} refused ({time.time() - t0:.1f}s)")
+            log(
+                f"[ie_lab] {m.slug}: {len(ref)} reference tensors, {len(p.absent)} absent, "
+                f"{len(ref_err)} refused ({time.time() - t0:.1f}s)"
+            )
             del lm
 
         # 2. Each engine's worker over all models at once (one process per engine: imports are the slow part).
@@ -168,11 +184,23 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
                 continue
             jobs = []
             for slug, d in per_model.items():
-                reqs = [{"key": str(i), "spec": a.spec} for i, a in enumerate(d["asks"][e])
-                        if a.spec is not None and a.address in d["ref"]]
-                jobs.append({"family": slug, "model_dir": d["model"].source, "ids": d["ids"], "attn_implementation": attn,
-                             "dtype": dtype, "device": device, "requests": reqs,
-                             "out": os.path.join(work, f"{e}__{slug}")})
+                reqs = [
+                    {"key": str(i), "spec": a.spec}
+                    for i, a in enumerate(d["asks"][e])
+                    if a.spec is not None and a.address in d["ref"]
+                ]
+                jobs.append(
+                    {
+                        "family": slug,
+                        "model_dir": d["model"].source,
+                        "ids": d["ids"],
+                        "attn_implementation": attn,
+                        "dtype": dtype,
+                        "device": device,
+                        "requests": reqs,
+                        "out": os.path.join(work, f"{e}__{slug}"),
+                    }
+                )
             path = os.path.join(work, f"jobs_{e}.json")
             with open(path, "w") as f:
                 json.dump({"engine": e, "jobs": jobs}, f)
@@ -186,11 +214,12 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
                 env["HF_HUB_OFFLINE"] = "1"
             env["PYTHONPATH"] = ROOT if e == "vllm" else ""
             t0 = time.time()
-            proc = subprocess.run([py, WORKER, path], env=env, cwd=work, capture_output=True, text=True,
-                                  timeout=timeout)
+            proc = subprocess.run(
+                [py, WORKER, path], env=env, cwd=work, capture_output=True, text=True, timeout=timeout
+            )
             log(f"[{e}] worker finished in {time.time() - t0:.1f}s (rc={proc.returncode})")
             if proc.returncode != 0:
-                unavailable[e] = f"the worker exited with {proc.returncode}: {proc.stderr.strip().splitlines()[-1:] }"
+                unavailable[e] = f"the worker exited with {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
                 log(proc.stderr[-3000:])
                 continue
             for j in jobs:
@@ -218,8 +247,9 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
                     elif a.spec is None:
                         row.update(verdict=S.NOT_ASKED, why=a.reason)
                     elif meta.get("status") != "ok":
-                        row.update(verdict=S.NOT_SERVED,
-                                   why=f"the engine could not run this model: {meta.get('reason')}")
+                        row.update(
+                            verdict=S.NOT_SERVED, why=f"the engine could not run this model: {meta.get('reason')}"
+                        )
                     elif key not in tensors:
                         row.update(verdict=S.NOT_SERVED, why=meta["errors"].get(key, "no tensor came back"))
                     else:
@@ -240,8 +270,9 @@ def run(families=(), engines=S.DEFAULT_ENGINES, *, models=(), out_dir: str = RES
                 doc = {
                     "model": slug,
                     "family": d["model"].family,
-                    "source": ("tiny random-weight fixture (tests/families.py)" if not d["model"].real
-                               else d["model"].source),
+                    "source": (
+                        "tiny random-weight fixture (tests/families.py)" if not d["model"].real else d["model"].source
+                    ),
                     "engine": e,
                     "engine_title": eng.title,
                     "naming": eng.naming,

@@ -44,6 +44,7 @@ def wrong_mapping(engine: str):
                 seen.add((a.address, a.name))
                 uniq.append(a)
         return uniq
+
     return override
 
 
@@ -59,8 +60,10 @@ def main(out_dir: str | None, engine: str) -> int:
     doc = run_selftest(out_dir, engine)
     rows = doc["rows"]
     for r in rows:
-        print(f"{r['address']:10s} <- {r['name']:45s} {r['verdict']:12s} cosine={r.get('cosine')} "
-              f"max_abs={r.get('max_abs')} rel_err={r.get('rel_err')}  {r.get('why', '')}")
+        print(
+            f"{r['address']:10s} <- {r['name']:45s} {r['verdict']:12s} cosine={r.get('cosine')} "
+            f"max_abs={r.get('max_abs')} rel_err={r.get('rel_err')}  {r.get('why', '')}"
+        )
     ok = bool(rows) and all(r["verdict"] == S.FAIL for r in rows)
     print("self-test:", "the wrong mapping FAILs, as it must" if ok else "NOT caught: the validator is too lenient")
     if out_dir:

@@ -32,21 +32,30 @@ class Tolerance:
 # Raw-HF pairs: the same transformers modules, the same weights, the same eager attention, fp32. Anything
 # beyond float noise means the two engines read different tensors.
 RAW_HF = Tolerance(
-    max_abs=2e-3, cosine=0.9999, worst_cosine=0.999, rel=1e-3,
+    max_abs=2e-3,
+    cosine=0.9999,
+    worst_cosine=0.999,
+    rel=1e-3,
     why="same HF modules, same fp32 weights, same eager attention kernel: only summation-order noise is allowed",
 )
 # ie_lab's vLLM backend runs vLLM's own layers: paged attention, fused residual-add + RMSNorm, fused
 # gate_up, its own rotary kernel. The same arithmetic in another order and with other kernels.
 VLLM = Tolerance(
-    max_abs=5e-2, cosine=0.999, worst_cosine=0.99, rel=2e-2,
+    max_abs=5e-2,
+    cosine=0.999,
+    worst_cosine=0.99,
+    rel=2e-2,
     why="a different implementation (vLLM's fused add+norm, paged attention, fused gate_up and rotary kernels) "
-        "in fp32: kernel-order differences compound through the layers",
+    "in fp32: kernel-order differences compound through the layers",
 )
 # Real checkpoints in bf16/fp16 on a GPU: every engine's kernels round differently. Only for --model runs.
 REAL_WEIGHTS = Tolerance(
-    max_abs=1e9, cosine=0.999, worst_cosine=0.99, rel=2e-2,
+    max_abs=1e9,
+    cosine=0.999,
+    worst_cosine=0.99,
+    rel=2e-2,
     why="real checkpoints in half precision: absolute differences scale with activation size (Gemma residuals "
-        "reach the hundreds), so only cosine and relative error are judged",
+    "reach the hundreds), so only cosine and relative error are judged",
 )
 
 
@@ -62,22 +71,52 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     e.key: e
     for e in (
-        Engine("hf", "transformers hooks", None, RAW_HF,
-               "forward (pre-)hooks on the HF module each point is read from (module paths from ie_lab's binding, "
-               "resolved here independently of ie_lab's taps), the model's own hidden_states for resid_pre / "
-               "resid_post and its own attention weights for attn_probs"),
-        Engine("tl", "TransformerLens 4 (Bridge)", "tl", RAW_HF,
-               "TransformerBridge on unprocessed weights, compatibility mode with no_processing=True; native names "
-               "from ie_lab.mappers (transformerlens_bridge) and legacy aliases (transformerlens), both asked"),
-        Engine("nnsight", "nnsight 0.8", "nnsight", RAW_HF,
-               "LanguageModel over the raw HF tree: module .inputs / .output at the same module paths as 'hf'"),
-        Engine("nnterp", "nnterp 1.3", "nnterp", RAW_HF,
-               "StandardizedTransformer accessors from ie_lab.mappers (nnterp), on nnsight 0.7"),
-        Engine("interp", "interp-engine (eager)", "interp", RAW_HF,
-               "interp-engine's eager backend, asked for the same address (its point names match ie_lab's); a "
-               "reference only, run in its own environment"),
-        Engine("vllm", "ie_lab vLLM", None, VLLM,
-               "ie_lab.Session(path, backend='vllm') and its capture for the same address"),
+        Engine(
+            "hf",
+            "transformers hooks",
+            None,
+            RAW_HF,
+            "forward (pre-)hooks on the HF module each point is read from (module paths from ie_lab's binding, "
+            "resolved here independently of ie_lab's taps), the model's own hidden_states for resid_pre / "
+            "resid_post and its own attention weights for attn_probs",
+        ),
+        Engine(
+            "tl",
+            "TransformerLens 4 (Bridge)",
+            "tl",
+            RAW_HF,
+            "TransformerBridge on unprocessed weights, compatibility mode with no_processing=True; native names "
+            "from ie_lab.mappers (transformerlens_bridge) and legacy aliases (transformerlens), both asked",
+        ),
+        Engine(
+            "nnsight",
+            "nnsight 0.8",
+            "nnsight",
+            RAW_HF,
+            "LanguageModel over the raw HF tree: module .inputs / .output at the same module paths as 'hf'",
+        ),
+        Engine(
+            "nnterp",
+            "nnterp 1.3",
+            "nnterp",
+            RAW_HF,
+            "StandardizedTransformer accessors from ie_lab.mappers (nnterp), on nnsight 0.7",
+        ),
+        Engine(
+            "interp",
+            "interp-engine (eager)",
+            "interp",
+            RAW_HF,
+            "interp-engine's eager backend, asked for the same address (its point names match ie_lab's); a "
+            "reference only, run in its own environment",
+        ),
+        Engine(
+            "vllm",
+            "ie_lab vLLM",
+            None,
+            VLLM,
+            "ie_lab.Session(path, backend='vllm') and its capture for the same address",
+        ),
     )
 }
 DEFAULT_ENGINES = ("hf", "tl", "nnsight", "nnterp", "interp", "vllm")
@@ -127,25 +166,34 @@ def worst(verdicts) -> str:
 
 
 # Differences investigated and explained. The verdict stays what the numbers say; the note says whose it is.
-_BLOOM = ("Bloom's attention and MLP modules add the residual themselves (dropout_add), so the module output is "
-          "attention/MLP + residual; ie_lab reads the dense projection (the contribution alone).")
+_BLOOM = (
+    "Bloom's attention and MLP modules add the residual themselves (dropout_add), so the module output is "
+    "attention/MLP + residual; ie_lab reads the dense projection (the contribution alone)."
+)
 KNOWN: dict[tuple[str, str, str], str] = {
-    **{("bloom", p, e): _BLOOM + (" ie_lab.mappers bug: it translates this point to a name holding the sum."
-                                  if e in ("tl", "nnterp") else " Validator's outer-module choice; not an ie_lab bug.")
-       for p in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post") for e in ("hf", "nnsight", "tl", "nnterp")},
+    **{
+        ("bloom", p, e): _BLOOM
+        + (
+            " ie_lab.mappers bug: it translates this point to a name holding the sum."
+            if e in ("tl", "nnterp")
+            else " Validator's outer-module choice; not an ie_lab bug."
+        )
+        for p in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post")
+        for e in ("hf", "nnsight", "tl", "nnterp")
+    },
     ("bloom", "embeddings", "tl"): "TransformerBridge's legacy hook_embed on Bloom is taken after "
-                                   "word_embeddings_layernorm (embed.hook_out matches): ie_lab.mappers bug.",
+    "word_embeddings_layernorm (embed.hook_out matches): ie_lab.mappers bug.",
     ("granite", "embeddings", "tl"): "TransformerBridge's embed.hook_out / hook_embed include Granite's "
-                                     "embedding_multiplier (ratio exactly 12, cosine 1): ie_lab.mappers bug.",
+    "embedding_multiplier (ratio exactly 12, cosine 1): ie_lab.mappers bug.",
     ("granitemoe", "embeddings", "tl"): "as Granite: the bridge's embedding hooks include embedding_multiplier; "
-                                        "ie_lab.mappers bug.",
+    "ie_lab.mappers bug.",
     ("hunyuan_v1_dense", "q_norm_in", "tl"): "HunYuan applies RoPE before its QK-norm: legacy hook_q is the "
-                                             "pre-RoPE projection, q_norm_in the rotated query (the bridge's "
-                                             "q_norm.hook_in matches): ie_lab.mappers bug.",
+    "pre-RoPE projection, q_norm_in the rotated query (the bridge's "
+    "q_norm.hook_in matches): ie_lab.mappers bug.",
     ("hunyuan_v1_dense", "k_norm_in", "tl"): "as q_norm_in: legacy hook_k is pre-RoPE: ie_lab.mappers bug.",
     ("opt", "attn_scores", "tl"): "TransformerBridge's hook_attn_scores on OPT holds the softmaxed pattern "
-                                  "(rows sum to 1, nothing masked): an engine asymmetry; ie_lab.mappers should "
-                                  "refuse the translation on OPT.",
+    "(rows sum to 1, nothing masked): an engine asymmetry; ie_lab.mappers should "
+    "refuse the translation on OPT.",
 }
 
 

@@ -67,8 +67,15 @@ def _command(outdir: Path, *extra: str) -> list[str]:
         raise SystemExit(f"widgets/build.py: esbuild is not installed in this checkout (node_modules/); {FIX}.")
     fp = fingerprint()
     entries = [f"widgets/{p}.js" for p in PANELS] + [f"widgets/{STYLE}"]
-    return [exe, *entries, *OPTIONS, f"--outdir={outdir}", f"--banner:js=// {_banner(fp)}",
-            f"--banner:css=/* {_banner(fp)} */", *extra]
+    return [
+        exe,
+        *entries,
+        *OPTIONS,
+        f"--outdir={outdir}",
+        f"--banner:js=// {_banner(fp)}",
+        f"--banner:css=/* {_banner(fp)} */",
+        *extra,
+    ]
 
 
 def build(out: Path = OUT) -> list[str]:
@@ -111,8 +118,10 @@ def ensure() -> None:
 def watch() -> None:
     """Rebuild the development bundles on every save until Ctrl-C (esbuild's own watcher)."""
     DEV_OUT.mkdir(parents=True, exist_ok=True)
-    print(f"widgets/build.py: watching widgets/, writing {DEV_OUT.relative_to(ROOT)}/ (Ctrl-C stops); start "
-          "Jupyter with ANYWIDGET_HMR=1 so open panels reload")
+    print(
+        f"widgets/build.py: watching widgets/, writing {DEV_OUT.relative_to(ROOT)}/ (Ctrl-C stops); start "
+        "Jupyter with ANYWIDGET_HMR=1 so open panels reload"
+    )
     proc = subprocess.Popen(_command(DEV_OUT, "--watch=forever", "--sourcemap=inline"), cwd=ROOT)
     # esbuild stops with this script, however it is stopped: Ctrl-C, or a terminate from a test or a supervisor
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
@@ -127,8 +136,10 @@ def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         bad = stale()
         if bad:
-            print(f"widgets/build.py: ie_lab/static/{', '.join(bad)} not built from the current sources; {FIX}.",
-                  file=sys.stderr)
+            print(
+                f"widgets/build.py: ie_lab/static/{', '.join(bad)} not built from the current sources; {FIX}.",
+                file=sys.stderr,
+            )
         return 1 if bad else 0
     if argv == ["--watch"]:
         watch()

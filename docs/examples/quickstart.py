@@ -1,6 +1,6 @@
 """Quickstart: load a model, capture a few points, and check one identity. Runs offline.
 
-    ./dev quickstart            # the bundled demo model if present, else a tiny random Llama
+./dev quickstart            # the bundled demo model if present, else a tiny random Llama
 """
 
 import os
@@ -19,8 +19,9 @@ print(lm)
 
 prompt = "When Mary and John went to the store, John gave a drink to"
 mid = lm.facts.n_layers // 2
-cache = ie_lab.capture(lm, prompt, [f"resid_pre.{mid}", f"attn_out_post.{mid}", f"resid_mid.{mid}",
-                                    f"attn_probs.{mid}", f"z.{mid}.head-0"])
+cache = ie_lab.capture(
+    lm, prompt, [f"resid_pre.{mid}", f"attn_out_post.{mid}", f"resid_mid.{mid}", f"attn_probs.{mid}", f"z.{mid}.head-0"]
+)
 print(cache)
 
 # The residual identity every family satisfies: what attention adds, added to the input, is resid_mid.

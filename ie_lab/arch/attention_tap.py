@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,8 +72,9 @@ def _wrap(key: str, original: Any) -> Callable:
         listener = _listeners.get(id(module))
         if listener is not None:
             output, weights = (out[0], out[1]) if isinstance(out, tuple) else (out, None)
-            listener(module, AttentionCall(query, key_states, value, attention_mask, dict(kwargs), output,
-                                           weights, key))
+            listener(
+                module, AttentionCall(query, key_states, value, attention_mask, dict(kwargs), output, weights, key)
+            )
         return out
 
     ie_lab_attention_tap.__wrapped__ = original if original is not _MISSING else None
@@ -109,8 +111,10 @@ def listening(listeners: dict[int, Callable[[nn.Module, AttentionCall], None]]) 
     with _lock:
         clash = set(listeners) & set(_listeners)
         if clash:
-            raise RuntimeError("another capture is already listening to this model's attention; captures on one "
-                               "model are serialised, so this is a bug in the caller")
+            raise RuntimeError(
+                "another capture is already listening to this model's attention; captures on one "
+                "model are serialised, so this is a bug in the caller"
+            )
         if _depth == 0:
             _install()
         _depth += 1

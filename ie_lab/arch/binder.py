@@ -174,8 +174,9 @@ class Binding:
             "parallel_block": first.parallel,
             "sandwich_norms": first.post_attn_norm is not None,
             "pre_norms": first.input_norm is not None,
-            "gated_mlp": any(lb.gated_mlp for lb in self.layers if not lb.sparse_moe) if any(
-                not lb.sparse_moe for lb in self.layers) else None,
+            "gated_mlp": any(lb.gated_mlp for lb in self.layers if not lb.sparse_moe)
+            if any(not lb.sparse_moe for lb in self.layers)
+            else None,
             "qk_norm": first.q_norm is not None,
             "moe_layers": tuple(lb.index for lb in self.layers if lb.sparse_moe),
         }
@@ -259,7 +260,7 @@ def split_fused_qkv(x: torch.Tensor, layout: str, n_heads: int, n_kv: int, head_
     """The value slice of a fused QKV projection output, flattened to [.., n_kv*head_dim]."""
     lead = x.shape[:-1]
     if layout == "contiguous":
-        return x[..., (n_heads + n_kv) * head_dim:(n_heads + 2 * n_kv) * head_dim]
+        return x[..., (n_heads + n_kv) * head_dim : (n_heads + 2 * n_kv) * head_dim]
     if layout == "per_head":
         return x.reshape(*lead, n_heads, 3, head_dim)[..., 2, :].reshape(*lead, n_heads * head_dim)
     if layout == "grouped":
@@ -334,8 +335,9 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
         mlp = mlp_found[1] if mlp_found else None
         host = mlp if mlp is not None else layer
         names = {"attn": attn_name, "o_proj": f"{attn_name}.{o[0]}"}
-        lb = LayerBinding(index=i, layer=layer, attn=attn, o_proj=o[1], mlp=mlp,
-                          mlp_in_module=host, mlp_out_module=host, names=names)
+        lb = LayerBinding(
+            index=i, layer=layer, attn=attn, o_proj=o[1], mlp=mlp, mlp_in_module=host, mlp_out_module=host, names=names
+        )
         experts = _child(host, EXPERTS_NAMES)
         if experts is not None and mlp is not None:
             lb.sparse_moe = True
@@ -372,8 +374,15 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             lb.fused_qkv = fused[1]
         layers.append(lb)
 
-    binding = Binding(facts=facts, embed=embed, final_norm=fn[1] if fn else None, lm_head=lm_head,
-                      layers=layers, layers_path=layers_path, family=family)
+    binding = Binding(
+        facts=facts,
+        embed=embed,
+        final_norm=fn[1] if fn else None,
+        lm_head=lm_head,
+        layers=layers,
+        layers_path=layers_path,
+        family=family,
+    )
     _measure(model, binding)
     return binding
 
@@ -415,17 +424,38 @@ def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) ->
 def _measure(model: nn.Module, binding: Binding) -> None:
     rec = _Recorder()
     for lb in binding.layers:
-        for m in (lb.layer, lb.attn, lb.o_proj, lb.mlp_in_module, lb.mlp_out_module, lb.q_norm, lb.k_norm,
-                  lb.gate_proj, lb.up_proj, lb.fused_gate_up, lb.down_proj, lb.router, lb.experts,
-                  lb.v_proj, lb.fused_qkv, *_norm_children(lb.layer)):
+        for m in (
+            lb.layer,
+            lb.attn,
+            lb.o_proj,
+            lb.mlp_in_module,
+            lb.mlp_out_module,
+            lb.q_norm,
+            lb.k_norm,
+            lb.gate_proj,
+            lb.up_proj,
+            lb.fused_gate_up,
+            lb.down_proj,
+            lb.router,
+            lb.experts,
+            lb.v_proj,
+            lb.fused_qkv,
+            *_norm_children(lb.layer),
+        ):
             rec.watch(m)
     last: dict[str, torch.Tensor] = {}  # the final norm's last output and the unembedding's input
     handles = []
     if binding.final_norm is not None:
-        handles.append(binding.final_norm.register_forward_hook(
-            lambda m, a, o: last.__setitem__("norm", first_tensor(o).detach().clone())))
-        handles.append(binding.lm_head.register_forward_pre_hook(
-            lambda m, a: last.__setitem__("head", first_tensor(a).detach().clone())))
+        handles.append(
+            binding.final_norm.register_forward_hook(
+                lambda m, a, o: last.__setitem__("norm", first_tensor(o).detach().clone())
+            )
+        )
+        handles.append(
+            binding.lm_head.register_forward_pre_hook(
+                lambda m, a: last.__setitem__("head", first_tensor(a).detach().clone())
+            )
+        )
     try:
         seen = _probe(model, binding, rec)
     finally:
@@ -602,7 +632,9 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
             elif _close(act[1](u) * g, d_in, 1e-4):
                 lb.fused_gate_first = False
             else:
-                raise StructureError(f"{where}: the fused gate_up projection's halves do not explain the MLP activation.")
+                raise StructureError(
+                    f"{where}: the fused gate_up projection's halves do not explain the MLP activation."
+                )
     elif lb.gate_proj is not None and lb.up_proj is not None:
         act = _child(lb.mlp if lb.mlp is not None else lb.layer, ACT_NAMES)
         go, uo, d_in = rec.out(lb.gate_proj), rec.out(lb.up_proj), rec.inp(lb.down_proj)

@@ -8,8 +8,9 @@ live model the binder measures them instead, and a test checks that both agree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ArchitectureUnsupported
 from . import quirks
@@ -46,9 +47,11 @@ def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
 
 
 # What a refusal of an unbound family offers instead (one sentence, shared by every such refusal).
-UNBOUND_INSTEAD = ("ie_lab binds decoder-only transformer families (the tested ones are listed in docs/BINDER.md); "
-                   "meanwhile run the raw transformers model and read its modules with torch forward hooks "
-                   "(module.register_forward_hook).")
+UNBOUND_INSTEAD = (
+    "ie_lab binds decoder-only transformer families (the tested ones are listed in docs/BINDER.md); "
+    "meanwhile run the raw transformers model and read its modules with torch forward hooks "
+    "(module.register_forward_hook)."
+)
 
 # Config keys that state a state-space (Mamba-style) mixer: their presence is the fact, whatever the family.
 _SSM_KEYS = ("state_size", "ssm_state_size", "mamba_d_state", "mamba_d_ssm")
@@ -64,26 +67,36 @@ def unbound_structure(config: Any) -> tuple[str, str] | None:
     if d.get("is_encoder_decoder") or ("encoder_layers" in d and "decoder_layers" in d):
         # XForCausalLM of an encoder-decoder family (BART, Marian, Whisper, ...) clears is_encoder_decoder on its
         # config, but the config still sizes both stacks: the blocks are that family's decoder blocks.
-        return (f"{mt} is the decoder stack of an encoder-decoder family",
-                "its config sizes an encoder and a decoder (is_encoder_decoder, or encoder_layers and decoder_layers); "
-                "those decoder blocks carry cross-attention and are not bound.")
+        return (
+            f"{mt} is the decoder stack of an encoder-decoder family",
+            "its config sizes an encoder and a decoder (is_encoder_decoder, or encoder_layers and decoder_layers); "
+            "those decoder blocks carry cross-attention and are not bound.",
+        )
     if mt in quirks.RECURRENT_BLOCKS:
-        return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[mt] + ", and recurrent blocks are not bound yet."
+        return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[
+            mt
+        ] + ", and recurrent blocks are not bound yet."
     ssm = next((k for k in _SSM_KEYS if d.get(k)), None)
     if ssm is not None:
         heads = _first(d, "num_attention_heads", "n_head")  # not num_heads: Mamba 2 counts its SSM heads there
         if heads:
-            return (f"{mt} mixes state-space (Mamba) layers with attention layers",
-                    f"its config states an SSM state size ({ssm}={d[ssm]}), and state-space blocks are not bound "
-                    "yet, so its residual stream cannot be served layer by layer.")
-        return (f"{mt} has no attention layers",
-                f"its blocks are state-space (Mamba) mixers (config {ssm}={d[ssm]}, no attention head count), "
-                "and state-space blocks are not bound yet.")
+            return (
+                f"{mt} mixes state-space (Mamba) layers with attention layers",
+                f"its config states an SSM state size ({ssm}={d[ssm]}), and state-space blocks are not bound "
+                "yet, so its residual stream cannot be served layer by layer.",
+            )
+        return (
+            f"{mt} has no attention layers",
+            f"its blocks are state-space (Mamba) mixers (config {ssm}={d[ssm]}, no attention head count), "
+            "and state-space blocks are not bound yet.",
+        )
     kinds = [str(t) for t in (d.get("block_types") or d.get("layer_types") or ())]
     odd = sorted({t for t in kinds if any(w in t for w in ("recurrent", "conv", "mamba"))})
     if odd:
-        return (f"{mt} has {', '.join(odd)} layers",
-                f"its config lists layer types {odd} among its blocks, and those blocks are not bound yet.")
+        return (
+            f"{mt} has {', '.join(odd)} layers",
+            f"its config lists layer types {odd} among its blocks, and those blocks are not bound yet.",
+        )
     return None
 
 
@@ -150,14 +163,21 @@ class ArchFacts:
             found = unbound_structure(d)
             if found is not None:
                 raise ArchitectureUnsupported(found[0], found[1], UNBOUND_INSTEAD)
-            missing = [name for name, v in (("hidden size (hidden_size/n_embd/d_model)", d_model),
-                                            ("layer count (num_hidden_layers/n_layer/num_layers)", n_layers),
-                                            ("attention head count (num_attention_heads/n_head)", n_heads))
-                       if v is None]
+            missing = [
+                name
+                for name, v in (
+                    ("hidden size (hidden_size/n_embd/d_model)", d_model),
+                    ("layer count (num_hidden_layers/n_layer/num_layers)", n_layers),
+                    ("attention head count (num_attention_heads/n_head)", n_heads),
+                )
+                if v is None
+            ]
             raise ArchitectureUnsupported(
                 f"config of model_type {mt!r}",
                 f"it states no {' and no '.join(missing)} under any spelling ie_lab reads, so ie_lab has never bound "
-                "this family.", UNBOUND_INSTEAD)
+                "this family.",
+                UNBOUND_INSTEAD,
+            )
         head_dim = _first(d, "head_dim", "attention_head_size") or d_model // n_heads
         if d.get("multi_query") and not d.get("new_decoder_architecture"):
             n_kv = 1
@@ -176,8 +196,7 @@ class ArchFacts:
             only_mlp = set(d.get("mlp_only_layers") or ())
             first_dense = d.get("first_k_dense_replace") or 0
             moe_layers = tuple(
-                i for i in range(n_layers)
-                if (i + 1) % step == 0 and i not in only_mlp and i >= first_dense
+                i for i in range(n_layers) if (i + 1) % step == 0 and i not in only_mlp and i >= first_dense
             )
             if moe_d_mlp and not moe_layers:
                 d_mlp = d_mlp

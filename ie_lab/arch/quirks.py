@@ -38,13 +38,26 @@ SEPARATE_PARALLEL_NORMS = frozenset({"gpt_neox"})
 
 # Families whose MLP is up -> act -> down with no gate branch.
 UNGATED_MLP = frozenset(
-    {"gpt2", "gpt_neox", "gptj", "bloom", "opt", "falcon", "phi", "starcoder2", "gpt_bigcode", "codegen",
-     "arcee", "apertus"}
+    {
+        "gpt2",
+        "gpt_neox",
+        "gptj",
+        "bloom",
+        "opt",
+        "falcon",
+        "phi",
+        "starcoder2",
+        "gpt_bigcode",
+        "codegen",
+        "arcee",
+        "apertus",
+    }
 )
 
 # Families that always normalise queries and keys (others say so with a config key).
-ALWAYS_QK_NORM = frozenset({"qwen3", "qwen3_moe", "olmo2", "olmo3", "olmoe", "gemma3", "gemma3_text", "exaone4",
-                            "apertus", "hunyuan_v1_dense"})
+ALWAYS_QK_NORM = frozenset(
+    {"qwen3", "qwen3_moe", "olmo2", "olmo3", "olmoe", "gemma3", "gemma3_text", "exaone4", "apertus", "hunyuan_v1_dense"}
+)
 
 # Families whose config carries a sliding_window key that the attention does not use for every layer
 # (layer_types or use_sliding_window say which layers slide instead).
@@ -73,12 +86,49 @@ ATTENTION_IN_MODULE = frozenset({"bloom", "falcon"} | ({"gptj"} if _transformers
 # structural entries above against that measurement; tests/test_mappers.py this list and ATTENTION_IN_MODULE).
 # Config-only callers given just a family name (the mappers) answer only for these: for any other family the
 # defaults above ("pre-norm", "gated", ...) would be a guess.
-STRUCTURE_MEASURED = frozenset({
-    "gpt2", "gpt_neox", "gptj", "bloom", "opt", "falcon", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe",
-    "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmoe", "phi", "phi3", "granite",
-    "granitemoe", "stablelm", "starcoder2", "cohere", "cohere2", "glm", "helium", "smollm3", "exaone4", "ministral",
-    "seed_oss", "arcee", "apertus", "olmo3", "hunyuan_v1_dense", "gpt_oss", "deepseek_v3",
-})
+STRUCTURE_MEASURED = frozenset(
+    {
+        "gpt2",
+        "gpt_neox",
+        "gptj",
+        "bloom",
+        "opt",
+        "falcon",
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "olmo",
+        "olmo2",
+        "olmoe",
+        "phi",
+        "phi3",
+        "granite",
+        "granitemoe",
+        "stablelm",
+        "starcoder2",
+        "cohere",
+        "cohere2",
+        "glm",
+        "helium",
+        "smollm3",
+        "exaone4",
+        "ministral",
+        "seed_oss",
+        "arcee",
+        "apertus",
+        "olmo3",
+        "hunyuan_v1_dense",
+        "gpt_oss",
+        "deepseek_v3",
+    }
+)
 
 # What an attention kernel leaves out of the computation, keyed by the config key that asks for it (it counts when
 # set and nonzero) and then by the kernel (transformers' attn_implementation name). Found by running every fixture
@@ -89,7 +139,7 @@ STRUCTURE_MEASURED = frozenset({
 ATTENTION_KERNEL_DROPS = {
     "attn_logit_softcapping": {
         "sdpa": "transformers' sdpa kernel ignores attn_logit_softcapping (the tanh cap on attention logits); "
-                "the eager kernel applies it, so every point after the first attention differs",
+        "the eager kernel applies it, so every point after the first attention differs",
     },
 }
 
@@ -119,7 +169,8 @@ FOREIGN_ENGINE_CONVENTIONS = {
     # HunYuan normalises rotated queries/keys; TransformerLens' hook_q/hook_k are taken before RoPE.
     "hunyuan_v1_dense": {"qk_norm_after_rope": True},
     # Multi-head latent attention has no value projection for TransformerBridge's attn.v hook to sit on.
-    "deepseek_v3": {"no_v_module": True}, "deepseek_v2": {"no_v_module": True},
+    "deepseek_v3": {"no_v_module": True},
+    "deepseek_v2": {"no_v_module": True},
     # GPT-OSS's router is not where TransformerBridge's mlp.gate hook looks.
     "gpt_oss": {"no_gate_router": True},
 }
@@ -130,23 +181,47 @@ FOREIGN_ENGINE_CONVENTIONS = {
 # Not here although their captures match in a separate process: families vLLM runs through its Transformers
 # backend (olmo, glm, helium, ...). Building such an engine in-process patches HF's own model classes (vLLM applies
 # its compile decorator to them), which breaks eager models of that class in the same kernel.
-VLLM_VERIFIED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
-                           "gemma2", "gemma3_text", "gpt2", "olmoe", "phi3", "granite", "granitemoe", "stablelm",
-                           "exaone4", "cohere", "cohere2", "gptj", "opt", "falcon", "gpt_oss"})
+VLLM_VERIFIED = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "gpt2",
+        "olmoe",
+        "phi3",
+        "granite",
+        "granitemoe",
+        "stablelm",
+        "exaone4",
+        "cohere",
+        "cohere2",
+        "gptj",
+        "opt",
+        "falcon",
+        "gpt_oss",
+    }
+)
 
 # Families vLLM runs natively but computes differently from transformers: the refusal names the difference.
 VLLM_DIFFERS = {
     "bloom": "vLLM's Bloom uses the exact (erf) GELU where transformers' Bloom uses its tanh approximation, so "
-             "mlp_act differs by up to about 2e-4 and every later point by about 1e-4",
+    "mlp_act differs by up to about 2e-4 and every later point by about 1e-4",
     "apertus": "vLLM's xIELU activation keeps its alpha parameters in bfloat16 whatever the model's dtype, so in "
-               "float32 its mlp_act differs from transformers' by about 1e-3 of its size",
+    "float32 its mlp_act differs from transformers' by about 1e-3 of its size",
 }
 
 # Families vLLM computes like transformers only while a sequence fits in the sliding window: served with the
 # context capped at sliding_window, where the two agree exactly; longer requests are refused with this reason.
 VLLM_WINDOW_CAPPED = {
     "cohere2": "vLLM's Cohere 2 lets each sliding-window layer attend to sliding_window + 1 tokens (its training "
-               "convention) where transformers attends to sliding_window, so every token past the window differs",
+    "convention) where transformers attends to sliding_window, so every token past the window differs",
 }
 
 # Families whose attention weights leave HF's module only as probabilities (eager refuses attn_scores there):

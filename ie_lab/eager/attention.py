@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -23,8 +24,13 @@ def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> A
         raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
     # One forward: scores with probs wherever the family exposes them (its attention goes through the tap).
     with_scores = [L for L in layers if lm.binding.layers[L].uses_attention_interface]
-    c = capture(lm, ids, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
-                + [f"attn_scores.{L}" for L in with_scores])
+    c = capture(
+        lm,
+        ids,
+        [f"attn_probs.{L}" for L in layers]
+        + [f"value.{L}" for L in layers]
+        + [f"attn_scores.{L}" for L in with_scores],
+    )
     notes: list[str] = []
     scores: dict[int, torch.Tensor | None] = {L: c[f"attn_scores.{L}"][0] for L in with_scores}
     missing = [L for L in layers if L not in scores]
@@ -37,5 +43,10 @@ def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> A
             scores[L] = None
     kv, d = lm.facts.n_kv_heads, lm.facts.head_dim
     return AttentionResult(
-        layers, c.str_tokens[0], {L: c[f"attn_probs.{L}"][0] for L in layers}, scores,
-        {L: c[f"value.{L}"][0].reshape(-1, kv, d) for L in layers}, notes)
+        layers,
+        c.str_tokens[0],
+        {L: c[f"attn_probs.{L}"][0] for L in layers},
+        scores,
+        {L: c[f"value.{L}"][0].reshape(-1, kv, d) for L in layers},
+        notes,
+    )

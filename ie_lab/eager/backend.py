@@ -32,8 +32,9 @@ from .steer import make_spec, run_issued
 
 def _check_callable(fn: Any) -> None:
     if not callable(fn):
-        raise InputError(f"run() takes a function of the model handle, e.g. s.run(lambda lm: ...); got "
-                         f"{type(fn).__name__}.")
+        raise InputError(
+            f"run() takes a function of the model handle, e.g. s.run(lambda lm: ...); got {type(fn).__name__}."
+        )
 
 
 class EagerBackend:
@@ -43,8 +44,16 @@ class EagerBackend:
     extras: tuple[str, ...] = ()
     collect_on_close = False
 
-    def __init__(self, model: Any, device: Any = None, dtype: Any = None, tokenizer: Any = None, *,
-                 trust_remote_code: bool = False, progress: bool = True):
+    def __init__(
+        self,
+        model: Any,
+        device: Any = None,
+        dtype: Any = None,
+        tokenizer: Any = None,
+        *,
+        trust_remote_code: bool = False,
+        progress: bool = True,
+    ):
         # Bad arguments fail here, in the caller's thread, before a thread starts or the model is touched.
         resolve_dtype(dtype)
         check_tokenizer_arg(tokenizer)
@@ -62,8 +71,15 @@ class EagerBackend:
 
         def load_model():
             with tqdm(total=2, desc="loading model", disable=not progress, leave=False) as bar:
-                lm = load(model, tokenizer, backend="eager", device=device, dtype=dtype,
-                          trust_remote_code=trust_remote_code, quiet=False)
+                lm = load(
+                    model,
+                    tokenizer,
+                    backend="eager",
+                    device=device,
+                    dtype=dtype,
+                    trust_remote_code=trust_remote_code,
+                    quiet=False,
+                )
                 bar.update(2)
             self.lm = lm
             return lm
@@ -80,9 +96,11 @@ class EagerBackend:
 
     def add_cancel_hooks(self, token: Any) -> list:
         """Layer pre-hooks that stop a forward at the next layer once the token is cancelled."""
+
         def check(mod, args):
             if token.cancelled:
                 raise OperationCancelled("interrupted")
+
         handles = []
         for lb in self.lm.binding.layers:
             handles.append(lb.layer.register_forward_pre_hook(check))
@@ -116,8 +134,10 @@ class EagerBackend:
 
     def check_printable(self, prompt: Any) -> None:
         if prepare_prompts(self.lm, prompt, rows=True) is not None:
-            raise InputError("print_tokens=True prints one prompt's stream; for a list of prompts, loop over "
-                             "s.generate_stream(prompts) and print step.token by step.prompt_index.")
+            raise InputError(
+                "print_tokens=True prints one prompt's stream; for a list of prompts, loop over "
+                "s.generate_stream(prompts) and print step.token by step.prompt_index."
+            )
 
     def attention(self, prompt: Any, layers: Any = None):
         lm = self.lm
@@ -163,14 +183,24 @@ class EagerBackend:
     def describe(self) -> str:
         f, st = self.lm.facts, self.lm.binding.structure
         kinds = sorted(set(f.layer_kinds))
-        parts = [f"{f.model_type}: {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim}"
-                 f" ({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.",
-                 f"Attention: {', '.join(kinds)}" + (f" (window {f.sliding_window})" if f.sliding_window else "") + ".",
-                 "Block: " + ("parallel attention + MLP" if st["parallel_block"] else "sequential") +
-                 (", sandwich norms" if st["sandwich_norms"] and st["pre_norms"] else
-                  ", post-sublayer norms only" if st["sandwich_norms"] else ", pre-norms") +
-                 (", gated MLP" if st["gated_mlp"] else "") + (", QK-norm" if st["qk_norm"] else "") +
-                 (f", MoE on layers {list(st['moe_layers'])}" if st["moe_layers"] else "") + "."]
+        parts = [
+            f"{f.model_type}: {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim}"
+            f" ({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.",
+            f"Attention: {', '.join(kinds)}" + (f" (window {f.sliding_window})" if f.sliding_window else "") + ".",
+            "Block: "
+            + ("parallel attention + MLP" if st["parallel_block"] else "sequential")
+            + (
+                ", sandwich norms"
+                if st["sandwich_norms"] and st["pre_norms"]
+                else ", post-sublayer norms only"
+                if st["sandwich_norms"]
+                else ", pre-norms"
+            )
+            + (", gated MLP" if st["gated_mlp"] else "")
+            + (", QK-norm" if st["qk_norm"] else "")
+            + (f", MoE on layers {list(st['moe_layers'])}" if st["moe_layers"] else "")
+            + ".",
+        ]
         return " ".join(parts)
 
     def points(self) -> PointsTable:
@@ -178,8 +208,10 @@ class EagerBackend:
 
     def summary(self) -> str:
         f = self.lm.facts
-        return (f"backend=eager, family={f.model_type}, layers={f.n_layers}, d_model={f.d_model}, "
-                f"device={self.lm.device.type}, dtype={str(self.lm.dtype).replace('torch.', '')}")
+        return (
+            f"backend=eager, family={f.model_type}, layers={f.n_layers}, d_model={f.d_model}, "
+            f"device={self.lm.device.type}, dtype={str(self.lm.dtype).replace('torch.', '')}"
+        )
 
     def headline(self) -> str:
         return f"backend eager, {self.describe()}"

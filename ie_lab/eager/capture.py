@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -26,9 +27,25 @@ from .taps import Taps, resolve
 # Points whose tensor is a module's input or output that the rest of the forward reads, in full, from that
 # very boundary: returning the tensor the forward goes on from makes later points functions of it. resid_mid
 # is left out: it is read at the MLP norm's input, while the residual add reads the stream itself.
-LINKABLE = frozenset({"embeddings", "resid_pre", "resid_post", "attn_in", "z", "attn_out", "attn_out_post",
-                      "mlp_in", "mlp_pre", "mlp_pre_linear", "mlp_act", "mlp_out", "mlp_out_post", "final_norm",
-                      "value"})
+LINKABLE = frozenset(
+    {
+        "embeddings",
+        "resid_pre",
+        "resid_post",
+        "attn_in",
+        "z",
+        "attn_out",
+        "attn_out_post",
+        "mlp_in",
+        "mlp_pre",
+        "mlp_pre_linear",
+        "mlp_act",
+        "mlp_out",
+        "mlp_out_post",
+        "final_norm",
+        "value",
+    }
+)
 
 
 def _replace_input(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor) -> tuple[tuple, dict]:
@@ -114,19 +131,23 @@ class _Links:
         owner = threading.get_ident()  # as Taps: another thread's raw forward through these modules is not ours
         for base, (src, _, _) in self.bases.items():
             if src.kind == "pre":
+
                 def pre(mod, args, kwargs, base=base):
                     if threading.get_ident() != owner:
                         return None
                     h = hidden_arg(args, kwargs)
                     return _replace_input(args, kwargs, h, self._link(base, h))
+
                 # Appended: steering and patching writers (prepended) run first, so P is the written value,
                 # the one a capture without grad returns.
                 self._handles.append(src.module.register_forward_pre_hook(pre, with_kwargs=True))
             else:
+
                 def post(mod, args, kwargs, out, base=base):
                     if threading.get_ident() != owner:
                         return None
                     return _replace_first(out, self._link(base, first_tensor(out)))
+
                 self._handles.append(src.module.register_forward_hook(post, with_kwargs=True))
         return self
 
@@ -147,8 +168,9 @@ class _Links:
         self._handles.clear()
 
 
-def capture(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[AddressLike], *,
-            grad: bool = False) -> Cache | list[Cache]:
+def capture(
+    model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[AddressLike], *, grad: bool = False
+) -> Cache | list[Cache]:
     """Run one forward and return the requested points, keyed by Address.
 
     A list of prompts (texts, token lists or conversations; ragged) returns a list of Cache, one per prompt,
@@ -169,8 +191,9 @@ def capture(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[A
     return _capture_ids(lm, ids, mask, addrs, grad)
 
 
-def capture_batch(model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[AddressLike], *,
-                  grad: bool = False) -> Cache:
+def capture_batch(
+    model: Any, tokens_or_text: Any, addresses: AddressLike | Iterable[AddressLike], *, grad: bool = False
+) -> Cache:
     """One Cache over one batch (a [batch, seq] tensor, or texts padded by the tokenizer, with the mask in
     ``Cache.attention_mask``): for the operations that patch or compare whole batches row by row."""
     lm = lm_of(model)
@@ -193,14 +216,14 @@ def _capture_many(lm: Any, rows: list[torch.Tensor], addrs: list[Address], grad:
     width = max(lens)
     ids = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)  # id 0: masked, never read
     for i, r in enumerate(rows):
-        ids[i, :lens[i]] = r[0]
+        ids[i, : lens[i]] = r[0]
     mask = (torch.arange(width, device=ids.device)[None] < torch.tensor(lens, device=ids.device)[:, None]).long()
     both = _capture_ids(lm, ids, mask, addrs, grad)
     out = []
     for i, (r, n) in enumerate(zip(rows, lens)):
         got = {}
         for a in addrs:
-            t = both[a][i:i + 1]
+            t = both[a][i : i + 1]
             if a.point.is_attention:  # [b, heads, q, k], or [b, q, k] for one head
                 got[a] = t[:, :n, :n] if a.head is not None else t[:, :, :n, :n]
             else:
@@ -218,7 +241,7 @@ def _capture_ids(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None, addrs: l
         if taps.needs_output_attentions:
             kwargs["output_attentions"] = True
         ctx = torch.enable_grad() if grad else torch.no_grad()
-        with ctx, taps, (links if links is not None else contextlib.nullcontext()):
+        with ctx, taps, links if links is not None else contextlib.nullcontext():
             if links is not None:
                 links.shape = taps.shape
             lm.hf(input_ids=ids, attention_mask=mask, **kwargs)
@@ -227,8 +250,10 @@ def _capture_ids(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None, addrs: l
         linked = links.value(a) if links is not None else None
         if linked is not None:
             if len(linked) != 1:
-                raise StructureError(f"{a} was seen {len(linked)} times in one forward (expected once): the module "
-                                     "it is read from is shared or skipped on this family, so ie_lab will not pick one.")
+                raise StructureError(
+                    f"{a} was seen {len(linked)} times in one forward (expected once): the module "
+                    "it is read from is shared or skipped on this family, so ie_lab will not pick one."
+                )
             out[a] = linked[0]
             continue
         parts = taps.collected.get(a.without_head(), [])

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -33,8 +34,11 @@ from .taps import Taps
 
 def _eos_ids(lm: Any) -> set[int]:
     out: set[int] = set()
-    for src in (getattr(lm.tokenizer, "eos_token_id", None), getattr(lm.hf.config, "eos_token_id", None),
-                getattr(getattr(lm.hf, "generation_config", None), "eos_token_id", None)):
+    for src in (
+        getattr(lm.tokenizer, "eos_token_id", None),
+        getattr(lm.hf.config, "eos_token_id", None),
+        getattr(getattr(lm.hf, "generation_config", None), "eos_token_id", None),
+    ):
         if isinstance(src, int):
             out.add(src)
         elif isinstance(src, (list, tuple)):
@@ -42,8 +46,9 @@ def _eos_ids(lm: Any) -> set[int]:
     return out
 
 
-def _choose(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-            gen: torch.Generator | None) -> int:
+def _choose(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, gen: torch.Generator | None
+) -> int:
     if temperature == 0.0:
         return int(logits.argmax())
     # Shift by the maximum and divide in float64: a tiny temperature then sends every other logit to -inf
@@ -111,7 +116,7 @@ class _Run:
         self.padded = bool(self.pad.any())
         self.ids = torch.full((len(rows), width), _pad_id(lm), dtype=torch.long, device=device)
         for i, r in enumerate(rows):
-            self.ids[i, width - r.shape[1]:] = r[0]
+            self.ids[i, width - r.shape[1] :] = r[0]
         self.taps = Taps(lm, capture) if capture else None
         self.state = ForwardState(prompt_len=width, pad=self.pad if self.padded else None)
         self.steer_ctx = steering(lm, specs, self.state) if specs else None
@@ -120,8 +125,9 @@ class _Run:
         self.cache_kw = _cache_keyword(lm.hf)
         # Only the last position's logits choose a token (as in HF generate): the prompt forward skips the
         # unembedding of every other position, unless lm_head itself is captured.
-        self.keep_last = "logits_to_keep" in inspect.signature(lm.hf.forward).parameters and \
-            not any(a.name == "lm_head" for a in capture)
+        self.keep_last = "logits_to_keep" in inspect.signature(lm.hf.forward).parameters and not any(
+            a.name == "lm_head" for a in capture
+        )
         self.spans: list[tuple[int, int]] = []  # padded-frame positions each forward covered
         b = len(rows)
         self._handed = [0] * b  # per prompt: forwards whose rows earlier steps already carry
@@ -162,9 +168,9 @@ class _Run:
                 continue
             t = _join(a, parts, start)
             if a.point.is_attention:
-                t = t[r:r + 1, :, drop:, p:]  # the pads' queries and keys
+                t = t[r : r + 1, :, drop:, p:]  # the pads' queries and keys
             else:
-                t = t[r:r + 1, drop:]
+                t = t[r : r + 1, drop:]
             out[a] = slice_head(a, t, self.lm.facts)
         return out, range(start + drop - p, stop - p)
 
@@ -193,14 +199,16 @@ def check_batchable(lm: Any) -> None:
         raise CapabilityUnsupported(
             f"generating a list of prompts on {kind}",
             f"its forward takes no {' or '.join(missing)}, so left padding would shift every shorter prompt",
-            "generate the prompts one at a time (a loop over generate)")
+            "generate the prompts one at a time (a loop over generate)",
+        )
     for attr in ("expert_capacity", "capacity_factor", "moe_capacity_factor"):
         if getattr(cfg, attr, None):
             raise CapabilityUnsupported(
                 f"generating a list of prompts on {kind}",
                 f"its experts have a capacity ({attr}={getattr(cfg, attr)}), so padding tokens would take "
                 "capacity from real ones and change what a prompt computes alone",
-                "generate the prompts one at a time (a loop over generate)")
+                "generate the prompts one at a time (a loop over generate)",
+            )
 
 
 def _check_seeds(seed: Any, n: int, batch: bool) -> list[int | None]:
@@ -208,20 +216,32 @@ def _check_seeds(seed: Any, n: int, batch: bool) -> list[int | None]:
     prompt samples what it samples alone with that seed); a list gives each prompt its own."""
     if batch and isinstance(seed, (list, tuple)):
         if len(seed) != n:
-            raise InputError(f"seed= has {len(seed)} seeds for {n} prompts: give one per prompt, or one integer "
-                             "for all.")
-        for i, x in enumerate(seed):
+            raise InputError(
+                f"seed= has {len(seed)} seeds for {n} prompts: give one per prompt, or one integer for all."
+            )
+        for x in seed:
             check_generation_args(1, 0.0, None, None, 0, seed=x) if x is not None else None
         return list(seed)
     return [seed] * n
 
 
-def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temperature: float = 0.0,
-                    top_k: int | None = None, top_p: float | None = None, seed: int | Sequence[int] | None = None,
-                    stop: str | Sequence[str] | None = None, n_logprobs: int = 0,
-                    capture: AddressLike | Iterable[AddressLike] | None = None,
-                    steer: SteerSpec | Sequence[SteerSpec] | None = None, keep_logits: bool = True,
-                    ignore_eos: bool = False, _result: dict | None = None) -> Iterator[GenStep]:
+def generate_stream(
+    model: Any,
+    prompt: Any,
+    max_new_tokens: int = 32,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | Sequence[int] | None = None,
+    stop: str | Sequence[str] | None = None,
+    n_logprobs: int = 0,
+    capture: AddressLike | Iterable[AddressLike] | None = None,
+    steer: SteerSpec | Sequence[SteerSpec] | None = None,
+    keep_logits: bool = True,
+    ignore_eos: bool = False,
+    _result: dict | None = None,
+) -> Iterator[GenStep]:
     """Yield one GenStep per generated token. Greedy when temperature is 0; ignore_eos=True runs to the length.
 
     A list of prompts (or a [batch, seq] tensor of ids) runs as one batch: each decode step yields one GenStep
@@ -231,10 +251,19 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
     lm = lm_of(model)
     many = prepare_prompts(lm, prompt, rows=True)
     batch = many is not None
-    stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=lm.facts.vocab_size,
-                                  seed=None if batch and isinstance(seed, (list, tuple)) else seed, stop=stop,
-                                  keep_logits=keep_logits, ignore_eos=ignore_eos,
-                                  has_tokenizer=lm.tokenizer is not None)
+    stops = check_generation_args(
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        n_logprobs,
+        vocab=lm.facts.vocab_size,
+        seed=None if batch and isinstance(seed, (list, tuple)) else seed,
+        stop=stop,
+        keep_logits=keep_logits,
+        ignore_eos=ignore_eos,
+        has_tokenizer=lm.tokenizer is not None,
+    )
     rows = many if batch else [prepare(lm, prompt)[0]]
     if not batch and rows[0].shape[0] != 1:
         raise InputError("internal: one prompt with several rows")  # prepare_prompts reads those as a list
@@ -243,8 +272,10 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
     for i, r in enumerate(rows):
         if limit and r.shape[1] + max_new_tokens > int(limit):
             which = f"prompt {i} ({r.shape[1]} tokens)" if batch else f"prompt ({r.shape[1]} tokens)"
-            raise InputError(f"{which} + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}; "
-                             "lower max_new_tokens or shorten the prompt.")
+            raise InputError(
+                f"{which} + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}; "
+                "lower max_new_tokens or shorten the prompt."
+            )
     if len(rows) > 1:
         check_batchable(lm)
     addrs = parse_addresses(lm, capture) if capture else []
@@ -306,10 +337,18 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
                 top = {}
                 if n_logprobs:
                     vals, idx = logp.topk(n_logprobs)
-                    top = {(tok.decode([int(j)]) if tok is not None else str(int(j))): float(v)
-                           for v, j in zip(vals, idx)}
-                step = GenStep(i, token_id, text_tok, float(logp[token_id]), top,
-                               row_logits.detach().clone() if keep_logits else None, prompt_index=r)
+                    top = {
+                        (tok.decode([int(j)]) if tok is not None else str(int(j))): float(v) for v, j in zip(vals, idx)
+                    }
+                step = GenStep(
+                    i,
+                    token_id,
+                    text_tok,
+                    float(logp[token_id]),
+                    top,
+                    row_logits.detach().clone() if keep_logits else None,
+                    prompt_index=r,
+                )
                 if run.taps is not None:
                     last = r in finishing
                     upto = len(run.spans) - (1 if pending is not None and not last else 0)
@@ -319,8 +358,9 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
                     step.captured_positions = positions
                     if last:
                         full = torch.cat([rows[r], torch.tensor([generated[r]], device=rows[r].device)], dim=1)
-                        caches[r] = step.cache = Cache(run.collected(r, upto), tokens=full,
-                                                       str_tokens=str_tokens(lm, full))
+                        caches[r] = step.cache = Cache(
+                            run.collected(r, upto), tokens=full, str_tokens=str_tokens(lm, full)
+                        )
                 steps.append(step)
             yield from steps
             active = [r for r in active if r not in finishing]
@@ -330,7 +370,7 @@ def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, *, temper
 
 def _tokens_at(prompt: torch.Tensor, generated: list[int], positions: range) -> torch.Tensor:
     full = torch.cat([prompt, torch.tensor([generated], dtype=prompt.dtype, device=prompt.device)], dim=1)
-    return full[:, positions.start:positions.stop]
+    return full[:, positions.start : positions.stop]
 
 
 def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Any:
@@ -344,6 +384,9 @@ def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -
     for r, ids in enumerate(box["prompt_ids"]):
         gen_ids = box["ids"][r]
         text = lm.tokenizer.decode(gen_ids) if lm.tokenizer is not None else " ".join(map(str, gen_ids))
-        results.append(GenerationResult(ids, gen_ids, text, [s for s in steps if s.prompt_index == r],
-                                        box["reasons"][r], box["caches"][r]))
+        results.append(
+            GenerationResult(
+                ids, gen_ids, text, [s for s in steps if s.prompt_index == r], box["reasons"][r], box["caches"][r]
+            )
+        )
     return results if box["batch"] else results[0]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ from ..points import Scope, Width
 from .capture import capture
 from .model import lm_of
 
-Transport = Union[tuple[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+Transport = tuple[torch.Tensor, torch.Tensor] | Callable[[torch.Tensor], torch.Tensor]
 
 
 def decode_residual(lm: Any, h: torch.Tensor) -> torch.Tensor:
@@ -38,11 +39,14 @@ def _lens_point(point: Any) -> Any:
     from .. import points as _points
 
     if not isinstance(point, str):
-        raise AddressError(f"point must be a point name such as 'resid_post' (no layer: the lens adds them), got "
-                           f"{type(point).__name__}.")
+        raise AddressError(
+            f"point must be a point name such as 'resid_post' (no layer: the lens adds them), got "
+            f"{type(point).__name__}."
+        )
     if "." in point:
-        raise AddressError(f"point takes the name alone ({point.split('.')[0]!r}), not {point!r}: pick the layers "
-                           "with layers=[...].")
+        raise AddressError(
+            f"point takes the name alone ({point.split('.')[0]!r}), not {point!r}: pick the layers with layers=[...]."
+        )
     return _points.get(point)
 
 
@@ -57,19 +61,34 @@ def _check_transports(transports: Any, layers: list[int], d: int) -> dict[int, T
         if isinstance(L, bool) or not isinstance(L, int) or L not in layers:
             raise InputError(f"a transport is given for layer {L!r}, which is not among the lens layers {layers}.")
         if not callable(t):
-            ok = (isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, torch.Tensor) for x in t)
-                  and tuple(t[0].shape) == (d, d) and tuple(t[1].shape) == (d,)
-                  and t[0].is_floating_point() and t[1].is_floating_point())
+            ok = (
+                isinstance(t, (tuple, list))
+                and len(t) == 2
+                and all(isinstance(x, torch.Tensor) for x in t)
+                and tuple(t[0].shape) == (d, d)
+                and tuple(t[1].shape) == (d,)
+                and t[0].is_floating_point()
+                and t[1].is_floating_point()
+            )
             if not ok:
-                raise InputError(f"the transport for layer {L} must be a callable h -> h' or a pair (A, b) of float "
-                                 f"tensors with A [{d}, {d}] and b [{d}] (h @ A + b); got {type(t).__name__}.")
+                raise InputError(
+                    f"the transport for layer {L} must be a callable h -> h' or a pair (A, b) of float "
+                    f"tensors with A [{d}, {d}] and b [{d}] (h @ A + b); got {type(t).__name__}."
+                )
         out[L] = t
     return out
 
 
-def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, k: int = 5,
-               point: str = "resid_post", transports: Mapping[int, Transport] | None = None,
-               keep_logits: bool = False) -> LensResult:
+def logit_lens(
+    model: Any,
+    prompt: Any,
+    layers: Sequence[int] | None = None,
+    *,
+    k: int = 5,
+    point: str = "resid_post",
+    transports: Mapping[int, Transport] | None = None,
+    keep_logits: bool = False,
+) -> LensResult:
     """Decode a d_model point at each layer through the model's own read-out (the logit lens).
 
     transports: optional per-layer maps applied first, h -> h @ A + b (a tuned or Jacobian lens), given
@@ -78,13 +97,17 @@ def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, 
     lm = lm_of(model)
     p = _lens_point(point)
     if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
-        raise AddressError(f"a lens decodes d_model-wide per-layer points (resid_pre, resid_mid, resid_post, ...); "
-                           f"{point} is {p.width.value} wide" + (" and a trunk point" if p.scope is Scope.TRUNK else "")
-                           + ", so it has no read-out.")
+        raise AddressError(
+            f"a lens decodes d_model-wide per-layer points (resid_pre, resid_mid, resid_post, ...); "
+            f"{point} is {p.width.value} wide"
+            + (" and a trunk point" if p.scope is Scope.TRUNK else "")
+            + ", so it has no read-out."
+        )
     vocab = lm.facts.vocab_size
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (vocab and k > vocab):
-        raise InputError(f"k (how many top tokens per cell) must be an integer from 1 to the vocabulary size "
-                         f"{vocab}, got {k!r}.")
+        raise InputError(
+            f"k (how many top tokens per cell) must be an integer from 1 to the vocabulary size {vocab}, got {k!r}."
+        )
     check_flag("keep_logits", keep_logits)
     layers = layer_list(layers, lm.facts)
     addrs = [Address(point, L).check(lm.facts) for L in layers]
@@ -109,8 +132,16 @@ def logit_lens(model: Any, prompt: Any, layers: Sequence[int] | None = None, *, 
     tok = lm.tokenizer
     names = token_names(tok, top_ids_t.tolist())
     note = describe_postprocess(lm.facts) + ("; with per-layer transports" if transports else "")
-    return LensResult(layers, point, str_tokens(lm, ids)[0], top_ids_t, top_probs_t, names, note,
-                      torch.stack(all_logits) if keep_logits else None)
+    return LensResult(
+        layers,
+        point,
+        str_tokens(lm, ids)[0],
+        top_ids_t,
+        top_probs_t,
+        names,
+        note,
+        torch.stack(all_logits) if keep_logits else None,
+    )
 
 
 @dataclass
@@ -123,8 +154,14 @@ class TunedLens:
         return f"TunedLens({self.point}, layers={sorted(self.transports)}, fitted on {self.train_tokens} tokens)"
 
 
-def fit_tuned_lens(model: Any, corpus: Iterable[Any], layers: Sequence[int] | None = None, *,
-                   point: str = "resid_post", ridge: float = 1e-3) -> TunedLens:
+def fit_tuned_lens(
+    model: Any,
+    corpus: Iterable[Any],
+    layers: Sequence[int] | None = None,
+    *,
+    point: str = "resid_post",
+    ridge: float = 1e-3,
+) -> TunedLens:
     """Fit h_L @ A + b ≈ h_last (the residual the final norm reads) by ridge least squares over a corpus."""
 
     import math
@@ -133,17 +170,22 @@ def fit_tuned_lens(model: Any, corpus: Iterable[Any], layers: Sequence[int] | No
     last = lm.facts.n_layers - 1
     p = _lens_point(point)
     if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
-        raise AddressError(f"a tuned lens maps d_model-wide per-layer points (resid_pre, resid_mid, resid_post, ...); "
-                           f"{point} is not one.")
+        raise AddressError(
+            f"a tuned lens maps d_model-wide per-layer points (resid_pre, resid_mid, resid_post, ...); "
+            f"{point} is not one."
+        )
     layers = layer_list(layers, lm.facts)
     for L in layers:
         Address(point, L).check(lm.facts)
     if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not math.isfinite(ridge) or ridge < 0:
         raise InputError(f"ridge must be a finite number >= 0 (the L2 penalty), got {ridge!r}.")
     if isinstance(corpus, (str, bytes, torch.Tensor)) or not hasattr(corpus, "__iter__"):
-        raise InputError("corpus must be an iterable of prompts (texts or token ids), e.g. a list of strings; got "
-                         f"{type(corpus).__name__}" + (" (a single string would be read character by character)"
-                                                       if isinstance(corpus, str) else "") + ".")
+        raise InputError(
+            "corpus must be an iterable of prompts (texts or token ids), e.g. a list of strings; got "
+            f"{type(corpus).__name__}"
+            + (" (a single string would be read character by character)" if isinstance(corpus, str) else "")
+            + "."
+        )
     xs: dict[int, list[torch.Tensor]] = {L: [] for L in layers}
     ys: list[torch.Tensor] = []
     n = 0

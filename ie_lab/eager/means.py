@@ -16,15 +16,17 @@ from .model import lm_of
 # Activation memory one batched forward may take when no batch_size is given. Fixed rather than read from the
 # device: the free memory reported moves with every other allocation, and a reproducible batch split is
 # easier to reason about (the results do not depend on it; only speed does).
-DEFAULT_BUDGET_BYTES = 1024 ** 3
+DEFAULT_BUDGET_BYTES = 1024**3
 
 
 def check_batch_size(batch_size: Any) -> int | None:
     if batch_size is None:
         return None
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size must be a positive integer (rows per forward) or None to size it from "
-                         f"ie_lab.sizing, got {batch_size!r}.")
+        raise InputError(
+            f"batch_size must be a positive integer (rows per forward) or None to size it from "
+            f"ie_lab.sizing, got {batch_size!r}."
+        )
     return batch_size
 
 
@@ -32,7 +34,9 @@ def auto_batch_size(lm: Any, n_tokens: int, points: int) -> int:
     from ..sizing import BYTES, batch_size_for
 
     dtype = str(lm.dtype).replace("torch.", "")
-    return batch_size_for(lm.facts, n_tokens, points, DEFAULT_BUDGET_BYTES, dtype=dtype if dtype in BYTES else "float32")
+    return batch_size_for(
+        lm.facts, n_tokens, points, DEFAULT_BUDGET_BYTES, dtype=dtype if dtype in BYTES else "float32"
+    )
 
 
 def _rows(lm: Any, prompts: Any, side: str) -> list[torch.Tensor]:
@@ -62,8 +66,10 @@ def _one_point(addr: list) -> None:
     if len(addr) != 1:
         raise InputError(f"address must name one point, got {len(addr)}: {[str(a) for a in addr]}.")
     if addr[0].point.is_attention:
-        raise InputError(f"{addr[0]} is an attention matrix, not a per-token activation: a mean over tokens of it "
-                         "is no steering direction; use a residual point such as resid_post.")
+        raise InputError(
+            f"{addr[0]} is an attention matrix, not a per-token activation: a mean over tokens of it "
+            "is no steering direction; use a residual point such as resid_post."
+        )
 
 
 def _mean(lm: Any, rows: list[torch.Tensor], addr: list, batch_size: int | None) -> torch.Tensor:
@@ -72,13 +78,14 @@ def _mean(lm: Any, rows: list[torch.Tensor], addr: list, batch_size: int | None)
         batch_size = auto_batch_size(lm, max(r.shape[1] for r in rows), 1)
     per_prompt = []
     for i in range(0, len(rows), batch_size):
-        for c in _capture_many(lm, rows[i:i + batch_size], addr, False):
+        for c in _capture_many(lm, rows[i : i + batch_size], addr, False):
             per_prompt.append(c[a][0].float().mean(0).cpu())
     return torch.stack(per_prompt).mean(0)
 
 
-def mean_difference(model: Any, positive: Any, negative: Any, address: AddressLike, *,
-                    batch_size: int | None = None) -> torch.Tensor:
+def mean_difference(
+    model: Any, positive: Any, negative: Any, address: AddressLike, *, batch_size: int | None = None
+) -> torch.Tensor:
     """A steering vector: mean(positive) - mean(negative) at `address`, each side a list of prompts.
 
     Each prompt is averaged over its own tokens, then the prompts of a side are averaged, exactly as capturing

@@ -7,7 +7,8 @@ import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,8 +32,11 @@ def _caller_level() -> int:
 
 def attention_drops(config: Mapping[str, Any], impl: str | None) -> list[str]:
     """What attention kernel `impl` leaves out of this config's computation (quirks.ATTENTION_KERNEL_DROPS)."""
-    return [f"{per[impl]} ({key}={config[key]})" for key, per in quirks.ATTENTION_KERNEL_DROPS.items()
-            if config.get(key) and impl in per]
+    return [
+        f"{per[impl]} ({key}={config[key]})"
+        for key, per in quirks.ATTENTION_KERNEL_DROPS.items()
+        if config.get(key) and impl in per
+    ]
 
 
 def choose_attention(config: Mapping[str, Any], asked: str | None) -> tuple[str | None, str]:
@@ -45,8 +49,9 @@ def choose_attention(config: Mapping[str, Any], asked: str | None) -> tuple[str 
         return asked, f"attention {asked} (as asked" + ("; it drops: " + "; ".join(drops) if drops else "") + ")"
     drops = attention_drops(config, "sdpa")
     if drops:
-        return quirks.FAITHFUL_ATTENTION, (f"attention {quirks.FAITHFUL_ATTENTION} (chosen because "
-                                           + "; ".join(drops) + ")")
+        return quirks.FAITHFUL_ATTENTION, (
+            f"attention {quirks.FAITHFUL_ATTENTION} (chosen because " + "; ".join(drops) + ")"
+        )
     return None, ""
 
 
@@ -70,11 +75,15 @@ class EagerModel:
         impl = getattr(hf_model.config, "_attn_implementation", None)
         drops = attention_drops(self.facts.raw, impl)
         if drops:
-            warnings.warn(ComputeDiffersWarning(
-                f"{self.name} runs {impl!r} attention, which changes its answers: {'; '.join(drops)}. To compute "
-                f"what the model defines, load it with attn_implementation={quirks.FAITHFUL_ATTENTION!r} (a folder or "
-                f"id: ie_lab.load(path) picks it), or call model.set_attn_implementation("
-                f"{quirks.FAITHFUL_ATTENTION!r}) on your object first."), stacklevel=_caller_level())
+            warnings.warn(
+                ComputeDiffersWarning(
+                    f"{self.name} runs {impl!r} attention, which changes its answers: {'; '.join(drops)}. To compute "
+                    f"what the model defines, load it with attn_implementation={quirks.FAITHFUL_ATTENTION!r} (a folder or "
+                    f"id: ie_lab.load(path) picks it), or call model.set_attn_implementation("
+                    f"{quirks.FAITHFUL_ATTENTION!r}) on your object first."
+                ),
+                stacklevel=_caller_level(),
+            )
 
     def hold_eval(self) -> bool:
         """Put the model in eval mode (dropout off) for ie_lab's deterministic forwards, remembering each module's
@@ -116,7 +125,14 @@ class EagerModel:
 
         ids = prepare(self, tokens_or_text)[0]
         out = str_tokens(self, ids)
-        return out[0] if (isinstance(tokens_or_text, str) or (isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1)) else out
+        return (
+            out[0]
+            if (
+                isinstance(tokens_or_text, str)
+                or (isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1)
+            )
+            else out
+        )
 
     def steer_raw_forwards(self, spec: Any, gate: Any) -> Any:
         """Hooks, placed now, that steer the raw forwards (self.hf(...)) a `with spec:` block runs: those gate()
@@ -127,8 +143,10 @@ class EagerModel:
 
     def __repr__(self) -> str:
         f = self.facts
-        return (f"EagerModel({self.name!r}, family={f.model_type}, layers={f.n_layers}, d_model={f.d_model}, "
-                f"heads={f.n_heads}/{f.n_kv_heads}kv, device={self.device.type}, dtype={str(self.dtype).replace('torch.', '')})")
+        return (
+            f"EagerModel({self.name!r}, family={f.model_type}, layers={f.n_layers}, d_model={f.d_model}, "
+            f"heads={f.n_heads}/{f.n_kv_heads}kv, device={self.device.type}, dtype={str(self.dtype).replace('torch.', '')})"
+        )
 
 
 # Raw transformers models the eager operations were handed, each bound once (keyed weakly: the caller owns them).

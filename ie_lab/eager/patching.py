@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -42,6 +43,7 @@ def logit_diff(good: int, bad: int, position: int = -1) -> Metric:
         if not -seq <= position < seq:
             raise InputError(f"logit_diff: position {position} is outside the {seq}-token prompt.")
         return (logits[:, position, good] - logits[:, position, bad]).mean()
+
     metric.__name__ = f"logit_diff({good}, {bad})"
     return metric
 
@@ -55,8 +57,9 @@ def _check_positions(positions: Any, seq: int) -> list[int] | None:
     if positions is None:
         return None
     if isinstance(positions, (str, bytes)) or not isinstance(positions, (list, tuple, range, torch.Tensor)):
-        raise InputError(f"positions must be a list of token indices (or None for every position), got "
-                         f"{type(positions).__name__}.")
+        raise InputError(
+            f"positions must be a list of token indices (or None for every position), got {type(positions).__name__}."
+        )
     items = positions.tolist() if isinstance(positions, torch.Tensor) else list(positions)
     if isinstance(items, (int, float)):
         items = [items]
@@ -76,8 +79,10 @@ def _check_positions(positions: Any, seq: int) -> list[int] | None:
 
 def _check_metric(metric: Any) -> None:
     if not callable(metric):
-        raise InputError(f"metric must be a function of the logits [batch, seq, vocab] returning a scalar, got "
-                         f"{type(metric).__name__}; e.g. ie_lab.logit_diff(good_id, bad_id).")
+        raise InputError(
+            f"metric must be a function of the logits [batch, seq, vocab] returning a scalar, got "
+            f"{type(metric).__name__}; e.g. ie_lab.logit_diff(good_id, bad_id)."
+        )
 
 
 def _replacement(src: torch.Tensor, positions: Sequence[int] | None) -> Callable[[torch.Tensor, int], torch.Tensor]:
@@ -88,11 +93,13 @@ def _replacement(src: torch.Tensor, positions: Sequence[int] | None) -> Callable
         out = t.clone()
         out[:, list(positions)] = s[:, list(positions)]
         return out
+
     return edit
 
 
-def run_with_patches(model: Any, prompt: Any, patches: Mapping[AddressLike, torch.Tensor], *,
-                     positions: Sequence[int] | None = None) -> torch.Tensor:
+def run_with_patches(
+    model: Any, prompt: Any, patches: Mapping[AddressLike, torch.Tensor], *, positions: Sequence[int] | None = None
+) -> torch.Tensor:
     """Run prompt with the given points replaced (at all positions, or only `positions`); returns logits."""
     lm = lm_of(model)
     if not isinstance(patches, Mapping):
@@ -103,23 +110,33 @@ def run_with_patches(model: Any, prompt: Any, patches: Mapping[AddressLike, torc
     for a, t in patches.items():
         addr = parse_addresses(lm, [a])[0]
         if addr.name not in WRITABLE:
-            raise CapabilityUnsupported(f"patching {addr.name}", "its value is read inside the attention call, so a "
-                                        "replacement would not flow on.", "patch z, attn_out or a residual point.")
+            raise CapabilityUnsupported(
+                f"patching {addr.name}",
+                "its value is read inside the attention call, so a replacement would not flow on.",
+                "patch z, attn_out or a residual point.",
+            )
         expected = (ids.shape[0], ids.shape[1])
         if not isinstance(t, torch.Tensor) or t.dim() != 3 or tuple(t.shape[:2]) != expected:
             got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise InputError(f"the patch for {addr} has shape {got} but this prompt needs [batch={expected[0]}, "
-                             f"seq={expected[1]}, width]; patch sources must come from a prompt of the same length.")
+            raise InputError(
+                f"the patch for {addr} has shape {got} but this prompt needs [batch={expected[0]}, "
+                f"seq={expected[1]}, width]; patch sources must come from a prompt of the same length."
+            )
         width = _width(lm, addr)
         if width is not None and t.shape[-1] != width:
-            raise InputError(f"the patch for {addr} is {t.shape[-1]} wide, but {addr.name} is {width} wide on this "
-                             "model; patch with a tensor captured at the same point.")
+            raise InputError(
+                f"the patch for {addr} is {t.shape[-1]} wide, but {addr.name} is {width} wide on this "
+                "model; patch with a tensor captured at the same point."
+            )
         if not t.is_floating_point():
-            raise InputError(f"the patch for {addr} has dtype {t.dtype}; activations are floating point (capture "
-                             "the source, or convert with .float()).")
+            raise InputError(
+                f"the patch for {addr} has dtype {t.dtype}; activations are floating point (capture "
+                "the source, or convert with .float())."
+            )
         if not bool(torch.isfinite(t).all()):
-            raise InputError(f"the patch for {addr} contains nan or inf values; they would spread through every later "
-                             "layer.")
+            raise InputError(
+                f"the patch for {addr} contains nan or inf values; they would spread through every later layer."
+            )
         edits.append((addr, _replacement(t, positions)))
     with lm.lock, torch.no_grad(), Writers(lm, edits) as w:
         w.shape = (ids.shape[0], ids.shape[1])
@@ -131,12 +148,21 @@ def _width(lm: Any, addr: Address) -> int | None:
     from ..points import Width
 
     f = lm.facts
-    return {Width.D_MODEL: f.d_model, Width.HEADS: f.n_heads * f.head_dim, Width.KV_HEADS: f.n_kv_heads * f.head_dim,
-            }.get(addr.point.width, None)
+    return {
+        Width.D_MODEL: f.d_model,
+        Width.HEADS: f.n_heads * f.head_dim,
+        Width.KV_HEADS: f.n_kv_heads * f.head_dim,
+    }.get(addr.point.width, None)
 
 
-def patch(model: Any, prompt: Any, source: Cache | Any, addresses: AddressLike | Iterable[AddressLike], *,
-          positions: Sequence[int] | None = None) -> torch.Tensor:
+def patch(
+    model: Any,
+    prompt: Any,
+    source: Cache | Any,
+    addresses: AddressLike | Iterable[AddressLike],
+    *,
+    positions: Sequence[int] | None = None,
+) -> torch.Tensor:
     """Run `prompt` with `addresses` taken from `source` (a Cache, or another prompt to capture them from)."""
     lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
@@ -155,18 +181,29 @@ class PatchGrid:
     metric: str
 
     def __repr__(self) -> str:
-        return (f"PatchGrid({self.metric}: {len(self.rows)} x {len(self.cols)}; clean {self.clean:.3f}, corrupted "
-                f"{self.corrupted:.3f}, best {float(self.values.max()):.3f} at "
-                f"{self.rows[int(self.values.argmax()) // len(self.cols)]} / "
-                f"{self.cols[int(self.values.argmax()) % len(self.cols)]})")
+        return (
+            f"PatchGrid({self.metric}: {len(self.rows)} x {len(self.cols)}; clean {self.clean:.3f}, corrupted "
+            f"{self.corrupted:.3f}, best {float(self.values.max()):.3f} at "
+            f"{self.rows[int(self.values.argmax()) // len(self.cols)]} / "
+            f"{self.cols[int(self.values.argmax()) % len(self.cols)]})"
+        )
 
     def plot(self):
         import plotly.graph_objects as go
 
-        fig = go.Figure(go.Heatmap(z=self.values.cpu().numpy(), x=self.cols, y=self.rows, colorscale="RdBu",
-                                   zmid=self.corrupted, colorbar=dict(title=self.metric)))
-        fig.update_layout(title=f"Activation patching ({self.metric}); clean={self.clean:.2f}, "
-                                f"corrupted={self.corrupted:.2f}")
+        fig = go.Figure(
+            go.Heatmap(
+                z=self.values.cpu().numpy(),
+                x=self.cols,
+                y=self.rows,
+                colorscale="RdBu",
+                zmid=self.corrupted,
+                colorbar=dict(title=self.metric),
+            )
+        )
+        fig.update_layout(
+            title=f"Activation patching ({self.metric}); clean={self.clean:.2f}, corrupted={self.corrupted:.2f}"
+        )
         return fig
 
 
@@ -175,13 +212,24 @@ def _scalar(x: Any) -> float:
         return float(x.detach() if isinstance(x, torch.Tensor) else x)
     except (TypeError, ValueError, RuntimeError):
         shape = f" of shape {list(x.shape)}" if isinstance(x, torch.Tensor) else ""
-        raise InputError(f"the metric must return a scalar (a number or a one-element tensor), got "
-                         f"{type(x).__name__}{shape}; reduce it, e.g. with .sum() or .mean().") from None
+        raise InputError(
+            f"the metric must return a scalar (a number or a one-element tensor), got "
+            f"{type(x).__name__}{shape}; reduce it, e.g. with .sum() or .mean()."
+        ) from None
 
 
-def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point: str = "resid_pre",
-                over: str = "layer_position", layers: Sequence[int] | None = None, progress: bool = True,
-                batch_size: int | None = None) -> PatchGrid:
+def patch_sweep(
+    model: Any,
+    clean: Any,
+    corrupted: Any,
+    metric: Metric,
+    *,
+    point: str = "resid_pre",
+    over: str = "layer_position",
+    layers: Sequence[int] | None = None,
+    progress: bool = True,
+    batch_size: int | None = None,
+) -> PatchGrid:
     """Patch clean activations into the corrupted run one cell at a time and record the metric.
 
     over="layer_position": every (layer, position) of `point`; over="layer_head": every (layer, head) of z.
@@ -190,7 +238,6 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     ie_lab.sizing.batch_size_for; batch_size=1 is one forward per cell. The grid does not depend on it.
     """
     from tqdm.auto import tqdm
-
 
     lm = lm_of(model)
     if not isinstance(over, str) or over not in ("layer_position", "layer_head"):
@@ -206,8 +253,10 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     c_ids, _ = prepare(lm, clean)
     x_ids, _ = prepare(lm, corrupted)
     if c_ids.shape != x_ids.shape:
-        raise InputError(f"clean and corrupted prompts must have the same token length to patch position by "
-                         f"position (got {c_ids.shape[1]} and {x_ids.shape[1]}).")
+        raise InputError(
+            f"clean and corrupted prompts must have the same token length to patch position by "
+            f"position (got {c_ids.shape[1]} and {x_ids.shape[1]})."
+        )
     addrs = [Address(point, L).check(lm.facts) for L in layers]
     src = capture(lm, c_ids, addrs)
     with torch.no_grad():
@@ -222,19 +271,23 @@ def patch_sweep(model: Any, clean: Any, corrupted: Any, metric: Metric, *, point
     bar = tqdm(total=len(cells), desc=f"patching {point}", disable=not progress)
     try:
         for k in range(0, len(cells), batch_size):
-            chunk = cells[k:k + batch_size]
+            chunk = cells[k : k + batch_size]
             for (i, j), v in zip(chunk, _sweep_batch(lm, x_ids, src, addrs, chunk, over)):
                 grid[i, j] = _scalar(metric(v))
             bar.update(len(chunk))
     finally:
         bar.close()
-    cols = ([f"{p}:{t}" for p, t in enumerate(str_tokens(lm, x_ids)[0])] if over == "layer_position"
-            else [f"head {h}" for h in range(n_cols)])
+    cols = (
+        [f"{p}:{t}" for p, t in enumerate(str_tokens(lm, x_ids)[0])]
+        if over == "layer_position"
+        else [f"head {h}" for h in range(n_cols)]
+    )
     return PatchGrid(grid, [str(a) for a in addrs], cols, clean_m, corr_m, getattr(metric, "__name__", "metric"))
 
 
-def _sweep_batch(lm: Any, x_ids: torch.Tensor, src: Cache, addrs: list[Address], chunk: list[tuple[int, int]],
-                 over: str) -> list[torch.Tensor]:
+def _sweep_batch(
+    lm: Any, x_ids: torch.Tensor, src: Cache, addrs: list[Address], chunk: list[tuple[int, int]], over: str
+) -> list[torch.Tensor]:
     """One forward of the corrupted prompt repeated len(chunk) times, row r patched at cell chunk[r] only;
     the logits of each cell as a [batch, seq, vocab] tensor (what the metric sees unbatched)."""
     rows_of: dict[tuple[int, int | None], list[tuple[int, int]]] = {}
@@ -245,26 +298,30 @@ def _sweep_batch(lm: Any, x_ids: torch.Tensor, src: Cache, addrs: list[Address],
 
     def block(r: int) -> slice:
         return slice(r * b, (r + 1) * b)
+
     edits = []
     for (i, head), rs in rows_of.items():
         a = addrs[i]
         if over == "layer_position":
+
             def edit(t: torch.Tensor, off: int, s: torch.Tensor = src[a], rs: list = rs) -> torch.Tensor:
                 out = t.clone()
                 s = s.to(t)
                 for r, j in rs:
                     out[block(r), j] = s[:, j]
                 return out
+
             edits.append((a, edit))
         else:
             d = lm.facts.head_dim
-            head_src = src[a][..., head * d:(head + 1) * d]
+            head_src = src[a][..., head * d : (head + 1) * d]
 
             def edit(t: torch.Tensor, off: int, s: torch.Tensor = head_src, rs: list = rs) -> torch.Tensor:
                 out = t.clone()
                 for r, _ in rs:
                     out[block(r)] = s.to(t)
                 return out
+
             edits.append((Address("z", a.layer, head=head), edit))
     ids = x_ids.repeat(len(chunk), 1)
     with lm.lock, torch.no_grad(), Writers(lm, edits) as w:
@@ -272,23 +329,37 @@ def _sweep_batch(lm: Any, x_ids: torch.Tensor, src: Cache, addrs: list[Address],
         logits = _forward(lm, ids, None)
     return [logits[block(r)] for r in range(len(chunk))]
 
+
 def _check_patchable(point: Any) -> None:
     if not isinstance(point, str):
-        raise InputError(f"point must be a point name such as 'resid_pre' (the layers come from layers=), got "
-                         f"{type(point).__name__}.")
+        raise InputError(
+            f"point must be a point name such as 'resid_pre' (the layers come from layers=), got "
+            f"{type(point).__name__}."
+        )
     if point not in WRITABLE:
         from .. import points as _points
 
         if "." in point:
-            raise InputError(f"point takes the name alone ({point.split('.')[0]!r}), not {point!r}: pick the layers "
-                             "with layers=[...].")
+            raise InputError(
+                f"point takes the name alone ({point.split('.')[0]!r}), not {point!r}: pick the layers "
+                "with layers=[...]."
+            )
         _points.get(point)  # an unknown name: the registry's error, with a suggestion
-        raise CapabilityUnsupported(f"patching {point}", "its value is read inside the attention call, so a "
-                                    "replacement would not flow on.", "patch z, attn_out or a residual point.")
+        raise CapabilityUnsupported(
+            f"patching {point}",
+            "its value is read inside the attention call, so a replacement would not flow on.",
+            "patch z, attn_out or a residual point.",
+        )
 
 
-def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: AddressLike | Iterable[AddressLike],
-              *, of: AddressLike | Iterable[AddressLike] | None = None) -> Cache:
+def gradients(
+    model: Any,
+    prompt: Any,
+    metric: Callable[[Any], Any],
+    addresses: AddressLike | Iterable[AddressLike],
+    *,
+    of: AddressLike | Iterable[AddressLike] | None = None,
+) -> Cache:
     """d metric / d point for each address (the total derivative through everything downstream).
 
     The metric receives the logits [batch, seq, vocab] by default; with ``of="resid_post.3"`` the tensor of
@@ -297,17 +368,24 @@ def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: 
     """
     lm = lm_of(model)
     if getattr(lm, "backend", "eager") != "eager":
-        raise CapabilityUnsupported("gradients", f"the {lm.backend} backend runs inference kernels without autograd.",
-                                    "load the model with backend='eager'.")
+        raise CapabilityUnsupported(
+            "gradients",
+            f"the {lm.backend} backend runs inference kernels without autograd.",
+            "load the model with backend='eager'.",
+        )
     if not callable(metric):
-        raise InputError(f"metric must be a function returning a scalar tensor, got {type(metric).__name__}; e.g. "
-                         "ie_lab.logit_diff(good_id, bad_id), or lambda t: t[0, -1].norm() with of='resid_post.1'.")
+        raise InputError(
+            f"metric must be a function returning a scalar tensor, got {type(metric).__name__}; e.g. "
+            "ie_lab.logit_diff(good_id, bad_id), or lambda t: t[0, -1].norm() with of='resid_post.1'."
+        )
     addrs = parse_addresses(lm, addresses)
     for a in addrs:
         if a.name not in WRITABLE:
-            raise CapabilityUnsupported(f"gradients with respect to {a.name}",
-                                        "it is read inside the attention call, off the autograd path ie_lab can tap.",
-                                        "take gradients with respect to z or a residual point.")
+            raise CapabilityUnsupported(
+                f"gradients with respect to {a.name}",
+                "it is read inside the attention call, off the autograd path ie_lab can tap.",
+                "take gradients with respect to z or a residual point.",
+            )
     single = isinstance(of, (str, Address))
     measured = parse_addresses(lm, of) if of is not None else []
     ids, mask = prepare(lm, prompt)
@@ -318,6 +396,7 @@ def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: 
             leaf = torch.zeros_like(t, requires_grad=True)
             leaves[a] = leaf
             return t + leaf  # same value; its gradient is d metric / d point
+
         return edit
 
     taps = Taps(lm, measured, grad=True) if measured else None  # refuses absent points before any hook exists
@@ -337,25 +416,39 @@ def gradients(model: Any, prompt: Any, metric: Callable[[Any], Any], addresses: 
             for m in measured:
                 parts = taps.collected.get(m.without_head(), [])
                 if len(parts) != 1:
-                    raise StructureError(f"{m} was seen {len(parts)} times in one forward (expected once), so "
-                                         "ie_lab will not pick one to measure.")
+                    raise StructureError(
+                        f"{m} was seen {len(parts)} times in one forward (expected once), so "
+                        "ie_lab will not pick one to measure."
+                    )
                 seen[m] = slice_head(m, parts[0], lm.facts)
             arg = seen[measured[0]] if single else Cache(seen, tokens=ids, str_tokens=str_tokens(lm, ids))
         value = metric(arg)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             what = "the logits" if taps is None else ("the point's tensor" if single else "the cache of points")
-            raise InputError(f"the metric must return a scalar tensor computed from {what}, got "
-                             f"{type(value).__name__}" + (f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor)
-                                                         else "") + "; reduce it, e.g. with .sum() or .mean().")
+            raise InputError(
+                f"the metric must return a scalar tensor computed from {what}, got "
+                f"{type(value).__name__}"
+                + (f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else "")
+                + "; reduce it, e.g. with .sum() or .mean()."
+            )
         # A metric read upstream of every point (or not from the model at all) does not depend on them: zeros.
-        grads = (torch.autograd.grad(value, [leaves[a] for a in addrs], allow_unused=True) if value.requires_grad
-                 else [None] * len(addrs))
+        grads = (
+            torch.autograd.grad(value, [leaves[a] for a in addrs], allow_unused=True)
+            if value.requires_grad
+            else [None] * len(addrs)
+        )
     out = {a: (g if g is not None else torch.zeros_like(leaves[a])).detach() for a, g in zip(addrs, grads)}
     return Cache(out, tokens=ids, str_tokens=str_tokens(lm, ids))
 
 
-def attribution_patch(model: Any, clean: Any, corrupted: Any, metric: Metric, point: str = "resid_pre",
-                      layers: Sequence[int] | None = None) -> PatchGrid:
+def attribution_patch(
+    model: Any,
+    clean: Any,
+    corrupted: Any,
+    metric: Metric,
+    point: str = "resid_pre",
+    layers: Sequence[int] | None = None,
+) -> PatchGrid:
     """The linear estimate of patch_sweep: grad(corrupted) · (clean - corrupted) per layer and position."""
     lm = lm_of(model)
     _check_metric(metric)

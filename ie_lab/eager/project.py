@@ -25,6 +25,7 @@ from .taps import Taps
 
 # ---- the hooks ------------------------------------------------------------------------------------------
 
+
 class _ProjTaps(Taps):
     """Taps that keep the scores of each forward's rows instead of the rows themselves."""
 
@@ -53,6 +54,7 @@ class _ProjTaps(Taps):
                 ids = kwargs.get("inputs_embeds")
             if ids is not None:
                 self.shape = (int(ids.shape[0]), int(ids.shape[1]))
+
         self._shape_handle = self.lm.hf.register_forward_pre_hook(shape, with_kwargs=True)
         try:
             return super().__enter__()
@@ -67,9 +69,20 @@ class _ProjTaps(Taps):
         super().close()
 
 
-def project(model: Any, prompt: Any, address: Any, directions: Any, *, bias: Any = None,
-            activation: str | None = None, threshold: Any = None, k: Any = None, max_new_tokens: int = 0,
-            steer: Any = None, **gen: Any) -> Projection:
+def project(
+    model: Any,
+    prompt: Any,
+    address: Any,
+    directions: Any,
+    *,
+    bias: Any = None,
+    activation: str | None = None,
+    threshold: Any = None,
+    k: Any = None,
+    max_new_tokens: int = 0,
+    steer: Any = None,
+    **gen: Any,
+) -> Projection:
     """Per-token scores [tokens, k] of `address` against probe directions or an SAE encoder (docs/PROJECTION.md).
 
     Every argument is checked before a hook is placed. With max_new_tokens > 0 the model generates (greedy
@@ -93,9 +106,11 @@ def project(model: Any, prompt: Any, address: Any, directions: Any, *, bias: Any
         taps = _ProjTaps(lm, addr, enc)  # refuses a point this family lacks before any hook exists
         with taps:
             if n_new == 0:
+
                 def forward():
                     with torch.no_grad():
                         lm.hf(input_ids=ids, use_cache=False)
+
                 run_issued(lm, specs, forward)
             else:
                 res = generate(lm, ids, n_new, steer=specs, keep_logits=False, **gen)
@@ -105,8 +120,10 @@ def project(model: Any, prompt: Any, address: Any, directions: Any, *, bias: Any
     sc = torch.cat([p.reshape(-1, enc.k) for p in taps.parts])
     read = torch.cat([ids[0].cpu(), torch.tensor(generated, dtype=ids.dtype)])[: sc.shape[0]]
     if sc.shape[0] != read.shape[0]:
-        raise StructureError(f"{addr}: {sc.shape[0]} rows for {read.shape[0]} tokens read; the point is seen more "
-                             "than once per forward on this family.")
+        raise StructureError(
+            f"{addr}: {sc.shape[0]} rows for {read.shape[0]} tokens read; the point is seen more "
+            "than once per forward on this family."
+        )
     tok = lm.tokenizer
     text = tok.decode(generated) if (tok is not None and generated) else ""
     return Projection(addr, sc, read, str_tokens(lm, read[None])[0], generated, text)

@@ -15,7 +15,8 @@ The hooks themselves are in steer_hooks.py.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from ..address import AddressLike
 from ..core.steer_scope import CURRENT_OP, Op
@@ -26,8 +27,9 @@ from .steer_hooks import steering
 
 
 @contextlib.contextmanager
-def running(ctx: "steering | None", specs: Sequence[Any] = (), *, offset: int = 0,
-            shape: tuple[int, int] | None = None) -> Iterator[None]:
+def running(
+    ctx: "steering | None", specs: Sequence[Any] = (), *, offset: int = 0, shape: tuple[int, int] | None = None
+) -> Iterator[None]:
     """Mark the forwards run inside as an operation's: its own hooks (ctx) act, `with`-block hooks do not.
 
     Set and reset within one synchronous stretch, so it never spans a generator's yield.

@@ -11,18 +11,19 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from .. import points as _points
 from ..address import Address
+from ..arch import attention_tap
 from ..arch.binder import LayerBinding, first_tensor, hidden_arg, split_fused_qkv
 from ..errors import CapabilityUnsupported
 from ..ops.attention import scores_and_probs
-from ..arch import attention_tap
 
 # kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output),
 # "attn" an attention-interface
@@ -94,8 +95,7 @@ def resolve(lm: Any, addr: Address) -> Source:
             return Source("post", lb.v_proj, lambda t: t)
         f = lm.facts
         layout = lb.fused_qkv_layout
-        return Source("post", lb.fused_qkv,
-                      lambda t: split_fused_qkv(t, layout, f.n_heads, f.n_kv_heads, f.head_dim))
+        return Source("post", lb.fused_qkv, lambda t: split_fused_qkv(t, layout, f.n_heads, f.n_kv_heads, f.head_dim))
     if name in ("attn_scores", "attn_probs"):
         if lb.uses_attention_interface:
             return Source("attn", lb.attn, _scores_from_call if name == "attn_scores" else _probs_from_call)
@@ -138,7 +138,9 @@ def resolve(lm: Any, addr: Address) -> Source:
             return Source("pre", lb.down_proj, lambda t: t)
         if lb.fused_gate_up is not None:
             first = (name == "mlp_pre") == lb.fused_gate_first
-            return Source("post", lb.fused_gate_up, (lambda t: t.chunk(2, -1)[0]) if first else (lambda t: t.chunk(2, -1)[1]))
+            return Source(
+                "post", lb.fused_gate_up, (lambda t: t.chunk(2, -1)[0]) if first else (lambda t: t.chunk(2, -1)[1])
+            )
         if name == "mlp_pre":
             mod = lb.gate_proj if lb.gate_proj is not None else lb.up_proj
             return Source("post", mod, lambda t: t)
@@ -150,9 +152,11 @@ def resolve(lm: Any, addr: Address) -> Source:
             return Source("post_raw", lb.router, _router_logits)
         if not lb.routing_args:  # measured by the binder on its probe forward
             raise CapabilityUnsupported(
-                name, f"{fam}'s experts module is not called with the expert indices and routing weights (the "
+                name,
+                f"{fam}'s experts module is not called with the expert indices and routing weights (the "
                 "binder's probe saw no such pair among its arguments), so ie_lab has nowhere faithful to read them.",
-                "capture router_logits (where served) or mlp_out.")
+                "capture router_logits (where served) or mlp_out.",
+            )
         return Source("moe_args", lb.experts, _dense_weights if name == "expert_weights" else _dense_indices)
     if name == "mlp_out":
         return Source("post", lb.mlp_out_module, lambda t: t)
@@ -164,6 +168,7 @@ def resolve(lm: Any, addr: Address) -> Source:
 
 
 # ---- transforms that need more than one tensor ---------------------------------------------------
+
 
 def _value_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
     q_len = call.query.shape[2]
@@ -181,8 +186,12 @@ def _recompute(call: attention_tap.AttentionCall) -> tuple[torch.Tensor, torch.T
         return cached
     softcap = None if call.implementation in _IGNORES_SOFTCAP else call.kwargs.get("softcap")
     call._ie_lab_recomputed = out = scores_and_probs(
-        call.query, call.key, scaling=call.scaling, attention_mask=call.attention_mask,
-        softcap=softcap, sliding_window=call.kwargs.get("sliding_window"),
+        call.query,
+        call.key,
+        scaling=call.scaling,
+        attention_mask=call.attention_mask,
+        softcap=softcap,
+        sliding_window=call.kwargs.get("sliding_window"),
         sinks=call.kwargs.get("s_aux", call.kwargs.get("sinks")),
     )
     return out
@@ -210,16 +219,20 @@ def _router_logits(out: Any, shape: tuple[int, int], n_experts: int) -> torch.Te
     # Routers return logits alone or inside a tuple whose order varies by family (GraniteMoE puts indices
     # first): take the floating tensor that is n_experts wide.
     items = out if isinstance(out, (tuple, list)) else (out,)
-    t = next((x for x in items if isinstance(x, torch.Tensor) and x.is_floating_point() and x.shape[-1] == n_experts),
-             None)
+    t = next(
+        (x for x in items if isinstance(x, torch.Tensor) and x.is_floating_point() and x.shape[-1] == n_experts), None
+    )
     if t is None:
-        raise CapabilityUnsupported("router_logits", "the router returned no tensor as wide as the expert count.",
-                                    "capture expert_weights.")
+        raise CapabilityUnsupported(
+            "router_logits", "the router returned no tensor as wide as the expert count.", "capture expert_weights."
+        )
     return t.reshape(shape[0], shape[1], n_experts)
 
 
 def _routing(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    tensors = [a for a in args if isinstance(a, torch.Tensor)] + [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    tensors = [a for a in args if isinstance(a, torch.Tensor)] + [
+        v for v in kwargs.values() if isinstance(v, torch.Tensor)
+    ]
     idx = next(t for t in tensors if not t.is_floating_point())
     w = next(t for t in tensors if t.is_floating_point() and t.shape == idx.shape)
     return idx, w
@@ -242,6 +255,7 @@ def _dense_indices(routing: tuple[torch.Tensor, torch.Tensor], shape: tuple[int,
 
 
 # ---- placing hooks ---------------------------------------------------------------------------------
+
 
 class Taps:
     """Hooks for a set of addresses; ``collected[base]`` lists one tensor per forward that ran."""
@@ -290,22 +304,27 @@ class Taps:
             for (_, kind), items in by_module.items():
                 module = items[0][1].module
                 if kind == "pre":
+
                     def pre(mod, args, kwargs, items=items):
                         if not self._mine():
                             return
                         h = hidden_arg(args, kwargs)
                         for base, src in items:
                             self._keep(base, src.transform(h))
+
                     self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
                 elif kind == "moe_args":
+
                     def moe(mod, args, kwargs, items=items):
                         if not self._mine():
                             return
                         routing = _routing(args, kwargs)
                         for base, src in items:
                             self._keep(base, src.transform(routing, self.shape, n_experts))
+
                     self._handles.append(module.register_forward_pre_hook(moe, with_kwargs=True))
                 elif kind in ("post", "post_raw", "attn_out_full"):
+
                     def post(mod, args, kwargs, out, items=items, kind=kind):
                         if not self._mine():
                             return
@@ -316,13 +335,16 @@ class Taps:
                                 self._keep(base, src.transform(out, self.shape, n_experts))
                             else:  # transforms that need the whole output and the forward's shape
                                 self._keep(base, src.transform(out, self.shape))
+
                     self._handles.append(module.register_forward_hook(post, with_kwargs=True))
                 elif kind == "attn":
+
                     def listen(mod, call, items=items):
                         if not self._mine():
                             return
                         for base, src in items:
                             self._keep(base, src.transform(call, self.shape))
+
                     listeners[id(module)] = listen
             self._stack = contextlib.ExitStack()
             if listeners:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -85,8 +86,11 @@ class Writers:
                     "write z (per head), attn_out, or a residual point instead.",
                 )
             if addr.head is not None and addr.name != "z":
-                raise CapabilityUnsupported(f"writing one head of {addr.name}", "only z is written per head.",
-                                            f"write z.{addr.layer}.head-{addr.head}.")
+                raise CapabilityUnsupported(
+                    f"writing one head of {addr.name}",
+                    "only z is written per head.",
+                    f"write z.{addr.layer}.head-{addr.head}.",
+                )
         self._handles: list[Any] = []
 
     def _edit3(self, t: torch.Tensor, edit: Edit) -> torch.Tensor:
@@ -99,12 +103,14 @@ class Writers:
         def hook(mod, args, kwargs):
             h = hidden_arg(args, kwargs)
             return _replace_hidden(args, kwargs, self._edit3(h, edit))
+
         self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
 
     def _post(self, module: torch.nn.Module, edit: Edit) -> None:
         def hook(mod, args, kwargs, out):
             t = out if isinstance(out, torch.Tensor) else next(x for x in out if isinstance(x, torch.Tensor))
             return _replace_output(out, self._edit3(t, edit))
+
         self._handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
 
     def _place(self, addr: Address, edit: Edit) -> None:
@@ -130,8 +136,9 @@ class Writers:
 
                 def head_edit(t: torch.Tensor, off: int, edit=edit) -> torch.Tensor:
                     out = t.clone()
-                    out[..., h * d:(h + 1) * d] = edit(t[..., h * d:(h + 1) * d], off)
+                    out[..., h * d : (h + 1) * d] = edit(t[..., h * d : (h + 1) * d], off)
                     return out
+
                 return self._pre(lb.o_proj, head_edit)
             return self._pre(lb.o_proj, edit)
         if n == "attn_out":
@@ -145,9 +152,12 @@ class Writers:
         if n == "resid_mid":
             # resid_mid = resid_pre + m * c, where c is attention's (post-norm) output: edit it through c.
             seen: dict[int, torch.Tensor] = {}  # per thread: two threads' forwards may pass this layer at once
-            self._handles.append(lb.layer.register_forward_pre_hook(
-                lambda mod, args, kwargs: seen.__setitem__(threading.get_ident(), hidden_arg(args, kwargs)),
-                with_kwargs=True))
+            self._handles.append(
+                lb.layer.register_forward_pre_hook(
+                    lambda mod, args, kwargs: seen.__setitem__(threading.get_ident(), hidden_arg(args, kwargs)),
+                    with_kwargs=True,
+                )
+            )
             mult = lb.attn_multiplier or 1.0
             module = lb.post_attn_norm if lb.post_attn_norm is not None else lb.o_proj
 
@@ -155,6 +165,7 @@ class Writers:
                 x, _ = _as3d(seen[threading.get_ident()], self.shape)
                 r = x + mult * c
                 return (edit(r, off) - x) / mult
+
             return self._post(module, via_attention)
         if n == "mlp_in":
             return self._pre(lb.mlp_in_module, edit)
@@ -167,6 +178,7 @@ class Writers:
                 def half(t: torch.Tensor, off: int) -> torch.Tensor:
                     a, c = t.chunk(2, -1)
                     return torch.cat([edit(a, off), c] if first else [a, edit(c, off)], -1)
+
                 return self._post(lb.fused_gate_up, half)
             module = (lb.gate_proj or lb.up_proj) if n == "mlp_pre" else lb.up_proj
             return self._post(module, edit)

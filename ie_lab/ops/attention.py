@@ -67,7 +67,7 @@ def scores_and_probs(
         scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None and attention_mask.dtype != torch.bool and attention_mask.dim() == 4:
         # An additive mask may carry biases besides the -inf pattern; keep them where allowed.
-        add = attention_mask[..., -q.shape[2]:, -k.shape[2]:].float()
+        add = attention_mask[..., -q.shape[2] :, -k.shape[2] :].float()
         ok = add > torch.finfo(attention_mask.dtype).min / 2
         scores = scores + torch.where(ok, add, torch.zeros_like(add))
     else:

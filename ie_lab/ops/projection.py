@@ -49,8 +49,9 @@ class Encoder:
     def tensors_on(self, device: torch.device) -> tuple:
         key = str(device)
         if key not in self._on:  # moved once per device: a GPU worker applies it on every forward
-            self._on[key] = tuple(None if t is None else t.to(device) for t in (self.W, self.b, self.b_dec,
-                                                                                self.threshold))
+            self._on[key] = tuple(
+                None if t is None else t.to(device) for t in (self.W, self.b, self.b_dec, self.threshold)
+            )
         return self._on[key]
 
 
@@ -82,11 +83,23 @@ def scores(x: torch.Tensor, enc: Encoder) -> torch.Tensor:
 def to_plain(enc: Encoder, pack) -> dict:
     """The encoder as plain data (tensors through ``pack``) for the trip to a vLLM worker."""
     p = lambda t: None if t is None else pack(t)  # noqa: E731
-    return {"W": p(enc.W), "b": p(enc.b), "b_dec": p(enc.b_dec), "activation": enc.activation,
-            "threshold": p(enc.threshold), "topk": enc.topk}
+    return {
+        "W": p(enc.W),
+        "b": p(enc.b),
+        "b_dec": p(enc.b_dec),
+        "activation": enc.activation,
+        "threshold": p(enc.threshold),
+        "topk": enc.topk,
+    }
 
 
 def from_plain(d: dict, unpack) -> Encoder:
     u = lambda t: None if t is None else unpack(t).float()  # noqa: E731
-    return Encoder(unpack(d["W"]).float(), u(d.get("b")), u(d.get("b_dec")), d.get("activation", "none"), u(d.get("threshold")),
-                   d.get("topk"))
+    return Encoder(
+        unpack(d["W"]).float(),
+        u(d.get("b")),
+        u(d.get("b_dec")),
+        d.get("activation", "none"),
+        u(d.get("threshold")),
+        d.get("topk"),
+    )

@@ -26,7 +26,7 @@ def _unit(v: torch.Tensor) -> torch.Tensor:
     n = v.float().norm()
     if not torch.isfinite(n) or float(n) == 0.0:
         raise ValueError("the steering direction has zero (or non-finite) norm, so it has no unit vector")
-    return (v.float() / n)
+    return v.float() / n
 
 
 def _blend(h: torch.Tensor, new: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -75,8 +75,14 @@ def swap(h, v, *, target: float = 0.0, mask=None):
     return _blend(h, h.float() + (target - _proj(h, u)) * u, mask)
 
 
-FUNCTIONS = {"add": add, "orthogonal": orthogonal, "cap": cap, "norm_scaled_add": norm_scaled_add,
-             "ablate": ablate, "swap": swap}
+FUNCTIONS = {
+    "add": add,
+    "orthogonal": orthogonal,
+    "cap": cap,
+    "norm_scaled_add": norm_scaled_add,
+    "ablate": ablate,
+    "swap": swap,
+}
 
 
 def check_vector(v: torch.Tensor, d_model: int, *, needs_unit: bool) -> None:
@@ -84,8 +90,10 @@ def check_vector(v: torch.Tensor, d_model: int, *, needs_unit: bool) -> None:
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"a steering vector is a torch.Tensor, got {type(v).__name__}")
     if v.dim() != 1 or v.shape[0] != d_model:
-        raise ValueError(f"the steering vector has shape {list(v.shape)} but this point is d_model = {d_model} wide; "
-                         "pass a 1-D tensor of that width (e.g. a difference of mean resid_post activations).")
+        raise ValueError(
+            f"the steering vector has shape {list(v.shape)} but this point is d_model = {d_model} wide; "
+            "pass a 1-D tensor of that width (e.g. a difference of mean resid_post activations)."
+        )
     if not torch.isfinite(v).all():
         raise ValueError("the steering vector contains NaN or inf; check how it was computed.")
     if needs_unit and float(v.float().norm()) == 0.0:

@@ -66,8 +66,16 @@ def _steer_payload(spec: Any) -> list[dict]:
         pos = pack(pos.to(torch.uint8))
     elif not isinstance(pos, str):
         pos = [int(x) for x in pos]
-    return [{"address": str(a), "method": spec.method, "kwargs": kwargs, "vector": pack(spec.vector.float()),
-             "positions": pos} for a in spec.addresses]
+    return [
+        {
+            "address": str(a),
+            "method": spec.method,
+            "kwargs": kwargs,
+            "vector": pack(spec.vector.float()),
+            "positions": pos,
+        }
+        for a in spec.addresses
+    ]
 
 
 class _StepRows:
@@ -90,13 +98,14 @@ class _StepRows:
         for base, d in res.get("points", {}).items():
             self.buffer.setdefault(base, []).append((unpack(d["positions"]), unpack(d["rows"])))
         for L, d in res.get("attn", {}).items():
-            self.attn.setdefault(int(L), []).append((unpack(d["positions"]), unpack(d["scores"]),
-                                                     unpack(d["probs"])))
+            self.attn.setdefault(int(L), []).append((unpack(d["positions"]), unpack(d["scores"]), unpack(d["probs"])))
 
     def _check(self, pos: torch.Tensor, stop: int, what: str) -> None:
         if not torch.equal(pos, torch.arange(self.upto, stop, dtype=pos.dtype)):
-            raise RuntimeError(f"ie_lab: the worker filed positions {pos.tolist()} of {what} for a step that covers "
-                               f"{self.upto}..{stop - 1}")  # never hand out a wrong row silently
+            raise RuntimeError(
+                f"ie_lab: the worker filed positions {pos.tolist()} of {what} for a step that covers "
+                f"{self.upto}..{stop - 1}"
+            )  # never hand out a wrong row silently
 
     def _take(self, stop: int) -> dict[str, torch.Tensor]:
         """Rows at positions upto..stop - 1 of every point (the latest copy of a recomputed position)."""
@@ -113,6 +122,7 @@ class _StepRows:
     def _take_attn(self, L: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores and probabilities of the queries at upto..stop - 1 against keys 0..stop - 1 (later keys are
         masked for these queries, so the key axis is cut, or padded masked, to stop)."""
+
         def fit(t: torch.Tensor, fill: float) -> torch.Tensor:
             k = t.shape[-1]
             return t[..., :stop] if k >= stop else torch.nn.functional.pad(t, (0, stop - k), value=fill)
@@ -200,20 +210,37 @@ class VLLMBackend:
     extras = ("set_mode", "mode", "worker_state", "engine_kind")
     collect_on_close = True  # the engine's objects are freed only by a full collection, also when dropped
 
-    def __init__(self, model: Any, device: Any = None, dtype: Any = None, tokenizer: Any = None, *,
-                 trust_remote_code: bool = False, progress: bool = True, tensor_parallel_size: int = 1,
-                 engine: str = "auto", enable_prefix_caching: bool = True, max_model_len: int | None = None,
-                 seed: int = 0, engine_kwargs: dict | None = None, graph_points: Iterable[Any] | None = None,
-                 mode: str | None = None):
+    def __init__(
+        self,
+        model: Any,
+        device: Any = None,
+        dtype: Any = None,
+        tokenizer: Any = None,
+        *,
+        trust_remote_code: bool = False,
+        progress: bool = True,
+        tensor_parallel_size: int = 1,
+        engine: str = "auto",
+        enable_prefix_caching: bool = True,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        engine_kwargs: dict | None = None,
+        graph_points: Iterable[Any] | None = None,
+        mode: str | None = None,
+    ):
         mode = _resolve_mode(mode, graph_points)
         if mode != "hooks" and (engine_kwargs or {}).get("enforce_eager") is True:
-            raise InputError(f"engine_kwargs={{'enforce_eager': True}} contradicts mode={mode!r}, which compiles the "
-                             "model; drop it, or use mode='hooks'.")
+            raise InputError(
+                f"engine_kwargs={{'enforce_eager': True}} contradicts mode={mode!r}, which compiles the "
+                "model; drop it, or use mode='hooks'."
+            )
 
         if not isinstance(model, (str, os.PathLike)):
-            raise CapabilityUnsupported("a model object on backend='vllm'", "vLLM loads its own copy of the weights "
-                                        "from a folder or HF id inside its workers.",
-                                        "pass the folder or id (save_pretrained first), or use backend='eager'.")
+            raise CapabilityUnsupported(
+                "a model object on backend='vllm'",
+                "vLLM loads its own copy of the weights from a folder or HF id inside its workers.",
+                "pass the folder or id (save_pretrained first), or use backend='eager'.",
+            )
         if engine_kwargs is not None and not isinstance(engine_kwargs, dict):
             raise InputError(f"engine_kwargs must be a dict of vLLM EngineArgs, got {type(engine_kwargs).__name__}.")
         check_engine_kwargs(dict(engine_kwargs or {}))  # before anything starts: see SAFE_ENGINE_KWARGS
@@ -228,12 +255,15 @@ class VLLMBackend:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         if engine == "auto":
             inproc_ok = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" or (
-                on_cpu and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ)
+                on_cpu and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+            )
             engine = "inproc" if tensor_parallel_size == 1 and inproc_ok else "async"
             if engine == "inproc":
                 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if engine == "inproc" and tensor_parallel_size != 1:
-            raise InputError("engine='inproc' runs one worker in this process; tensor parallelism needs engine='async'.")
+            raise InputError(
+                "engine='inproc' runs one worker in this process; tensor parallelism needs engine='async'."
+            )
         self.engine_kind = engine
         self.lm: Any = None  # a VLLMModel once loaded
         self._inflight: set[str] = set()
@@ -244,8 +274,16 @@ class VLLMBackend:
         self._len_why = ""  # why the context is shorter than the model's own, where ie_lab caps it
         self._max_len: int | None = None
         # kept for set_mode(..., reload=True), which builds the engine again from the same arguments
-        self._load_args = (os.fspath(model), tokenizer, tensor_parallel_size, enable_prefix_caching, max_model_len,
-                           seed, trust_remote_code, dict(engine_kwargs or {}))
+        self._load_args = (
+            os.fspath(model),
+            tokenizer,
+            tensor_parallel_size,
+            enable_prefix_caching,
+            max_model_len,
+            seed,
+            trust_remote_code,
+            dict(engine_kwargs or {}),
+        )
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def attach(self, session: Any) -> None:
@@ -288,51 +326,69 @@ class VLLMBackend:
         facts = ArchFacts.from_config(cfg)
         if facts.model_type in quirks.VLLM_DIFFERS:
             raise CapabilityUnsupported(
-                f"{facts.model_type} on backend='vllm'", quirks.VLLM_DIFFERS[facts.model_type] + ".",
-                "use backend='eager', which runs transformers' own model.")
+                f"{facts.model_type} on backend='vllm'",
+                quirks.VLLM_DIFFERS[facts.model_type] + ".",
+                "use backend='eager', which runs transformers' own model.",
+            )
         if facts.model_type not in VERIFIED_FAMILIES:
             raise CapabilityUnsupported(
                 f"{facts.model_type} on backend='vllm'",
                 f"ie_lab's vLLM worker has not been verified point by point against eager on {facts.model_type} "
                 "(validator/README.md lists what differs or does not load), and ie_lab does not serve tensors it "
                 "has not checked.",
-                "use backend='eager', which serves every point on this family.")
-        if facts.model_type == "opt" and (not getattr(cfg, "do_layer_norm_before", True)
-                                          or getattr(cfg, "word_embed_proj_dim", cfg.hidden_size) != cfg.hidden_size):
+                "use backend='eager', which serves every point on this family.",
+            )
+        if facts.model_type == "opt" and (
+            not getattr(cfg, "do_layer_norm_before", True)
+            or getattr(cfg, "word_embed_proj_dim", cfg.hidden_size) != cfg.hidden_size
+        ):
             raise CapabilityUnsupported(
                 "OPT-350m's layout on backend='vllm'",
                 "this checkpoint normalises after each sublayer and projects its embeddings in and out; ie_lab's "
                 "vLLM worker binds only pre-norm OPT layers, the layout checked against eager.",
-                "use backend='eager'.")
+                "use backend='eager'.",
+            )
         if facts.model_type == "falcon" and (getattr(cfg, "alibi", False) or not facts.parallel_block):
             raise CapabilityUnsupported(
                 "Falcon with ALiBi or sequential blocks (Falcon-RW) on backend='vllm'",
                 "ie_lab's vLLM worker binds Falcon's parallel rotary blocks (7B, 40B, 180B), the layouts checked "
                 "against eager; its attention read-out does not add ALiBi biases.",
-                "use backend='eager'.")
+                "use backend='eager'.",
+            )
         ffn = getattr(cfg, "ffn_hidden_size", None)
         if facts.model_type == "falcon" and ffn is not None and ffn != 4 * cfg.hidden_size:
             raise CapabilityUnsupported(
                 f"Falcon with ffn_hidden_size={ffn} on backend='vllm'",
                 f"vLLM's Falcon sizes its MLP as 4 x hidden_size = {4 * cfg.hidden_size} (as every released Falcon "
-                "is) and cannot load these weights.", "use backend='eager'.")
+                "is) and cannot load these weights.",
+                "use backend='eager'.",
+            )
         if facts.model_type in quirks.VLLM_WINDOW_CAPPED:
             cap = int(cfg.sliding_window)
-            self._len_why = (f"{facts.model_type} is served on vLLM only up to its sliding window of {cap} tokens, "
-                             f"where vLLM and transformers agree: {quirks.VLLM_WINDOW_CAPPED[facts.model_type]}.")
+            self._len_why = (
+                f"{facts.model_type} is served on vLLM only up to its sliding window of {cap} tokens, "
+                f"where vLLM and transformers agree: {quirks.VLLM_WINDOW_CAPPED[facts.model_type]}."
+            )
             if max_model_len is not None and max_model_len > cap:
-                raise CapabilityUnsupported(f"max_model_len={max_model_len} on {facts.model_type}", self._len_why,
-                                            f"use max_model_len <= {cap} (the default here), or backend='eager'.")
+                raise CapabilityUnsupported(
+                    f"max_model_len={max_model_len} on {facts.model_type}",
+                    self._len_why,
+                    f"use max_model_len <= {cap} (the default here), or backend='eager'.",
+                )
             max_model_len = min(cap, facts.max_positions or cap)
         if tp > 1 and facts.model_type in quirks.VLLM_SINGLE_RANK:
             raise CapabilityUnsupported(
                 f"tensor_parallel_size={tp} on {facts.model_type}",
                 "vLLM's layer for this family adds attention and MLP outputs before a single all-reduce, so with "
                 "tensor parallelism no rank holds attn_out or mlp_out.",
-                "use tensor_parallel_size=1 (or backend='eager').")
+                "use tensor_parallel_size=1 (or backend='eager').",
+            )
         tok_src = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else path
-        tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) else \
-            AutoTokenizer.from_pretrained(tok_src, trust_remote_code=trust_remote_code)
+        tok = (
+            tokenizer
+            if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
+            else AutoTokenizer.from_pretrained(tok_src, trust_remote_code=trust_remote_code)
+        )
         dtype = self._torch_dtype or getattr(cfg, "dtype", None) or torch.float32
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
@@ -343,17 +399,32 @@ class VLLMBackend:
             self._graph_dir = tempfile.mkdtemp(prefix="ie_lab-vllm-compile-")
             # also when the session is never closed (a notebook restarted, a script that just ends)
             self._graph_dir_gone = weakref.finalize(self, shutil.rmtree, self._graph_dir, True)
-        args = engine_args(path, tokenizer=tok_src, dtype=str(dtype).replace("torch.", ""), tensor_parallel_size=tp,
-                           enable_prefix_caching=prefix, max_model_len=max_model_len or facts.max_positions,
-                           seed=seed, extra={"trust_remote_code": trust_remote_code, **extra},
-                           async_engine=self.engine_kind == "async", graph_points=self._graph,
-                           compile_dir=self._graph_dir, generate_only=self._mode == "generate")
+        args = engine_args(
+            path,
+            tokenizer=tok_src,
+            dtype=str(dtype).replace("torch.", ""),
+            tensor_parallel_size=tp,
+            enable_prefix_caching=prefix,
+            max_model_len=max_model_len or facts.max_positions,
+            seed=seed,
+            extra={"trust_remote_code": trust_remote_code, **extra},
+            async_engine=self.engine_kind == "async",
+            graph_points=self._graph,
+            compile_dir=self._graph_dir,
+            generate_only=self._mode == "generate",
+        )
         self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
         await self._driver.build()
         if self._mode == "generate":
             # nothing is installed: a Python hook inside the compiled model would run only while it is traced
-            info = {"model_class": (getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
-                    "n_layers": facts.n_layers, "present": {}, "tp_size": tp, "final_norm": False, "mode": "generate"}
+            info = {
+                "model_class": (getattr(cfg, "architectures", None) or [type(cfg).__name__])[0],
+                "n_layers": facts.n_layers,
+                "present": {},
+                "tp_size": tp,
+                "final_norm": False,
+                "mode": "generate",
+            }
         else:
             info = (await self._driver.rpc("ie_install"))[0]
         return VLLMModel(path, facts, tok, dtype, info)
@@ -377,8 +448,9 @@ class VLLMBackend:
         (compiled, the declared points only)."""
         return self._mode
 
-    def set_mode(self, mode: str | None = None, *, graph_points: Iterable[Any] | None = None,
-                 reload: bool = False) -> Any:
+    def set_mode(
+        self, mode: str | None = None, *, graph_points: Iterable[Any] | None = None, reload: bool = False
+    ) -> Any:
         """Switch between 'hooks', 'generate' and graph mode (graph_points=[...]). vLLM decides whether it compiles
         the model, and what the trace holds, when its engine is built, so a switch reloads the weights: without
         reload=True it is refused, saying so; with it, this engine is closed first and a new one built from the same
@@ -399,14 +471,19 @@ class VLLMBackend:
                 f"switching this Session from mode {now} to {target!r} without reloading",
                 "vLLM fixes whether the model is compiled, and which taps the compiled graph holds, when its engine "
                 "is built; a live engine cannot be recompiled or run uncompiled, so the weights must be loaded again.",
-                f"call s.{ask}, reload=True): it closes this engine and builds a new one from the same arguments")
+                f"call s.{ask}, reload=True): it closes this engine and builds a new one from the same arguments",
+            )
         if self._tokens or self._inflight:
-            raise CapabilityUnsupported(f"s.{ask}, reload=True) while requests run",
-                                        "reloading closes the engine they run on.",
-                                        "wait for them to finish (or cancel them), then switch")
+            raise CapabilityUnsupported(
+                f"s.{ask}, reload=True) while requests run",
+                "reloading closes the engine they run on.",
+                "wait for them to finish (or cancel them), then switch",
+            )
         if target != "hooks" and self._load_args[7].get("enforce_eager") is True:
-            raise InputError(f"this Session was created with engine_kwargs={{'enforce_eager': True}}, which "
-                             f"contradicts mode={target!r}; create a new Session without it.")
+            raise InputError(
+                f"this Session was created with engine_kwargs={{'enforce_eager': True}}, which "
+                f"contradicts mode={target!r}; create a new Session without it."
+            )
         # The old engine goes first: two engines at once would hold two copies of the weights and KV cache.
         self._call(self._driver.shutdown())
         self._driver = None
@@ -421,8 +498,9 @@ class VLLMBackend:
 
     def _refuse_in_generate_mode(self, what: str) -> None:
         if self._mode == "generate":
-            raise CapabilityUnsupported(f"{what} in generation-only mode (mode='generate')", GENERATE_ONLY_WHY,
-                                        GENERATE_ONLY_FIX)
+            raise CapabilityUnsupported(
+                f"{what} in generation-only mode (mode='generate')", GENERATE_ONLY_WHY, GENERATE_ONLY_FIX
+            )
 
     def _remove_graph_dir(self) -> None:
         """Graph mode's private compile cache goes with the engine that compiled into it."""
@@ -432,17 +510,22 @@ class VLLMBackend:
 
     # ---- facts ----------------------------------------------------------------------------------
     def raw_model(self) -> Any:
-        raise CapabilityUnsupported("Session.model on backend='vllm'", "the weights live inside vLLM's workers, "
-                                    "not in this process as a transformers model.", "use backend='eager' for the raw model.")
+        raise CapabilityUnsupported(
+            "Session.model on backend='vllm'",
+            "the weights live inside vLLM's workers, not in this process as a transformers model.",
+            "use backend='eager' for the raw model.",
+        )
 
     def describe(self) -> str:
         f, info = self.lm.facts, self.lm.info
         mode = f", graph mode: {len(info['graph_points'])} static taps" if info.get("graph_points") else ""
         if info.get("mode") == "generate":
             mode = ", generation-only mode: compiled, no hooks"
-        return (f"{f.model_type} on vLLM ({info['model_class']}, {self.engine_kind} engine{mode}, tensor parallel "
-                f"{info['tp_size']}): {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim} "
-                f"({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.")
+        return (
+            f"{f.model_type} on vLLM ({info['model_class']}, {self.engine_kind} engine{mode}, tensor parallel "
+            f"{info['tp_size']}): {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim} "
+            f"({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}."
+        )
 
     def points(self):
         """Every registry point with its verdict on this model and backend."""
@@ -464,8 +547,10 @@ class VLLMBackend:
 
     def summary(self) -> str:
         f = self.lm.facts
-        return (f"backend=vllm, engine={self.engine_kind}, family={f.model_type}, layers={f.n_layers}, "
-                f"d_model={f.d_model}, tp={self.lm.info['tp_size']}, dtype={str(self.lm.dtype).replace('torch.', '')}")
+        return (
+            f"backend=vllm, engine={self.engine_kind}, family={f.model_type}, layers={f.n_layers}, "
+            f"d_model={f.d_model}, tp={self.lm.info['tp_size']}, dtype={str(self.lm.dtype).replace('torch.', '')}"
+        )
 
     def headline(self) -> str:
         return self.describe()
@@ -509,13 +594,15 @@ class VLLMBackend:
             raise CapabilityUnsupported(
                 f"{what} of {n_tokens} tokens on backend='vllm'",
                 f"vLLM computes a sequence only while scheduling one more token after it, so it needs one free "
-                f"position: {n_tokens} + 1 exceeds the context of {self._max_len}." + (
-                    f" {self._len_why}" if self._len_why else ""),
+                f"position: {n_tokens} + 1 exceeds the context of {self._max_len}."
+                + (f" {self._len_why}" if self._len_why else ""),
                 "shorten the prompt (or max_new_tokens) by one token, or use backend='eager', which captures a full "
-                "context.")
+                "context.",
+            )
 
-    async def _request(self, ids: list[int], params: Any, work: _Work, box: dict,
-                       tail: Callable[[], list[int]] | None = None) -> AsyncGenerator[Any, None]:
+    async def _request(
+        self, ids: list[int], params: Any, work: _Work, box: dict, tail: Callable[[], list[int]] | None = None
+    ) -> AsyncGenerator[Any, None]:
         """Submit one request; yield its output deltas; put what the worker collected into box['collected'].
 
         With ``tail`` (a capture during generation), the last generated token has not been through the model when
@@ -529,9 +616,15 @@ class VLLMBackend:
         prompt = TokensPrompt(prompt_token_ids=list(ids))
         registered = False
         if not work.empty:
-            spec = {"points": work.points, "attn_layers": work.attn_layers, "steer": work.steer, "lens": work.lens,
-                    "prompt_len": len(ids), "project": work.project,
-                    "special_ids": sorted(getattr(self.lm.tokenizer, "all_special_ids", []) or [])}
+            spec = {
+                "points": work.points,
+                "attn_layers": work.attn_layers,
+                "steer": work.steer,
+                "lens": work.lens,
+                "prompt_len": len(ids),
+                "project": work.project,
+                "special_ids": sorted(getattr(self.lm.tokenizer, "all_special_ids", []) or []),
+            }
             await self._driver.rpc("ie_register", rid, spec)
             registered = True
             params.extra_args = {"ie_lab": rid}
@@ -571,8 +664,10 @@ class VLLMBackend:
     def _ids(self, prompt: Any) -> torch.Tensor:
         ids, mask = prepare(self.lm, prompt)
         if mask is not None and not bool(mask.all()):
-            raise InputError("prompts of different lengths: on backend='vllm' pass one prompt per call (concurrent "
-                             "calls are batched by vLLM).")
+            raise InputError(
+                "prompts of different lengths: on backend='vllm' pass one prompt per call (concurrent "
+                "calls are batched by vLLM)."
+            )
         return ids
 
     # ---- capture ----------------------------------------------------------------------------------
@@ -613,20 +708,25 @@ class VLLMBackend:
         return self._acapture(tokens_or_text, addresses, **kwargs)
 
     # ---- difference of means ----------------------------------------------------------------------
-    async def _amean_difference(self, positive: Any, negative: Any, address: Any, *,
-                                batch_size: int | None = None) -> torch.Tensor:
+    async def _amean_difference(
+        self, positive: Any, negative: Any, address: Any, *, batch_size: int | None = None
+    ) -> torch.Tensor:
         """mean(positive) - mean(negative) at `address`, each prompt averaged over its own tokens first (as eager's
         ie_lab.mean_difference); the prompts go to vLLM as concurrent requests, `batch_size` at a time."""
         if isinstance(address, (list, tuple)):
             raise InputError(f"address must name one point, got {len(address)}: {list(address)}.")
         addr = Address.parse(address)
         if addr.point.width.value == "n_heads*q*k":
-            raise InputError(f"{addr} is an attention matrix, not a per-token activation: a mean over tokens of it "
-                             "is no steering direction; use a residual point such as resid_post.")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise InputError(f"batch_size must be a positive integer (requests in flight at once) or None, got "
-                             f"{batch_size!r}.")
+            raise InputError(
+                f"{addr} is an attention matrix, not a per-token activation: a mean over tokens of it "
+                "is no steering direction; use a residual point such as resid_post."
+            )
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise InputError(
+                f"batch_size must be a positive integer (requests in flight at once) or None, got {batch_size!r}."
+            )
         sides = []
         for name, prompts in (("positive", positive), ("negative", negative)):
             if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
@@ -637,7 +737,7 @@ class VLLMBackend:
         async def mean_of(prompts: list) -> torch.Tensor:
             rows = []
             for i in range(0, len(prompts), step):
-                caps = await asyncio.gather(*(self._acapture(p, [addr]) for p in prompts[i:i + step]))
+                caps = await asyncio.gather(*(self._acapture(p, [addr]) for p in prompts[i : i + step]))
                 rows += [c[addr][0].float().mean(0).cpu() for c in caps]
             return torch.stack(rows).mean(0)
 
@@ -649,9 +749,20 @@ class VLLMBackend:
         return self._amean_difference(positive, negative, address, **kwargs)
 
     # ---- projection -------------------------------------------------------------------------------
-    async def _aproject(self, prompt: Any, address: Any, directions: Any, *, bias: Any = None,
-                        activation: str | None = None, threshold: Any = None, k: Any = None, max_new_tokens: int = 0,
-                        steer: Any = None, **gen: Any):
+    async def _aproject(
+        self,
+        prompt: Any,
+        address: Any,
+        directions: Any,
+        *,
+        bias: Any = None,
+        activation: str | None = None,
+        threshold: Any = None,
+        k: Any = None,
+        max_new_tokens: int = 0,
+        steer: Any = None,
+        **gen: Any,
+    ):
         """Scores computed in the worker (ie_lab/ops/projection.py): only [tokens, k] crosses back. In graph mode
         the point must be declared; the compiled trunk fills its static buffer and the worker projects the rows."""
         from vllm import SamplingParams
@@ -665,22 +776,33 @@ class VLLMBackend:
         n_new = check_gen(max_new_tokens, gen)
         enc = make_encoder(width, directions, bias=bias, activation=activation, threshold=threshold, k=k)
         if n_new:
-            params = self._params(n_new, gen.get("temperature", 0.0), gen.get("top_k"), gen.get("top_p"),
-                                  gen.get("seed"), gen.get("stop"), 0, gen.get("ignore_eos", False))
+            params = self._params(
+                n_new,
+                gen.get("temperature", 0.0),
+                gen.get("top_k"),
+                gen.get("top_p"),
+                gen.get("seed"),
+                gen.get("stop"),
+                0,
+                gen.get("ignore_eos", False),
+            )
         else:
             params = SamplingParams(max_tokens=1, temperature=0.0)
         ids = self._ids(prompt)
         if ids.shape[0] != 1:
-            raise InputError("prompt: project takes one prompt per call (its scores are [tokens, k]); concurrent "
-                             "calls are batched by vLLM.")
+            raise InputError(
+                "prompt: project takes one prompt per call (its scores are [tokens, k]); concurrent "
+                "calls are batched by vLLM."
+            )
         P = ids.shape[1]
         # the model reads prompt + generated[:-1]; vLLM needs one more free position after what it runs
         self._check_room(P + max(n_new - 1, 0), "a projection")
         _, work = self._work_for(None, steer)
         check_positions_fit(work.specs, P + n_new)
         point = str(addr.without_head())
-        work.project = {point: {"encoder": to_plain(enc, pack), "head": addr.head,
-                                "head_dim": int(self.lm.facts.head_dim)}}
+        work.project = {
+            point: {"encoder": to_plain(enc, pack), "head": addr.head, "head_dim": int(self.lm.facts.head_dim)}
+        }
         box: dict = {}
         generated: list[int] = []
         async for out in self._request(ids[0].tolist(), params, work, box):
@@ -692,8 +814,9 @@ class VLLMBackend:
             raise RuntimeError(f"ie_lab: the worker returned no scores for {addr}")
         pos, sc = unpack(got["positions"]), unpack(got["scores"]).float()
         if not torch.equal(pos[:n_read], torch.arange(n_read, dtype=pos.dtype)):
-            raise RuntimeError(f"ie_lab: the worker filed positions {pos.tolist()} for {addr}; expected "
-                               f"0..{n_read - 1}")
+            raise RuntimeError(
+                f"ie_lab: the worker filed positions {pos.tolist()} for {addr}; expected 0..{n_read - 1}"
+            )
         sc = sc[:n_read]  # a position past what the model read is never filed; never hand out a wrong row
         read = torch.cat([ids[0].cpu(), torch.tensor(generated, dtype=ids.dtype)])[:n_read]
         tok = self.lm.tokenizer
@@ -710,13 +833,31 @@ class VLLMBackend:
         from vllm.sampling_params import RequestOutputKind
 
         max_logprobs = getattr(getattr(self._driver, "args", None), "max_logprobs", None)
-        stops = check_sampling(max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs, ignore_eos,
-                               vocab=self.lm.facts.vocab_size, max_logprobs=max_logprobs)
-        return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
-                              top_p=1.0 if top_p is None else top_p, seed=seed, stop=stops or None,
-                              logprobs=n_logprobs, output_kind=RequestOutputKind.DELTA,
-                              include_stop_str_in_output=True, skip_special_tokens=False,
-                              ignore_eos=bool(ignore_eos))
+        stops = check_sampling(
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            stop,
+            n_logprobs,
+            ignore_eos,
+            vocab=self.lm.facts.vocab_size,
+            max_logprobs=max_logprobs,
+        )
+        return SamplingParams(
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k or 0,
+            top_p=1.0 if top_p is None else top_p,
+            seed=seed,
+            stop=stops or None,
+            logprobs=n_logprobs,
+            output_kind=RequestOutputKind.DELTA,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            ignore_eos=bool(ignore_eos),
+        )
 
     async def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncGenerator:
         kwargs = dict(kwargs)
@@ -731,21 +872,32 @@ class VLLMBackend:
         if unknown:
             raise InputError(f"unknown generation argument(s) {sorted(unknown)}.")
         # every argument is checked before the prompt is even prepared: nothing unchecked reaches the engine
-        params = self._params(max_new_tokens, kwargs.get("temperature", 0.0), kwargs.get("top_k"), kwargs.get("top_p"),
-                              kwargs.get("seed"), kwargs.get("stop"), kwargs.get("n_logprobs", 0),
-                              kwargs.get("ignore_eos", False))
+        params = self._params(
+            max_new_tokens,
+            kwargs.get("temperature", 0.0),
+            kwargs.get("top_k"),
+            kwargs.get("top_p"),
+            kwargs.get("seed"),
+            kwargs.get("stop"),
+            kwargs.get("n_logprobs", 0),
+            kwargs.get("ignore_eos", False),
+        )
         n_lp = int(kwargs.get("n_logprobs", 0))
         ids = self._ids(prompt)
         if ids.shape[0] != 1:
             raise InputError("generate takes one prompt per call; concurrent calls are batched by vLLM.")
         limit = self.lm.facts.max_positions
         if limit and ids.shape[1] + max_new_tokens > int(limit):
-            raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                             f"context of {limit}; lower max_new_tokens or shorten the prompt.")
+            raise InputError(
+                f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                f"context of {limit}; lower max_new_tokens or shorten the prompt."
+            )
         if self._len_why and self._max_len and ids.shape[1] + max_new_tokens > self._max_len:  # vLLM would stop early
             raise CapabilityUnsupported(
-                f"a generation of {ids.shape[1]} + {max_new_tokens} tokens on backend='vllm'", self._len_why,
-                f"keep prompt + max_new_tokens within {self._max_len}, or use backend='eager'.")
+                f"a generation of {ids.shape[1]} + {max_new_tokens} tokens on backend='vllm'",
+                self._len_why,
+                f"keep prompt + max_new_tokens within {self._max_len}, or use backend='eager'.",
+            )
         addrs, work = self._work_for(capture, steer)
         check_positions_fit(work.specs, ids.shape[1] + max_new_tokens)
         if addrs:  # the follow-up forward that covers the last generated token needs its own free position
@@ -771,11 +923,27 @@ class VLLMBackend:
                         logprob = float("nan")
                         if lp is not None:
                             logprob = float(lp[tid].logprob) if tid in lp else float("nan")
-                            ranked = sorted(((v.rank, j, v.logprob) for j, v in lp.items() if v.rank is not None), key=lambda x: x[0])
-                            top = {(tok.decode([j]) if tok is not None else str(j)): float(v) for r, j, v in ranked[:n_lp]} if n_lp else {}
+                            ranked = sorted(
+                                ((v.rank, j, v.logprob) for j, v in lp.items() if v.rank is not None),
+                                key=lambda x: x[0],
+                            )
+                            top = (
+                                {
+                                    (tok.decode([j]) if tok is not None else str(j)): float(v)
+                                    for r, j, v in ranked[:n_lp]
+                                }
+                                if n_lp
+                                else {}
+                            )
                         generated.append(int(tid))
-                        step = GenStep(len(generated) - 1, int(tid), tok.decode([tid]) if tok is not None else str(tid),
-                                       logprob, top, None)
+                        step = GenStep(
+                            len(generated) - 1,
+                            int(tid),
+                            tok.decode([tid]) if tok is not None else str(tid),
+                            logprob,
+                            top,
+                            None,
+                        )
                         if rows is not None:
                             step.captured = None
                             # step i carries the row of the token fed in to choose it (step 0: the prompt's rows)
@@ -785,8 +953,11 @@ class VLLMBackend:
                                 continue
                         yield step
                     if comp.finish_reason is not None:
-                        reason = {"length": "length", "stop": "eos" if comp.stop_reason is None else "stop",
-                                  "abort": "aborted"}.get(comp.finish_reason, comp.finish_reason)
+                        reason = {
+                            "length": "length",
+                            "stop": "eos" if comp.stop_reason is None else "stop",
+                            "abort": "aborted",
+                        }.get(comp.finish_reason, comp.finish_reason)
                     await asyncio.sleep(0)
                     if token.cancelled:
                         return
@@ -848,18 +1019,28 @@ class VLLMBackend:
         return _VLLMSteer(spec, self)
 
     # ---- lens, attention --------------------------------------------------------------------------
-    async def _alogit_lens(self, prompt: Any, layers: Sequence[int] | None = None, *, k: int = 5,
-                           point: str = "resid_post", transports: Any = None, keep_logits: bool = False):
+    async def _alogit_lens(
+        self,
+        prompt: Any,
+        layers: Sequence[int] | None = None,
+        *,
+        k: int = 5,
+        point: str = "resid_post",
+        transports: Any = None,
+        keep_logits: bool = False,
+    ):
         from vllm import SamplingParams
 
         self._refuse_in_generate_mode("the logit lens")
         if self._graph is not None:
             self._refuse_in_graph_mode("the logit lens")
         if transports or keep_logits:
-            raise CapabilityUnsupported("logit_lens(transports=..., keep_logits=True) on backend='vllm'",
-                                        "the read-out runs inside the worker and only the top-k crosses back; "
-                                        "transports and full logits need the residual itself.",
-                                        "capture the points and decode them on backend='eager'.")
+            raise CapabilityUnsupported(
+                "logit_lens(transports=..., keep_logits=True) on backend='vllm'",
+                "the read-out runs inside the worker and only the top-k crosses back; "
+                "transports and full logits need the residual itself.",
+                "capture the points and decode them on backend='eager'.",
+            )
         p = _points.get(point)
         if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
             raise AddressError(f"a lens decodes d_model-wide per-layer points; {point} is {p.width.value} wide.")
@@ -881,8 +1062,15 @@ class VLLMBackend:
         top_probs = torch.stack([unpack(res[L]["probs"]) for L in layers])
         tok = self.lm.tokenizer
         names = token_names(tok, top_ids.tolist())
-        return LensResult(layers, point, str_tokens(self.lm, ids)[0], top_ids, top_probs, names,
-                          describe_postprocess(self.lm.facts) + "; read out inside the vLLM worker")
+        return LensResult(
+            layers,
+            point,
+            str_tokens(self.lm, ids)[0],
+            top_ids,
+            top_probs,
+            names,
+            describe_postprocess(self.lm.facts) + "; read out inside the vLLM worker",
+        )
 
     def logit_lens(self, prompt: Any, **kwargs: Any) -> Any:
         return self._alogit_lens(prompt, **kwargs)
@@ -891,18 +1079,29 @@ class VLLMBackend:
         self._refuse_in_generate_mode("attention()")
         layers = list(range(self.lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
         scored = self.lm.family not in quirks.VLLM_SCORES_UNCHECKED
-        c: Any = await self._acapture(prompt, [f"attn_probs.{L}" for L in layers] + [f"value.{L}" for L in layers]
-                                 + ([f"attn_scores.{L}" for L in layers] if scored else []))
+        c: Any = await self._acapture(
+            prompt,
+            [f"attn_probs.{L}" for L in layers]
+            + [f"value.{L}" for L in layers]
+            + ([f"attn_scores.{L}" for L in layers] if scored else []),
+        )
         if c.tokens.shape[0] != 1:
             raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
         kv, d = self.lm.facts.n_kv_heads, self.lm.facts.head_dim
         notes = ["rebuilt from the post-RoPE q and k the paged-attention kernel received"]
         if not scored:  # as eager does on these families: probabilities only, and why
-            notes.append(f"scores unavailable: transformers' {self.lm.family} never hands out pre-softmax scores "
-                         "to check them against")
-        return AttentionResult(layers, c.str_tokens[0], {L: c[f"attn_probs.{L}"][0] for L in layers},
-                               {L: c[f"attn_scores.{L}"][0] if scored else None for L in layers},
-                               {L: c[f"value.{L}"][0].reshape(-1, kv, d) for L in layers}, notes)
+            notes.append(
+                f"scores unavailable: transformers' {self.lm.family} never hands out pre-softmax scores "
+                "to check them against"
+            )
+        return AttentionResult(
+            layers,
+            c.str_tokens[0],
+            {L: c[f"attn_probs.{L}"][0] for L in layers},
+            {L: c[f"attn_scores.{L}"][0] if scored else None for L in layers},
+            {L: c[f"value.{L}"][0].reshape(-1, kv, d) for L in layers},
+            notes,
+        )
 
     def attention(self, prompt: Any, layers: Any = None) -> Any:
         return self._aattention(prompt, layers)
@@ -910,9 +1109,11 @@ class VLLMBackend:
     # ---- refusals by mode -----------------------------------------------------------------------
     def _refuse_in_graph_mode(self, what: str):
         raise CapabilityUnsupported(
-            f"{what} in graph mode", "it needs per-request Python inside the model's forward, which the compiled "
+            f"{what} in graph mode",
+            "it needs per-request Python inside the model's forward, which the compiled "
             "graph does not run (graph mode only copies the declared points into static buffers).",
-            "create the Session without graph_points for this; its hooks run eagerly.")
+            "create the Session without graph_points for this; its hooks run eagerly.",
+        )
 
     # ---- for tests and tools ---------------------------------------------------------------------------
     def worker_state(self) -> list[dict]:
@@ -950,8 +1151,10 @@ class _VLLMSteer:
 def _raise_if_failed(res: dict) -> None:
     """A hook failed for this request inside the worker: the request fails, the engine and other requests go on."""
     if res.get("error"):
-        raise RequestFailed(f"this request failed inside the vLLM worker ({res['error']}); its captures and "
-                            "steering were stopped there, the engine and every other request go on.")
+        raise RequestFailed(
+            f"this request failed inside the vLLM worker ({res['error']}); its captures and "
+            "steering were stopped there, the engine and every other request go on."
+        )
 
 
 def _as_specs(steer: Any) -> list[Any]:

@@ -13,33 +13,44 @@ def served_table() -> str:
     for p in points.all_points():
         if p.multi_stream_only:
             continue
-        rows.append(f"| `{p.name}` | {p.eager.verdict.symbol} | {p.vllm.verdict.symbol} {p.vllm.verdict.value} | "
-                    f"{p.vllm.reason or '—'} |")
+        rows.append(
+            f"| `{p.name}` | {p.eager.verdict.symbol} | {p.vllm.verdict.symbol} {p.vllm.verdict.value} | "
+            f"{p.vllm.reason or '—'} |"
+        )
     multi = [p.name for p in points.all_points() if p.multi_stream_only]
-    rows.append(f"| {', '.join(f'`{n}`' for n in multi)} (hyper-connection trunks) | ✅ | ❌ | "
-                f"{points.reason(multi[0], 'vllm')} |")
+    rows.append(
+        f"| {', '.join(f'`{n}`' for n in multi)} (hyper-connection trunks) | ✅ | ❌ | "
+        f"{points.reason(multi[0], 'vllm')} |"
+    )
     return "\n".join(rows) + "\n"
 
 
 def families_line() -> str:
     from ..arch import quirks
 
-    out = ("Families served on vLLM (every served point checked equal to eager; others are refused at load with "
-           "`CapabilityUnsupported`): " + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED)) + ".\n")
+    out = (
+        "Families served on vLLM (every served point checked equal to eager; others are refused at load with "
+        "`CapabilityUnsupported`): " + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED)) + ".\n"
+    )
 
     def names(fams: frozenset) -> str:
         return ", ".join(f"`{f}`" for f in sorted(fams))
 
-    out += (f"\nWith limits: {names(quirks.VLLM_SCORES_UNCHECKED)} refuse `attn_scores` (transformers hands out "
-            "their probabilities only, so there is nothing to check rebuilt scores against); "
-            f"{names(quirks.VLLM_SINGLE_RANK)} run with `tensor_parallel_size=1` only (attention and MLP are summed "
-            "before one all-reduce, so no rank holds `attn_out` or `mlp_out`); `falcon` is served in its parallel "
-            "rotary layouts (7B, 40B, 180B) with the 4 x d_model MLP vLLM assumes, `opt` in its pre-norm layout "
-            "(not OPT-350m): other layouts are refused at load, with why.\n")
-    out += "".join(f"\n`{f}` is served with the context capped at its sliding window (longer requests are refused): "
-                   f"{why}.\n" for f, why in sorted(quirks.VLLM_WINDOW_CAPPED.items()))
+    out += (
+        f"\nWith limits: {names(quirks.VLLM_SCORES_UNCHECKED)} refuse `attn_scores` (transformers hands out "
+        "their probabilities only, so there is nothing to check rebuilt scores against); "
+        f"{names(quirks.VLLM_SINGLE_RANK)} run with `tensor_parallel_size=1` only (attention and MLP are summed "
+        "before one all-reduce, so no rank holds `attn_out` or `mlp_out`); `falcon` is served in its parallel "
+        "rotary layouts (7B, 40B, 180B) with the 4 x d_model MLP vLLM assumes, `opt` in its pre-norm layout "
+        "(not OPT-350m): other layouts are refused at load, with why.\n"
+    )
+    out += "".join(
+        f"\n`{f}` is served with the context capped at its sliding window (longer requests are refused): {why}.\n"
+        for f, why in sorted(quirks.VLLM_WINDOW_CAPPED.items())
+    )
     out += "\nRefused because vLLM computes them differently from transformers:\n\n" + "".join(
-        f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items()))
+        f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items())
+    )
     return out
 
 

@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 import threading
 import weakref
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 WORKER_EXTENSION = "ie_lab.vllm.worker.IELabWorker"
 
@@ -28,7 +29,7 @@ WORKER_EXTENSION = "ie_lab.vllm.worker.IELabWorker"
 SAFE_ENGINE_KWARGS: dict[str, str] = {
     "max_num_seqs": "how many requests the scheduler batches; the hooks split every forward's rows per request.",
     "max_num_batched_tokens": "the token budget of one forward; a prompt split into chunks is filed by absolute "
-                              "position, so chunking changes nothing a capture or steering sees.",
+    "position, so chunking changes nothing a capture or steering sees.",
     "enable_chunked_prefill": "as max_num_batched_tokens: chunks are filed by absolute position.",
     "block_size": "the KV page size; capture and steering requests carry their own cache salt whatever it is.",
     "gpu_memory_utilization": "memory sizing only.",
@@ -41,22 +42,29 @@ SAFE_ENGINE_KWARGS: dict[str, str] = {
     "use_tqdm_on_load": "loading only.",
 }
 
-_COMPILED = ("it compiles the model (torch.compile, CUDA graphs), and ie_lab's Python hooks run only while the "
-             "graph is traced: steering is silently dropped and captures come back empty.",
-             "for plain fast generation create the Session with mode='generate' (compiled, no hooks; or switch "
-             "with s.set_mode('generate', reload=True)); for compiled capture pass graph_points=[...] to the "
-             "Session (docs/VLLM.md, modes and graph mode); steering needs the default eager engine.")
+_COMPILED = (
+    "it compiles the model (torch.compile, CUDA graphs), and ie_lab's Python hooks run only while the "
+    "graph is traced: steering is silently dropped and captures come back empty.",
+    "for plain fast generation create the Session with mode='generate' (compiled, no hooks; or switch "
+    "with s.set_mode('generate', reload=True)); for compiled capture pass graph_points=[...] to the "
+    "Session (docs/VLLM.md, modes and graph mode); steering needs the default eager engine.",
+)
 _SESSION_KW = "it is a Session keyword, which ie_lab checks and passes on itself."
-_OURS = ("ie_lab sets it to install its worker extension and hooks; another value would leave requests without "
-         "them.", "leave it out.")
+_OURS = (
+    "ie_lab sets it to install its worker extension and hooks; another value would leave requests without them.",
+    "leave it out.",
+)
 REFUSED_ENGINE_KWARGS: dict[str, tuple[str, str]] = {
     "enforce_eager": _COMPILED,
     "compilation_config": _COMPILED,
     "cudagraph_capture_sizes": _COMPILED,
     "max_cudagraph_capture_size": _COMPILED,
     "optimization_level": _COMPILED,
-    "enable_prefix_caching": (_SESSION_KW + " Capture and steering requests are salted so they never share KV "
-                              "blocks; plain generation uses the cache.", "Session(..., enable_prefix_caching=...)."),
+    "enable_prefix_caching": (
+        _SESSION_KW + " Capture and steering requests are salted so they never share KV "
+        "blocks; plain generation uses the cache.",
+        "Session(..., enable_prefix_caching=...).",
+    ),
     "model": (_SESSION_KW, "pass the model as the Session's first argument."),
     "tokenizer": (_SESSION_KW, "Session(..., tokenizer=...)."),
     "dtype": (_SESSION_KW, "Session(..., dtype=...)."),
@@ -64,37 +72,72 @@ REFUSED_ENGINE_KWARGS: dict[str, tuple[str, str]] = {
     "seed": (_SESSION_KW, "Session(..., seed=...)."),
     "max_model_len": (_SESSION_KW, "Session(..., max_model_len=...)."),
     "trust_remote_code": (_SESSION_KW, "Session(..., trust_remote_code=...)."),
-    "worker_extension_cls": _OURS, "worker_cls": _OURS, "load_format": _OURS, "model_loader_extra_config": _OURS,
-    "kv_cache_dtype": ("a quantised KV cache changes what attention reads inside the kernel; the attention "
-                       "patterns ie_lab rebuilds from q and k, and every later point, would differ from eager by "
-                       "an amount no hook sees.", "keep the model's dtype for the KV cache."),
-    "quantization": ("quantised weights make every point differ from transformers' model, which is what ie_lab "
-                     "checks vLLM against.", "load a quantised checkpoint with backend='eager'."),
-    "quantization_config": ("as quantization: the weights differ from transformers' model.",
-                            "load a quantised checkpoint with backend='eager'."),
-    "speculative_config": ("draft tokens run through the model and are then rejected: hooks would capture and "
-                           "steer positions that never become output.", "leave speculative decoding off."),
-    "spec_method": ("as speculative_config: rejected draft tokens pass through the hooks.",
-                    "leave speculative decoding off."),
-    "spec_model": ("as speculative_config: rejected draft tokens pass through the hooks.",
-                   "leave speculative decoding off."),
-    "spec_tokens": ("as speculative_config: rejected draft tokens pass through the hooks.",
-                    "leave speculative decoding off."),
-    "pipeline_parallel_size": ("ie_lab's worker binds the whole trunk on every rank; a pipeline stage holds only "
-                               "some layers.", "use tensor_parallel_size=."),
-    "data_parallel_size": ("each data-parallel engine has its own workers, and a request's capture or steering is "
-                           "registered with one engine.", "run one Session per engine."),
-    "enable_lora": ("adapters change the weights per request, which ie_lab's checks against eager do not cover.",
-                    "merge the adapter into the weights, or use backend='eager'."),
-    "hf_overrides": ("it changes the config vLLM builds the model from, while ie_lab reads the checkpoint's own "
-                     "config: addresses and shapes would be checked against the wrong model.",
-                     "edit config.json and pass the folder."),
-    "model_impl": ("another implementation of the model is not the module tree ie_lab's worker binds and checks.",
-                   "leave it out."),
-    "disable_sliding_window": ("sliding-window layers would attend over the whole context, unlike transformers' "
-                               "model.", "leave it out."),
-    "async_scheduling": ("the scheduler runs a step ahead of the outputs; ie_lab's per-forward request layout and "
-                         "its follow-up capture forward are not checked under it.", "leave it out."),
+    "worker_extension_cls": _OURS,
+    "worker_cls": _OURS,
+    "load_format": _OURS,
+    "model_loader_extra_config": _OURS,
+    "kv_cache_dtype": (
+        "a quantised KV cache changes what attention reads inside the kernel; the attention "
+        "patterns ie_lab rebuilds from q and k, and every later point, would differ from eager by "
+        "an amount no hook sees.",
+        "keep the model's dtype for the KV cache.",
+    ),
+    "quantization": (
+        "quantised weights make every point differ from transformers' model, which is what ie_lab checks vLLM against.",
+        "load a quantised checkpoint with backend='eager'.",
+    ),
+    "quantization_config": (
+        "as quantization: the weights differ from transformers' model.",
+        "load a quantised checkpoint with backend='eager'.",
+    ),
+    "speculative_config": (
+        "draft tokens run through the model and are then rejected: hooks would capture and "
+        "steer positions that never become output.",
+        "leave speculative decoding off.",
+    ),
+    "spec_method": (
+        "as speculative_config: rejected draft tokens pass through the hooks.",
+        "leave speculative decoding off.",
+    ),
+    "spec_model": (
+        "as speculative_config: rejected draft tokens pass through the hooks.",
+        "leave speculative decoding off.",
+    ),
+    "spec_tokens": (
+        "as speculative_config: rejected draft tokens pass through the hooks.",
+        "leave speculative decoding off.",
+    ),
+    "pipeline_parallel_size": (
+        "ie_lab's worker binds the whole trunk on every rank; a pipeline stage holds only some layers.",
+        "use tensor_parallel_size=.",
+    ),
+    "data_parallel_size": (
+        "each data-parallel engine has its own workers, and a request's capture or steering is "
+        "registered with one engine.",
+        "run one Session per engine.",
+    ),
+    "enable_lora": (
+        "adapters change the weights per request, which ie_lab's checks against eager do not cover.",
+        "merge the adapter into the weights, or use backend='eager'.",
+    ),
+    "hf_overrides": (
+        "it changes the config vLLM builds the model from, while ie_lab reads the checkpoint's own "
+        "config: addresses and shapes would be checked against the wrong model.",
+        "edit config.json and pass the folder.",
+    ),
+    "model_impl": (
+        "another implementation of the model is not the module tree ie_lab's worker binds and checks.",
+        "leave it out.",
+    ),
+    "disable_sliding_window": (
+        "sliding-window layers would attend over the whole context, unlike transformers' model.",
+        "leave it out.",
+    ),
+    "async_scheduling": (
+        "the scheduler runs a step ahead of the outputs; ie_lab's per-forward request layout and "
+        "its follow-up capture forward are not checked under it.",
+        "leave it out.",
+    ),
 }
 
 
@@ -117,19 +160,39 @@ def check_engine_kwargs(extra: dict) -> None:
             "ie_lab passes on only the engine arguments known to leave what its hooks capture and steer unchanged, "
             "and this one has not been checked." + did_you_mean(key, SAFE_ENGINE_KWARGS),
             f"use one of {', '.join(sorted(SAFE_ENGINE_KWARGS))} (docs/VLLM.md says why each is safe), or "
-            "backend='eager'.")
+            "backend='eager'.",
+        )
 
 
-def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_parallel_size: int,
-                enable_prefix_caching: bool, max_model_len: int | None, seed: int, extra: dict,
-                async_engine: bool = False, graph_points: list[str] | None = None,
-                compile_dir: str | None = None, generate_only: bool = False) -> Any:
+def engine_args(
+    model: str,
+    *,
+    tokenizer: str | None,
+    dtype: str,
+    tensor_parallel_size: int,
+    enable_prefix_caching: bool,
+    max_model_len: int | None,
+    seed: int,
+    extra: dict,
+    async_engine: bool = False,
+    graph_points: list[str] | None = None,
+    compile_dir: str | None = None,
+    generate_only: bool = False,
+) -> Any:
     from vllm import AsyncEngineArgs, EngineArgs
 
-    kw = dict(model=model, tokenizer=tokenizer or model, dtype=dtype, enforce_eager=True,
-              tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=enable_prefix_caching,
-              worker_extension_cls=WORKER_EXTENSION, seed=seed, disable_log_stats=True,
-              load_format="safetensors")  # never unpickle weights
+    kw = dict(
+        model=model,
+        tokenizer=tokenizer or model,
+        dtype=dtype,
+        enforce_eager=True,
+        tensor_parallel_size=tensor_parallel_size,
+        enable_prefix_caching=enable_prefix_caching,
+        worker_extension_cls=WORKER_EXTENSION,
+        seed=seed,
+        disable_log_stats=True,
+        load_format="safetensors",
+    )  # never unpickle weights
     if max_model_len:
         kw["max_model_len"] = max_model_len
     if generate_only:
@@ -143,8 +206,11 @@ def engine_args(model: str, *, tokenizer: str | None, dtype: str, tensor_paralle
         # Compiled trunk with static taps. A private compile cache: an artifact traced without these taps
         # (or with other buffers) must never be loaded. PIECEWISE keeps the top-level model, where rows are
         # split per request, out of the CUDA graphs.
-        kw.update(enforce_eager=False, load_format=static_taps.LOAD_FORMAT,
-                  model_loader_extra_config={static_taps.CONFIG_KEY: list(graph_points)})
+        kw.update(
+            enforce_eager=False,
+            load_format=static_taps.LOAD_FORMAT,
+            model_loader_extra_config={static_taps.CONFIG_KEY: list(graph_points)},
+        )
         import torch
 
         comp: dict[str, Any] = {"cache_dir": compile_dir or ""}
@@ -179,8 +245,9 @@ class InprocDriver:
 
         config = self.args.create_engine_config()
         _LIVE_INPROC.add(self)
-        self.engine = LLMEngine(vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
-                                multiprocess_mode=False)
+        self.engine = LLMEngine(
+            vllm_config=config, executor_class=Executor.get_class(config), log_stats=False, multiprocess_mode=False
+        )
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._drive())
 
@@ -244,9 +311,11 @@ class InprocDriver:
                 if isinstance(o, BaseException):
                     from ..errors import RequestFailed
 
-                    raise RequestFailed(f"this request failed inside vLLM: {o!r}. The engine keeps running; the "
-                                        "other requests of the same step failed with it (vLLM cannot say which "
-                                        "request caused an error inside its step).") from o
+                    raise RequestFailed(
+                        f"this request failed inside vLLM: {o!r}. The engine keeps running; the "
+                        "other requests of the same step failed with it (vLLM cannot say which "
+                        "request caused an error inside its step)."
+                    ) from o
                 finished = o.finished
                 yield o
         finally:

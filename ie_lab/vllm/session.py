@@ -53,7 +53,9 @@ class VLLMModel:
     def to_str_tokens(self, tokens_or_text: Any):
         ids = prepare(self, tokens_or_text)[0]
         out = str_tokens(self, ids)
-        single = isinstance(tokens_or_text, str) or (isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1)
+        single = isinstance(tokens_or_text, str) or (
+            isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1
+        )
         return out[0] if single else out
 
 
@@ -61,46 +63,63 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
     """Refuse an address vLLM cannot serve (registry reason) or this model lacks (PointAbsent)."""
     p = addr.point
     if lm.info.get("mode") == "generate":
-        raise CapabilityUnsupported(f"{addr} in generation-only mode (mode='generate')", GENERATE_ONLY_WHY,
-                                    GENERATE_ONLY_FIX)
+        raise CapabilityUnsupported(
+            f"{addr} in generation-only mode (mode='generate')", GENERATE_ONLY_WHY, GENERATE_ONLY_FIX
+        )
     v = p.verdict("vllm")
     if not v.verdict.ok:
-        raise CapabilityUnsupported(f"{addr} on backend='vllm'", v.reason or f"{p.name} is {v.verdict.value} on vLLM.",
-                                    "use backend='eager', which serves every point")
+        raise CapabilityUnsupported(
+            f"{addr} on backend='vllm'",
+            v.reason or f"{p.name} is {v.verdict.value} on vLLM.",
+            "use backend='eager', which serves every point",
+        )
     graph = lm.info.get("graph_points")
     if graph is not None and p.name in RECOMPUTED:
         raise CapabilityUnsupported(
-            f"{addr} in graph mode", "attention patterns are rebuilt from every q/k of a request after it ends, "
+            f"{addr} in graph mode",
+            "attention patterns are rebuilt from every q/k of a request after it ends, "
             "which needs Python inside the compiled forward.",
-            "create the Session without graph_points for attention; its hooks run eagerly.")
+            "create the Session without graph_points for attention; its hooks run eagerly.",
+        )
     if graph is not None and str(addr.without_head()) not in graph:
         raise CapabilityUnsupported(
-            f"{addr} in graph mode", "graph mode reads only the points declared when the Session started "
+            f"{addr} in graph mode",
+            "graph mode reads only the points declared when the Session started "
             f"({', '.join(graph)}): the compiled graph holds a static tap for each of them and for nothing else.",
             "add it to graph_points= when creating the Session, or create the Session without graph_points "
-            "(hooks run eagerly and serve every point).")
+            "(hooks run eagerly and serve every point).",
+        )
     if p.name == "attn_scores" and lm.family in quirks.VLLM_SCORES_UNCHECKED:
         raise CapabilityUnsupported(
             f"{addr} on {lm.family} (backend='vllm')",
             f"transformers' {lm.family} hands out attention probabilities but never its pre-softmax scores, so "
             "scores rebuilt from vLLM's q and k would have no reference to be checked against.",
-            f"capture attn_probs.{addr.layer} (checked against transformers on this family).")
+            f"capture attn_probs.{addr.layer} (checked against transformers on this family).",
+        )
     # what this model lacks, in the registry's words; the worker reported whether the trunk ends in a norm
     structure = _points.Structure.from_facts(lm.facts, final_norm=bool(lm.info.get("final_norm")))
     _points.require_present("resid_streams" if addr.stream is not None else p, structure, addr.layer, str(addr))
     if p.scope is _points.Scope.TRUNK:
         return
     if addr.layer not in lm.info["present"].get(p.name, []):  # the model has it, but the worker found no module
-        raise PointAbsent(str(addr), lm.family, f"{p.name} is not bound on layer {addr.layer} of this family on vLLM.",
-                          "use backend='eager', or see Session.points() for what this model serves.")
+        raise PointAbsent(
+            str(addr),
+            lm.family,
+            f"{p.name} is not bound on layer {addr.layer} of this family on vLLM.",
+            "use backend='eager', or see Session.points() for what this model serves.",
+        )
 
 
 MODES = ("hooks", "generate", "graph")
-GENERATE_ONLY_WHY = ("the Session runs vLLM's compiled model with none of ie_lab's hooks or taps in it, for plain fast "
-                     "generation; capture, steering, attention, the logit lens and projection all need them.")
-GENERATE_ONLY_FIX = ("switch with s.set_mode('hooks', reload=True) (or set_mode(graph_points=[...], reload=True) for "
-                     "compiled capture); either reloads the weights into a new engine. Or create the Session with "
-                     "mode='hooks' (the default).")
+GENERATE_ONLY_WHY = (
+    "the Session runs vLLM's compiled model with none of ie_lab's hooks or taps in it, for plain fast "
+    "generation; capture, steering, attention, the logit lens and projection all need them."
+)
+GENERATE_ONLY_FIX = (
+    "switch with s.set_mode('hooks', reload=True) (or set_mode(graph_points=[...], reload=True) for "
+    "compiled capture); either reloads the weights into a new engine. Or create the Session with "
+    "mode='hooks' (the default)."
+)
 
 
 def _resolve_mode(mode: Any, graph_points: Any) -> str:
@@ -109,11 +128,15 @@ def _resolve_mode(mode: Any, graph_points: Any) -> str:
         raise InputError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}.")
     if graph_points is not None:
         if mode not in (None, "graph"):
-            raise InputError(f"graph_points= declares graph mode, which cannot go with mode={mode!r}; drop one of them.")
+            raise InputError(
+                f"graph_points= declares graph mode, which cannot go with mode={mode!r}; drop one of them."
+            )
         return "graph"
     if mode == "graph":
-        raise InputError("mode='graph' needs graph_points=[...], the points its static taps read, e.g. "
-                         "graph_points=['resid_post.0'].")
+        raise InputError(
+            "mode='graph' needs graph_points=[...], the points its static taps read, e.g. "
+            "graph_points=['resid_post.0']."
+        )
     return mode or "hooks"
 
 
@@ -124,11 +147,16 @@ def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
         a = n if isinstance(n, Address) else Address.parse(str(n))
         p = a.point
         if not p.tappable:
-            why = ("rebuilt from every q/k of a request after it ends, not read from one module"
-                   if p.recomputed else p.vllm.reason or f"{p.name} is not read by a module hook on vLLM")
-            raise CapabilityUnsupported(f"{a} as a graph-mode point", why + ".",
-                                        f"declare some of {', '.join(_points.tappable())}, or create the Session "
-                                        "without graph_points.")
+            why = (
+                "rebuilt from every q/k of a request after it ends, not read from one module"
+                if p.recomputed
+                else p.vllm.reason or f"{p.name} is not read by a module hook on vLLM"
+            )
+            raise CapabilityUnsupported(
+                f"{a} as a graph-mode point",
+                why + ".",
+                f"declare some of {', '.join(_points.tappable())}, or create the Session without graph_points.",
+            )
         if p.scope is _points.Scope.LAYER:  # Address itself refuses a layer point without a layer
             if not 0 <= a.layer < facts.n_layers:
                 raise AddressError(f"layer {a.layer} of {a}: this model has layers 0..{facts.n_layers - 1}.")
@@ -141,19 +169,33 @@ def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
     return out
 
 
-def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any, stop: Any,
-                   n_logprobs: Any, ignore_eos: Any, *, vocab: int | None, max_logprobs: int | None) -> list[str]:
+def check_sampling(
+    max_new_tokens: Any,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    seed: Any,
+    stop: Any,
+    n_logprobs: Any,
+    ignore_eos: Any,
+    *,
+    vocab: int | None,
+    max_logprobs: int | None,
+) -> list[str]:
     """Every generation argument checked before vLLM sees it; the stop strings as a list.
 
     A bad value that reaches vLLM fails inside the engine's step (a seed torch cannot use, a stop that is not a
     string), which fails every request of that step: so nothing unchecked goes in. The rules are eager's
     (ie_lab/core/sampling.py `check_generation_args`: ranges, finite numbers, a seed torch accepts, the vocabulary bound on
     top_k and n_logprobs) plus the one vLLM adds: its engine's max_logprobs."""
-    stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=vocab, seed=seed,
-                                  stop=stop, ignore_eos=ignore_eos)
+    stops = check_generation_args(
+        max_new_tokens, temperature, top_k, top_p, n_logprobs, vocab=vocab, seed=seed, stop=stop, ignore_eos=ignore_eos
+    )
     if max_logprobs is not None and max_logprobs >= 0 and n_logprobs > max_logprobs:
-        raise InputError(f"n_logprobs={n_logprobs} exceeds the engine's max_logprobs={max_logprobs}; create the "
-                         f"Session with engine_kwargs={{'max_logprobs': {n_logprobs}}} or ask for fewer.")
+        raise InputError(
+            f"n_logprobs={n_logprobs} exceeds the engine's max_logprobs={max_logprobs}; create the "
+            f"Session with engine_kwargs={{'max_logprobs': {n_logprobs}}} or ask for fewer."
+        )
     return stops
 
 

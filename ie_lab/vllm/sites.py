@@ -14,8 +14,9 @@ request (rows, positions, tensor-parallel gathers) stays in the worker.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,8 +124,12 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
     if trunk is None:
         raise RuntimeError(f"ie_lab: cannot find the trunk of {type(model).__name__}")
     trunk = getattr(trunk, "decoder", None) or trunk  # OPT: OPTModel holds the decoder
-    embed = (getattr(trunk, "embed_tokens", None) or getattr(trunk, "wte", None)
-             or getattr(trunk, "word_embeddings", None) or getattr(trunk, "embedding", None))
+    embed = (
+        getattr(trunk, "embed_tokens", None)
+        or getattr(trunk, "wte", None)
+        or getattr(trunk, "word_embeddings", None)
+        or getattr(trunk, "embedding", None)
+    )
     final = getattr(trunk, "norm", None) or getattr(trunk, "ln_f", None) or getattr(trunk, "final_layer_norm", None)
     layers = getattr(trunk, "layers", None) or getattr(trunk, "h", None)
     if embed is None or layers is None:
@@ -133,11 +138,27 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
     for i, layer in enumerate(layers):
         if hasattr(layer, "fc1") and hasattr(layer, "self_attn"):  # OPT: explicit adds, the MLP's linears on the layer
             if not getattr(layer, "do_layer_norm_before", True):
-                raise RuntimeError("ie_lab: OPT layers that normalise after each sublayer (OPT-350m) are not bound "
-                                   "on vLLM")
+                raise RuntimeError(
+                    "ie_lab: OPT layers that normalise after each sublayer (OPT-350m) are not bound on vLLM"
+                )
             attn = layer.self_attn
-            sites = LayerSites(i, layer, False, attn, attn.attn, attn.out_proj, None, None, None,
-                               layer.final_layer_norm, layer.fc2, layer.fc2, None, None, up_proj=layer.fc1)
+            sites = LayerSites(
+                i,
+                layer,
+                False,
+                attn,
+                attn.attn,
+                attn.out_proj,
+                None,
+                None,
+                None,
+                layer.final_layer_norm,
+                layer.fc2,
+                layer.fc2,
+                None,
+                None,
+                up_proj=layer.fc1,
+            )
         elif hasattr(layer, "self_attn") or (hasattr(layer, "attn") and hasattr(layer, "input_layernorm")):
             # llama-like (GPT-OSS names its attention attn); most defer the residual add to the next fused add+norm
             attn = getattr(layer, "self_attn", None) or layer.attn
@@ -145,8 +166,9 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
             moe = hasattr(mlp, "experts")
             # Post-norm layers (no input norm) take and return a residual but keep the whole stream in hidden.
-            post_norm = not sandwich and not hasattr(layer, "input_layernorm") and hasattr(
-                layer, "post_feedforward_layernorm")
+            post_norm = (
+                not sandwich and not hasattr(layer, "input_layernorm") and hasattr(layer, "post_feedforward_layernorm")
+            )
             # Apertus names its pre-MLP norm feedforward_layernorm
             mid = getattr(layer, "post_attention_layernorm", None) or getattr(layer, "feedforward_layernorm", None)
             # Cohere: one input norm feeds both sublayers; it takes a residual argument but returns the whole
@@ -155,21 +177,57 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
             fused = "residual" in inspect.signature(layer.forward).parameters and not post_norm and not parallel
             if parallel:
                 sites = LayerSites(
-                    i, layer, False, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
-                    getattr(attn, "k_norm", None), None, None, mlp, mlp.down_proj, None, None, parallel=True)
+                    i,
+                    layer,
+                    False,
+                    attn,
+                    attn.attn,
+                    attn.o_proj,
+                    getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None),
+                    None,
+                    None,
+                    mlp,
+                    mlp.down_proj,
+                    None,
+                    None,
+                    parallel=True,
+                )
             elif post_norm:
                 sites = LayerSites(
-                    i, layer, False, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
-                    getattr(attn, "k_norm", None), layer.post_attention_layernorm, mlp, mlp,
-                    None if moe else mlp.down_proj, _router(mlp) if moe else None,
-                    layer.post_feedforward_layernorm, post_norm=True)
+                    i,
+                    layer,
+                    False,
+                    attn,
+                    attn.attn,
+                    attn.o_proj,
+                    getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None),
+                    layer.post_attention_layernorm,
+                    mlp,
+                    mlp,
+                    None if moe else mlp.down_proj,
+                    _router(mlp) if moe else None,
+                    layer.post_feedforward_layernorm,
+                    post_norm=True,
+                )
             else:
                 sites = LayerSites(
-                    i, layer, fused, attn, attn.attn, attn.o_proj, getattr(attn, "q_norm", None),
-                    getattr(attn, "k_norm", None), layer.post_attention_layernorm if sandwich else None,
-                    layer.pre_feedforward_layernorm if sandwich else mid, mlp,
-                    None if moe else mlp.down_proj, _router(mlp) if moe else None,
-                    getattr(layer, "post_feedforward_layernorm", None) if sandwich else None)
+                    i,
+                    layer,
+                    fused,
+                    attn,
+                    attn.attn,
+                    attn.o_proj,
+                    getattr(attn, "q_norm", None),
+                    getattr(attn, "k_norm", None),
+                    layer.post_attention_layernorm if sandwich else None,
+                    layer.pre_feedforward_layernorm if sandwich else mid,
+                    mlp,
+                    None if moe else mlp.down_proj,
+                    _router(mlp) if moe else None,
+                    getattr(layer, "post_feedforward_layernorm", None) if sandwich else None,
+                )
             if not moe and hasattr(mlp, "gate_up_proj"):
                 sites.up_proj, sites.gated = mlp.gate_up_proj, True
             elif not moe and hasattr(mlp, "up_proj"):  # an ungated MLP (Apertus: up, xIELU, down)
@@ -182,17 +240,64 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
             # Falcon's parallel blocks (7B: one input norm; 40B / 180B: ln_attn and ln_mlp), explicit add. With
             # tensor parallelism both halves are summed before one all-reduce (refused at load).
             attn, mlp = layer.self_attention, layer.mlp
-            sites = LayerSites(i, layer, False, attn, attn.attn, attn.dense, None, None, None, None, mlp,
-                               mlp.dense_4h_to_h, None, None, up_proj=mlp.dense_h_to_4h, parallel=True,
-                               mlp_out_mod=mlp.dense_4h_to_h)  # FalconMLP returns (x, bias) for the layer to add
+            sites = LayerSites(
+                i,
+                layer,
+                False,
+                attn,
+                attn.attn,
+                attn.dense,
+                None,
+                None,
+                None,
+                None,
+                mlp,
+                mlp.dense_4h_to_h,
+                None,
+                None,
+                up_proj=mlp.dense_h_to_4h,
+                parallel=True,
+                mlp_out_mod=mlp.dense_4h_to_h,
+            )  # FalconMLP returns (x, bias) for the layer to add
         elif hasattr(layer, "ln_1") and not hasattr(layer, "ln_2"):  # GPT-J: a parallel block, explicit add
             attn, mlp = layer.attn, layer.mlp
-            sites = LayerSites(i, layer, False, attn, attn.attn, attn.out_proj, None, None, None, None, mlp,
-                               mlp.fc_out, None, None, up_proj=mlp.fc_in, parallel=True)
+            sites = LayerSites(
+                i,
+                layer,
+                False,
+                attn,
+                attn.attn,
+                attn.out_proj,
+                None,
+                None,
+                None,
+                None,
+                mlp,
+                mlp.fc_out,
+                None,
+                None,
+                up_proj=mlp.fc_in,
+                parallel=True,
+            )
         elif hasattr(layer, "ln_1"):  # GPT-2: explicit residual adds inside the block
             attn = layer.attn
-            sites = LayerSites(i, layer, False, attn, attn.attn, attn.c_proj, None, None, None, layer.ln_2, layer.mlp,
-                               layer.mlp.c_proj, None, None, up_proj=layer.mlp.c_fc)
+            sites = LayerSites(
+                i,
+                layer,
+                False,
+                attn,
+                attn.attn,
+                attn.c_proj,
+                None,
+                None,
+                None,
+                layer.ln_2,
+                layer.mlp,
+                layer.mlp.c_proj,
+                None,
+                None,
+                up_proj=layer.mlp.c_fc,
+            )
         else:
             raise RuntimeError(f"ie_lab: layer type {type(layer).__name__} is not bound on vLLM yet")
         out.append(sites)
@@ -272,12 +377,14 @@ def _out(mod: nn.Module, m: float | None = None) -> Callable[[tuple, Any], torch
 
 def _put_out(mod: nn.Module, m: float | None = None) -> Callable[[tuple, Any, torch.Tensor], Any]:
     """The inverse of _out: the output that reads back as ``new`` (divided by m, less the caller's bias)."""
+
     def write(a: tuple, o: Any, new: torch.Tensor) -> Any:
         t = new if m is None else new / m
         bias = _out_and_bias(mod, o)[1]
         if bias is not None:  # the caller still adds it
             t = t - bias
         return (t,) + tuple(o[1:]) if isinstance(o, tuple) else t
+
     return write
 
 
@@ -322,16 +429,32 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
     d = lambda: d_model  # noqa: E731
     out: list[Site] = []
     if s.fused:  # the layer takes and returns (hidden, residual) with the add deferred
-        out += [Site(f"resid_pre.{L}", s.layer, "pre", _stream, d, write=_put_stream),
-                Site(f"resid_post.{L}", s.layer, "post", lambda a, o: o[0] + o[1], d,
-                     write=lambda a, o, new: (new, torch.zeros_like(new))),
-                Site(f"resid_mid.{L}", s.mid_norm, "pre", _stream, d, write=_put_stream),
-                # a fused add+norm returns (normed, new residual): the normed half is mlp_in
-                Site(f"mlp_in.{L}", s.mid_norm, "post", _post, d,
-                     write=lambda a, o, new: (new, o[1]) if isinstance(o, tuple) else new)]
+        out += [
+            Site(f"resid_pre.{L}", s.layer, "pre", _stream, d, write=_put_stream),
+            Site(
+                f"resid_post.{L}",
+                s.layer,
+                "post",
+                lambda a, o: o[0] + o[1],
+                d,
+                write=lambda a, o, new: (new, torch.zeros_like(new)),
+            ),
+            Site(f"resid_mid.{L}", s.mid_norm, "pre", _stream, d, write=_put_stream),
+            # a fused add+norm returns (normed, new residual): the normed half is mlp_in
+            Site(
+                f"mlp_in.{L}",
+                s.mid_norm,
+                "post",
+                _post,
+                d,
+                write=lambda a, o, new: (new, o[1]) if isinstance(o, tuple) else new,
+            ),
+        ]
     else:
-        out += [Site(f"resid_pre.{L}", s.layer, "pre", _pre, d, write=_put_hidden),
-                Site(f"resid_post.{L}", s.layer, "post", _out(s.layer), d, write=_put_out(s.layer))]
+        out += [
+            Site(f"resid_pre.{L}", s.layer, "pre", _pre, d, write=_put_hidden),
+            Site(f"resid_post.{L}", s.layer, "post", _out(s.layer), d, write=_put_out(s.layer)),
+        ]
         if s.parallel:  # no stream between the sublayers; the MLP's own input is mlp_in, steered for it alone
             out.append(Site(f"mlp_in.{L}", s.mlp, "pre", _pre, d, write=_put_hidden))
         else:
@@ -350,41 +473,69 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
     if s.post_attn_norm is None:  # what attention adds: its output, times the layer's multiplier if any
         out.append(Site(f"attn_out_post.{L}", s.o_proj, "post", _out(s.o_proj, m), d, write=_put_out(s.o_proj, m)))
     else:
-        out.append(Site(f"attn_out_post.{L}", s.post_attn_norm, "post", _out(s.post_attn_norm), d,
-                        write=_put_out(s.post_attn_norm)))
+        out.append(
+            Site(
+                f"attn_out_post.{L}",
+                s.post_attn_norm,
+                "post",
+                _out(s.post_attn_norm),
+                d,
+                write=_put_out(s.post_attn_norm),
+            )
+        )
     if s.q_norm is not None:
         q_width = lambda: core.num_heads * core.head_size  # noqa: E731
-        for nm, mod, width, rep in (("q_norm", s.q_norm, q_width, False), ("k_norm", s.k_norm, kv_width,
-                                                                           s.kv_replicated)):
-            out += [Site(f"{nm}_in.{L}", mod, "pre", _flat_pre, width, sharded=not rep),
-                    Site(f"{nm}_out.{L}", mod, "post", _flat_post, width, sharded=not rep)]
+        for nm, mod, width, rep in (
+            ("q_norm", s.q_norm, q_width, False),
+            ("k_norm", s.k_norm, kv_width, s.kv_replicated),
+        ):
+            out += [
+                Site(f"{nm}_in.{L}", mod, "pre", _flat_pre, width, sharded=not rep),
+                Site(f"{nm}_out.{L}", mod, "post", _flat_post, width, sharded=not rep),
+            ]
     if s.down_proj is not None:
-        out.append(Site(f"mlp_act.{L}", s.down_proj, "pre", _pre, lambda: s.down_proj.input_size_per_partition,
-                        sharded=True))
+        out.append(
+            Site(f"mlp_act.{L}", s.down_proj, "pre", _pre, lambda: s.down_proj.input_size_per_partition, sharded=True)
+        )
     if s.up_proj is not None:
         up = s.up_proj
         if s.gated:
             half = lambda: up.output_size_per_partition // 2  # noqa: E731
-            out += [Site(f"mlp_pre.{L}", up, "post", _half(up, 0), half, sharded=True),
-                    Site(f"mlp_pre_linear.{L}", up, "post", _half(up, 1), half, sharded=True)]
+            out += [
+                Site(f"mlp_pre.{L}", up, "post", _half(up, 0), half, sharded=True),
+                Site(f"mlp_pre_linear.{L}", up, "post", _half(up, 1), half, sharded=True),
+            ]
         else:
             out.append(Site(f"mlp_pre.{L}", up, "post", _out(up), lambda: up.output_size_per_partition, sharded=True))
     if s.router is not None:
         router = s.router
-        out.append(Site(f"router_logits.{L}", router, "post", _post,
-                        lambda: int(getattr(router, "output_size", None) or router.weight.shape[0])))
+        out.append(
+            Site(
+                f"router_logits.{L}",
+                router,
+                "post",
+                _post,
+                lambda: int(getattr(router, "output_size", None) or router.weight.shape[0]),
+            )
+        )
     mo = s.mlp_out_mod or s.mlp
     out.append(Site(f"mlp_out.{L}", mo, "post", _out(mo), d, write=_put_out(mo)))
     if s.post_mlp_norm is None:
         out.append(Site(f"mlp_out_post.{L}", mo, "post", _out(mo, m), d, write=_put_out(mo, m)))
     else:
-        out.append(Site(f"mlp_out_post.{L}", s.post_mlp_norm, "post", _out(s.post_mlp_norm), d,
-                        write=_put_out(s.post_mlp_norm)))
+        out.append(
+            Site(
+                f"mlp_out_post.{L}", s.post_mlp_norm, "post", _out(s.post_mlp_norm), d, write=_put_out(s.post_mlp_norm)
+            )
+        )
     return out
 
 
-def site_table(model: nn.Module, d_model: int | None = None,
-               bound: tuple[nn.Module, nn.Module | None, list[LayerSites]] | None = None) -> list[Site]:
+def site_table(
+    model: nn.Module,
+    d_model: int | None = None,
+    bound: tuple[nn.Module, nn.Module | None, list[LayerSites]] | None = None,
+) -> list[Site]:
     """Every site of this model: the trunk's, then each layer's. ``bound``: bind_vllm(model), where the caller
     already has it. d_model is only needed for the widths of graph taps."""
     embed, final, layers = bound if bound is not None else bind_vllm(model)

@@ -53,7 +53,8 @@ class StaticTaps:
             raise RuntimeError(
                 "ie_lab graph mode: the static taps did not run in this forward (the compiled graph does not "
                 "contain them: a stale vLLM compile cache, or a fully graphed forward). Nothing was captured; "
-                "restart the Session, or create it without graph_points.")
+                "restart the Session, or create it without graph_points."
+            )
 
 
 def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) -> StaticTaps:
@@ -62,8 +63,9 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
     sites = {site.point: site for site in site_table(model, d_model)}
     missing = [p for p in points if p not in sites]
     if missing:
-        raise RuntimeError(f"ie_lab graph mode: {missing} do not exist on {type(model).__name__}; "
-                           f"declare some of {sorted(sites)}")
+        raise RuntimeError(
+            f"ie_lab graph mode: {missing} do not exist on {type(model).__name__}; declare some of {sorted(sites)}"
+        )
     param = next(model.parameters())
     sharded_ok = _tp_size() > 1  # one rank holds the whole width: nothing to gather
     taps: dict[str, Tap] = {}
@@ -72,14 +74,18 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
         buf = torch.zeros(max_tokens, int(site.width()), dtype=param.dtype, device=param.device)
         taps[p] = Tap(p, buf, site.sharded and sharded_ok)
         if site.side == "pre":
+
             def hook(m, args, kwargs, _b=buf, _f=site.read):
                 t = _f(args, kwargs)
                 _b[: t.shape[0]].copy_(t)
+
             site.module.register_forward_pre_hook(hook, with_kwargs=True)
         else:
+
             def hook(m, args, out, _b=buf, _f=site.read):
                 t = _f(args, out)
                 _b[: t.shape[0]].copy_(t)
+
             site.module.register_forward_hook(hook)
     tick = torch.zeros(1, dtype=torch.int64, device=param.device)
     echo = torch.full((1,), -1, dtype=torch.int64, device=param.device)
@@ -111,11 +117,16 @@ def register_loader() -> None:
         def __init__(self, load_config: Any):
             extra = dict(load_config.model_loader_extra_config or {})
             self.ie_points = list(extra.pop(CONFIG_KEY, []))
-            super().__init__(dataclasses.replace(load_config, load_format="safetensors",
-                                                 model_loader_extra_config=extra))
+            super().__init__(
+                dataclasses.replace(load_config, load_format="safetensors", model_loader_extra_config=extra)
+            )
 
         def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> nn.Module:
             model = super().load_model(vllm_config, model_config, prefix)
-            install(model, self.ie_points, int(vllm_config.scheduler_config.max_num_batched_tokens),
-                    int(model_config.get_hidden_size()))
+            install(
+                model,
+                self.ie_points,
+                int(vllm_config.scheduler_config.max_num_batched_tokens),
+                int(model_config.get_hidden_size()),
+            )
             return model

@@ -22,8 +22,9 @@ runs the same hooks on the same layout, so the collective is matched); only rank
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -72,9 +73,12 @@ class Spec:
     prompt_len: int
     special_ids: frozenset[int] = frozenset()
     store: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
-    qk: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
+    qk: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
     lens_rows: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(
-        default_factory=lambda: defaultdict(list))
+        default_factory=lambda: defaultdict(list)
+    )
     forwards: int = 0
     attn_sent: dict[int, int] = field(default_factory=dict)  # per layer: attention rows a stream has been handed
     error: str | None = None  # set when a hook failed for this request: its work stops, ie_collect reports it
@@ -112,9 +116,14 @@ class IELabWorker:
                 name, _, tail = point.partition(".")
                 present[name].append(int(tail) if tail else 0)
             self._ie_installed = True
-            self._ie_info = {"model_class": type(model).__name__, "n_layers": len(layers), "present": dict(present),
-                             "tp_size": _tp_size(), "final_norm": final is not None,
-                             "graph_points": sorted(self._ie_static.taps)}
+            self._ie_info = {
+                "model_class": type(model).__name__,
+                "n_layers": len(layers),
+                "present": dict(present),
+                "tp_size": _tp_size(),
+                "final_norm": final is not None,
+                "graph_points": sorted(self._ie_static.taps),
+            }
             return self._ie_info
         table = site_table(model, bound=(embed, final, layers))
         # One hook per module and side, running that module's sites in table order (each reads what the one
@@ -141,8 +150,13 @@ class IELabWorker:
             for name in RECOMPUTED:
                 present[name].append(s.index)
         self._ie_installed = True
-        self._ie_info = {"model_class": type(model).__name__, "n_layers": len(layers), "present": dict(present),
-                         "tp_size": _tp_size(), "final_norm": final is not None}
+        self._ie_info = {
+            "model_class": type(model).__name__,
+            "n_layers": len(layers),
+            "present": dict(present),
+            "tp_size": _tp_size(),
+            "final_norm": final is not None,
+        }
         return self._ie_info
 
     # ---- per-forward layout ---------------------------------------------------------------------
@@ -157,8 +171,10 @@ class IELabWorker:
             return None
         positions = kwargs.get("positions")
         if positions is None:
-            positions = next((a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()
-                              and a is not args[0]), None)
+            positions = next(
+                (a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point() and a is not args[0]),
+                None,
+            )
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         qsl = runner.query_start_loc.np[: n + 1].tolist()
         rows = []
@@ -170,7 +186,7 @@ class IELabWorker:
             if spec is None or spec.error is not None or qsl[i + 1] <= qsl[i]:
                 continue
             spec.forwards += 1
-            rows.append(Row(key, spec, qsl[i], qsl[i + 1], positions[qsl[i]:qsl[i + 1]].detach().to("cpu").clone()))
+            rows.append(Row(key, spec, qsl[i], qsl[i + 1], positions[qsl[i] : qsl[i + 1]].detach().to("cpu").clone()))
         self._ie_rows = rows or None
         self._ie_ids = input_ids if rows else None
         if self._ie_static is not None and rows:
@@ -195,6 +211,7 @@ class IELabWorker:
         unchanged at that point, every ie_lab request in it is marked failed (its work stops, ie_collect
         reports why) and plain requests never notice. Never silent: a request whose steering could not be
         applied here is failed, not returned unsteered."""
+
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
                 return hook(*args, **kwargs)
@@ -203,6 +220,7 @@ class IELabWorker:
                     if r.spec.error is None:
                         r.spec.error = f"{type(e).__name__}: {e}"
                 return None
+
         return guarded
 
     def _active(self) -> list[Row] | None:
@@ -216,28 +234,34 @@ class IELabWorker:
         for r in rows:
             if point in r.spec.points:
                 if keep:
-                    r.spec.store[point].append((r.positions, t[r.start:r.end].detach().to("cpu").clone()))
+                    r.spec.store[point].append((r.positions, t[r.start : r.end].detach().to("cpu").clone()))
             if keep and point in r.spec.project:
                 # Projected here, on the activation's device: only [tokens, k] scores leave the worker.
                 enc, head, head_dim = r.spec.project[point]
-                x = t[r.start:r.end].detach()
+                x = t[r.start : r.end].detach()
                 if head is not None:
                     x = x.reshape(x.shape[0], -1, head_dim)[:, head]
                 r.spec.proj_store[point].append((r.positions, project_scores(x, enc).to("cpu")))
 
     def _wanted(self, rows: list[Row], point: str) -> bool:
         return any(point in r.spec.points or point in r.spec.project for r in rows) or any(
-            r.spec.lens is not None and point == f"{r.spec.lens['point']}.{_layer_of(point)}" for r in rows)
+            r.spec.lens is not None and point == f"{r.spec.lens['point']}.{_layer_of(point)}" for r in rows
+        )
 
     def _lens_all(self, rows: list[Row], point: str, t: torch.Tensor) -> None:
         """The logit lens inside the worker: final norm, the model's own logits, top-k; only top-k is kept."""
-        want = [r for r in rows if r.spec.lens is not None and f"{r.spec.lens['point']}.{_layer_of(point)}" == point
-                and _layer_of(point) in r.spec.lens["layers"]]
+        want = [
+            r
+            for r in rows
+            if r.spec.lens is not None
+            and f"{r.spec.lens['point']}.{_layer_of(point)}" == point
+            and _layer_of(point) in r.spec.lens["layers"]
+        ]
         if not want:
             return
         self._ie_busy = True
         try:
-            x = torch.cat([t[r.start:r.end] for r in want])
+            x = torch.cat([t[r.start : r.end] for r in want])
             x = self._ie_final(x) if self._ie_final is not None else x
             x = _first(x)
             logits = self._ie_model.compute_logits(x)
@@ -248,7 +272,7 @@ class IELabWorker:
         off = 0
         for r in want:
             n = r.end - r.start
-            probs = torch.softmax(logits[off:off + n].float(), -1)
+            probs = torch.softmax(logits[off : off + n].float(), -1)
             vals, idx = probs.topk(int(r.spec.lens["k"]), dim=-1)
             r.spec.lens_rows[_layer_of(point)].append((r.positions, idx.cpu(), vals.cpu()))
             off += n
@@ -273,6 +297,7 @@ class IELabWorker:
     def _pre_sites(self, group: list[Site]) -> Callable:
         """The sites read off one module's arguments, in table order; edits are handed on to the next site and
         to the call."""
+
         def hook(mod, args, kwargs):
             rows = self._active()
             if rows is None:
@@ -284,10 +309,12 @@ class IELabWorker:
                     args, kwargs = site.write(args, kwargs, new)
                     changed = True
             return (args, kwargs) if changed else None
+
         return hook
 
     def _post_sites(self, group: list[Site]) -> Callable:
         """The sites read off one module's output, in table order; edits replace the output."""
+
         def hook(mod, args, out):
             rows = self._active()
             if rows is None:
@@ -299,6 +326,7 @@ class IELabWorker:
                     out = site.write(args, out, new)
                     changed = True
             return out if changed else None
+
         return hook
 
     # ---- steering ---------------------------------------------------------------------------------
@@ -312,15 +340,19 @@ class IELabWorker:
             if r.spec.error is not None:
                 continue
             try:  # one request's steering failing fails that request only; the others in this forward go on
-                seg = out[r.start:r.end]
-                mask = _position_mask(s["positions"], r.positions, r.spec.prompt_len,
-                                      self._ie_ids[r.start:r.end] if self._ie_ids is not None else None,
-                                      r.spec.special_ids)
+                seg = out[r.start : r.end]
+                mask = _position_mask(
+                    s["positions"],
+                    r.positions,
+                    r.spec.prompt_len,
+                    self._ie_ids[r.start : r.end] if self._ie_ids is not None else None,
+                    r.spec.special_ids,
+                )
                 fn = steer_ops.FUNCTIONS[s["method"]]
                 if mask is not None:
                     mask = mask.to(seg.device)[None]
                 new = fn(seg[None], s["vector_t"].to(seg.device), mask=mask, **s["kwargs"])[0]
-                out[r.start:r.end] = new
+                out[r.start : r.end] = new
             except Exception as e:  # noqa: BLE001
                 r.spec.error = f"steering {point} with {s['method']}: {type(e).__name__}: {e}"
         return out
@@ -346,9 +378,11 @@ class IELabWorker:
             if _tp_rank() == 0:
                 for r in rows:
                     if L in r.spec.attn_layers:
-                        r.spec.qk[L].append((r.positions, qg[r.start:r.end].cpu().clone(),
-                                             kg[r.start:r.end].cpu().clone()))
+                        r.spec.qk[L].append(
+                            (r.positions, qg[r.start : r.end].cpu().clone(), kg[r.start : r.end].cpu().clone())
+                        )
             return None
+
         return hook
 
     # ---- the client's calls -------------------------------------------------------------------------
@@ -360,11 +394,19 @@ class IELabWorker:
             if isinstance(s.get("positions"), dict):  # a boolean mask travels packed
                 s["positions"] = unpack(s["positions"]).bool()
             steer.append(s)
-        project = {point: (from_plain(p["encoder"], unpack), p.get("head"), int(p.get("head_dim", 0)))
-                   for point, p in (spec.get("project") or {}).items()}
-        self._ie_specs[key] = Spec(set(spec.get("points", [])), set(spec.get("attn_layers", [])), steer,
-                                   spec.get("lens"), int(spec.get("prompt_len", 0)),
-                                   frozenset(spec.get("special_ids", [])), project=project)
+        project = {
+            point: (from_plain(p["encoder"], unpack), p.get("head"), int(p.get("head_dim", 0)))
+            for point, p in (spec.get("project") or {}).items()
+        }
+        self._ie_specs[key] = Spec(
+            set(spec.get("points", [])),
+            set(spec.get("attn_layers", [])),
+            steer,
+            spec.get("lens"),
+            int(spec.get("prompt_len", 0)),
+            frozenset(spec.get("special_ids", [])),
+            project=project,
+        )
         return True
 
     def ie_drain(self, key: str) -> dict:
@@ -390,8 +432,11 @@ class IELabWorker:
             pos, scores, probs = self._attention(spec, L)
             new = pos >= spec.attn_sent.get(L, 0)
             if bool(new.any()):
-                attn[L] = {"positions": pack(pos[new]), "scores": pack(scores[0][:, new]),
-                           "probs": pack(probs[0][:, new])}
+                attn[L] = {
+                    "positions": pack(pos[new]),
+                    "scores": pack(scores[0][:, new]),
+                    "probs": pack(probs[0][:, new]),
+                }
                 spec.attn_sent[L] = int(pos.max()) + 1
         return {"points": out, "attn": attn}
 
@@ -411,9 +456,13 @@ class IELabWorker:
         kh = k.reshape(T, -1, hd).transpose(0, 1)[None]
         impl = core.impl
         scores, probs = scores_and_probs(
-            qh, kh, scaling=float(impl.scale), softcap=getattr(impl, "logits_soft_cap", None) or None,
+            qh,
+            kh,
+            scaling=float(impl.scale),
+            softcap=getattr(impl, "logits_soft_cap", None) or None,
             sliding_window=getattr(core, "sliding_window", None) or None,
-            sinks=s.sinks)
+            sinks=s.sinks,
+        )
         return pos[order], scores, probs
 
     def ie_collect(self, key: str) -> dict:
@@ -440,8 +489,10 @@ class IELabWorker:
         for L, parts in spec.lens_rows.items():
             pos = torch.cat([p for p, _, _ in parts])
             order = _dedupe_order(pos)
-            out["lens"][L] = {"ids": pack(torch.cat([i for _, i, _ in parts])[order]),
-                              "probs": pack(torch.cat([v for _, _, v in parts])[order])}
+            out["lens"][L] = {
+                "ids": pack(torch.cat([i for _, i, _ in parts])[order]),
+                "probs": pack(torch.cat([v for _, _, v in parts])[order]),
+            }
         return out
 
     def ie_release(self, key: str) -> bool:
@@ -449,9 +500,13 @@ class IELabWorker:
 
     def ie_state(self) -> dict:
         """What the worker holds: for tests that an abort leaves nothing behind."""
-        return {"specs": sorted(self._ie_specs), "rows_in_flight": self._ie_rows is not None,
-                "steering": sum(len(s.steer) for s in self._ie_specs.values()),
-                "hooks": len(self._ie_handles), "installed": bool(getattr(self, "_ie_installed", False))}
+        return {
+            "specs": sorted(self._ie_specs),
+            "rows_in_flight": self._ie_rows is not None,
+            "steering": sum(len(s.steer) for s in self._ie_specs.values()),
+            "hooks": len(self._ie_handles),
+            "installed": bool(getattr(self, "_ie_installed", False)),
+        }
 
 
 def _layer_of(point: str) -> int:
@@ -459,8 +514,9 @@ def _layer_of(point: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def _position_mask(positions: Any, absolute: torch.Tensor, prompt_len: int, ids: torch.Tensor | None,
-                   special: frozenset[int]) -> torch.Tensor | None:
+def _position_mask(
+    positions: Any, absolute: torch.Tensor, prompt_len: int, ids: torch.Tensor | None, special: frozenset[int]
+) -> torch.Tensor | None:
     """Which of this request's rows a steering spec edits, counted over prompt + generated positions."""
     dev = absolute.device
     if isinstance(positions, str):

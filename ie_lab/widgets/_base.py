@@ -36,6 +36,7 @@ def integer(lo: int, hi: int) -> Callable[[Any], int]:
         if not lo <= x <= hi:
             raise Rejected(f"{x} is outside {lo}..{hi}")
         return x
+
     return check
 
 
@@ -50,6 +51,7 @@ def number(lo: float, hi: float) -> Callable[[Any], float]:
         if not math.isfinite(x) or not lo <= x <= hi:
             raise Rejected(f"{x} is not a finite number in [{lo}, {hi}]")
         return x
+
     return check
 
 
@@ -64,6 +66,7 @@ def text(max_len: int = MAX_TEXT) -> Callable[[Any], str]:
         except UnicodeEncodeError:
             raise Rejected("text is not valid Unicode (it holds a lone surrogate)") from None
         return x
+
     return check
 
 
@@ -72,6 +75,7 @@ def choice(options: tuple[str, ...]) -> Callable[[Any], str]:
         if not isinstance(x, str) or x not in options:
             raise Rejected(f"expected one of {', '.join(options)}")
         return x
+
     return check
 
 
@@ -90,6 +94,7 @@ def text_list(max_items: int = MAX_LIST, max_len: int = MAX_TEXT) -> Callable[[A
         if len(x) > max_items:
             raise Rejected(f"{len(x)} items is over the {max_items} limit")
         return [item(v) for v in x]
+
     return check
 
 
@@ -161,7 +166,9 @@ class Panel(anywidget.AnyWidget):
                 raise Rejected("too many fields")
             cmd = content.get("cmd")
             if not isinstance(cmd, str) or cmd not in self.COMMANDS:
-                raise Rejected(f"unknown command {str(cmd)[:40]!r}; this panel accepts {', '.join(sorted(self.COMMANDS))}")
+                raise Rejected(
+                    f"unknown command {str(cmd)[:40]!r}; this panel accepts {', '.join(sorted(self.COMMANDS))}"
+                )
             spec = self.COMMANDS[cmd]
             extra = set(content) - set(spec) - {"cmd"}
             if extra:

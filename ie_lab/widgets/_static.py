@@ -24,6 +24,8 @@ def bundle(name: str) -> Path:
         return DEV / name
     path = STATIC / name
     if not path.is_file():
-        raise FileNotFoundError(f"ie_lab's notebook panel file {path} is missing: in a source checkout run "
-                                "`./dev setup` (or `python widgets/build.py`); otherwise reinstall ie_lab.")
+        raise FileNotFoundError(
+            f"ie_lab's notebook panel file {path} is missing: in a source checkout run "
+            "`./dev setup` (or `python widgets/build.py`); otherwise reinstall ie_lab."
+        )
     return path

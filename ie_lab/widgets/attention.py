@@ -46,8 +46,17 @@ class AttentionViewer(_base.Panel):
     pattern = traitlets.Bytes(b"").tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
 
-    def __init__(self, fetch: Callable[[int], torch.Tensor], tokens: list[str], layers: list[int], n_heads: int,
-                 *, layer: int | None = None, head: int = 0, title: str = ""):
+    def __init__(
+        self,
+        fetch: Callable[[int], torch.Tensor],
+        tokens: list[str],
+        layers: list[int],
+        n_heads: int,
+        *,
+        layer: int | None = None,
+        head: int = 0,
+        title: str = "",
+    ):
         self._fetch = fetch
         self._cache: "collections.OrderedDict[int, torch.Tensor]" = collections.OrderedDict()
         layer = layers[0] if layer is None else int(layer)
@@ -98,11 +107,15 @@ class AttentionViewer(_base.Panel):
         self.show(layer, head)
 
     def __repr__(self) -> str:
-        return (f"AttentionViewer({self.title or 'attention'}: {len(self.tokens)} tokens, layers {self.layers}, "
-                f"{self.n_heads} heads; showing layer {self.layer} head {self.head})")
+        return (
+            f"AttentionViewer({self.title or 'attention'}: {len(self.tokens)} tokens, layers {self.layers}, "
+            f"{self.n_heads} heads; showing layer {self.layer} head {self.head})"
+        )
 
 
-def for_session(session: Any, prompt: Any, layers: Any = None, *, layer: int | None = None, head: int = 0) -> AttentionViewer:
+def for_session(
+    session: Any, prompt: Any, layers: Any = None, *, layer: int | None = None, head: int = 0
+) -> AttentionViewer:
     facts = session.facts  # refuses a closed session
     try:
         chosen = layer_list(layers, facts)
@@ -119,5 +132,6 @@ def for_session(session: Any, prompt: Any, layers: Any = None, *, layer: int | N
     def fetch(L: int) -> torch.Tensor:
         return session.capture(ids, [f"attn_probs.{L}"])[f"attn_probs.{L}"][0]
 
-    return AttentionViewer(fetch, tokens, chosen, facts.n_heads, layer=layer, head=head,
-                           title=facts.model_type)  # the repr adds the token count
+    return AttentionViewer(
+        fetch, tokens, chosen, facts.n_heads, layer=layer, head=head, title=facts.model_type
+    )  # the repr adds the token count

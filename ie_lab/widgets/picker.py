@@ -22,7 +22,11 @@ from ..errors import AddressError, IELabError
 from ..points import Scope, Width
 from . import _base, _static
 
-_ENGINES = (("transformerlens", "TransformerLens"), ("transformerlens_bridge", "TransformerBridge"), ("nnterp", "nnterp"))
+_ENGINES = (
+    ("transformerlens", "TransformerLens"),
+    ("transformerlens_bridge", "TransformerBridge"),
+    ("nnterp", "nnterp"),
+)
 
 
 def _width(p: _points.Point, f: ArchFacts) -> tuple[str, str]:
@@ -30,10 +34,19 @@ def _width(p: _points.Point, f: ArchFacts) -> tuple[str, str]:
     w = p.width
     if w is Width.ATTN:
         return f"n_heads × q × k = {f.n_heads} × q × k", f"[batch, {f.n_heads}, q, k]"
-    n = {Width.D_MODEL: f.d_model, Width.HEADS: f.n_heads * f.head_dim, Width.KV_HEADS: f.n_kv_heads * f.head_dim,
-         Width.D_MLP: f.d_mlp, Width.EXPERTS: f.n_experts, Width.VOCAB: f.vocab_size, Width.STREAMS: f.n_streams}[w]
-    formula = {Width.HEADS: f"n_heads × head_dim = {f.n_heads} × {f.head_dim} = {n}",
-               Width.KV_HEADS: f"n_kv_heads × head_dim = {f.n_kv_heads} × {f.head_dim} = {n}"}.get(w, f"{w.value} = {n}")
+    n = {
+        Width.D_MODEL: f.d_model,
+        Width.HEADS: f.n_heads * f.head_dim,
+        Width.KV_HEADS: f.n_kv_heads * f.head_dim,
+        Width.D_MLP: f.d_mlp,
+        Width.EXPERTS: f.n_experts,
+        Width.VOCAB: f.vocab_size,
+        Width.STREAMS: f.n_streams,
+    }[w]
+    formula = {
+        Width.HEADS: f"n_heads × head_dim = {f.n_heads} × {f.head_dim} = {n}",
+        Width.KV_HEADS: f"n_kv_heads × head_dim = {f.n_kv_heads} × {f.head_dim} = {n}",
+    }.get(w, f"{w.value} = {n}")
     return formula, f"[batch, seq, {n}]"
 
 
@@ -60,8 +73,10 @@ def _positions(f: ArchFacts) -> list[str]:
         dims = int(f.head_dim * float(frac))
     kind = f"rope:{int(dims)}" if dims and int(dims) < f.head_dim else "rope"
     no_rope = raw.get("no_rope_layers")  # SmolLM3: 1 = this layer uses RoPE, 0 = no positional encoding
-    return [("none" if isinstance(no_rope, (list, tuple)) and i < len(no_rope) and not no_rope[i] else kind)
-            for i in range(f.n_layers)]
+    return [
+        ("none" if isinstance(no_rope, (list, tuple)) and i < len(no_rope) and not no_rope[i] else kind)
+        for i in range(f.n_layers)
+    ]
 
 
 def attention_label(position: str, head_dim: int) -> str:
@@ -88,13 +103,21 @@ def _labels(f: ArchFacts, st: dict[str, Any]) -> None:
 def _structure_from_facts(f: ArchFacts) -> dict[str, Any]:
     raw = f.raw or {}
     separate = f.model_type in quirks.SEPARATE_PARALLEL_NORMS or (
-        f.model_type == "falcon" and bool(raw.get("new_decoder_architecture"))
-        and raw.get("num_ln_in_parallel_attn") in (None, 2))
-    st = {"parallel_block": f.parallel_block, "sandwich_norms": f.sandwich_norms, "pre_norms": f.pre_norms,
-          "gated_mlp": f.gated_mlp, "qk_norm": f.qk_norm, "moe_layers": list(f.moe_layers),
-          "attn_gate": bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
-          "n_streams": f.n_streams,
-          "parallel_norms": ("separate" if separate else "shared") if f.parallel_block and f.pre_norms else "none"}
+        f.model_type == "falcon"
+        and bool(raw.get("new_decoder_architecture"))
+        and raw.get("num_ln_in_parallel_attn") in (None, 2)
+    )
+    st = {
+        "parallel_block": f.parallel_block,
+        "sandwich_norms": f.sandwich_norms,
+        "pre_norms": f.pre_norms,
+        "gated_mlp": f.gated_mlp,
+        "qk_norm": f.qk_norm,
+        "moe_layers": list(f.moe_layers),
+        "attn_gate": bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
+        "n_streams": f.n_streams,
+        "parallel_norms": ("separate" if separate else "shared") if f.parallel_block and f.pre_norms else "none",
+    }
     _labels(f, st)
     return st
 
@@ -121,9 +144,19 @@ def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend:
     v = p.verdict(backend)
     if not v.verdict.ok:
         return False, v.reason
-    why = _points.absent_reason(p, _points.Structure(
-        family, qk_norm=bool(st["qk_norm"]), parallel=bool(st["parallel_block"]), gated_mlp=bool(st["gated_mlp"]),
-        moe_layers=tuple(st["moe_layers"]), attn_gate=bool(st["attn_gate"]), n_streams=int(st["n_streams"])), layer)
+    why = _points.absent_reason(
+        p,
+        _points.Structure(
+            family,
+            qk_norm=bool(st["qk_norm"]),
+            parallel=bool(st["parallel_block"]),
+            gated_mlp=bool(st["gated_mlp"]),
+            moe_layers=tuple(st["moe_layers"]),
+            attn_gate=bool(st["attn_gate"]),
+            n_streams=int(st["n_streams"]),
+        ),
+        layer,
+    )
     return (False, why) if why is not None else (True, v.reason)
 
 
@@ -138,9 +171,12 @@ def _ambiguous_names(model_ref: Any, family: str, st: dict) -> dict[tuple[str, s
     L = next((i for i in range(len(st.get("layer_kinds", ())) or 1) if i not in st["moe_layers"]), 0)
     out: dict[tuple[str, str, str], tuple[list[str], str]] = {}
     for engine, label in _ENGINES:
-        spellings = {t for p in _points.all_points() if not p.multi_stream_only
-                     for t in {"transformerlens": p.tl_legacy, "transformerlens_bridge": p.tl_bridge,
-                               "nnterp": p.nnterp}[engine]}
+        spellings = {
+            t
+            for p in _points.all_points()
+            if not p.multi_stream_only
+            for t in {"transformerlens": p.tl_legacy, "transformerlens_bridge": p.tl_bridge, "nnterp": p.nnterp}[engine]
+        }
         if engine.startswith("transformerlens"):
             spellings |= {"blocks.{L}.hook_attn_out", "blocks.{L}.hook_mlp_out"}
         for t in sorted(spellings):
@@ -153,8 +189,11 @@ def _ambiguous_names(model_ref: Any, family: str, st: dict) -> dict[tuple[str, s
             if there.name != here.name:
                 key = (there.name, here.name, t)
                 labels = out.get(key, ([],))[0] + [label]
-                out[key] = (labels, f"{' / '.join(labels)}: {t} is {here.name} on {family}, not {there.name} as on "
-                                    "plain pre-norm families (Llama): same name, different tensor.")
+                out[key] = (
+                    labels,
+                    f"{' / '.join(labels)}: {t} is {here.name} on {family}, not {there.name} as on "
+                    "plain pre-norm families (Llama): same name, different tensor.",
+                )
     return {k: v[1] for k, v in out.items()}
 
 
@@ -185,8 +224,13 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
             if measured:
                 row = tables[L if L is not None else 0][p.name]
                 ok = row.served and (L is None or row.example == str(Address(p.name, L)))
-                reason = row.reason if row.served == ok else _points.absent_reason(  # shown on another layer
-                    p, _points.Structure.from_binding(lm.binding), L)
+                reason = (
+                    row.reason
+                    if row.served == ok
+                    else _points.absent_reason(  # shown on another layer
+                        p, _points.Structure.from_binding(lm.binding), L
+                    )
+                )
             else:
                 ok, reason = _served_by_structure(p, L, st, backend, facts.model_type)
             served.append("1" if ok else "0")
@@ -202,18 +246,46 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
                 names[engine] = ""
         warnings = [w for (a, b, _), w in ambiguous.items() if p.name in (a, b)]
         formula, shape = _width(p, facts)
-        pts.append({
-            "name": p.name, "scope": p.scope.value, "width": formula, "shape": shape, "definition": p.definition,
-            "note": p.note, "heads": p.head_axis, "steerable": p.steerable,
-            "verdicts": {b: {"verdict": p.verdict(b).verdict.value, "ok": p.verdict(b).verdict.ok,
-                             "reason": p.verdict(b).reason} for b in _points.BACKENDS},
-            "names": names, "warnings": sorted(set(warnings)), "served": "".join(served), "why": why,
-        })
-    return {"family": facts.model_type, "backend": backend, "n_layers": n, "d_model": facts.d_model,
-            "n_heads": facts.n_heads, "n_kv_heads": facts.n_kv_heads, "head_dim": facts.head_dim,
-            "d_mlp": facts.d_mlp, "n_experts": facts.n_experts, "vocab_size": facts.vocab_size,
-            "layer_kinds": list(facts.layer_kinds), "structure": st, "points": pts,
-            "handle": "s" if lm is not None else "lm"}
+        pts.append(
+            {
+                "name": p.name,
+                "scope": p.scope.value,
+                "width": formula,
+                "shape": shape,
+                "definition": p.definition,
+                "note": p.note,
+                "heads": p.head_axis,
+                "steerable": p.steerable,
+                "verdicts": {
+                    b: {
+                        "verdict": p.verdict(b).verdict.value,
+                        "ok": p.verdict(b).verdict.ok,
+                        "reason": p.verdict(b).reason,
+                    }
+                    for b in _points.BACKENDS
+                },
+                "names": names,
+                "warnings": sorted(set(warnings)),
+                "served": "".join(served),
+                "why": why,
+            }
+        )
+    return {
+        "family": facts.model_type,
+        "backend": backend,
+        "n_layers": n,
+        "d_model": facts.d_model,
+        "n_heads": facts.n_heads,
+        "n_kv_heads": facts.n_kv_heads,
+        "head_dim": facts.head_dim,
+        "d_mlp": facts.d_mlp,
+        "n_experts": facts.n_experts,
+        "vocab_size": facts.vocab_size,
+        "layer_kinds": list(facts.layer_kinds),
+        "structure": st,
+        "points": pts,
+        "handle": "s" if lm is not None else "lm",
+    }
 
 
 class Picker(_base.Panel):
@@ -234,8 +306,9 @@ class Picker(_base.Panel):
         self._facts = facts
         spec = describe(facts, backend, lm=lm)
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
-            raise AddressError(f"layer must be a layer number (an integer 0..{facts.n_layers - 1}) or None, got "
-                               f"{layer!r}.")
+            raise AddressError(
+                f"layer must be a layer number (an integer 0..{facts.n_layers - 1}) or None, got {layer!r}."
+            )
         L = facts.n_layers // 2 if layer is None else layer
         if not 0 <= L < facts.n_layers:
             raise AddressError(f"layer {L} is out of range: this model has {facts.n_layers} layers.")
@@ -288,8 +361,10 @@ class Picker(_base.Panel):
     def __repr__(self) -> str:
         s = self.spec
         sel = ", ".join(self.selected) if self.selected else "none"
-        return (f"Picker({s['family']}, {s['n_layers']} layers, backend={s['backend']}; layer {self.layer}; "
-                f"selected: {sel})")
+        return (
+            f"Picker({s['family']}, {s['n_layers']} layers, backend={s['backend']}; layer {self.layer}; "
+            f"selected: {sel})"
+        )
 
 
 def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None) -> Picker:
@@ -311,14 +386,18 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
         if src not in CONFIG_MAPPING:
             from ..errors import did_you_mean
 
-            raise AddressError(f"unknown family {src!r}.{did_you_mean(src, list(CONFIG_MAPPING.keys()))} "
-                               "Pass a transformers model_type, a config, or a config dict.")
+            raise AddressError(
+                f"unknown family {src!r}.{did_you_mean(src, list(CONFIG_MAPPING.keys()))} "
+                "Pass a transformers model_type, a config, or a config dict."
+            )
         facts = ArchFacts.from_config(CONFIG_MAPPING[src]())
     else:
         try:
             facts = ArchFacts.from_config(src)
         except (TypeError, ValueError) as e:
-            raise AddressError(f"family_or_config must be a family name (a transformers model_type such as 'llama'), "
-                               f"a config (object or dict), ArchFacts or a Session; could not read "
-                               f"{type(src).__name__}: {e}") from None
+            raise AddressError(
+                f"family_or_config must be a family name (a transformers model_type such as 'llama'), "
+                f"a config (object or dict), ArchFacts or a Session; could not read "
+                f"{type(src).__name__}: {e}"
+            ) from None
     return Picker(facts, backend, layer=layer)

