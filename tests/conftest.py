@@ -24,7 +24,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from tests.families import FAMILIES, make_model, make_tokenizer  # noqa: E402
 
-# Families the binder refuses on purpose (tested in test_binder.py); everything else must bind.
+# Families the binder refuses on purpose (tested in test_arch_facts.py); everything else must bind.
 UNSUPPORTED = {"qwen3_next": "hybrid linear-attention layers are not bound yet"}
 SUPPORTED = [f for f in FAMILIES if f not in UNSUPPORTED]
 

@@ -16,7 +16,7 @@ import pytest
 PKG = pathlib.Path(__file__).resolve().parent.parent / "ie_lab"
 
 # Module prefix -> layer. The longest matching prefix wins; a module no prefix names is "tool" (mappers,
-# points_table, sizing, capabilities, coverage, docs_gen, toy: helpers above the core that no rule restricts yet).
+# points_table, sizing, coverage, docs_gen, toy: helpers above the core that no rule restricts yet).
 LAYERS = {
     # Tensor math on torch alone: the steering methods, attention rebuilt from q/k, lens post-processing,
     # projection scores. The vLLM worker runs them in its own process, so they import nothing of ie_lab.
@@ -36,6 +36,8 @@ LAYERS = {
     # the input checks, so it sits here too.
     "ie_lab.core": "core",
     "ie_lab.chat": "core",
+    # What each backend can do and the refusal text: read by every backend and by the remote server.
+    "ie_lab.capabilities": "core",
     # The backends: one model run in this process through transformers, one served by vLLM.
     "ie_lab.eager": "eager",
     "ie_lab.vllm": "vllm",

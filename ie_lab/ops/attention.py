@@ -1,7 +1,7 @@
 """Rebuilding attention matrices from the post-RoPE q and k a kernel received.
 
-Shared by the eager backend (models running sdpa or another fused kernel) and, later, the vLLM
-worker. Plain tensor arithmetic: no hooks, no model.
+Shared by the eager backend (models running sdpa or another fused kernel) and the vLLM worker.
+Plain tensor arithmetic: no hooks, no model.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Read-out arithmetic shared by the lenses (and, later, the vLLM worker's in-worker read-out)."""
+"""Read-out arithmetic of the lenses: the family's logit post-processing (the vLLM backend describes it from here too)."""
 
 from __future__ import annotations
 

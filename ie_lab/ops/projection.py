@@ -2,7 +2,7 @@
 
 Pure tensor math shared by every backend (the eager hooks and the vLLM worker both call ``scores``), so a
 probe or an encoder means the same numbers everywhere. Argument checks (what a user may pass) live in
-ie_lab/eager/project.py, which builds the ``Encoder`` this module applies.
+ie_lab/core/projection_args.py, which builds the ``Encoder`` this module applies.
 
 For a row x of width d (computed in float32, whatever the model's dtype):
 

@@ -2,7 +2,7 @@
 
 Pure tensor math shared by every backend (the eager hooks and the vLLM worker call these), so
 that a steering method means the same thing everywhere. Argument checks (what a user may pass) live with
-the specs in ie_lab/eager/steer.py. ``v`` is the steering direction; ``u`` is its
+the specs in ie_lab/core/steer_spec.py. ``v`` is the steering direction; ``u`` is its
 unit vector. Every function leaves positions where ``mask`` is False untouched.
 
 | method | formula |

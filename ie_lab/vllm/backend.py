@@ -584,7 +584,7 @@ class VLLMBackend:
 
     def _entered_specs(self) -> list:
         """This Session's specs entered with `with spec:` in the calling context (task, thread, or cell): the
-        scope contract every backend shares (docs/STEERING.md, ie_lab/eager/steer.py). The request runs in a copy
+        scope contract every backend shares (docs/STEERING.md, ie_lab/core/steer_scope.py). The request runs in a copy
         of the caller's context (run_coroutine_threadsafe copies it), so this reads the caller's blocks."""
         return active_specs(self.lm)
 
