@@ -77,7 +77,7 @@ def _wrap(key: str, original: Any) -> Callable:
             )
         return out
 
-    ie_lab_attention_tap.__wrapped__ = original if original is not _MISSING else None
+    ie_lab_attention_tap.__wrapped__ = original if original is not _MISSING else None  # type: ignore[attr-defined]
     return ie_lab_attention_tap
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -24,7 +25,8 @@ from .steer_hooks import steering
 def _caller_level() -> int:
     """warnings.warn's stacklevel for the first frame outside ie_lab, so a warning points at the user's line."""
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(pkg):
         frame, level = frame.f_back, level + 1
     return level

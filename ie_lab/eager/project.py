@@ -57,7 +57,8 @@ class _ProjTaps(Taps):
 
         self._shape_handle = self.lm.hf.register_forward_pre_hook(shape, with_kwargs=True)
         try:
-            return super().__enter__()
+            super().__enter__()
+            return self
         except BaseException:
             self.close()
             raise

@@ -253,10 +253,12 @@ class InprocDriver:
 
     async def _drive(self) -> None:
         eng = self.engine
+        wake = self._wake
+        assert wake is not None  # set by start() before this task is created
         while True:
             if not eng.has_unfinished_requests():
-                self._wake.clear()
-                await self._wake.wait()
+                wake.clear()
+                await wake.wait()
                 continue
             if self._error is not None:
                 return
@@ -305,7 +307,7 @@ class InprocDriver:
         finished = False
         try:
             self.engine.add_request(request_id, prompt, params)
-            self._wake.set()
+            self._wake.set()  # type: ignore[union-attr]  # start() ran: requests come after the driver exists
             while not finished:
                 o = await q.get()
                 if isinstance(o, BaseException):

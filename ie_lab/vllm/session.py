@@ -157,7 +157,7 @@ def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
                 why + ".",
                 f"declare some of {', '.join(_points.tappable())}, or create the Session without graph_points.",
             )
-        if p.scope is _points.Scope.LAYER:  # Address itself refuses a layer point without a layer
+        if p.scope is _points.Scope.LAYER and a.layer is not None:  # Address refuses a layer point without one
             if not 0 <= a.layer < facts.n_layers:
                 raise AddressError(f"layer {a.layer} of {a}: this model has layers 0..{facts.n_layers - 1}.")
         _points.require_present(p, _points.Structure.from_facts(facts), a.layer, str(a))

@@ -96,7 +96,7 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
 
     embed.register_forward_hook(canary)
     static = StaticTaps(taps, tick, echo)
-    model._ie_static = static
+    model._ie_static = static  # type: ignore[assignment]  # an attribute of ours on vLLM's module
     return static
 
 

@@ -228,7 +228,7 @@ class SteeringPanel(_base.Panel):
             self.proj_range = ranges["proj_range"]
             self.cap_min, self.cap_max = ranges["cap_min"], ranges["cap_max"]
 
-    def _spec(self):
+    def _spec(self) -> Any:
         if self._vector is None:
             return None
         kw: dict[str, Any] = {"method": self.method}
