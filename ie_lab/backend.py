@@ -123,6 +123,8 @@ class Backend(Protocol):
                    to_tokens, to_str_tokens. The Session's `facts`, `tokenizer`, `tokens()` read it.
       extras       names of backend-specific public members that the Session exposes as its own (vLLM: set_mode).
       collect_on_close  run a full garbage collection when the session is dropped, not only on close().
+      replace_key  optional: what else, besides the model and backend name, makes two sessions the same one, so that
+                   re-running a creating cell replaces the earlier session (remote: the user, as a hash of the token).
 
     Lifecycle (the Session calls these in this order):
       attach(session)   once the loop exists, before load: the backend may keep a weak reference, the loop and the

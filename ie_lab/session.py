@@ -365,7 +365,7 @@ class Session:
         )
         self.backend = name
         self._closed = False
-        self._key = _source_key(model, self.backend)
+        self._key = (*_source_key(model, self.backend), getattr(self._backend, "replace_key", None))
         if replace:
             self._replace_previous()
         self._loop = asyncio.new_event_loop()

@@ -302,6 +302,25 @@ def test_the_picker_on_a_remote_session_serves_what_the_local_one_does(remote, l
         s.close()
 
 
+def test_connecting_again_replaces_the_same_users_session_only(server, tokens):
+    # A re-run cell replaces its earlier session; two users in one process (a teacher checking a student's
+    # token) keep both. The key was the URL alone, so any second connect closed the first.
+    a = ie_lab.connect(server.url, token=tokens["bob"], progress=False)
+    b = ie_lab.connect(server.url, token=tokens["carol"], progress=False)
+    try:
+        assert a.tokens("The cat").tolist() == b.tokens("The cat").tolist()  # both open
+        a2 = ie_lab.connect(server.url, token=tokens["bob"], progress=False)
+        try:
+            with pytest.raises(ie_lab.SessionClosed):
+                a.tokens("The cat")
+            assert b.tokens("The cat").tolist() == a2.tokens("The cat").tolist()
+        finally:
+            a2.close()
+    finally:
+        a.close()
+        b.close()
+
+
 def test_refusals_arrive_as_the_same_class_and_text(remote, local):
     for call in (
         lambda s: s.capture("x", "resid_post.99"),

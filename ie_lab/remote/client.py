@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -165,6 +166,9 @@ class RemoteBackend:
         _httpx()
         self.url = model.rstrip("/")
         self._token, self._timeout = token, float(timeout)
+        # Re-running connect() for the same user replaces the earlier session; another user's session on the same
+        # server stays open. A hash, so no key or repr carries the token itself.
+        self.replace_key = hashlib.sha256(token.encode()).hexdigest()[:16]
         self._http: Any = None
         self._hello: dict = {}
         self.lm: RemoteModel | None = None
