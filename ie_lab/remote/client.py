@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from ..backend import CancelToken
-from ..core.inputs import prepare, prepare_prompts, str_tokens
+from ..core.client_model import ClientModel
+from ..core.inputs import prepare_prompts
 from ..core.steer_spec import issued_specs, make_spec
 from ..errors import CapabilityUnsupported, InputError, RequestFailed
 from ..session import Session
@@ -54,36 +55,14 @@ def _httpx() -> Any:
     return httpx
 
 
-class RemoteModel:
-    """What the client knows of the served model: its facts and tokenizer (as a vLLM client's VLLMModel)."""
+class RemoteModel(ClientModel):
+    """What the client knows of the served model: its facts and tokenizer, and the backend that serves it."""
 
     backend = "remote"
-    hf = None
-    binding = None
 
     def __init__(self, name: str, facts: Any, tokenizer: Any, dtype: torch.dtype, served: str):
-        self.name, self.facts, self.tokenizer, self.dtype, self.served = name, facts, tokenizer, dtype, served
-        self.device = torch.device("cpu")  # where results land on the client
-        self.lock = threading.RLock()
-
-    @property
-    def family(self) -> str:
-        return self.facts.model_type
-
-    @property
-    def _lm(self) -> "RemoteModel":  # ie_lab's handle checks (make_spec, input checks) accept it as is
-        return self
-
-    def to_tokens(self, text: Any) -> torch.Tensor:
-        return prepare(self, text)[0]
-
-    def to_str_tokens(self, tokens_or_text: Any):
-        ids = prepare(self, tokens_or_text)[0]
-        out = str_tokens(self, ids)
-        single = isinstance(tokens_or_text, str) or (
-            isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1
-        )
-        return out[0] if single else out
+        super().__init__(name, facts, tokenizer, dtype)
+        self.served = served
 
 
 def _load_tokenizer(files: dict) -> Any:

@@ -8,7 +8,6 @@ Session holding one. VLLMSession is kept as a name for that Session class.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 from .. import points as _points
 from ..address import Address
 from ..arch import quirks
-from ..core.inputs import prepare, str_tokens
+from ..core.client_model import ClientModel
 from ..core.sampling import check_generation_args
 from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent
 from ..session import Session
@@ -27,36 +26,14 @@ from .wire import RECOMPUTED
 VLLMSession = Session  # older code imports this name; a Session on backend='vllm' is a plain Session
 
 
-class VLLMModel:
+class VLLMModel(ClientModel):
     """What the client side knows of a model served by vLLM: facts, tokenizer, and what the worker binds."""
 
     backend = "vllm"
-    hf = None
-    binding = None
 
     def __init__(self, name: str, facts: Any, tokenizer: Any, dtype: torch.dtype, info: dict):
-        self.name, self.facts, self.tokenizer, self.dtype, self.info = name, facts, tokenizer, dtype, info
-        self.device = torch.device("cpu")  # where results land on the client
-        self.lock = threading.RLock()
-
-    @property
-    def family(self) -> str:
-        return self.facts.model_type
-
-    @property
-    def _lm(self) -> "VLLMModel":  # so ie_lab._as_lm() (used by make_spec and input checks) accepts it as is
-        return self
-
-    def to_tokens(self, text: Any) -> torch.Tensor:
-        return prepare(self, text)[0]
-
-    def to_str_tokens(self, tokens_or_text: Any):
-        ids = prepare(self, tokens_or_text)[0]
-        out = str_tokens(self, ids)
-        single = isinstance(tokens_or_text, str) or (
-            isinstance(tokens_or_text, torch.Tensor) and tokens_or_text.dim() == 1
-        )
-        return out[0] if single else out
+        super().__init__(name, facts, tokenizer, dtype)
+        self.info = info
 
 
 def check_served(lm: VLLMModel, addr: Address) -> None:
