@@ -1,4 +1,5 @@
-"""What operations return: generation steps and results, lens tables, attention matrices, projection scores.
+"""What operations return: generation steps and results, lens tables, attention matrices, projection scores,
+patching grids.
 
 Neutral: plain containers of tensors and strings with their reprs and plots. Every backend builds the same types,
 so code written against one backend's results runs on the other's.
@@ -218,3 +219,42 @@ class Projection:
     def __repr__(self) -> str:
         gen = f", {len(self.generated)} generated" if self.generated else ""
         return f"Projection({self.address}: scores {list(self.scores.shape)}{gen})"
+
+
+# ---- patching -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PatchGrid:
+    values: torch.Tensor  # [rows, cols]
+    rows: list[str]
+    cols: list[str]
+    clean: float
+    corrupted: float
+    metric: str
+
+    def __repr__(self) -> str:
+        return (
+            f"PatchGrid({self.metric}: {len(self.rows)} x {len(self.cols)}; clean {self.clean:.3f}, corrupted "
+            f"{self.corrupted:.3f}, best {float(self.values.max()):.3f} at "
+            f"{self.rows[int(self.values.argmax()) // len(self.cols)]} / "
+            f"{self.cols[int(self.values.argmax()) % len(self.cols)]})"
+        )
+
+    def plot(self):
+        import plotly.graph_objects as go
+
+        fig = go.Figure(
+            go.Heatmap(
+                z=self.values.cpu().numpy(),
+                x=self.cols,
+                y=self.rows,
+                colorscale="RdBu",
+                zmid=self.corrupted,
+                colorbar=dict(title=self.metric),
+            )
+        )
+        fig.update_layout(
+            title=f"Activation patching ({self.metric}); clean={self.clean:.2f}, corrupted={self.corrupted:.2f}"
+        )
+        return fig

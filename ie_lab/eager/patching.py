@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,6 +12,7 @@ from ..address import Address, AddressLike, layer_list
 from ..cache import Cache
 from ..core.addresses import parse_addresses, slice_head
 from ..core.inputs import prepare, str_tokens
+from ..core.results import PatchGrid
 from ..errors import CapabilityUnsupported, InputError, StructureError, check_flag
 from .capture import capture, capture_batch
 from .model import lm_of
@@ -169,42 +169,6 @@ def patch(
     if not isinstance(source, Cache):
         source = capture_batch(lm, source, addrs)
     return run_with_patches(lm, prompt, {a: source[a] for a in addrs}, positions=positions)
-
-
-@dataclass
-class PatchGrid:
-    values: torch.Tensor  # [rows, cols]
-    rows: list[str]
-    cols: list[str]
-    clean: float
-    corrupted: float
-    metric: str
-
-    def __repr__(self) -> str:
-        return (
-            f"PatchGrid({self.metric}: {len(self.rows)} x {len(self.cols)}; clean {self.clean:.3f}, corrupted "
-            f"{self.corrupted:.3f}, best {float(self.values.max()):.3f} at "
-            f"{self.rows[int(self.values.argmax()) // len(self.cols)]} / "
-            f"{self.cols[int(self.values.argmax()) % len(self.cols)]})"
-        )
-
-    def plot(self):
-        import plotly.graph_objects as go
-
-        fig = go.Figure(
-            go.Heatmap(
-                z=self.values.cpu().numpy(),
-                x=self.cols,
-                y=self.rows,
-                colorscale="RdBu",
-                zmid=self.corrupted,
-                colorbar=dict(title=self.metric),
-            )
-        )
-        fig.update_layout(
-            title=f"Activation patching ({self.metric}); clean={self.clean:.2f}, corrupted={self.corrupted:.2f}"
-        )
-        return fig
 
 
 def _scalar(x: Any) -> float:
