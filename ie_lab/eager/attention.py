@@ -11,7 +11,7 @@ from ..address import layer_list
 from ..core.inputs import prepare
 from ..core.results import AttentionResult
 from ..errors import CapabilityUnsupported
-from .capture import capture
+from .capture import capture, capture_batch
 from .model import lm_of
 
 
@@ -24,7 +24,7 @@ def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> A
         raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
     # One forward: scores with probs wherever the family exposes them (its attention goes through the tap).
     with_scores = [L for L in layers if lm.binding.layers[L].uses_attention_interface]
-    c = capture(
+    c = capture_batch(  # one [1, seq] tensor: one Cache, as capture() returns for it
         lm,
         ids,
         [f"attn_probs.{L}" for L in layers]
@@ -42,6 +42,7 @@ def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> A
         for L in missing:
             scores[L] = None
     kv, d = lm.facts.n_kv_heads, lm.facts.head_dim
+    assert c.str_tokens is not None  # a captured Cache always carries its token strings
     return AttentionResult(
         layers,
         c.str_tokens[0],
