@@ -14,7 +14,7 @@ from ..core.results import LensResult, token_names
 from ..errors import AddressError, InputError, check_flag
 from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
 from ..points import Scope, Width
-from .capture import capture
+from .capture import capture, capture_batch
 from .model import lm_of
 
 Transport = tuple[torch.Tensor, torch.Tensor] | Callable[[torch.Tensor], torch.Tensor]
@@ -115,8 +115,7 @@ def logit_lens(
     ids, _ = prepare(lm, prompt)
     if ids.shape[0] != 1:
         raise InputError(f"logit_lens reads one prompt, got a batch of {ids.shape[0]}: call it once per prompt.")
-    cache = capture(lm, ids, addrs)
-    ids = cache.tokens
+    cache = capture_batch(lm, ids, addrs)  # one [1, seq] tensor: one Cache, as capture() returns for it
     all_logits, top_ids, top_probs = [], [], []
     for a in addrs:
         h = cache[a][0]
@@ -189,9 +188,14 @@ def fit_tuned_lens(
     xs: dict[int, list[torch.Tensor]] = {L: [] for L in layers}
     ys: list[torch.Tensor] = []
     n = 0
-    for text in corpus:
+    for i, text in enumerate(corpus):
         addrs = sorted({Address(point, L) for L in layers} | {Address("resid_post", last)})
         c = capture(lm, text, addrs)
+        if isinstance(c, list):
+            raise InputError(
+                f"corpus item {i} is a list of prompts; the corpus is a flat iterable of prompts (each a text, "
+                "token ids or a conversation): flatten it, e.g. [p for batch in corpus for p in batch]."
+            )
         ys.append(c[f"resid_post.{last}"][0].float())
         for L in layers:
             xs[L].append(c[Address(point, L)][0].float())
