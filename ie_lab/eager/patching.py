@@ -14,10 +14,10 @@ from ..core.addresses import parse_addresses, slice_head
 from ..core.inputs import prepare, str_tokens
 from ..core.results import PatchGrid
 from ..errors import CapabilityUnsupported, InputError, StructureError, check_flag
-from .capture import capture, capture_batch
+from .capture import capture_batch
 from .model import lm_of
 from .taps import Taps
-from .writers import WRITABLE, Writers
+from .writers import WRITABLE, Edit, Writers
 
 Metric = Callable[[torch.Tensor], Any]  # logits [batch, seq, vocab] -> scalar (gradients(of=...): a point or a Cache)
 
@@ -65,7 +65,7 @@ def _check_positions(positions: Any, seq: int) -> list[int] | None:
         items = [items]
     if not items:
         raise InputError("positions is empty: name at least one token index, or pass None to patch every position.")
-    out = []
+    out: list[int] = []
     for p in items:
         if isinstance(p, bool) or not isinstance(p, int):
             raise InputError(f"positions must be integer token indices, got {p!r} ({type(p).__name__}).")
@@ -222,7 +222,7 @@ def patch_sweep(
             f"position (got {c_ids.shape[1]} and {x_ids.shape[1]})."
         )
     addrs = [Address(point, L).check(lm.facts) for L in layers]
-    src = capture(lm, c_ids, addrs)
+    src = capture_batch(lm, c_ids, addrs)  # one id tensor: one Cache, as capture() returns for it
     with torch.no_grad():
         clean_m = _scalar(metric(_forward(lm, c_ids, None)))
         corr_m = _scalar(metric(_forward(lm, x_ids, None)))
@@ -263,7 +263,7 @@ def _sweep_batch(
     def block(r: int) -> slice:
         return slice(r * b, (r + 1) * b)
 
-    edits = []
+    edits: list[tuple[Address, Edit]] = []
     for (i, head), rs in rows_of.items():
         a = addrs[i]
         if over == "layer_position":
@@ -277,6 +277,7 @@ def _sweep_batch(
 
             edits.append((a, edit))
         else:
+            assert head is not None  # over="layer_head" keys every cell by its (layer, head)
             d = lm.facts.head_dim
             head_src = src[a][..., head * d : (head + 1) * d]
 
@@ -422,6 +423,7 @@ def attribution_patch(
     c = capture_batch(lm, clean, addrs)
     x = capture_batch(lm, corrupted, addrs)
     g = gradients(lm, corrupted, metric, addrs)
+    assert c.tokens is not None and x.tokens is not None and x.str_tokens is not None  # a captured Cache has them
     with torch.no_grad():
         corr_m = _scalar(metric(_forward(lm, x.tokens, None)))
         clean_m = _scalar(metric(_forward(lm, c.tokens, None)))
