@@ -27,21 +27,27 @@ from typing import Any
 import torch
 
 from ..backend import CancelToken
+from ..cache import Cache
+from ..core.addresses import parse_addresses
 from ..core.client_model import ClientModel
 from ..core.inputs import prepare_prompts
 from ..core.steer_spec import issued_specs, make_spec
-from ..errors import CapabilityUnsupported, InputError, RequestFailed
+from ..errors import CapabilityUnsupported, IELabError, InputError, RequestFailed, check_flag
 from ..session import Session
+from .metrics import from_callable
 from .wire import CONTENT_TYPE, decode, encode, facts_from, rebuild_error
 
 TOKEN_ENV = "IE_LAB_TOKEN"  # the client's token when connect() is given none
 _POLL = 0.05  # seconds between looks at a stream's cancel token while it waits for the next step
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # tokenizer files the server sends: plain names only
-_NOT_SERVED = ("activation patching and sweeps", "gradients", "run(fn) on the model object")
+_NOT_SERVED = ("run(fn) on the model object",)
 _NOT_SERVED_WHY = (
-    "a remote server runs a closed list of operations with data arguments (capture, generation, "
-    "attention, logit lens, projection, mean differences); patching and gradients take a metric "
-    "function, run(fn) takes code, and none of them is served remotely yet"
+    "a remote server runs a closed list of operations with data arguments and no code of the client, and fn is code"
+)
+_NOT_SERVED_INSTEAD = (
+    "use the served operations, which take data (capture, generate, generate_stream, attention, logit_lens, "
+    "project, mean_difference, patch, patch_sweep and gradients with a metric of ie_lab.remote.metrics; "
+    "docs/REMOTE.md), or run ie_lab where the model is (Session(model, backend='eager')) for fn(model)"
 )
 
 
@@ -208,10 +214,7 @@ class RemoteBackend:
 
         if capability in _NOT_SERVED:
             raise CapabilityUnsupported(
-                f"{capability} on a remote Session",
-                _NOT_SERVED_WHY,
-                "run ie_lab where the model is (Session(model, backend='eager'))",
-                backend="backend='remote'",
+                f"{capability} on a remote Session", _NOT_SERVED_WHY, _NOT_SERVED_INSTEAD, backend="backend='remote'"
             )
         require(capability, self.served_backend)
 
@@ -336,20 +339,33 @@ class RemoteBackend:
     def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any) -> Any:
         return self._call("mean_difference", (positive, negative, address), kwargs)
 
-    def _refuse(self, capability: str) -> Any:
-        self.require(capability)  # raises: none of these is served
-
     def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any) -> Any:
-        return self._refuse("activation patching and sweeps")
+        if isinstance(source, Cache):
+            source = self._cache_tensors(source, addresses)
+        return self._call("patch", (prompt, source, addresses), kwargs)
 
-    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any) -> Any:
-        return self._refuse("activation patching and sweeps")
+    def _cache_tensors(self, cache: Cache, addresses: Any) -> dict:
+        """A patch source Cache as it travels: the tensors at `addresses` (all of them where one is missing or
+        unreadable, so the server's refusal lists what the cache holds, as a local one does)."""
+        try:
+            wanted = parse_addresses(self.lm, addresses)
+        except IELabError:
+            wanted = None
+        if wanted is None or not all(a in cache for a in wanted):
+            return {str(a): t for a, t in cache.items()}
+        return {str(a): cache[a] for a in wanted}
+
+    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, *, progress: bool = True, **kwargs: Any) -> Any:
+        check_flag("progress", progress)  # the server draws no bar; the flag is checked as locally
+        if isinstance(kwargs.get("layers"), (range, tuple)):
+            kwargs["layers"] = list(kwargs["layers"])
+        return self._call("patch_sweep", (clean, corrupted, from_callable(metric)), kwargs)
 
     def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None) -> Any:
-        return self._refuse("gradients")
+        return self._call("gradients", (prompt, from_callable(metric), addresses), {} if of is None else {"of": of})
 
     def run(self, fn: Callable[[Any], Any]) -> Any:
-        return self._refuse("run(fn) on the model object")
+        self.require("run(fn) on the model object")  # raises: no code crosses to the server
 
     def issued(self, steer: Any) -> Any:
         return issued_specs(self.lm, steer)

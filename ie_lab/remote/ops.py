@@ -14,9 +14,12 @@ from typing import Any
 
 import torch
 
+from ..address import Address
+from ..cache import Cache
 from ..core.projection_args import SAE_KEYS
-from ..errors import InputError
-from .wire import SteerPayload
+from ..errors import IELabError, InputError
+from .metrics import KINDS, Metric
+from .wire import MetricPayload, SteerPayload
 
 MAX_ITEMS = 4096  # list lengths: prompts in a batch, stop strings, addresses, positions
 MAX_TEXT = 1 << 20  # characters in one string
@@ -162,6 +165,49 @@ def _directions(op: str, name: str, x: Any) -> Any:
     return _tensor(op, name, x)
 
 
+def _metric(op: str, name: str, x: Any) -> Metric:
+    if not isinstance(x, MetricPayload):
+        raise _bad(op, name, f"a metric a server evaluates ({', '.join(KINDS)}; ie_lab.remote.metrics)", x)
+    if not isinstance(x.params, dict) or not all(isinstance(k, str) for k in x.params):
+        raise ArgError(f"{op}: argument {name!r}: a metric's parameters are a map of names to values.")
+    params = {
+        k: _tensor(op, f"{name}.{k}", v, dims=1) if k == "vector" else _int(op, f"{name}.{k}", v)
+        for k, v in x.params.items()
+    }
+    return Metric(_text(op, f"{name}.kind", x.kind), **params)  # checks the kind and its parameters' meaning
+
+
+def _index_list(op: str, name: str, x: Any) -> Any:
+    """Token positions: a list, tuple or range of integers, or a 1-D integer tensor (the Session checks them)."""
+    if isinstance(x, range):
+        if len(x) > MAX_ITEMS:
+            raise ArgError(f"{op}: argument {name!r} has {len(x)} items, over the server's {MAX_ITEMS}.")
+        return x
+    if isinstance(x, tuple):
+        return tuple(list_of(_int)(op, name, list(x)))
+    if isinstance(x, list):
+        return list_of(_int)(op, name, x)
+    return _tensor(op, name, x, ints=True, dims=1)
+
+
+def _source(op: str, name: str, x: Any) -> Any:
+    """patch's source: a prompt (or prompts) to capture from, or the tensors of a Cache by address (the client
+    sends a Cache that way); the server rebuilds the Cache."""
+    if isinstance(x, dict):
+        if len(x) > MAX_ITEMS:
+            raise ArgError(f"{op}: argument {name!r} has {len(x)} entries, over the server's {MAX_ITEMS}.")
+        tensors = {}
+        for k, v in x.items():
+            key = _text(op, f"{name} key", k)
+            try:
+                addr = Address.parse(key)
+            except IELabError as e:
+                raise ArgError(f"{op}: argument {name!r}: {e}") from None
+            tensors[addr] = _tensor(op, f"{name}[{key!r}]", v, dims=4)
+        return Cache(tensors)
+    return PROMPTS(op, name, x)
+
+
 GEN = {
     "temperature": _real,
     "top_k": optional(_int),
@@ -252,6 +298,25 @@ OPS: dict[str, RemoteOp] = {
             "mean_difference",
             (("positive", list_of(PROMPT), True), ("negative", list_of(PROMPT), True), ("address", ADDRESS, True)),
             {"batch_size": optional(_int), "steer": STEER},
+            scoped_steer=True,
+        ),
+        # Patching and gradients: addresses, positions and layers as data; the metric one of metrics.KINDS.
+        RemoteOp(
+            "patch",
+            (("prompt", PROMPTS, True), ("source", _source, True), ("addresses", ADDRESSES, True)),
+            {"positions": optional(_index_list), "steer": STEER},
+            scoped_steer=True,
+        ),
+        RemoteOp(
+            "patch_sweep",
+            (("clean", PROMPTS, True), ("corrupted", PROMPTS, True), ("metric", _metric, True)),
+            {"point": _text, "over": _text, "layers": LAYERS, "batch_size": optional(_int), "steer": STEER},
+            scoped_steer=True,
+        ),
+        RemoteOp(
+            "gradients",
+            (("prompt", PROMPTS, True), ("metric", _metric, True), ("addresses", ADDRESSES, True)),
+            {"of": CAPTURE, "steer": STEER},
             scoped_steer=True,
         ),
         # the facts: no arguments

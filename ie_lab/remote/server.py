@@ -255,6 +255,8 @@ class Server:
             return facts_dict(s.facts)
         if name == "capabilities":
             return self.capabilities()
+        if name == "patch_sweep":
+            kwargs["progress"] = False  # a progress bar would draw in the server's terminal, not the notebook
         specs = kwargs.pop("steer", None) if OPS[name].scoped_steer else None
         with contextlib.ExitStack() as blocks:
             for spec in specs or ():

@@ -26,7 +26,7 @@ from ..address import Address
 from ..arch.config_facts import ArchFacts
 from ..backend import OperationCancelled, SessionClosed
 from ..cache import Cache
-from ..core.results import AttentionResult, GenerationResult, GenStep, LensResult, Projection
+from ..core.results import AttentionResult, GenerationResult, GenStep, LensResult, PatchGrid, Projection
 from ..core.steer_spec import SteerSpec
 from ..errors import (
     AddressError,
@@ -39,6 +39,7 @@ from ..errors import (
     StructureError,
 )
 from ..points_table import PointsTable, Row
+from .metrics import Metric
 
 MAGIC = b"IEL1"
 CONTENT_TYPE = "application/x-ie-lab-frame"
@@ -65,7 +66,7 @@ _ERROR_ATTRS = ("point", "family", "why", "instead", "what", "backend")
 
 # Result types a response may carry, by tag. Requests carry none of them (decode(..., results=False)).
 RESULTS: dict[str, type] = {
-    c.__name__: c for c in (GenStep, GenerationResult, LensResult, AttentionResult, Projection, Row)
+    c.__name__: c for c in (GenStep, GenerationResult, LensResult, AttentionResult, Projection, PatchGrid, Row)
 }
 
 
@@ -126,6 +127,9 @@ class _Encoder:
                 "target": x.target,
                 "positions": self.value(x.positions),
             }
+        if isinstance(x, Metric):
+            d = x.data()
+            return {"$": "metric", "kind": d["kind"], "params": self.value(d["params"])}
         if isinstance(x, PointsTable):
             return {"$": "PointsTable", "rows": self.value(list(x.rows)), "backend": x.backend, "family": x.family}
         if type(x).__name__ in RESULTS and dataclasses.is_dataclass(x):
@@ -204,6 +208,8 @@ class _Decoder:
             return range(*v)
         if tag == "steer":
             return SteerPayload(**{k: self.value(x.get(k), depth + 1) for k in SteerPayload.FIELDS})
+        if tag == "metric":
+            return MetricPayload(x.get("kind"), self.value(x.get("params"), depth + 1))
         if not self.results:
             raise WireError(
                 f"{tag[:40]!r} is not a value a request may carry; send tensors, numbers, strings, lists "
@@ -244,6 +250,15 @@ class SteerPayload:
     max: Any
     target: Any
     positions: Any
+
+
+@dataclasses.dataclass
+class MetricPayload:
+    """A metric as a request carries it: a kind and its parameters, data only. The server builds the Metric
+    (ie_lab/remote/metrics.py), which checks both."""
+
+    kind: Any
+    params: Any
 
 
 def _list(x: dict, key: str) -> list:

@@ -1,0 +1,241 @@
+"""Remote patching, sweeps and gradients (issue 18): closed operations whose arguments are data (addresses,
+positions, layers, a metric of ie_lab.remote.metrics), each equal to the local Session's result; code (a metric
+function, run(fn)) is refused on the client with the fix named, and a hand-made metric payload that is not one
+of the served kinds is refused by the server, which goes on serving.
+
+One `ie-lab serve demo` subprocess on loopback (tests/test_remote.py's Server), one local eager Session.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+import torch
+
+pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import ie_lab  # noqa: E402
+from ie_lab.remote import metrics  # noqa: E402
+from ie_lab.remote.wire import MetricPayload, encode  # noqa: E402
+from tests.test_remote import Server, _write_tokens, post, stats  # noqa: E402
+
+CLEAN = "When Mary and John went to the store, John gave a drink to"
+CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"  # the same length: 15 tokens
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def token():
+    return f"alice-{secrets.token_urlsafe(24)}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, token):
+    path = tmp_path_factory.mktemp("remote-ops") / "tokens"
+    _write_tokens(path, {"alice": token}, ["alice"])
+    s = Server(path)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def local():
+    s = ie_lab.Session(ie_lab.DEMO_MODEL, backend="eager", progress=False, replace=False)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def remote(server, token):
+    s = ie_lab.connect(server.url, token=token, replace=False)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def names(local):
+    mary, john = int(local.tokens(" Mary")[0, -1]), int(local.tokens(" John")[0, -1])
+    return mary, john
+
+
+def test_patch_equals_local_and_a_neighbour_point_does_not(remote, local):
+    got = remote.patch(CORRUPTED, CLEAN, "mlp_out.1")
+    want = local.patch(CORRUPTED, CLEAN, "mlp_out.1")
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, **TOL)
+    # (a whole residual point patched at every position is the clean run at any layer; one MLP's output is not)
+    assert not torch.allclose(got, local.patch(CORRUPTED, CLEAN, "mlp_out.2"), atol=1e-3)
+    # positions, several addresses, and a Cache captured beforehand (on either side) as the source
+    kw = dict(positions=[8, 9])
+    torch.testing.assert_close(
+        remote.patch(CORRUPTED, CLEAN, ["z.2", "resid_pre.1"], **kw),
+        local.patch(CORRUPTED, CLEAN, ["z.2", "resid_pre.1"], **kw),
+        **TOL,
+    )
+    cache = remote.capture(CLEAN, ["mlp_out.1", "mlp_out.0", "attn_probs.2"])
+    torch.testing.assert_close(remote.patch(CORRUPTED, cache, "mlp_out.1"), want, **TOL)
+    torch.testing.assert_close(
+        remote.patch(CORRUPTED, local.capture(CLEAN, ["mlp_out.0"]), "mlp_out.0", positions=range(3, 9)),
+        local.patch(CORRUPTED, CLEAN, "mlp_out.0", positions=range(3, 9)),
+        **TOL,
+    )
+
+
+def test_patch_sweep_equals_local(remote, local, names):
+    mary, john = names
+    for metric, kw in (
+        (ie_lab.logit_diff(mary, john), {}),  # ie_lab's own metric travels as its three integers
+        (metrics.logprob(mary), dict(over="layer_head", layers=range(1, 4))),
+        (metrics.logit_diff(mary, john, position=-2), dict(point="resid_mid", batch_size=3)),
+    ):
+        got = remote.patch_sweep(CLEAN, CORRUPTED, metric, **kw)
+        want = local.patch_sweep(CLEAN, CORRUPTED, metric, progress=False, **kw)
+        assert (got.rows, got.cols, got.metric) == (want.rows, want.cols, want.metric)
+        torch.testing.assert_close(got.values, want.values, **TOL)
+        assert abs(got.clean - want.clean) < 1e-4 and abs(got.corrupted - want.corrupted) < 1e-4
+    # the neighbour: the same sweep of the next point down differs
+    neighbour = local.patch_sweep(CLEAN, CORRUPTED, ie_lab.logit_diff(mary, john), point="resid_post", progress=False)
+    base = remote.patch_sweep(CLEAN, CORRUPTED, ie_lab.logit_diff(mary, john))
+    assert base.values.shape == neighbour.values.shape
+    assert not torch.allclose(base.values, neighbour.values, atol=1e-3)
+    assert "logit_diff" in repr(base)
+
+
+def test_gradients_equal_local(remote, local, names):
+    mary, john = names
+    addrs = ["resid_pre.1", "z.2", "attn_out.3"]
+    got = remote.gradients(CLEAN, ie_lab.logit_diff(mary, john), addrs)
+    want = local.gradients(CLEAN, ie_lab.logit_diff(mary, john), addrs)
+    assert [str(a) for a in got] == [str(a) for a in want] and got.str_tokens == want.str_tokens
+    for a in addrs:
+        torch.testing.assert_close(got[a], want[a], **TOL)
+        assert float(got[a].abs().max()) > 0  # a real gradient, not the zeros of an unused point
+    assert not torch.allclose(
+        got["resid_pre.1"],
+        local.gradients(CLEAN, ie_lab.logit_diff(mary, john), "resid_pre.2")["resid_pre.2"],
+        atol=1e-4,
+    )
+    # of=: the metric reads a point instead of the logits (a probe direction, the norm)
+    v = torch.randn(local.facts.d_model, generator=torch.Generator().manual_seed(1))
+    for metric in (metrics.dot(v), metrics.norm(position=4), metrics.logit(john)):
+        of = None if metric.kind == "logit" else "resid_post.3"
+        g = remote.gradients(CLEAN, metric, ["resid_pre.0", "resid_mid.2"], of=of)
+        w = local.gradients(CLEAN, metric, ["resid_pre.0", "resid_mid.2"], of=of)
+        for a in ("resid_pre.0", "resid_mid.2"):
+            torch.testing.assert_close(g[a], w[a], **TOL)
+
+
+def test_steering_blocks_reach_the_served_patch_operations(remote, local, names):
+    mary, john = names
+    v = torch.randn(local.facts.d_model, generator=torch.Generator().manual_seed(7))
+    with remote.steer("resid_post.0", v, scale=4.0):
+        got = remote.patch(CORRUPTED, CLEAN, "mlp_out.1")
+        grads = remote.gradients(CLEAN, ie_lab.logit_diff(mary, john), "resid_pre.3")
+    with local.steer("resid_post.0", v, scale=4.0):
+        want = local.patch(CORRUPTED, CLEAN, "mlp_out.1")
+        grads_l = local.gradients(CLEAN, ie_lab.logit_diff(mary, john), "resid_pre.3")
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(grads["resid_pre.3"], grads_l["resid_pre.3"], **TOL)
+    assert not torch.allclose(got, local.patch(CORRUPTED, CLEAN, "mlp_out.1"), atol=1e-3)  # it steered
+
+
+def test_refusals_arrive_as_the_same_class_and_text(remote, local, names):
+    mary, john = names
+    for call in (
+        lambda s: s.patch(CORRUPTED, CLEAN, "resid_post.9"),
+        lambda s: s.patch(CORRUPTED, CLEAN, "attn_probs.1"),
+        lambda s: s.patch(CORRUPTED, "Short", "resid_post.1"),
+        lambda s: s.patch(CORRUPTED, CLEAN, "resid_post.1", positions=[99]),
+        lambda s: s.patch(CORRUPTED, s.capture(CLEAN, "mlp_out.0"), "resid_post.1"),
+        lambda s: s.patch_sweep(CLEAN, CORRUPTED, ie_lab.logit_diff(mary, john), over="everything", progress=False),
+        lambda s: s.patch_sweep(CLEAN, "Short", ie_lab.logit_diff(mary, john), progress=False),
+        lambda s: s.patch_sweep(CLEAN, CORRUPTED, ie_lab.logit_diff(10**6, john), progress=False),
+        lambda s: s.patch_sweep(CLEAN, CORRUPTED, metrics.logprob(john, position=40), progress=False),
+        lambda s: s.gradients(CLEAN, ie_lab.logit_diff(mary, john), "attn_scores.1"),
+        lambda s: s.gradients(CLEAN, metrics.norm(), "resid_pre.1", of=["resid_post.2", "z.1"]),
+    ):
+        with pytest.raises(ie_lab.IELabError) as here:
+            call(local)
+        with pytest.raises(ie_lab.IELabError) as there:
+            call(remote)
+        assert type(there.value) is type(here.value) and str(there.value) == str(here.value), str(here.value)
+
+
+def test_code_is_refused_with_what_to_use_instead(remote, local, server, token):
+    for call in (
+        lambda: remote.patch_sweep(CLEAN, CORRUPTED, lambda logits: logits[0, -1, 5]),
+        lambda: remote.gradients(CLEAN, lambda logits: logits.sum(), "resid_pre.1"),
+    ):
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="no code") as e:
+            call()
+        assert "ie_lab.remote.metrics" in str(e.value) and "ie_lab.logit_diff" in str(e.value)
+    with pytest.raises(ie_lab.CapabilityUnsupported) as e:
+        remote.run(lambda model: model)
+    text = str(e.value)
+    assert "backend='remote'" in text and "fn is code" in text
+    assert "patch_sweep" in text and "ie_lab.remote.metrics" in text and "backend='eager'" in text
+    assert local.run(lambda lm: lm.facts.n_layers) == 4  # the same call runs where the model is
+
+    # what a hand-made request may claim a metric is: refused by the server, which goes on serving
+    before = stats(server, token)
+    hostile = {
+        "unknown kind": MetricPayload("eval", {"position": -1}),
+        "code-like parameter": MetricPayload("logit", {"token": "__import__('os')"}),
+        "unknown parameter": MetricPayload("logit", {"token": 3, "fn": 1}),
+        "params not a map": MetricPayload("norm", [1, 2]),
+        "2-D vector": MetricPayload("dot", {"vector": torch.zeros(2, 128)}),
+        "a string as the metric": "logits.sum()",
+    }
+    for name, metric in hostile.items():
+        body = _encode_metric({"args": [CLEAN, CORRUPTED, metric], "kwargs": {}})
+        r = post(server, "patch_sweep", body, token)
+        assert r.status_code == 400, (name, r.status_code, r.text[:300])
+        assert r.json()["error"]["class"] == "InputError", (name, r.json())
+    after = stats(server, token)
+    assert after["operations"] == before["operations"] and after["running"] == 0  # refused before any ran
+    torch.testing.assert_close(
+        remote.patch(CORRUPTED, CLEAN, "resid_post.1"), local.patch(CORRUPTED, CLEAN, "resid_post.1"), **TOL
+    )
+
+
+def _encode_metric(header: dict) -> bytes:
+    """A frame whose metric is a raw payload (as a hostile client could write it): the tag by hand."""
+    import json
+    import struct
+
+    from safetensors.torch import save
+
+    tensors: dict = {}
+
+    def value(x):
+        if isinstance(x, MetricPayload):
+            return {"$": "metric", "kind": x.kind, "params": value(x.params)}
+        if isinstance(x, torch.Tensor):
+            tensors[f"t{len(tensors)}"] = x
+            return {"$": "tensor", "id": f"t{len(tensors) - 1}"}
+        if isinstance(x, dict):
+            return {"$": "map", "v": [[k, value(v)] for k, v in x.items()]}
+        if isinstance(x, list):
+            return [value(v) for v in x]
+        return x
+
+    head = json.dumps({k: value(v) for k, v in header.items()}).encode()
+    return b"IEL1" + struct.pack(">I", len(head)) + head + (save(tensors) if tensors else b"")
+
+
+def test_metrics_match_ie_lab_logit_diff_locally(local, names):
+    mary, john = names
+    logits = torch.randn(2, 5, local.facts.vocab_size, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(metrics.logit_diff(mary, john)(logits), ie_lab.logit_diff(mary, john)(logits))
+    assert metrics.from_callable(ie_lab.logit_diff(mary, john, 2)).params == {"good": mary, "bad": john, "position": 2}
+    assert metrics.logit_diff(mary, john).__name__ == ie_lab.logit_diff(mary, john).__name__
+    with pytest.raises(ie_lab.InputError, match="unknown metric kind"):
+        metrics.Metric("exec")
+    with pytest.raises(ie_lab.InputError, match="must be an integer"):
+        metrics.logit(1.5)  # type: ignore[arg-type]
+    assert encode({"m": metrics.norm()})  # a Metric travels; a function does not
+    with pytest.raises(ie_lab.InputError, match="cannot be sent"):
+        encode({"m": lambda t: t})
