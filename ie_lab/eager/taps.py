@@ -58,6 +58,13 @@ def _qk_norm_view(layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda t: t
 
 
+def _bound(module: nn.Module | None) -> nn.Module:
+    # Only for a point require_present() let through: the binder sets the module wherever the structure it
+    # measured has that point (and value_source names the value's module, the fused layout with it).
+    assert module is not None
+    return module
+
+
 def resolve(lm: Any, addr: Address) -> Source:
     """The source of an address on this model, or a PointAbsent / CapabilityUnsupported saying why not."""
     b = lm.binding
@@ -87,15 +94,18 @@ def resolve(lm: Any, addr: Address) -> Source:
         return Source("pre", lb.attn, lambda t: t)
     if name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
         mod = lb.q_norm if name.startswith("q") else lb.k_norm
-        return Source("pre" if name.endswith("_in") else "post", mod, _qk_norm_view(lb.qk_norm_layout))
+        return Source("pre" if name.endswith("_in") else "post", _bound(mod), _qk_norm_view(lb.qk_norm_layout))
     if name == "value":
         if lb.value_source == "interface":
             return Source("attn", lb.attn, _value_from_call)
         if lb.value_source == "v_proj":
-            return Source("post", lb.v_proj, lambda t: t)
+            return Source("post", _bound(lb.v_proj), lambda t: t)
         f = lm.facts
         layout = lb.fused_qkv_layout
-        return Source("post", lb.fused_qkv, lambda t: split_fused_qkv(t, layout, f.n_heads, f.n_kv_heads, f.head_dim))
+        assert layout is not None  # measured by the binder for every layer it bound with value_source "fused"
+        return Source(
+            "post", _bound(lb.fused_qkv), lambda t: split_fused_qkv(t, layout, f.n_heads, f.n_kv_heads, f.head_dim)
+        )
     if name in ("attn_scores", "attn_probs"):
         if lb.uses_attention_interface:
             return Source("attn", lb.attn, _scores_from_call if name == "attn_scores" else _probs_from_call)
@@ -135,7 +145,7 @@ def resolve(lm: Any, addr: Address) -> Source:
         return Source("pre", lb.mlp_in_module, lambda t: t)
     if name in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
         if name == "mlp_act":
-            return Source("pre", lb.down_proj, lambda t: t)
+            return Source("pre", _bound(lb.down_proj), lambda t: t)
         if lb.fused_gate_up is not None:
             first = (name == "mlp_pre") == lb.fused_gate_first
             return Source(
@@ -143,8 +153,8 @@ def resolve(lm: Any, addr: Address) -> Source:
             )
         if name == "mlp_pre":
             mod = lb.gate_proj if lb.gate_proj is not None else lb.up_proj
-            return Source("post", mod, lambda t: t)
-        return Source("post", lb.up_proj, lambda t: t)
+            return Source("post", _bound(mod), lambda t: t)
+        return Source("post", _bound(lb.up_proj), lambda t: t)
     if name in ("router_logits", "expert_weights", "expert_indices"):
         if name == "router_logits":
             if lb.router is None:
@@ -157,7 +167,7 @@ def resolve(lm: Any, addr: Address) -> Source:
                 "binder's probe saw no such pair among its arguments), so ie_lab has nowhere faithful to read them.",
                 "capture router_logits (where served) or mlp_out.",
             )
-        return Source("moe_args", lb.experts, _dense_weights if name == "expert_weights" else _dense_indices)
+        return Source("moe_args", _bound(lb.experts), _dense_weights if name == "expert_weights" else _dense_indices)
     if name == "mlp_out":
         return Source("post", lb.mlp_out_module, lambda t: t)
     if name == "mlp_out_post":
@@ -185,7 +195,8 @@ def _recompute(call: attention_tap.AttentionCall) -> tuple[torch.Tensor, torch.T
     if cached is not None:  # scores and probs asked of the same call: compute once
         return cached
     softcap = None if call.implementation in _IGNORES_SOFTCAP else call.kwargs.get("softcap")
-    call._ie_lab_recomputed = out = scores_and_probs(
+    # a memo of ours on attention_tap's per-call record, read back above
+    call._ie_lab_recomputed = out = scores_and_probs(  # type: ignore[attr-defined]
         call.query,
         call.key,
         scaling=call.scaling,
