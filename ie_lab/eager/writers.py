@@ -32,11 +32,11 @@ def _replace_hidden(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple
         kwargs = dict(kwargs)
         kwargs["hidden_states"] = new
         return args, kwargs
-    args = list(args)
-    for i, a in enumerate(args):
+    items = list(args)
+    for i, a in enumerate(items):
         if isinstance(a, torch.Tensor):
-            args[i] = new
-            return tuple(args), kwargs
+            items[i] = new
+            return tuple(items), kwargs
     raise RuntimeError("no hidden-states argument to replace")
 
 
@@ -151,7 +151,7 @@ class Writers:
             return self._post(module, lambda t, off: edit(t * mult, off) / mult if mult != 1.0 else edit(t, off))
         if n == "resid_mid":
             # resid_mid = resid_pre + m * c, where c is attention's (post-norm) output: edit it through c.
-            seen: dict[int, torch.Tensor] = {}  # per thread: two threads' forwards may pass this layer at once
+            seen: dict[int, torch.Tensor | None] = {}  # per thread: two threads' forwards may pass this layer at once
             self._handles.append(
                 lb.layer.register_forward_pre_hook(
                     lambda mod, args, kwargs: seen.__setitem__(threading.get_ident(), hidden_arg(args, kwargs)),
@@ -162,7 +162,9 @@ class Writers:
             module = lb.post_attn_norm if lb.post_attn_norm is not None else lb.o_proj
 
             def via_attention(c: torch.Tensor, off: int) -> torch.Tensor:
-                x, _ = _as3d(seen[threading.get_ident()], self.shape)
+                h = seen[threading.get_ident()]
+                assert h is not None  # a decoder layer is always called with its hidden states
+                x, _ = _as3d(h, self.shape)
                 r = x + mult * c
                 return (edit(r, off) - x) / mult
 
@@ -170,6 +172,7 @@ class Writers:
         if n == "mlp_in":
             return self._pre(lb.mlp_in_module, edit)
         if n == "mlp_act":
+            assert lb.down_proj is not None  # resolve() above refused mlp_act where the layer has none
             return self._pre(lb.down_proj, edit)
         if n in ("mlp_pre", "mlp_pre_linear"):
             if lb.fused_gate_up is not None:
@@ -180,8 +183,9 @@ class Writers:
                     return torch.cat([edit(a, off), c] if first else [a, edit(c, off)], -1)
 
                 return self._post(lb.fused_gate_up, half)
-            module = (lb.gate_proj or lb.up_proj) if n == "mlp_pre" else lb.up_proj
-            return self._post(module, edit)
+            linear = (lb.gate_proj or lb.up_proj) if n == "mlp_pre" else lb.up_proj
+            assert linear is not None  # resolve() above refused the point where the layer has no such linear
+            return self._post(linear, edit)
         if n == "mlp_out":
             return self._post(lb.mlp_out_module, edit)
         raise CapabilityUnsupported(f"writing {n}", "no writer is bound for this point.", "write a residual point.")
