@@ -176,7 +176,7 @@ def _structure(s: _Shape, layer: int | None) -> _points.Structure:
         qk_norm=s.qk_norm,
         parallel=s.parallel,
         gated_mlp=s.gated,
-        moe_layers=(layer,) if s.routes(layer) else (),
+        moe_layers=(layer,) if layer is not None and s.routes(layer) else (),  # routes(None) is False too
         attn_gate=s.attn_gate,
     )
 
