@@ -81,6 +81,14 @@ def _forget(lease: "_Lease") -> None:
         _leases().remove(lease)
 
 
+def _bind(work: Any, token: _CancelToken) -> None:
+    """Hand an operation its cancel token as it is queued, if it takes one (the eager backend's generations: the
+    request joins the shared batch now, and leaves it when the token is cancelled)."""
+    bind = getattr(work, "bind", None)
+    if bind is not None:
+        bind(token)
+
+
 def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
     """The session thread. It is given the loop only: a reference to the Session here kept every dropped session
     (and its model) alive."""
@@ -499,6 +507,7 @@ class Session:
         self._check_open()
         self._refuse_nested()
         token = _CancelToken()
+        _bind(fn, token)
         guard = _Deferral(token)
         lease = _Lease(self, token)
         if defer:
@@ -546,6 +555,7 @@ class Session:
         """The awaitable twin, from whichever event loop the caller is on."""
         self._check_open()
         token = _CancelToken()
+        _bind(fn, token)
         if asyncio.get_running_loop() is self._loop:
             return await self._run(fn, token)
         return await self._await_on_loop(self._run(fn, token), token)
@@ -739,6 +749,7 @@ class Session:
             try:
                 with self._cancellable(token):
                     it: Any = self._backend.stream(prompt, max_new_tokens, **kwargs)  # a generator: closed below
+                    _bind(it, token)
                     try:
                         while not token.cancelled:
                             step = next(it, _END)
@@ -848,6 +859,7 @@ class Session:
             lease.computing = True
             hooks = self._backend.add_cancel_hooks(token)
             it = self._backend.stream(prompt, max_new_tokens, **kwargs)
+            _bind(it, token)
             while True:
                 lease.computing = True
                 step = next(it, _END)

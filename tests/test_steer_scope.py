@@ -38,7 +38,11 @@ def _vectors(d):
 def _same(a, b):
     assert a["ids"] == b["ids"]
     for k in a:
-        if k != "ids":
+        if k == "gen_cache":
+            # concurrent generations share one batched decode loop (ie_lab/eager/batcher.py): the same numbers up
+            # to a batched matmul's rounding, not bit for bit
+            torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+        elif k != "ids":
             assert torch.equal(a[k], b[k]), k
 
 

@@ -13,16 +13,17 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..backend import OperationCancelled
+from ..backend import OperationCancelled, SessionClosed
 from ..capabilities import require
 from ..core.inputs import prepare_prompts
 from ..core.steer_spec import issued_specs
-from ..errors import InputError
+from ..errors import CapabilityUnsupported, InputError
 from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
 from ..points_table import PointsTable
 from .attention import attention
+from .batcher import BatchedCall, BatchedStream, Batcher, Request
 from .capture import capture
-from .generate import generate, generate_stream
+from .generate import check_batchable, generate, generate_stream, plan
 from .lens import logit_lens
 from .means import mean_difference
 from .patching import gradients, patch, patch_sweep
@@ -35,6 +36,12 @@ def _check_callable(fn: Any) -> None:
         raise InputError(
             f"run() takes a function of the model handle, e.g. s.run(lambda lm: ...); got {type(fn).__name__}."
         )
+
+
+_PLAN_ARGS = frozenset(
+    ("temperature", "top_k", "top_p", "seed", "stop", "n_logprobs", "capture", "steer", "keep_logits", "ignore_eos")
+)
+_REQUEST_ARGS = frozenset(("temperature", "top_k", "top_p", "n_logprobs", "keep_logits"))
 
 
 class EagerBackend:
@@ -61,6 +68,7 @@ class EagerBackend:
             pick_device(device, announce=False)
         self._args = (model, tokenizer, device, dtype, trust_remote_code, progress)
         self.lm: Any = None
+        self._batcher: Batcher | None = None  # concurrent single-prompt generations share one decode loop
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def attach(self, session: Any) -> None:
@@ -82,6 +90,11 @@ class EagerBackend:
                 )
                 bar.update(2)
             self.lm = lm
+            try:
+                check_batchable(lm)
+                self._batcher = Batcher(lm)
+            except CapabilityUnsupported:  # padding would change what a prompt computes: one request at a time
+                self._batcher = None
             return lm
 
         return load_model
@@ -90,6 +103,9 @@ class EagerBackend:
         pass
 
     def close(self) -> None:
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            batcher.close(SessionClosed("this Session was closed; create a new one: Session(...)."))
         lm, self.lm = self.lm, None  # the backend's reference goes; memory follows unless the caller holds the model
         if hasattr(lm, "release"):
             lm.release()  # the caller's model object goes back in the training mode it came in
@@ -97,8 +113,12 @@ class EagerBackend:
     def add_cancel_hooks(self, token: Any) -> list:
         """Layer pre-hooks that stop a forward at the next layer once the token is cancelled."""
 
+        batcher = self._batcher
+
         def check(mod, args):
-            if token.cancelled:
+            # A batched forward also computes other requests: it stops half-way only if all of them are
+            # cancelled; otherwise the batch drops this one at the next step boundary.
+            if token.cancelled and (batcher is None or batcher.may_stop_forward()):
                 raise OperationCancelled("interrupted")
 
         handles = []
@@ -127,10 +147,31 @@ class EagerBackend:
     def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
         lm = self.lm
         kwargs["steer"] = self.issued(kwargs.get("steer"))
+        batcher, req = self._request(prompt, max_new_tokens, kwargs, stream=False)
+        if batcher is not None and req is not None:
+            return BatchedCall(batcher, req)
         return lambda: generate(lm, prompt, max_new_tokens, **kwargs)
 
     def stream(self, prompt: Any, max_new_tokens: int, **kwargs: Any) -> Iterator:
+        batcher, req = self._request(prompt, max_new_tokens, kwargs, stream=True)
+        if batcher is not None and req is not None:
+            return BatchedStream(batcher, req)
         return generate_stream(self.lm, prompt, max_new_tokens, **kwargs)
+
+    def _request(
+        self, prompt: Any, max_new_tokens: Any, kwargs: dict, stream: bool
+    ) -> tuple[Batcher | None, Request | None]:
+        """A single prompt's generation as a request of the shared batch (ie_lab/eager/batcher.py), checked now;
+        None where it runs on its own: a list of prompts (already one batch), a model that cannot pad, an
+        argument only generate_stream knows (it refuses it in its own words)."""
+        batcher = self._batcher
+        if batcher is None or not set(kwargs) <= _PLAN_ARGS:
+            return None, None
+        p = plan(self.lm, prompt, max_new_tokens, **kwargs)
+        if p.batch:
+            return None, None
+        own = {k: v for k, v in kwargs.items() if k in _REQUEST_ARGS}
+        return batcher, Request(p, max_new_tokens, stream=stream, **own)
 
     def check_printable(self, prompt: Any) -> None:
         if prepare_prompts(self.lm, prompt, rows=True) is not None:

@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -162,6 +163,8 @@ class _Run:
         p = int(self.pad[r])
         drop = max(p - start, 0)
         out: dict[Address, torch.Tensor] = {}
+        if self.taps is None:  # nothing captured
+            return out, range(start + drop - p, stop - p)
         for a in self.capture:
             parts = self.taps.collected.get(a.without_head(), [])[first:upto]
             if not parts:
@@ -225,6 +228,107 @@ def _check_seeds(seed: Any, n: int, batch: bool) -> list[int | None]:
     return [seed] * n
 
 
+@dataclass
+class Plan:
+    """A generation request checked and read: everything the decode loop needs, nothing computed yet."""
+
+    rows: list[torch.Tensor]  # one [1, seq] id tensor per prompt
+    batch: bool  # a list of prompts (results come back as a list)
+    stops: list[str]
+    seeds: list[int | None]
+    addrs: list[Address]
+    specs: list[SteerSpec]
+    eos: set[int]
+
+
+def plan(
+    lm: Any,
+    prompt: Any,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | Sequence[int] | None = None,
+    stop: str | Sequence[str] | None = None,
+    n_logprobs: int = 0,
+    capture: AddressLike | Iterable[AddressLike] | None = None,
+    steer: SteerSpec | Sequence[SteerSpec] | None = None,
+    keep_logits: bool = True,
+    ignore_eos: bool = False,
+) -> Plan:
+    """Check every argument of a generation and read its prompts, before any forward (refusals name the prompt)."""
+    many = prepare_prompts(lm, prompt, rows=True)
+    batch = many is not None
+    stops = check_generation_args(
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        n_logprobs,
+        vocab=lm.facts.vocab_size,
+        seed=None if batch and isinstance(seed, (list, tuple)) else seed,
+        stop=stop,
+        keep_logits=keep_logits,
+        ignore_eos=ignore_eos,
+        has_tokenizer=lm.tokenizer is not None,
+    )
+    rows = many if many is not None else [prepare(lm, prompt)[0]]
+    if not batch and rows[0].shape[0] != 1:
+        raise InputError("internal: one prompt with several rows")  # prepare_prompts reads those as a list
+    seeds = _check_seeds(seed, len(rows), batch)
+    limit = lm.facts.max_positions
+    for i, r in enumerate(rows):
+        if limit and r.shape[1] + max_new_tokens > int(limit):
+            which = f"prompt {i} ({r.shape[1]} tokens)" if batch else f"prompt ({r.shape[1]} tokens)"
+            raise InputError(
+                f"{which} + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}; "
+                "lower max_new_tokens or shorten the prompt."
+            )
+    if len(rows) > 1:
+        check_batchable(lm)
+    addrs = parse_addresses(lm, capture) if capture else []
+    specs = list(issued_specs(lm, steer))  # the `with` blocks open where this was issued, then steer=
+    for i, r in enumerate(rows):
+        try:
+            check_positions_fit(specs, r.shape[1] + max_new_tokens)
+        except InputError as e:
+            raise InputError(f"prompt {i}: {e}" if batch else str(e)) from None
+    eos = set() if ignore_eos else _eos_ids(lm)
+    return Plan(rows, batch, stops, seeds, addrs, specs, eos)
+
+
+def stop_reason(lm: Any, token_id: int, generated: list[int], eos: set[int], stops: list[str]) -> str | None:
+    """Why a prompt ends with this token ("eos", "stop"), or None while it runs on."""
+    if token_id in eos:
+        return "eos"
+    if stops and any(s in lm.tokenizer.decode(generated) for s in stops):
+        return "stop"
+    return None
+
+
+def make_step(
+    lm: Any, index: int, token_id: int, row_logits: torch.Tensor, n_logprobs: int, keep_logits: bool, prompt_index: int
+) -> GenStep:
+    """The GenStep of one chosen token: its text, log-probability, top alternatives and (kept) logits."""
+    tok = lm.tokenizer
+    logp = torch.log_softmax(row_logits.float(), -1)
+    text_tok = tok.decode([token_id]) if tok is not None else str(token_id)
+    top = {}
+    if n_logprobs:
+        vals, idx = logp.topk(n_logprobs)
+        top = {(tok.decode([int(j)]) if tok is not None else str(int(j))): float(v) for v, j in zip(vals, idx)}
+    return GenStep(
+        index,
+        token_id,
+        text_tok,
+        float(logp[token_id]),
+        top,
+        row_logits.detach().clone() if keep_logits else None,
+        prompt_index=prompt_index,
+    )
+
+
 def generate_stream(
     model: Any,
     prompt: Any,
@@ -249,52 +353,30 @@ def generate_stream(
     step carries its forward's new rows (GenStep.captured) and the last step the whole cache (GenStep.cache);
     see docs/GENERATION.md."""
     lm = lm_of(model)
-    many = prepare_prompts(lm, prompt, rows=True)
-    batch = many is not None
-    stops = check_generation_args(
+    p = plan(
+        lm,
+        prompt,
         max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        n_logprobs,
-        vocab=lm.facts.vocab_size,
-        seed=None if batch and isinstance(seed, (list, tuple)) else seed,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
         stop=stop,
+        n_logprobs=n_logprobs,
+        capture=capture,
+        steer=steer,
         keep_logits=keep_logits,
         ignore_eos=ignore_eos,
-        has_tokenizer=lm.tokenizer is not None,
     )
-    rows = many if batch else [prepare(lm, prompt)[0]]
-    if not batch and rows[0].shape[0] != 1:
-        raise InputError("internal: one prompt with several rows")  # prepare_prompts reads those as a list
-    seeds = _check_seeds(seed, len(rows), batch)
-    limit = lm.facts.max_positions
-    for i, r in enumerate(rows):
-        if limit and r.shape[1] + max_new_tokens > int(limit):
-            which = f"prompt {i} ({r.shape[1]} tokens)" if batch else f"prompt ({r.shape[1]} tokens)"
-            raise InputError(
-                f"{which} + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}; "
-                "lower max_new_tokens or shorten the prompt."
-            )
-    if len(rows) > 1:
-        check_batchable(lm)
-    addrs = parse_addresses(lm, capture) if capture else []
-    specs = list(issued_specs(lm, steer))  # the `with` blocks open where this was issued, then steer=
-    for i, r in enumerate(rows):
-        try:
-            check_positions_fit(specs, r.shape[1] + max_new_tokens)
-        except InputError as e:
-            raise InputError(f"prompt {i}: {e}" if batch else str(e)) from None
-    eos = set() if ignore_eos else _eos_ids(lm)
-    gens = [torch.Generator().manual_seed(x) if x is not None else None for x in seeds]
-    tok = lm.tokenizer
-    run = _Run(lm, rows, addrs, specs)
+    rows = p.rows
+    gens = [torch.Generator().manual_seed(x) if x is not None else None for x in p.seeds]
+    run = _Run(lm, rows, p.addrs, p.specs)
     b = len(rows)
     generated: list[list[int]] = [[] for _ in range(b)]
     reasons = ["length"] * b
     caches: list[Cache | None] = [None] * b
     if _result is not None:
-        _result.update(prompt_ids=rows, ids=generated, reasons=reasons, caches=caches, batch=batch)
+        _result.update(prompt_ids=rows, ids=generated, reasons=reasons, caches=caches, batch=p.batch)
     pad_id = _pad_id(lm)
     with contextlib.ExitStack() as stack:
         stack.enter_context(lm.lock)
@@ -317,10 +399,7 @@ def generate_stream(
                 generated[r].append(token_id)
                 nxt[r] = token_id
                 chosen[r] = token_id
-                if token_id in eos:
-                    reasons[r] = "eos"
-                elif stops and any(s in tok.decode(generated[r]) for s in stops):
-                    reasons[r] = "stop"
+                reasons[r] = stop_reason(lm, token_id, generated[r], p.eos, p.stops) or "length"
                 if reasons[r] != "length" or i == max_new_tokens - 1:
                     finishing.add(r)
             cur = torch.tensor([[t] for t in nxt], device=run.ids.device)
@@ -330,25 +409,7 @@ def generate_stream(
                 pending = run.forward(cur)
             steps = []
             for r in active:
-                token_id = chosen[r]
-                row_logits = logits[r]
-                logp = torch.log_softmax(row_logits.float(), -1)
-                text_tok = tok.decode([token_id]) if tok is not None else str(token_id)
-                top = {}
-                if n_logprobs:
-                    vals, idx = logp.topk(n_logprobs)
-                    top = {
-                        (tok.decode([int(j)]) if tok is not None else str(int(j))): float(v) for v, j in zip(vals, idx)
-                    }
-                step = GenStep(
-                    i,
-                    token_id,
-                    text_tok,
-                    float(logp[token_id]),
-                    top,
-                    row_logits.detach().clone() if keep_logits else None,
-                    prompt_index=r,
-                )
+                step = make_step(lm, i, chosen[r], logits[r], n_logprobs, keep_logits, r)
                 if run.taps is not None:
                     last = r in finishing
                     upto = len(run.spans) - (1 if pending is not None and not last else 0)
