@@ -13,9 +13,16 @@ unit vector. Every function leaves positions where ``mask`` is False untouched.
 | norm_scaled_add | h + scale · ‖h‖ · u  (each token moved in proportion to its own norm) |
 | ablate | h - (h·u) u |
 | swap | h + (target - h·u) u  (sets the projection to target) |
+
+Each method is its direction (``direction``: add's v or u, every other method's u, with the checks) and its row
+formula (``ROWS``), which takes that direction and numbers that are floats or per-row tensors [n, 1]: graph mode
+(ie_lab/vllm/static_steer.py) calls the row formulas inside the compiled trunk with a vector per token row, so a
+compiled step and an eager hook share one definition.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -37,17 +44,47 @@ def _blend(h: torch.Tensor, new: torch.Tensor, mask: torch.Tensor | None) -> tor
 
 
 def _proj(h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    return (h.float() @ u.to(h.device))[..., None]
+    if u.dim() == 1:
+        return (h.float() @ u.to(h.device))[..., None]
+    return (h.float() * u).sum(-1, keepdim=True)  # one unit vector per row (graph mode)
+
+
+def direction(method: str, v: torch.Tensor, *, normalize: bool = False) -> torch.Tensor:
+    """The vector a method's row formula takes: add's v (its unit vector when normalize), every other method's u."""
+    return v.float() if method == "add" and not normalize else _unit(v)
+
+
+def add_rows(h, d, scale):
+    return h.float() + scale * d
+
+
+def orthogonal_rows(h, u, scale):
+    return h.float() - (1.0 - scale) * _proj(h, u) * u
+
+
+def cap_rows(h, u, min, max):  # noqa: A002 - user-facing names
+    p = _proj(h, u)
+    return h.float() + (p.clamp(min=min, max=max) - p) * u
+
+
+def norm_scaled_add_rows(h, u, scale):
+    return h.float() + scale * h.float().norm(dim=-1, keepdim=True) * u
+
+
+def ablate_rows(h, u):
+    return h.float() - _proj(h, u) * u
+
+
+def swap_rows(h, u, target):
+    return h.float() + (target - _proj(h, u)) * u
 
 
 def add(h, v, *, scale: float = 1.0, normalize: bool = False, mask=None):
-    d = _unit(v) if normalize else v.float()
-    return _blend(h, h.float() + scale * d.to(h.device), mask)
+    return _blend(h, add_rows(h, direction("add", v, normalize=normalize).to(h.device), scale), mask)
 
 
 def orthogonal(h, v, *, scale: float = 0.0, mask=None):
-    u = _unit(v).to(h.device)
-    return _blend(h, h.float() - (1.0 - scale) * _proj(h, u) * u, mask)
+    return _blend(h, orthogonal_rows(h, _unit(v).to(h.device), scale), mask)
 
 
 def cap(h, v, *, min: float | None = None, max: float | None = None, mask=None):  # noqa: A002 - user-facing names
@@ -55,24 +92,19 @@ def cap(h, v, *, min: float | None = None, max: float | None = None, mask=None):
         raise ValueError("cap needs min, max or both")
     if min is not None and max is not None and min > max:
         raise ValueError(f"cap min ({min}) is above max ({max})")
-    u = _unit(v).to(h.device)
-    p = _proj(h, u)
-    return _blend(h, h.float() + (p.clamp(min=min, max=max) - p) * u, mask)
+    return _blend(h, cap_rows(h, _unit(v).to(h.device), min, max), mask)
 
 
 def norm_scaled_add(h, v, *, scale: float = 1.0, mask=None):
-    u = _unit(v).to(h.device)
-    return _blend(h, h.float() + scale * h.float().norm(dim=-1, keepdim=True) * u, mask)
+    return _blend(h, norm_scaled_add_rows(h, _unit(v).to(h.device), scale), mask)
 
 
 def ablate(h, v, *, mask=None):
-    u = _unit(v).to(h.device)
-    return _blend(h, h.float() - _proj(h, u) * u, mask)
+    return _blend(h, ablate_rows(h, _unit(v).to(h.device)), mask)
 
 
 def swap(h, v, *, target: float = 0.0, mask=None):
-    u = _unit(v).to(h.device)
-    return _blend(h, h.float() + (target - _proj(h, u)) * u, mask)
+    return _blend(h, swap_rows(h, _unit(v).to(h.device), target), mask)
 
 
 FUNCTIONS = {
@@ -82,6 +114,16 @@ FUNCTIONS = {
     "norm_scaled_add": norm_scaled_add,
     "ablate": ablate,
     "swap": swap,
+}
+
+# The row formulas by method: (h, direction, *numbers) with the numbers in each method's keyword order.
+ROWS: dict[str, Callable[..., torch.Tensor]] = {
+    "add": add_rows,
+    "orthogonal": orthogonal_rows,
+    "cap": cap_rows,
+    "norm_scaled_add": norm_scaled_add_rows,
+    "ablate": ablate_rows,
+    "swap": swap_rows,
 }
 
 

@@ -49,9 +49,11 @@ from .session import (
     VLLMModel,
     _resolve_mode,
     _Work,
+    check_graph_steer,
     check_sampling,
     check_served,
     graph_point_names,
+    steer_point_names,
 )
 from .wire import RECOMPUTED, by_position, dedupe_order, pack, unpack
 
@@ -200,9 +202,10 @@ VERIFIED_FAMILIES = quirks.VLLM_VERIFIED
 class VLLMBackend:
     """The vLLM backend. Extra Session keywords: tensor_parallel_size, engine ('auto' | 'inproc' | 'async'),
     enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs), graph_points
-    (graph mode: a compiled trunk with static taps for these points only; see docs/VLLM.md), mode ('hooks', the
-    default: eager engine, every operation; 'generate': compiled, plain generation only; 'graph': implied by
-    graph_points). s.set_mode() switches, reloading the weights when asked (reload=True)."""
+    (graph mode: a compiled trunk with static taps for these points only; see docs/VLLM.md), steer_points (graph
+    mode: the sites the compiled trunk may steer), mode ('hooks', the default: eager engine, every operation;
+    'generate': compiled, plain generation only; 'graph': implied by graph_points or steer_points). s.set_mode()
+    switches, reloading the weights when asked (reload=True)."""
 
     name = "vllm"
     on_loop = True
@@ -227,8 +230,9 @@ class VLLMBackend:
         engine_kwargs: dict | None = None,
         graph_points: Iterable[Any] | None = None,
         mode: str | None = None,
+        steer_points: Iterable[Any] | None = None,
     ):
-        mode = _resolve_mode(mode, graph_points)
+        mode = _resolve_mode(mode, graph_points, steer_points)
         if mode != "hooks" and (engine_kwargs or {}).get("enforce_eager") is True:
             raise InputError(
                 f"engine_kwargs={{'enforce_eager': True}} contradicts mode={mode!r}, which compiles the "
@@ -269,7 +273,9 @@ class VLLMBackend:
         self._inflight: set[str] = set()
         self._driver: Any = None
         self._graph_dir: str | None = None
-        self._graph = None if graph_points is None else list(graph_points)
+        self._graph = None if mode != "graph" else list(graph_points or [])
+        # graph mode's declared steering sites (None: none declared); checked against the model at load
+        self._steer_pts: list[str] | None = None if steer_points is None else list(steer_points)
         self._mode = mode
         self._len_why = ""  # why the context is shorter than the model's own, where ie_lab caps it
         self._max_len: int | None = None
@@ -395,7 +401,9 @@ class VLLMBackend:
         self._max_len = int(max_model_len or facts.max_positions or 0) or None
         if self._graph is not None or self._mode == "generate":
             if self._graph is not None:
-                self._graph = graph_point_names(facts, self._graph)
+                self._graph = graph_point_names(facts, self._graph, allow_empty=self._steer_pts is not None)
+            if self._steer_pts is not None:
+                self._steer_pts = steer_point_names(facts, self._steer_pts)
             self._graph_dir = tempfile.mkdtemp(prefix="ie_lab-vllm-compile-")
             # also when the session is never closed (a notebook restarted, a script that just ends)
             self._graph_dir_gone = weakref.finalize(self, shutil.rmtree, self._graph_dir, True)
@@ -411,6 +419,7 @@ class VLLMBackend:
             async_engine=self.engine_kind == "async",
             graph_points=self._graph,
             compile_dir=self._graph_dir,
+            steer_points=self._steer_pts,
             generate_only=self._mode == "generate",
         )
         self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
@@ -449,23 +458,38 @@ class VLLMBackend:
         return self._mode
 
     def set_mode(
-        self, mode: str | None = None, *, graph_points: Iterable[Any] | None = None, reload: bool = False
+        self,
+        mode: str | None = None,
+        *,
+        graph_points: Iterable[Any] | None = None,
+        steer_points: Iterable[Any] | None = None,
+        reload: bool = False,
     ) -> Any:
-        """Switch between 'hooks', 'generate' and graph mode (graph_points=[...]). vLLM decides whether it compiles
-        the model, and what the trace holds, when its engine is built, so a switch reloads the weights: without
-        reload=True it is refused, saying so; with it, this engine is closed first and a new one built from the same
-        arguments. Switching to the mode the Session is in does nothing. Returns the Session."""
+        """Switch between 'hooks', 'generate' and graph mode (graph_points=[...] and / or steer_points=[...]). vLLM
+        decides whether it compiles the model, and what the trace holds, when its engine is built, so a switch
+        reloads the weights: without reload=True it is refused, saying so; with it, this engine is closed first and a
+        new one built from the same arguments. Switching to the mode the Session is in does nothing. Returns the
+        Session."""
         self._check_open()
         session = self._session()
-        if mode is None and graph_points is None:
-            raise InputError("set_mode needs a mode: 'hooks', 'generate', or graph_points=[...] for graph mode.")
+        if mode is None and graph_points is None and steer_points is None:
+            raise InputError(
+                "set_mode needs a mode: 'hooks', 'generate', or graph_points=[...] / steer_points=[...] for graph mode."
+            )
         check_flag("reload", reload)
-        target = _resolve_mode(mode, graph_points)
-        names = graph_point_names(self.lm.facts, list(graph_points or ())) if target == "graph" else None
-        if target == self._mode and (target != "graph" or names == self._graph):
+        target = _resolve_mode(mode, graph_points, steer_points)
+        names = steers = None
+        if target == "graph":
+            names = graph_point_names(self.lm.facts, list(graph_points or ()), allow_empty=steer_points is not None)
+            steers = None if steer_points is None else steer_point_names(self.lm.facts, list(steer_points))
+        if target == self._mode and (target != "graph" or (names == self._graph and steers == self._steer_pts)):
             return session
-        now = self._mode if self._mode != "graph" else f"graph (graph_points={self._graph})"
-        ask = f"set_mode(graph_points={names!r}" if target == "graph" else f"set_mode({target!r}"
+        now = self._mode
+        if self._mode == "graph":
+            now = f"graph (graph_points={self._graph}, steer_points={self._steer_pts})"
+        ask = (
+            f"set_mode(graph_points={names!r}, steer_points={steers!r}" if target == "graph" else f"set_mode({target!r}"
+        )
         if not reload:
             raise CapabilityUnsupported(
                 f"switching this Session from mode {now} to {target!r} without reloading",
@@ -488,7 +512,7 @@ class VLLMBackend:
         self._call(self._driver.shutdown())
         self._driver = None
         self._remove_graph_dir()
-        self._mode, self._graph = target, names
+        self._mode, self._graph, self._steer_pts = target, names, steers
         try:
             self._call(self._load())
         except BaseException:
@@ -518,7 +542,11 @@ class VLLMBackend:
 
     def describe(self) -> str:
         f, info = self.lm.facts, self.lm.info
-        mode = f", graph mode: {len(info['graph_points'])} static taps" if info.get("graph_points") else ""
+        mode = ""
+        if info.get("graph_points") is not None:
+            mode = f", graph mode: {len(info['graph_points'])} static taps"
+            if info.get("steer_points"):
+                mode += f", {len(info['steer_points'])} steering sites"
         if info.get("mode") == "generate":
             mode = ", generation-only mode: compiled, no hooks"
         return (
@@ -573,13 +601,24 @@ class VLLMBackend:
         for sp in self._entered_specs() + _as_specs(steer):
             if not any(sp is x for x in specs):
                 specs.append(sp)
-        if specs and self._graph is not None:
-            self._refuse_in_graph_mode("steering")
         payload = []
         for sp in specs:
             if getattr(sp, "lm", None) is not self.lm:
                 raise InputError("this steering spec was made on another model; make it with this Session's steer().")
             payload += _steer_payload(sp)
+        if self._graph is not None:
+            sites = [p["address"] for p in payload]
+            for a in sites:
+                check_graph_steer(self.lm, Address.parse(a))
+            twice = sorted({a for a in sites if sites.count(a) > 1})
+            if twice:
+                raise CapabilityUnsupported(
+                    f"steering {', '.join(twice)} with {sites.count(twice[0])} specs in one request in graph mode",
+                    "each declared site holds one method, vector and set of numbers per request in the compiled "
+                    "trunk's buffers.",
+                    "steer each site with one spec per request (several add specs are one add of their summed "
+                    "vectors), or create the Session without graph_points / steer_points (hooks apply them in turn).",
+                )
         return addrs, _Work(sorted(set(points)), sorted(set(attn)), payload, specs=specs)
 
     def _entered_specs(self) -> list:
@@ -1011,11 +1050,10 @@ class VLLMBackend:
         requests issued inside the block from the same task or thread (other tasks and threads are untouched)."""
         self._check_open()
         self._refuse_in_generate_mode("steering")
-        if self._graph is not None:
-            self._refuse_in_graph_mode("steering")
         spec = make_spec(self.lm, address, vector, method=method, **kwargs)
         for a in spec.addresses:
-            check_served(self.lm, a)
+            check_graph_steer(self.lm, a)  # first: in graph mode only declared sites are bound at all
+            check_served(self.lm, a, steering=True)
         return _VLLMSteer(spec, self)
 
     # ---- lens, attention --------------------------------------------------------------------------

@@ -46,8 +46,9 @@ _COMPILED = (
     "it compiles the model (torch.compile, CUDA graphs), and ie_lab's Python hooks run only while the "
     "graph is traced: steering is silently dropped and captures come back empty.",
     "for plain fast generation create the Session with mode='generate' (compiled, no hooks; or switch "
-    "with s.set_mode('generate', reload=True)); for compiled capture pass graph_points=[...] to the "
-    "Session (docs/VLLM.md, modes and graph mode); steering needs the default eager engine.",
+    "with s.set_mode('generate', reload=True)); for compiled capture and steering declare the points "
+    "with graph_points=[...] and steer_points=[...] (graph mode, docs/VLLM.md); the default eager engine serves "
+    "everything else.",
 )
 _SESSION_KW = "it is a Session keyword, which ie_lab checks and passes on itself."
 _OURS = (
@@ -177,6 +178,7 @@ def engine_args(
     async_engine: bool = False,
     graph_points: list[str] | None = None,
     compile_dir: str | None = None,
+    steer_points: list[str] | None = None,
     generate_only: bool = False,
 ) -> Any:
     from vllm import AsyncEngineArgs, EngineArgs
@@ -209,7 +211,10 @@ def engine_args(
         kw.update(
             enforce_eager=False,
             load_format=static_taps.LOAD_FORMAT,
-            model_loader_extra_config={static_taps.CONFIG_KEY: list(graph_points)},
+            model_loader_extra_config={
+                static_taps.CONFIG_KEY: list(graph_points),
+                static_taps.STEER_KEY: list(steer_points or []),
+            },
         )
         import torch
 

