@@ -35,8 +35,23 @@ from ..core.steer_spec import issued_specs, make_spec
 from ..errors import CapabilityUnsupported, IELabError, InputError, RequestFailed, check_flag
 from ..session import Session
 from .metrics import from_callable
-from .wire import CONTENT_TYPE, decode, encode, facts_from, rebuild_error
+from .wire import (
+    COMPRESS_HEADER,
+    COMPRESSION,
+    CONTENT_TYPE,
+    PROTOCOL,
+    PROTOCOL_HEADER,
+    VERSION_HEADER,
+    compress,
+    decode,
+    encode,
+    facts_from,
+    package_version,
+    protocol_mismatch,
+    rebuild_error,
+)
 
+VERSION = package_version()
 TOKEN_ENV = "IE_LAB_TOKEN"  # the client's token when connect() is given none
 _POLL = 0.05  # seconds between looks at a stream's cancel token while it waits for the next step
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # tokenizer files the server sends: plain names only
@@ -108,7 +123,9 @@ class _Frames:
 class RemoteBackend:
     """Session(url, backend='remote', token=...) or ie_lab.connect(url, token=...). token: the bearer token the
     server's operator gave you (default: $IE_LAB_TOKEN). timeout: seconds to wait for the server to accept a
-    connection (operations themselves run as long as the server's request_timeout allows)."""
+    connection (operations themselves run as long as the server's request_timeout allows). compress: send and
+    receive large frames zlib-compressed where it pays (None: yes unless the server is on this machine, where
+    the bytes cost less than compressing them)."""
 
     name = "remote"
     on_loop = True
@@ -127,6 +144,7 @@ class RemoteBackend:
         progress: bool = True,
         token: str | None = None,
         timeout: float = 10.0,
+        compress: bool | None = None,
     ):
         if not isinstance(model, str) or not re.match(r"^https?://[^/\s]+/?$", model):
             raise InputError(
@@ -148,8 +166,13 @@ class RemoteBackend:
                 f"a remote Session needs its bearer token: ie_lab.connect(url, token=...) or "
                 f"${TOKEN_ENV}; the server's operator hands one out per user."
             )
+        if compress is not None and not isinstance(compress, bool):
+            raise InputError(f"compress must be True, False or None (decided by the address), got {compress!r}.")
         _httpx()
         self.url = model.rstrip("/")
+        host = re.sub(r"^https?://", "", self.url).rsplit(":", 1)[0].strip("[]")
+        self.compress = compress if compress is not None else host not in ("127.0.0.1", "localhost", "::1")
+        self._send_compressed = False  # once the server's hello says it reads compressed bodies
         self._token, self._timeout = token, float(timeout)
         # Re-running connect() for the same user replaces the earlier session; another user's session on the same
         # server stays open. A hash, so no key or repr carries the token itself.
@@ -172,14 +195,19 @@ class RemoteBackend:
 
     async def _load(self) -> RemoteModel:
         httpx = _httpx()
+        headers = {"authorization": f"Bearer {self._token}", PROTOCOL_HEADER: str(PROTOCOL), VERSION_HEADER: VERSION}
+        if self.compress:
+            headers[COMPRESS_HEADER] = COMPRESSION
         self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers={"authorization": f"Bearer {self._token}"},
-            timeout=httpx.Timeout(None, connect=self._timeout),
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(None, connect=self._timeout)
         )
         r = await self._send("GET", "/v1/hello")
+        stated = r.headers.get(PROTOCOL_HEADER)
+        if stated != str(PROTOCOL):  # a server of another protocol, or one from before protocol versions
+            raise protocol_mismatch(str(PROTOCOL), VERSION, stated, r.headers.get(VERSION_HEADER), self.url)
         hello = decode(r.content, results=True)["hello"]
         self._hello = hello
+        self._send_compressed = self.compress and COMPRESSION in (hello.get("compression") or ())
         dtype = getattr(torch, str(hello.get("dtype", "float32")), torch.float32)
         self.lm = RemoteModel(
             hello["model"],
@@ -267,8 +295,11 @@ class RemoteBackend:
         """The request, encoded now (in the caller's thread: a value that cannot travel refuses here), with the
         steering of the caller's context read now, where it is issued."""
         kwargs = self._with_steer(dict(kwargs), issued_specs(self.lm, steer))
-        body = encode({"args": list(args), "kwargs": kwargs})
-        return self._post(name, body)
+        return self._post(name, self._body({"args": list(args), "kwargs": kwargs}))
+
+    def _body(self, header: dict) -> bytes:
+        frame = encode(header)
+        return compress(frame) if self._send_compressed else frame
 
     async def _post(self, name: str, body: bytes) -> Any:
         r = await self._send("POST", f"/v1/op/{name}", body)
@@ -286,7 +317,7 @@ class RemoteBackend:
         httpx = _httpx()
         kwargs = dict(kwargs)
         steer = kwargs.pop("steer", None)
-        body = encode(
+        body = self._body(
             {"args": [prompt, max_new_tokens], "kwargs": self._with_steer(kwargs, issued_specs(self.lm, steer))}
         )
         if self._http is None:

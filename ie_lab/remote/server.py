@@ -35,14 +35,23 @@ from ..session import Session
 from .ops import OPS, ArgError
 from .server_defaults import DEFAULTS
 from .wire import (
+    COMPRESS_HEADER,
+    COMPRESSION,
     CONTENT_TYPE,
+    PROTOCOL,
+    PROTOCOL_HEADER,
     STREAM_TYPE,
+    VERSION_HEADER,
     LimitExceeded,
     SteerPayload,
     WireError,
+    accepts_compression,
+    compress,
     encode,
     error_body,
     facts_dict,
+    package_version,
+    protocol_mismatch,
     tensor_bytes,
 )
 from .wire import decode as decode_frame
@@ -147,8 +156,34 @@ def _status(e: BaseException) -> int:
     return 500
 
 
+VERSION = package_version()
+_STATED = {PROTOCOL_HEADER: str(PROTOCOL), VERSION_HEADER: VERSION}  # on every answer to an authorized request
+
+
 def _refusal(e: BaseException) -> Response:
-    return JSONResponse({"error": error_body(e)}, status_code=_status(e))
+    return JSONResponse({"error": error_body(e)}, status_code=_status(e), headers=_STATED)
+
+
+def _framed(frame: bytes, request: Request) -> Response:
+    """One frame as the answer, compressed where it pays if the client reads compressed frames."""
+    zipped = accepts_compression(request.headers.get(COMPRESS_HEADER))
+    return Response(compress(frame) if zipped else frame, media_type=CONTENT_TYPE, headers=_STATED)
+
+
+def _protocol_refusal(request: Request) -> Response | None:
+    """A client that states another protocol version is refused, naming both; one that states none (curl, a
+    hand-written client) is read as this version."""
+    stated = request.headers.get(PROTOCOL_HEADER)
+    if stated is None or stated == str(PROTOCOL):
+        return None
+    e = protocol_mismatch(
+        stated[:20],
+        request.headers.get(VERSION_HEADER, "")[:40],
+        str(PROTOCOL),
+        VERSION,
+        str(request.base_url).rstrip("/"),
+    )
+    return JSONResponse({"error": error_body(e)}, status_code=400, headers=_STATED)
 
 
 class _ClientGone(Exception):
@@ -160,7 +195,7 @@ class _Stream(StreamingResponse):
     generator's cleanup is what cancels the operation and frees its slot."""
 
     def __init__(self, content: Any, *, media_type: str, on_close: Any):
-        super().__init__(content, media_type=media_type)
+        super().__init__(content, media_type=media_type, headers=_STATED)
         self.on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -285,6 +320,9 @@ class Server:
             "capabilities": self.capabilities(),
             "tokenizer": _tokenizer_files(s.tokenizer),
             "dtype": str(s._lm.dtype).replace("torch.", ""),
+            "protocol": PROTOCOL,
+            "version": VERSION,
+            "compression": [COMPRESSION],  # the request bodies this server reads compressed
         }
 
     def slot(self, user: str) -> Any:
@@ -344,7 +382,7 @@ class Server:
         finally:
             gone.cancel()
 
-    async def stream(self, args: list, kwargs: dict, release: Any) -> Response:
+    async def stream(self, args: list, kwargs: dict, release: Any, zipped: bool = False) -> Response:
         """generate_stream: length-prefixed frames, one per GenStep, then an end frame (or an error frame). The
         first step is computed before the response starts, so a refusal is a plain 4xx."""
         limit = self.limits.max_capture_bytes
@@ -382,6 +420,8 @@ class Server:
                             "bytes of tensors in this stream",
                             "capture fewer points, stream fewer tokens, or pass keep_logits=False",
                         )
+                    if zipped:
+                        frame = compress(frame)
                     yield struct.pack(">Q", len(frame)) + frame
                     async with asyncio.timeout_at(deadline):
                         step = await anext(steps, None)
@@ -460,7 +500,7 @@ def build_app(server: Server) -> FastAPI:
     async def hello(request: Request) -> Response:
         if authorized(request) is None:
             return unauthorized()
-        return Response(encode({"hello": server.hello()}), media_type=CONTENT_TYPE)
+        return _protocol_refusal(request) or _framed(encode({"hello": server.hello()}), request)
 
     @app.get("/v1/stats")
     async def stats(request: Request) -> Response:
@@ -480,18 +520,25 @@ def build_app(server: Server) -> FastAPI:
         user = authorized(request)
         if user is None:
             return unauthorized()
+        mismatch = _protocol_refusal(request)
+        if mismatch is not None:
+            return mismatch
         release = None
         try:
             if name not in OPS:
                 raise InputError(f"unknown operation {name[:60]!r}; this server runs {', '.join(sorted(OPS))}.")
             body = await server.body(request)
-            args, kwargs = server.prepare(name, decode_frame(body, results=False))
+            args, kwargs = server.prepare(
+                name, decode_frame(body, results=False, limit=server.limits.max_request_bytes)
+            )
             release = server.slot(user)
             if OPS[name].stream:
                 held, release = release, None  # the stream gives it back when it ends
-                return await server.stream(args, kwargs, held)
+                return await server.stream(
+                    args, kwargs, held, zipped=accepts_compression(request.headers.get(COMPRESS_HEADER))
+                )
             result = await server.run(request, name, args, kwargs)
-            return Response(encode({"result": result}, limit=server.limits.max_capture_bytes), media_type=CONTENT_TYPE)
+            return _framed(encode({"result": result}, limit=server.limits.max_capture_bytes), request)
         except _ClientGone:
             return Response(status_code=499)
         except (WireError, ArgError, IELabError) as e:

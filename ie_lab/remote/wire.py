@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import zlib
 from typing import Any
 
 import torch
@@ -44,6 +45,24 @@ from .metrics import Metric
 MAGIC = b"IEL1"
 CONTENT_TYPE = "application/x-ie-lab-frame"
 STREAM_TYPE = "application/x-ie-lab-stream"
+
+# The remote protocol's version: what a client and a server must share (the operations, their arguments, the
+# frames). Both state it on every message (PROTOCOL_HEADER); a different number on the other side is refused with
+# both numbers and the fix. It changes when a message of one version would be misread by the other.
+PROTOCOL = 2
+PROTOCOL_HEADER = "x-ie-lab-protocol"
+VERSION_HEADER = "x-ie-lab-version"  # the package version beside it, for the error text only
+
+# Compression where it pays: a frame of at least COMPRESS_MIN bytes is sent zlib-compressed (ZMAGIC, then the
+# frame's own length, then the zlib stream) when the receiver said it reads them (COMPRESS_HEADER on a request,
+# "compression" in the server's hello) and the result is at most COMPRESS_KEEP of the original. Small frames, and
+# those that hardly shrink (float32 activations often save a few percent), travel as they are.
+ZMAGIC = b"IELZ"
+COMPRESSION = "zlib"
+COMPRESS_HEADER = "x-ie-lab-accept-compression"
+COMPRESS_MIN = 64 << 10
+COMPRESS_KEEP = 0.9
+COMPRESS_LEVEL = 1  # the fastest: it pays on a slow link, where the bytes saved outweigh the CPU spent
 
 # The exception classes a refusal may name. Anything else the server raises arrives as RequestFailed.
 ERRORS: dict[str, type[BaseException]] = {
@@ -162,6 +181,74 @@ def encode(header: dict, limit: int | None = None) -> bytes:
     return MAGIC + struct.pack(">I", len(head)) + head + blob
 
 
+def compress(frame: bytes) -> bytes:
+    """The frame as it travels to a receiver that reads compressed frames: compressed where it pays."""
+    if len(frame) < COMPRESS_MIN:
+        return frame
+    packed = zlib.compress(frame, COMPRESS_LEVEL)
+    if len(packed) + 12 > COMPRESS_KEEP * len(frame):
+        return frame
+    return ZMAGIC + struct.pack(">Q", len(frame)) + packed
+
+
+def decompress(data: bytes, limit: int | None = None) -> bytes:
+    """A received frame, decompressed if it was compressed; `limit` bounds the decompressed size (a small body that
+    inflates to gigabytes is refused before it is inflated)."""
+    if data[:4] != ZMAGIC:
+        return data
+    if len(data) < 12:
+        raise WireError("a compressed frame without its length.")
+    (n,) = struct.unpack(">Q", data[4:12])
+    if limit is not None and n > limit:
+        raise LimitExceeded(
+            "max_request_bytes", limit, n, "bytes of request body once decompressed", "send smaller tensors per request"
+        )
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data[12:], n + 1)  # at most one byte past the stated length: a lie shows
+    except zlib.error as e:
+        raise WireError(f"a compressed frame that is not a zlib stream: {e}.") from None
+    if len(out) != n or not inflater.eof or inflater.unconsumed_tail:
+        raise WireError(f"a compressed frame whose content is not the {n} bytes it states.")
+    return out
+
+
+def package_version() -> str:
+    """This ie_lab's version (named in a protocol mismatch, so the fix can say which one to install)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ie_lab")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def protocol_mismatch(
+    client: str | None, client_version: str | None, server: str | None, server_version: str | None, where: str
+) -> RequestFailed:
+    """The refusal of a client and a server that speak different protocols, with both versions and the fix."""
+
+    def side(p: str | None, v: str | None) -> str:
+        if not p:
+            return "no protocol version (an ie_lab from before protocol versions)"
+        return f"protocol {p} (ie_lab {v or 'unknown'})"
+
+    fix = (
+        f"pip install 'ie_lab[serve]=={server_version}' on the client"
+        if server_version and server_version != "unknown"
+        else "install the server's ie_lab version on the client"
+    )
+    return RequestFailed(
+        f"this ie_lab client speaks {side(client, client_version)} and the ie_lab server at {where} speaks "
+        f"{side(server, server_version)}; they cannot understand each other's messages. Instead: {fix}, or ask "
+        f"the server's operator to run ie_lab {client_version or 'as the client'} for `ie-lab serve`."
+    )
+
+
+def accepts_compression(header: str | None) -> bool:
+    return COMPRESSION in [v.strip() for v in (header or "").split(",")]
+
+
 def tensor_bytes(frame: bytes) -> int:
     """The tensor payload's size in a frame (what a stream's byte budget counts)."""
     (n,) = struct.unpack(">I", frame[4:8])
@@ -275,11 +362,14 @@ def _str(x: dict, key: str) -> str:
     return v
 
 
-def decode(frame: bytes, *, results: bool) -> dict:
-    """The header of one frame with its values rebuilt. results=False (a server reading a request): only data."""
+def decode(frame: bytes, *, results: bool, limit: int | None = None) -> dict:
+    """The header of one frame with its values rebuilt. results=False (a server reading a request): only data.
+    A compressed frame is decompressed first, to at most `limit` bytes."""
+    frame = decompress(frame, limit)
     if len(frame) < 8 or frame[:4] != MAGIC:
         raise WireError(
-            "the body is not an ie_lab frame (it must start with IEL1; pickles and other formats are refused)."
+            "the body is not an ie_lab frame (it must start with IEL1, or IELZ compressed; pickles and other "
+            "formats are refused)."
         )
     (n,) = struct.unpack(">I", frame[4:8])
     if 8 + n > len(frame):
