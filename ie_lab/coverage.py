@@ -134,6 +134,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zaya": {"num_experts_per_tok": 1},  # its config accepts top-1 routing only
     "gemma3n_text": {"num_kv_shared_layers": 0},  # KV sharing needs more layers than the tiny instance has
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # its config derives none when left unset
+    # Hybrids whose config places attention layers by period or index: one mixer layer, then one attention layer.
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "laguna": {"num_attention_heads_per_layer": [4, 4]},  # per-layer head counts the generic sizes do not shrink
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "dbrx": {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0},
@@ -177,8 +184,6 @@ def _small_kwargs(defaults: dict[str, Any]) -> dict[str, Any]:
             out[k] = v  # a per-layer list (Gemma 3n's intermediate sizes): one value for every layer
     if isinstance(defaults.get("qk_rope_head_dim"), int) and "head_dim" in out:
         out["head_dim"] = out["qk_rope_head_dim"]  # latent attention: head_dim is the rotary part's width
-    if isinstance(defaults.get("kv_lora_rank"), int) and "num_key_value_heads" in out and "num_attention_heads" in out:
-        out["num_key_value_heads"] = out["num_attention_heads"]  # latent attention expands keys to every head
     n_full = next((defaults[k] for k in _LAYER_COUNT_KEYS if isinstance(defaults.get(k), int)), None)
     n_small = next((out[k] for k in _LAYER_COUNT_KEYS if k in out), None)
     if n_full and n_small:
@@ -200,6 +205,8 @@ def _small_kwargs(defaults: dict[str, Any]) -> dict[str, Any]:
     if defaults.get("num_key_value_heads") or defaults.get("num_kv_heads"):
         key = "num_key_value_heads" if "num_key_value_heads" in defaults else "num_kv_heads"
         out[key] = 1 if defaults[key] == 1 else 2  # keep multi-query families multi-query, else GQA
+    if isinstance(defaults.get("kv_lora_rank"), int) and "num_key_value_heads" in out and "num_attention_heads" in out:
+        out["num_key_value_heads"] = out["num_attention_heads"]  # latent attention expands keys to every head
     return out
 
 
@@ -275,21 +282,22 @@ def check_invariants(lm) -> None:
     tol = dict(atol=2e-4, rtol=1e-4)
     for lb in lm.binding.layers:
         L = lb.index
-        names = ["resid_pre", "attn_out_post", "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
+        sub = "mixer_out_post" if lb.mixer_kind else "attn_out_post"  # a mixer layer's sublayer has its own name
+        names = ["resid_pre", sub, "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
         c = capture(lm, x, [f"{n}.{L}" for n in names])
         if lb.parallel:
             torch.testing.assert_close(
-                c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"] + c[f"mlp_out_post.{L}"],
+                c[f"resid_pre.{L}"] + c[f"{sub}.{L}"] + c[f"mlp_out_post.{L}"],
                 c[f"resid_post.{L}"],
                 **tol,
                 msg=f"parallel residual sum, layer {L}",
             )
         else:
             torch.testing.assert_close(
-                c[f"resid_pre.{L}"] + c[f"attn_out_post.{L}"],
+                c[f"resid_pre.{L}"] + c[f"{sub}.{L}"],
                 c[f"resid_mid.{L}"],
                 **tol,
-                msg=f"resid_pre + attn_out_post = resid_mid, layer {L}",
+                msg=f"resid_pre + {sub} = resid_mid, layer {L}",
             )
             torch.testing.assert_close(
                 c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"],
@@ -369,11 +377,10 @@ def classify(model_type: str) -> dict[str, Any]:
         row.update(status="defect", error=type(e).__name__, reason=f"bound, but an invariant fails: {_first_line(e)}")
         return row
     row.update(status="bound", vllm=model_type in quirks.VLLM_VERIFIED)
-    in_module = sorted({lb.index for lb in lm.binding.layers if not lb.uses_attention_interface})
-    if in_module and "linear" in lm.facts.layer_kinds:
-        # A linear-attention mixer with q/k/v/o projections binds like an attention computed inside its module:
-        # its residual, MLP and projection points are real, its attention matrices are refused.
-        row["note"] = "linear-attention layers bound as mixers: attention matrices refused there"
+    mixers = sorted({lb.mixer_kind for lb in lm.binding.layers if lb.mixer_kind})
+    if mixers:
+        # A hybrid trunk: its non-attention layers serve mixer_in / mixer_out, and refuse the attention points.
+        row["note"] = f"mixer layers ({', '.join(mixers)}) serve mixer_in/mixer_out; attention points refused there"
     return row
 
 

@@ -71,6 +71,8 @@ class Needs(str, enum.Enum):
     DENSE_MLP = "a dense MLP on the layer"  # not a sparse MoE layer, whose experts each have their own neurons
     GATED_MLP = "a gated MLP"
     MOE = "a router on the layer"
+    ATTENTION = "an attention layer"  # not a mixer layer: a hybrid trunk's state-space/linear/conv layers have none
+    MIXER = "a non-attention mixer on the layer"  # state-space, linear-attention, convolution or recurrence
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,9 @@ _MHC_VLLM = BackendVerdict(
     Verdict.UNIMPLEMENTED,
     "No multi-stream family has been checked against eager on vLLM yet; use backend='eager'.",
 )
+_MIXER_VLLM = BackendVerdict(
+    Verdict.UNIMPLEMENTED, "No hybrid or state-space family is served by the vLLM backend yet; use backend='eager'."
+)
 _L, _T = Scope.LAYER, Scope.TRUNK
 
 # One row per point, laid out as a table: the formatter would put every field on its own line.
@@ -165,34 +170,35 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         tl_bridge=('blocks.{L}.attn.hook_in', 'blocks.{L}.ln1.hook_out',), nnterp=('attentions_input[{L}]',),
         writable=True,
+        needs=(Needs.ATTENTION,),
     ),
     Point(
         "q_norm_in", _L, Width.HEADS,
         "Queries entering the QK-norm, flattened over heads (after the query projection; before RoPE on most families, after it where the family normalises rotated queries).",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_legacy=('blocks.{L}.attn.hook_q',), tl_bridge=('blocks.{L}.attn.q_norm.hook_in', 'blocks.{L}.attn.q.hook_out',),
-        needs=(Needs.QK_NORM,),
+        needs=(Needs.ATTENTION, Needs.QK_NORM),
     ),
     Point(
         "q_norm_out", _L, Width.HEADS,
         "Queries leaving the QK-norm, flattened over heads.",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_bridge=('blocks.{L}.attn.q_norm.hook_out', 'blocks.{L}.attn.hook_q_normed',),
-        needs=(Needs.QK_NORM,),
+        needs=(Needs.ATTENTION, Needs.QK_NORM),
     ),
     Point(
         "k_norm_in", _L, Width.KV_HEADS,
         "Keys entering the QK-norm, flattened over key/value heads (placed like q_norm_in).",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_legacy=('blocks.{L}.attn.hook_k',), tl_bridge=('blocks.{L}.attn.k_norm.hook_in', 'blocks.{L}.attn.k.hook_out',),
-        needs=(Needs.QK_NORM,),
+        needs=(Needs.ATTENTION, Needs.QK_NORM),
     ),
     Point(
         "k_norm_out", _L, Width.KV_HEADS,
         "Keys leaving the QK-norm, flattened over key/value heads.",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_bridge=('blocks.{L}.attn.k_norm.hook_out', 'blocks.{L}.attn.hook_k_normed',),
-        needs=(Needs.QK_NORM,),
+        needs=(Needs.ATTENTION, Needs.QK_NORM),
     ),
     Point(
         "value", _L, Width.KV_HEADS,
@@ -200,6 +206,7 @@ _POINTS: tuple[Point, ...] = (
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         note="Under grouped-query attention the width counts key/value heads, not query heads.",
         tl_legacy=('blocks.{L}.attn.hook_v',), tl_bridge=('blocks.{L}.attn.v.hook_out',),
+        needs=(Needs.ATTENTION,),
     ),
     Point(
         "attn_scores", _L, Width.ATTN,
@@ -207,6 +214,7 @@ _POINTS: tuple[Point, ...] = (
         BackendVerdict(Verdict.SERVED, "Read inside the attention call; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received."),
         BackendVerdict(Verdict.RECOMPUTE, "Paged attention never materialises the matrix; rebuilt from captured post-RoPE q and k."),
         tl_legacy=('blocks.{L}.attn.hook_attn_scores',), tl_bridge=('blocks.{L}.attn.hook_attn_scores',),
+        needs=(Needs.ATTENTION,),
     ),
     Point(
         "attn_probs", _L, Width.ATTN,
@@ -214,6 +222,7 @@ _POINTS: tuple[Point, ...] = (
         BackendVerdict(Verdict.SERVED, "The eager kernel's own probabilities; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received."),
         BackendVerdict(Verdict.RECOMPUTE, "Paged attention never materialises the probabilities; rebuilt from captured post-RoPE q and k."),
         tl_legacy=('blocks.{L}.attn.hook_pattern',), tl_bridge=('blocks.{L}.attn.hook_pattern',), nnterp=('attention_probabilities[{L}]',),
+        needs=(Needs.ATTENTION,),
     ),
     Point(
         "z", _L, Width.HEADS,
@@ -221,13 +230,14 @@ _POINTS: tuple[Point, ...] = (
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_legacy=('blocks.{L}.attn.hook_z',), tl_bridge=('blocks.{L}.attn.o.hook_in',),
         writable=True,
+        needs=(Needs.ATTENTION,),
     ),
     Point(
         "attn_gate", _L, Width.HEADS,
         "The sigmoid gate a gated-attention family multiplies into z before the output projection.",
         _OK,
         BackendVerdict(Verdict.UNIMPLEMENTED, "The gate is a real module on vLLM's tree but is not wired up yet; use backend='eager'."),
-        needs=(Needs.ATTN_GATE,),
+        needs=(Needs.ATTENTION, Needs.ATTN_GATE),
     ),
     Point(
         "attn_out", _L, Width.D_MODEL,
@@ -236,6 +246,7 @@ _POINTS: tuple[Point, ...] = (
         note="TransformerLens' hook_attn_out is this point only on families without a post-attention norm or multiplier.",
         tl_bridge=('blocks.{L}.attn.hook_out',), nnterp=('attentions_output[{L}]',),
         writable=True,
+        needs=(Needs.ATTENTION,),
     ),
     Point(
         "attn_out_post", _L, Width.D_MODEL,
@@ -243,6 +254,30 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         tl_legacy=('blocks.{L}.hook_attn_out',), tl_bridge=('blocks.{L}.ln1_post.hook_out',),
         writable=True,
+        needs=(Needs.ATTENTION,),
+    ),
+    Point(
+        "mixer_in", _L, Width.D_MODEL,
+        "The input of a non-attention mixer (a state-space, linear-attention, convolution or recurrent block) on a hybrid or state-space trunk's mixer layer: the residual after the layer's input norm.",
+        _OK, _MIXER_VLLM,
+        note="Mixer layers only; attention layers have attn_in.",
+        writable=True,
+        needs=(Needs.MIXER,),
+    ),
+    Point(
+        "mixer_out", _L, Width.D_MODEL,
+        "The mixer module's output on a mixer layer, before any post-mixer norm or residual multiplier.",
+        _OK, _MIXER_VLLM,
+        note="Mixer layers only; attention layers have attn_out.",
+        writable=True,
+        needs=(Needs.MIXER,),
+    ),
+    Point(
+        "mixer_out_post", _L, Width.D_MODEL,
+        "What the mixer adds to the residual stream: mixer_out after the post-mixer norm and residual multiplier where the family has them.",
+        _OK, _MIXER_VLLM,
+        writable=True,
+        needs=(Needs.MIXER,),
     ),
     Point(
         "resid_mid", _L, Width.D_MODEL,
@@ -433,6 +468,17 @@ class Structure:
     attn_gate: bool = False
     final_norm: bool = True
     n_streams: int = 1
+    # Hybrid and state-space trunks: the layers whose token mixer is not attention, and what each is (its layer
+    # type as the config names it, or the mixer module's name), in the same order.
+    mixer_layers: tuple[int, ...] = ()
+    mixer_kinds: tuple[str, ...] = ()
+
+    def layer_kind(self, layer: int) -> str:
+        return self.mixer_kinds[self.mixer_layers.index(layer)] if layer in self.mixer_layers else "attention"
+
+    def mixers_text(self) -> str:
+        """'0 mamba, 2 linear_attention': each mixer layer with its kind (every other layer is attention)."""
+        return ", ".join(f"{i} {k}" for i, k in zip(self.mixer_layers, self.mixer_kinds)) or "none"
 
     @classmethod
     def from_facts(cls, facts: Any, final_norm: bool = True) -> "Structure":
@@ -448,6 +494,8 @@ class Structure:
             attn_gate=bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
             final_norm=final_norm,
             n_streams=int(facts.n_streams),
+            mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k),
+            mixer_kinds=tuple(k for k in facts.mixer_kinds if k),
         )
 
     @classmethod
@@ -464,6 +512,8 @@ class Structure:
             attn_gate=any(getattr(lb, "attn_gate", None) is not None for lb in binding.layers),
             final_norm=binding.final_norm is not None,
             n_streams=int(binding.facts.n_streams),
+            mixer_layers=tuple(lb.index for lb in binding.layers if lb.mixer_kind),
+            mixer_kinds=tuple(lb.mixer_kind for lb in binding.layers if lb.mixer_kind),
         )
 
     def has(self, need: Needs, layer: int | None = None) -> bool:
@@ -476,6 +526,8 @@ class Structure:
             Needs.DENSE_MLP: layer not in self.moe_layers,
             Needs.GATED_MLP: self.gated_mlp,
             Needs.MOE: layer in self.moe_layers,
+            Needs.ATTENTION: layer not in self.mixer_layers,
+            Needs.MIXER: layer in self.mixer_layers,
         }[need]
 
 
@@ -515,6 +567,15 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
         "capture mlp_pre (the pre-activation) or mlp_act.",
     ),
     Needs.MOE: ("layer {L} is a dense MLP layer with no router.", "MoE layers of this model: {moe}."),
+    Needs.ATTENTION: (
+        "layer {L} is a {kind} mixer layer, not an attention layer, so it has no {name} (mixer layers: {kinds}; "
+        "every other layer is attention).",
+        "capture mixer_in.{L} / mixer_out.{L} there, or {name} on an attention layer.",
+    ),
+    Needs.MIXER: (
+        "layer {L} is an attention layer, not a non-attention mixer layer (mixer layers of this model: {kinds}).",
+        "use attn_in.{L} / attn_out.{L} there, or {name} on a mixer layer.",
+    ),
 }
 
 
@@ -526,6 +587,8 @@ def absence(point: "Point | str", structure: Structure, layer: int | None = None
         if not structure.has(need, layer):
             why, instead = _ABSENT[need]
             fill = dict(L=layer, name=p.name, moe=list(structure.moe_layers) or "none")
+            if need in (Needs.ATTENTION, Needs.MIXER):
+                fill.update(kind=structure.layer_kind(layer or 0), kinds=structure.mixers_text())
             return Absence(need, why.format(**fill), instead.format(**fill))
     return None
 

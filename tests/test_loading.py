@@ -247,24 +247,6 @@ _UNBOUND = {
         ),
         "state-space",
     ),
-    "JambaConfig": (
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            num_experts=2,
-            num_experts_per_tok=1,
-            attn_layer_period=2,
-            attn_layer_offset=1,
-            expert_layer_period=2,
-            expert_layer_offset=1,
-            mamba_d_state=8,
-            mamba_dt_rank=8,
-        ),
-        "state-space",
-    ),
     "CodeGenConfig": (dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64, n_ctx=64), "fused QKV"),
 }
 
@@ -308,9 +290,12 @@ def test_unbound_folder_is_refused_before_weights_are_read(tmp_path):
         ie_lab.load(path, quiet=True)
 
 
-def test_linear_attention_layers_are_named_in_the_refusal():
-    with pytest.raises(ie_lab.StructureError, match="linear-attention layer.*Instead:"):
-        ie_lab.load(make_model("qwen3_next"), quiet=True)
+def test_linear_attention_layers_are_named_where_attention_points_are_refused():
+    """Qwen3-Next's linear-attention layers bind as mixer layers (they were refused at load): an attention point
+    asked of one is refused naming the layer's kind (tests/test_families_hybrid.py covers the points served)."""
+    lm = ie_lab.load(make_model("qwen3_next"), quiet=True)
+    with pytest.raises(ie_lab.PointAbsent, match="layer 0 is a linear_attention mixer layer"):
+        ie_lab.capture(lm, ids(1, 6), ["attn_out.0"])
 
 
 # ---- a tokenizer that is custom code is refused, or loaded when trusted; never silently replaced ---------------

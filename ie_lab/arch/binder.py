@@ -21,7 +21,10 @@ from . import attention_tap
 from .config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
 
 ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
-MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
+# Where hybrid and state-space layers keep a token mixer that is not attention (state space, linear attention,
+# convolution, recurrence); a config-declared mixer layer may also keep it under an attention spelling.
+MIXER_NAMES = ("mamba", "linear_attn", "conv", "temporal_block", "mixer", "linear_attention", "token_mixer")
+MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlp_block")
 Q_NAMES = ("q_proj", "query", "wq")
 K_NAMES = ("k_proj", "key", "wk")
 V_NAMES = ("v_proj", "value", "wv")
@@ -96,6 +99,12 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return float((a.float() - b.float()).abs().max()) <= 1e-6 * scale
 
 
+def _detached(x: Any) -> torch.Tensor:
+    t = first_tensor(x)
+    assert t is not None  # hooked on the final norm's output and the unembedding's input: tensors on every model
+    return t.detach().clone()
+
+
 def _close(a: torch.Tensor | None, b: torch.Tensor | None, tol: float = 1e-5) -> bool:
     """Equal up to rounding: for sums we recompute in another order, so the dtype's precision counts."""
     if a is None or b is None:
@@ -142,8 +151,13 @@ class LayerBinding:
     router: nn.Module | None = None
     experts: nn.Module | None = None
     routing_args: bool = True  # the experts module is called with (expert indices, routing weights), measured
-    attn_gate: nn.Module | None = None
+    attn_gate: nn.Module | None = None  # the module whose output gates the kernel's output before o_proj
+    attn_gate_view: str = "full"  # "full" | "per_head" (one gate per head) | "per_head_half" (2nd half per head)
+    attn_gate_fn: str = "sigmoid"  # "sigmoid" | "softplus"
     attn_sinks: bool = False  # a learned per-head sink logit joins the softmax (rows sum below 1)
+    # A mixer layer (hybrid and state-space trunks): what its token mixer is, "" on an attention layer. There
+    # `attn` and `o_proj` are both the mixer module, so its input and output are the sublayer's in and out.
+    mixer_kind: str = ""
     names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
 
     @property
@@ -169,7 +183,7 @@ class Binding:
     @property
     def structure(self) -> dict[str, Any]:
         """Measured structure flags, comparable with ArchFacts' config-derived ones."""
-        first = self.layers[0]
+        first = next((lb for lb in self.layers if not lb.mixer_kind), self.layers[0])  # attention's facts
         return {
             "parallel_block": first.parallel,
             "sandwich_norms": first.post_attn_norm is not None,
@@ -270,10 +284,10 @@ def split_fused_qkv(x: torch.Tensor, layout: str, n_heads: int, n_kv: int, head_
 
 
 def _measure_fused_layout(
-    qkv_out: torch.Tensor, z: torch.Tensor, probs: torch.Tensor | None, facts: ArchFacts
+    qkv_out: torch.Tensor | None, z: torch.Tensor | None, probs: torch.Tensor | None, facts: ArchFacts
 ) -> str | None:
     """Which slicing of the fused QKV output, mixed by the measured probabilities, reproduces z."""
-    if probs is None:
+    if probs is None or qkv_out is None or z is None:
         return None
     H, KV, d = facts.n_heads, facts.n_kv_heads, facts.head_dim
     b, s, _ = z.shape
@@ -310,15 +324,27 @@ def bind(model: nn.Module, facts: ArchFacts | None = None) -> Binding:
 def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
     family = facts.model_type
     layers_path, layer_list = _find_layers(model, facts.n_layers)
-    embed = model.get_input_embeddings()
-    lm_head = model.get_output_embeddings()
+    embed = model.get_input_embeddings()  # type: ignore[operator]  # transformers' PreTrainedModel method
+    lm_head = model.get_output_embeddings()  # type: ignore[operator]  # (the nn.Module annotation cannot see it)
     if embed is None or lm_head is None:
         raise StructureError(f"{family}: the model exposes no input or output embeddings; is it a causal LM?")
     fn = _find_final_norm(model, layers_path)
 
     layers: list[LayerBinding] = []
     for i, layer in enumerate(layer_list):
+        declared = facts.mixer_kinds[i] if i < len(facts.mixer_kinds) else ""
         a = _child(layer, ATTN_NAMES)
+        mixer = _child(layer, MIXER_NAMES + ATTN_NAMES) if declared else None
+        if mixer is None and a is None:
+            mixer = _child(layer, MIXER_NAMES)
+            if mixer is not None and any(facts.mixer_kinds):
+                # a hybrid whose config calls this layer attention keeps it where its mixers sit (RecurrentGemma)
+                a, mixer = mixer, None
+        if mixer is not None:
+            lb = _mixer_layer(i, layer, mixer, declared, family)
+            if lb is not None:
+                layers.append(lb)
+                continue
         if a is None:
             kind = facts.layer_kinds[i] if i < len(facts.layer_kinds) else "global"
             what = " (a linear-attention layer: those are not bound yet)" if kind == "linear" else ""
@@ -339,10 +365,10 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             index=i, layer=layer, attn=attn, o_proj=o[1], mlp=mlp, mlp_in_module=host, mlp_out_module=host, names=names
         )
         experts = _child(host, EXPERTS_NAMES)
-        if experts is not None and mlp is not None:
+        if experts is not None and mlp_found is not None:  # mlp is mlp_found's module
             lb.sparse_moe = True
             lb.experts = experts[1]
-            r = _child(mlp, ROUTER_NAMES)
+            r = _child(mlp_found[1], ROUTER_NAMES)
             lb.router = r[1] if r else None
             names["mlp"] = mlp_found[0]
         else:
@@ -359,7 +385,10 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
                 lb.gate_proj = gate[1] if gate else None
                 lb.up_proj = up[1] if up else None
             if mlp is None:  # linears directly on the layer: mlp_in is the up projection's input
-                lb.mlp_in_module = lb.up_proj or lb.gate_proj or lb.fused_gate_up
+                mlp_in = lb.up_proj or lb.gate_proj or lb.fused_gate_up
+                if mlp_in is None:  # the probe would find no mlp_in input: refuse as it would, naming why
+                    raise StructureError(f"{family} layer {i}: MLP has no up projection among {UP_NAMES + GATE_NAMES}.")
+                lb.mlp_in_module = mlp_in
                 lb.mlp_out_module = lb.down_proj
             names["mlp"] = mlp_found[0] if mlp_found else "(on the layer)"
         lb.attn_sinks = isinstance(getattr(attn, "sinks", None), nn.Parameter)
@@ -385,6 +414,51 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
     )
     _measure(model, binding)
     return binding
+
+
+def _mixer_layer(
+    i: int, layer: nn.Module, found: tuple[str, nn.Module], declared: str, family: str
+) -> LayerBinding | None:
+    """A layer whose token mixer is not attention: the mixer module stands where attention would, and the MLP is
+    found as on any layer. The probe checks that the mixer does not call transformers' attention interface."""
+    name, mixer = found
+    mlp_found = _child(layer, MLP_NAMES)
+    if mlp_found is None:
+        raise StructureError(
+            f"{family} layer {i}: a {declared or name} mixer layer with no MLP among {MLP_NAMES} beside it (a "
+            "mixer-only block, as state-space trunks have); mixer-only blocks are not bound yet."
+        )
+    mlp = mlp_found[1]
+    lb = LayerBinding(
+        index=i,
+        layer=layer,
+        attn=mixer,
+        o_proj=mixer,
+        mlp=mlp,
+        mlp_in_module=mlp,
+        mlp_out_module=mlp,
+        names={"mixer": name, "mlp": mlp_found[0]},
+        mixer_kind=declared or name,
+        value_source="none",
+    )
+    experts = _child(mlp, EXPERTS_NAMES)
+    if experts is not None:
+        lb.sparse_moe, lb.experts = True, experts[1]
+        r = _child(mlp, ROUTER_NAMES)
+        lb.router = r[1] if r else None
+        return lb
+    down = _child(mlp, DOWN_NAMES)
+    if down is None:
+        raise StructureError(f"{family} layer {i}: MLP has no down projection among {DOWN_NAMES}.")
+    lb.down_proj = down[1]
+    fgu = _child(mlp, FUSED_GATE_UP_NAMES)
+    if fgu is not None:
+        lb.fused_gate_up = fgu[1]
+    else:
+        gate, up = _child(mlp, GATE_NAMES), _child(mlp, UP_NAMES)
+        lb.gate_proj = gate[1] if gate else None
+        lb.up_proj = up[1] if up else None
+    return lb
 
 
 def _norm_children(layer: nn.Module) -> list[nn.Module]:
@@ -441,21 +515,14 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             lb.v_proj,
             lb.fused_qkv,
             *_norm_children(lb.layer),
+            *(m for m in lb.attn.children() if isinstance(m, nn.Linear) and not lb.mixer_kind),  # gate candidates
         ):
             rec.watch(m)
     last: dict[str, torch.Tensor] = {}  # the final norm's last output and the unembedding's input
     handles = []
     if binding.final_norm is not None:
-        handles.append(
-            binding.final_norm.register_forward_hook(
-                lambda m, a, o: last.__setitem__("norm", first_tensor(o).detach().clone())
-            )
-        )
-        handles.append(
-            binding.lm_head.register_forward_pre_hook(
-                lambda m, a: last.__setitem__("head", first_tensor(a).detach().clone())
-            )
-        )
+        handles.append(binding.final_norm.register_forward_hook(lambda m, a, o: last.__setitem__("norm", _detached(o))))
+        handles.append(binding.lm_head.register_forward_pre_hook(lambda m, a: last.__setitem__("head", _detached(a))))
     try:
         seen = _probe(model, binding, rec)
     finally:
@@ -469,6 +536,13 @@ def _measure(model: nn.Module, binding: Binding) -> None:
     legacy = []
     for lb in binding.layers:
         lb.uses_attention_interface = id(lb.attn) in seen
+        if lb.mixer_kind:
+            if lb.uses_attention_interface:
+                raise StructureError(
+                    f"{binding.family} layer {lb.index}: bound as a {lb.mixer_kind} mixer, but the module calls "
+                    "transformers' attention interface, so it is attention and its points would be misnamed."
+                )
+            continue
         if lb.uses_attention_interface:
             lb.value_source = "interface"
         elif lb.v_proj is not None:
@@ -482,8 +556,10 @@ def _measure(model: nn.Module, binding: Binding) -> None:
         if lb.sparse_moe and lb.experts is not None:
             lb.routing_args = _routing_in_args(rec.args.get(id(lb.experts)), binding.facts.n_experts)
         if lb.uses_attention_interface:
-            _check_kernel_feeds_o_proj(lb, rec, binding.family)
+            _check_kernel_feeds_o_proj(lb, rec, binding.family, binding.facts.n_heads)
         _classify_layer(lb, rec, binding.facts, binding.family)
+        if lb.mixer_kind:
+            lb.q_norm = lb.k_norm = None
     if legacy:
         # Fused QKV outside the attention interface: learn the value slice from a forward that returns probs.
         rec2 = _Recorder()
@@ -518,7 +594,47 @@ def _routing_in_args(call: Any, n_experts: int) -> bool:
     return any(t.is_floating_point() and t.shape == idx.shape for t in tensors)
 
 
-def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str) -> None:
+_GATE_FNS = ("sigmoid", "softplus")
+_GATE_VIEWS = ("full", "per_head", "per_head_half")
+
+
+def gate_values(t: torch.Tensor, view: str, fn: str, n_heads: int, width: int) -> torch.Tensor | None:
+    """The gate a gated-attention layer multiplies into z, laid out like z ([.., width], width = n_heads*head_dim),
+    from its gate module's output; None where this view does not fit the output's width."""
+    lead, w = t.shape[:-1], t.shape[-1]
+    if view == "per_head_half":
+        if w != 2 * width:
+            return None
+        t = t.reshape(*lead, n_heads, w // n_heads)[..., w // n_heads // 2 :].reshape(*lead, width)
+    elif view == "per_head":
+        if w != n_heads:
+            return None
+    elif w != width:
+        return None
+    g = torch.sigmoid(t) if fn == "sigmoid" else torch.nn.functional.softplus(t.float()).to(t.dtype)
+    return g.repeat_interleave(width // n_heads, dim=-1) if view == "per_head" else g
+
+
+def _measure_gate(lb: LayerBinding, rec: _Recorder, out: torch.Tensor, z: torch.Tensor, n_heads: int) -> bool:
+    """Whether z (o_proj's input) is the kernel's output times an activated gate read from one of the attention
+    module's own linears (a gate projection, or the second half of each head of the query projection)."""
+    for name, m in lb.attn.named_children():
+        G = rec.out(m)
+        if not isinstance(m, nn.Linear) or m is lb.o_proj or G is None:
+            continue
+        for view in _GATE_VIEWS:
+            for fn in _GATE_FNS:
+                g = gate_values(G, view, fn, n_heads, out.shape[-1])
+                if g is None or g.shape != out.shape or m is lb.v_proj:
+                    continue
+                if _close(out * g, z, 1e-5):
+                    lb.attn_gate, lb.attn_gate_view, lb.attn_gate_fn = m, view, fn
+                    lb.names["attn_gate"] = f"{lb.names.get('attn', 'attn')}.{name}"
+                    return True
+    return False
+
+
+def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str, n_heads: int = 0) -> None:
     """z is read at the output projection's input: refuse a layer where that is not what the kernel returned.
 
     Some families transform the attention output on its way to the projection (an output gate, a sub-norm, two
@@ -529,7 +645,7 @@ def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str) ->
         return
     if out.dim() == 4:
         out = out.reshape(*out.shape[:2], -1)  # [b, s, H, d] -> [b, s, H*d], the projection's input layout
-    if not _same(out, z):
+    if not _same(out, z) and not (n_heads and out.shape == z.shape and _measure_gate(lb, rec, out, z, n_heads)):
         raise StructureError(
             f"{family} layer {lb.index}: the attention kernel's output is transformed before the output projection "
             "(an output gate, a norm or a second kernel call sits between them), and ie_lab does not bind that step "
@@ -538,15 +654,22 @@ def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str) ->
 
 
 def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: str) -> None:
-    where = f"{family} layer {lb.index}"
+    where = f"{family} layer {lb.index}" + (f" (a {lb.mixer_kind} mixer layer)" if lb.mixer_kind else "")
     X = rec.inp(lb.layer)
     Y = rec.out(lb.layer)
     A_in = rec.inp(lb.attn)
     A_out = rec.out(lb.o_proj)  # the output projection's output is attn_out on every family
     M_in = rec.inp(lb.mlp_in_module)
     M_out_module = rec.out(lb.mlp_out_module)
-    if any(t is None for t in (X, Y, A_in, A_out, M_in, M_out_module)):
+    if X is None or Y is None or A_in is None or A_out is None or M_in is None or M_out_module is None:
         raise StructureError(f"{where}: the probe forward did not pass through every expected module.")
+    odd = [t for t in (Y, A_in, A_out, M_in, M_out_module) if _match_shape(t, X) is None]
+    if odd:
+        raise StructureError(
+            f"{where}: the layer reads a {tuple(X.shape)} tensor but its sublayers exchange "
+            f"{tuple(odd[0].shape)} ones, so the residual stream is not one vector per token (several parallel "
+            "residual streams, as hyper-connections carry, are not bound yet)."
+        )
 
     # Some families' MLP module adds the residual itself (Bloom): then mlp_out is its down projection's output.
     M_out = M_out_module
@@ -579,6 +702,7 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
 
     attn_c = rec.out(lb.post_attn_norm) if lb.post_attn_norm is not None else A_out
     mlp_c = rec.out(lb.post_mlp_norm) if lb.post_mlp_norm is not None else M_out
+    assert attn_c is not None and mlp_c is not None  # the loop above binds a norm only where both were recorded
 
     def ratio(delta: torch.Tensor, c: torch.Tensor) -> float:
         return float((delta.double() * c.double()).sum() / (c.double() * c.double()).sum().clamp_min(1e-30))
@@ -601,6 +725,7 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
             )
     else:
         R = rec.inp(lb.pre_mlp_norm) if lb.pre_mlp_norm is not None else M_in
+        assert R is not None  # likewise
         m_attn = ratio(R - X, attn_c)
         m_mlp = ratio(Y - R, mlp_c)
         lb.attn_multiplier, lb.mlp_multiplier = mult(m_attn), mult(m_mlp)

@@ -22,7 +22,7 @@ def _as_dict(config: Any) -> dict[str, Any]:
     elif hasattr(config, "to_dict"):
         d = config.to_dict()
         # to_dict drops some attributes that are computed properties on the object
-        for key in ("head_dim", "layer_types", "sliding_window"):
+        for key in ("head_dim", "layer_types", "sliding_window", "num_hidden_layers", "layers_block_type"):
             if key not in d and hasattr(config, key):
                 try:
                     d[key] = getattr(config, key)
@@ -80,24 +80,31 @@ def unbound_structure(config: Any) -> tuple[str, str] | None:
     if ssm is not None:
         heads = _first(d, "num_attention_heads", "n_head")  # not num_heads: Mamba 2 counts its SSM heads there
         if heads:
-            return (
-                f"{mt} mixes state-space (Mamba) layers with attention layers",
-                f"its config states an SSM state size ({ssm}={d[ssm]}), and state-space blocks are not bound "
-                "yet, so its residual stream cannot be served layer by layer.",
-            )
+            return None  # a hybrid trunk: the binder binds its mixer layers, or refuses naming what it measured
         return (
             f"{mt} has no attention layers",
             f"its blocks are state-space (Mamba) mixers (config {ssm}={d[ssm]}, no attention head count), "
             "and state-space blocks are not bound yet.",
         )
-    kinds = [str(t) for t in (d.get("block_types") or d.get("layer_types") or ())]
-    odd = sorted({t for t in kinds if any(w in t for w in ("recurrent", "conv", "mamba"))})
-    if odd:
-        return (
-            f"{mt} has {', '.join(odd)} layers",
-            f"its config lists layer types {odd} among its blocks, and those blocks are not bound yet.",
-        )
-    return None
+    return None  # layer types naming mixers (conv, recurrent, linear attention): the binder binds them as mixers
+
+
+# Words in a config's per-layer type that name a token mixer other than softmax attention.
+_MIXER_WORDS = ("linear", "mamba", "conv", "recurrent", "ssm", "deltanet", "lightning")
+
+
+def _mixer_kinds(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
+    """Per layer, the config's name for a non-attention mixer ("" for an attention layer): read from the
+    per-layer type lists configs state (the most specific first: layers_block_type, then layer_types, then a
+    repeating block_types pattern)."""
+    for key in ("layers_block_type", "layer_types", "block_types"):
+        types = d.get(key)
+        if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
+            kinds = [str(types[i % len(types)]) for i in range(n_layers)]
+            if key != "block_types" and len(types) < n_layers:
+                continue
+            return tuple(t if any(w in t.lower() for w in _MIXER_WORDS) else "" for t in kinds)
+    return ("",) * n_layers
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,7 @@ class ArchFacts:
     experts_per_token: int = 0
     n_streams: int = 1
     layer_kinds: tuple[str, ...] = ()  # per layer: "global" | "sliding" | "linear"
+    mixer_kinds: tuple[str, ...] = ()  # per layer: the config's name for a non-attention mixer, "" on attention
     sliding_window: int | None = None
     parallel_block: bool = False
     sandwich_norms: bool = False  # a norm on each sublayer's output before the residual add
@@ -235,6 +243,7 @@ class ArchFacts:
             experts_per_token=int(_first(d, "num_experts_per_tok", "top_k", "moe_top_k", default=0) or 0),
             n_streams=int(_first(d, "hc_mult", "num_residual_streams", default=1) or 1),
             layer_kinds=tuple(kinds),
+            mixer_kinds=_mixer_kinds(d, int(n_layers)),
             sliding_window=window,
             parallel_block=parallel,
             sandwich_norms=structure in ("sandwich", "post"),
@@ -243,7 +252,7 @@ class ArchFacts:
             qk_norm=qk,
             moe_layers=moe_layers,
             attn_logit_softcap=_first(d, "attn_logit_softcapping"),
-            final_logit_softcap=_first(d, "final_logit_softcapping"),
+            final_logit_softcap=_first(d, "final_logit_softcapping", "logits_soft_cap"),
             residual_multiplier=_first(d, "residual_multiplier"),
             embedding_multiplier=_first(d, "embedding_multiplier"),
             logit_multiplier=_first(d, "logit_scale"),

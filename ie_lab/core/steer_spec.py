@@ -333,10 +333,12 @@ def make_spec(
     for a in addrs:
         a = Address.parse(a).check(lm.facts)
         if not a.point.steerable or a.head is not None:
+            from ..points import all_points  # the registry says which points are d_model-wide per layer
+
+            names = ", ".join(p.name for p in all_points() if p.steerable and not p.multi_stream_only)
             raise AddressError(
                 f"{a} cannot be steered: steering adds a d_model vector, so it applies to "
-                "per-layer d_model-wide points (resid_pre, resid_mid, resid_post, attn_out, "
-                "attn_out_post, mlp_out, mlp_out_post, attn_in, mlp_in)."
+                f"per-layer d_model-wide points ({names})."
             )
         parsed.append(a)
     vector = _vector(vector)

@@ -13,7 +13,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from torch import nn
 from .. import points as _points
 from ..address import Address
 from ..arch import attention_tap
-from ..arch.binder import LayerBinding, first_tensor, hidden_arg, split_fused_qkv
+from ..arch.binder import LayerBinding, first_tensor, gate_values, hidden_arg, split_fused_qkv
 from ..errors import CapabilityUnsupported
 from ..ops.attention import scores_and_probs
 
@@ -58,6 +58,9 @@ def _qk_norm_view(layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda t: t
 
 
+_MIXER_AS_SUBLAYER = {"mixer_in": "attn_in", "mixer_out": "attn_out", "mixer_out_post": "attn_out_post"}
+
+
 def _bound(module: nn.Module | None) -> nn.Module:
     # Only for a point require_present() let through: the binder sets the module wherever the structure it
     # measured has that point (and value_source names the value's module, the fused layout with it).
@@ -86,6 +89,8 @@ def resolve(lm: Any, addr: Address) -> Source:
         return Source("post", b.lm_head, lambda t: t)
 
     lb: LayerBinding = b.layers[addr.layer]
+    # A mixer layer binds its mixer where attention would sit (arch.binder): the same boundaries, its own names.
+    name = _MIXER_AS_SUBLAYER.get(name, name)
     if name == "resid_pre":
         return Source("pre", lb.layer, lambda t: t)
     if name == "resid_post":
@@ -128,9 +133,16 @@ def resolve(lm: Any, addr: Address) -> Source:
             )
         return Source("attn_out_full", lb.attn, _legacy_probs, needs_output_attentions=True)
     if name == "z":
+        if lb.attn_gate is not None:  # o_proj reads z times the gate: z is what the kernel returned
+            return Source("attn", lb.attn, _z_from_call)
         return Source("pre", lb.o_proj, lambda t: t)
-    if name == "attn_gate":  # the binder finds no gate module yet, so no structure reaches here with one
-        raise CapabilityUnsupported(name, "the eager backend does not bind attention output gates yet.", "capture z.")
+    if name == "attn_gate":
+        if lb.attn_gate is None:  # the registry refuses it first where no layer has a gate
+            why = f"the binder measured no output gate on layer {addr.layer}."
+            raise CapabilityUnsupported(name, why, "capture z.")
+        view, fn, H = lb.attn_gate_view, lb.attn_gate_fn, lm.facts.n_heads
+        width = lb.o_proj.in_features if isinstance(lb.o_proj, nn.Linear) else H * lm.facts.head_dim
+        return Source("post", lb.attn_gate, lambda t: cast(torch.Tensor, gate_values(t, view, fn, H, width)))
     if name == "attn_out":
         return Source("post", lb.o_proj, lambda t: t)
     if name == "attn_out_post":
@@ -178,6 +190,11 @@ def resolve(lm: Any, addr: Address) -> Source:
 
 
 # ---- transforms that need more than one tensor ---------------------------------------------------
+
+
+def _z_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
+    out = call.output  # [b, q, H, d]: the kernel returns its output with heads after the sequence
+    return out.reshape(out.shape[0], out.shape[1], -1)
 
 
 def _value_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:

@@ -114,7 +114,7 @@ class Writers:
         self._handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
 
     def _place(self, addr: Address, edit: Edit) -> None:
-        from .taps import resolve
+        from .taps import _MIXER_AS_SUBLAYER, resolve
 
         b = self.lm.binding
         resolve(self.lm, addr.without_head())  # refuses absent points with the family's reason
@@ -123,7 +123,7 @@ class Writers:
         if addr.name == "final_norm":
             return self._post(b.final_norm, edit)
         lb: LayerBinding = b.layers[addr.layer]
-        n = addr.name
+        n = _MIXER_AS_SUBLAYER.get(addr.name, addr.name)  # a mixer layer's mixer sits where attention would
         if n == "resid_pre":
             return self._pre(lb.layer, edit)
         if n == "resid_post":
@@ -131,6 +131,13 @@ class Writers:
         if n == "attn_in":
             return self._pre(lb.attn, edit)
         if n == "z":
+            if lb.attn_gate is not None:
+                raise CapabilityUnsupported(
+                    f"writing z.{addr.layer}",
+                    "on this gated-attention layer z is the attention kernel's output, which the gate multiplies "
+                    "before the output projection, so no module boundary carries z itself onward.",
+                    "write attn_out or a residual point.",
+                )
             if addr.head is not None:
                 d, h = self.lm.facts.head_dim, addr.head
 

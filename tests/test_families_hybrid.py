@@ -1,0 +1,177 @@
+"""Hybrid trunks (issue 20 item 3) and gated attention: a layer whose token mixer is not attention serves mixer_in /
+mixer_out / mixer_out_post and every residual and MLP point, refuses the attention points naming its kind, and
+steers; an attention output gate is measured, so z is the kernel's output and attn_gate what multiplies it.
+
+Each identity is checked against the neighbouring layer's tensor too (same shape, wrong place): it must fail there.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ie_lab
+from ie_lab import coverage, points
+from ie_lab.address import Address
+from ie_lab.eager.writers import Writers
+from ie_lab.errors import IELabError
+from tests.conftest import assert_clean
+from tests.families import make_model, make_tokenizer
+
+X = torch.randint(4, 500, (2, 9), generator=torch.Generator().manual_seed(0))
+TOL = dict(atol=2e-4, rtol=1e-4)
+
+# family -> the kind of each layer, as the binder must report it (None: attention)
+HYBRIDS = {
+    "qwen3_next": ("linear_attention", None),  # gated delta net, then gated attention (tests/families.py)
+    "jamba": ("mamba", None),  # selective state space (slow torch path), then attention
+    "bamba": ("linear_attention", None),  # Mamba 2 mixer, then attention
+    "lfm2": ("conv", None),  # short convolution, then attention
+    "recurrent_gemma": ("recurrent", None),  # RG-LRU recurrence, then local attention
+}
+
+
+def _load(family: str):
+    if family == "qwen3_next":
+        return ie_lab.load(make_model(family), make_tokenizer(), quiet=True)
+    return ie_lab.load(coverage.build_tiny(family), coverage._tokenizer(), quiet=True)
+
+
+@pytest.fixture(scope="module", params=sorted(HYBRIDS))
+def hybrid(request):
+    torch.set_num_threads(1)
+    return request.param, _load(request.param)
+
+
+def _sub(lm, L: int) -> str:
+    return "mixer_out_post" if lm.binding.layers[L].mixer_kind else "attn_out_post"
+
+
+def test_layer_kinds_are_measured_and_the_invariants_hold(hybrid):
+    family, lm = hybrid
+    kinds = tuple(lb.mixer_kind or None for lb in lm.binding.layers)
+    assert kinds == HYBRIDS[family]
+    s = points.Structure.from_binding(lm.binding)
+    assert s.mixer_layers == tuple(i for i, k in enumerate(kinds) if k)
+    coverage.check_invariants(lm)
+
+
+def test_residual_identities_per_layer_kind_fail_with_the_neighbour_layer(hybrid):
+    """resid_pre + (mixer|attn)_out_post = resid_mid and resid_mid + mlp_out_post = resid_post on every layer kind;
+    the other layer's sublayer output (a shape-correct neighbour) must break both."""
+    _, lm = hybrid
+    n = lm.facts.n_layers
+    names = [
+        f"{p}.{L}" for L in range(n) for p in ("resid_pre", _sub(lm, L), "resid_mid", "mlp_out_post", "resid_post")
+    ]
+    c = ie_lab.capture(lm, X, names)
+    for L in range(n):
+        other = (L - 1) % n  # the previous layer (layer 0's neighbour is the last layer)
+        sub, sub_other = f"{_sub(lm, L)}.{L}", f"{_sub(lm, other)}.{other}"
+        torch.testing.assert_close(c[f"resid_pre.{L}"] + c[sub], c[f"resid_mid.{L}"], **TOL)
+        torch.testing.assert_close(c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"], c[f"resid_post.{L}"], **TOL)
+        assert c[sub_other].shape == c[sub].shape
+        assert not torch.allclose(c[f"resid_pre.{L}"] + c[sub_other], c[f"resid_mid.{L}"], **TOL)
+        assert not torch.allclose(c[f"resid_mid.{L}"] + c[f"mlp_out_post.{other}"], c[f"resid_post.{L}"], **TOL)
+
+
+def test_mixer_out_is_the_mixer_modules_output_and_mixer_in_its_input(hybrid):
+    _, lm = hybrid
+    for lb in lm.binding.layers:
+        if not lb.mixer_kind:
+            continue
+        L = lb.index
+        seen: dict[str, torch.Tensor] = {}
+        h = lb.attn.register_forward_hook(lambda m, a, o, seen=seen: seen.setdefault("out", _first(o)))
+        try:
+            c = ie_lab.capture(lm, X, [f"mixer_in.{L}", f"mixer_out.{L}", f"resid_pre.{L}"])
+        finally:
+            h.remove()
+        torch.testing.assert_close(c[f"mixer_out.{L}"], seen["out"])
+        # the input norm sits between the residual and the mixer: mixer_in is not resid_pre
+        assert not torch.allclose(c[f"mixer_in.{L}"], c[f"resid_pre.{L}"], **TOL)
+
+
+def _first(o):
+    from ie_lab.arch.binder import first_tensor
+
+    return first_tensor(o).detach().clone()
+
+
+def test_attention_points_are_refused_on_mixer_layers_naming_the_kind(hybrid):
+    family, lm = hybrid
+    for lb in lm.binding.layers:
+        L = lb.index
+        for p in points.all_points():
+            if p.scope is not points.Scope.LAYER or p.multi_stream_only:
+                continue
+            wrong_kind = (points.Needs.ATTENTION in p.needs and lb.mixer_kind) or (
+                points.Needs.MIXER in p.needs and not lb.mixer_kind
+            )
+            try:
+                ie_lab.capture(lm, X[:1], [f"{p.name}.{L}"])
+            except ie_lab.PointAbsent as e:
+                if wrong_kind:
+                    assert (lb.mixer_kind or "attention layer") in str(e), str(e)
+                continue
+            except IELabError:
+                assert not wrong_kind, p.name
+                continue
+            # no other exception class may escape (a crash is a defect); a served point is on its kind of layer
+            assert not wrong_kind, f"{family}: {p.name}.{L} served on a {lb.mixer_kind or 'attention'} layer"
+    assert_clean(lm)
+
+
+@pytest.mark.parametrize("point", ["mixer_out", "mixer_in", "mixer_out_post"])
+def test_steering_a_mixer_point_moves_the_stream_by_the_vector(hybrid, point):
+    """Adding v at mixer_out (no post-mixer norm or multiplier on these families) adds exactly v to resid_mid."""
+    _, lm = hybrid
+    L = next(lb.index for lb in lm.binding.layers if lb.mixer_kind)
+    v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(1))
+    before = ie_lab.capture(lm, X, [f"{point}.{L}", f"resid_mid.{L}"])
+    with ie_lab.steer(lm, f"{point}.{L}", v):
+        after = ie_lab.capture(lm, X, [f"{point}.{L}", f"resid_mid.{L}"])
+    torch.testing.assert_close(after[f"{point}.{L}"], before[f"{point}.{L}"] + v, **TOL)
+    if point != "mixer_in":
+        torch.testing.assert_close(after[f"resid_mid.{L}"], before[f"resid_mid.{L}"] + v, **TOL)
+    else:
+        assert not torch.allclose(after[f"resid_mid.{L}"], before[f"resid_mid.{L}"], **TOL)
+    assert_clean(lm)
+    again = ie_lab.capture(lm, X, [f"resid_mid.{L}"])
+    torch.testing.assert_close(again[f"resid_mid.{L}"], before[f"resid_mid.{L}"])
+
+
+@pytest.mark.parametrize("family", ["afmoe", "laguna", "qwen3_next", "axk2"])
+def test_attention_output_gate_is_measured(family):
+    """z is what the kernel returned (attn_probs @ value), attn_gate what multiplies it before o_proj: o_proj(z *
+    attn_gate) is attn_out. The previous layer's z (same shape) does not give it; writing z is refused."""
+    lm = _load(family)
+    gated = [lb for lb in lm.binding.layers if lb.attn_gate is not None]
+    assert gated, "no gate measured"
+    coverage.check_invariants(lm)  # includes attn_probs @ value = z on every attention layer
+    n = lm.facts.n_layers
+    for lb in gated:
+        L = lb.index
+        c = ie_lab.capture(lm, X, [f"z.{L}", f"attn_gate.{L}", f"attn_out.{L}"])
+        with torch.no_grad():
+            torch.testing.assert_close(lb.o_proj(c[f"z.{L}"] * c[f"attn_gate.{L}"]), c[f"attn_out.{L}"], **TOL)
+            assert not torch.allclose(lb.o_proj(c[f"z.{L}"]), c[f"attn_out.{L}"], **TOL)  # the gate matters
+        other = next((o.index for o in gated if o.index != L), None)
+        if other is not None:
+            z_other = ie_lab.capture(lm, X, [f"z.{other}"])[f"z.{other}"]
+            if z_other.shape == c[f"z.{L}"].shape:
+                with torch.no_grad():
+                    assert not torch.allclose(lb.o_proj(z_other * c[f"attn_gate.{L}"]), c[f"attn_out.{L}"], **TOL)
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="gate"):
+            with Writers(lm, [(Address("z", L), lambda t, off: t)]):
+                pass
+        assert_clean(lm)
+    assert n >= 1
+
+
+@pytest.mark.parametrize("family", ["mamba", "mamba2", "falcon_mamba", "zamba2"])
+def test_mixer_only_trunks_are_refused_naming_the_structure(family):
+    """Blocks with a mixer and no MLP (pure state-space trunks, Zamba's Mamba layers) are not bound yet: load says
+    so with an IELabError that names state-space blocks, never another exception class."""
+    with pytest.raises(IELabError, match="state-space"):
+        _load(family)
