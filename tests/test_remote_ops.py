@@ -239,3 +239,16 @@ def test_metrics_match_ie_lab_logit_diff_locally(local, names):
     assert encode({"m": metrics.norm()})  # a Metric travels; a function does not
     with pytest.raises(ie_lab.InputError, match="cannot be sent"):
         encode({"m": lambda t: t})
+
+
+def test_the_docs_list_every_served_metric_with_its_parameters():
+    import inspect
+    import pathlib
+
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "REMOTE.md").read_text()
+    for kind in metrics.KINDS:
+        params = ", ".join(
+            f"{n}={p.default}" if p.default is not inspect.Parameter.empty else n
+            for n, p in inspect.signature(getattr(metrics, kind)).parameters.items()
+        )
+        assert f"metrics.{kind}({params})" in doc or f"ie_lab.{kind}({params})" in doc, (kind, params)
