@@ -17,12 +17,21 @@ s
 print(s.describe())
 
 # %% [markdown]
-# Greedy generation is deterministic: the same prompt gives the same story on every machine.
+# Sampling with a seed gives the same story on every run: `temperature` > 0 samples from the model's
+# distribution, `seed` fixes the draw.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-story = s.generate("One morning , Mary went to the park .", 16)
+story = s.generate("One Monday , Mary went to the park .", 24, temperature=0.8, seed=1)
 print(story.text)
+
+# %% [markdown]
+# Without `temperature`, generation is greedy: always the likeliest next word. A model this small then
+# repeats itself within a sentence or two, which is worth seeing once:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(s.generate("One Monday , Mary went to the park .", 12).text)
 
 # %% [markdown]
 # A capture names tensors by *address*: point name, layer, and optionally a head.
