@@ -6,13 +6,17 @@ Model: the ~20M random Llama of capture_overhead.py (hidden 512, 8 layers, fp32)
 (8 to 64 tokens), 32 greedy tokens each (EOS ignored, so every variant makes the same 256 tokens).
 Variants, interleaved: HF `generate` on the left-padded batch (the baseline); `ie_lab.generate` on the list
 of prompts (one batch); the same with a capture of the middle layer's residual; the same batch with a
-steering vector; the old way, a loop of one-prompt `ie_lab.generate` calls. Before timing, every prompt's
-tokens must equal HF's and its solo run's, or the script reports nothing.
+steering vector; the old way, a loop of one-prompt `ie_lab.generate` calls; and on a Session, eight concurrent
+`await s.agenerate(prompt)` calls (`session_generate_x8`: they share one decode loop, ie_lab/eager/batcher.py)
+and the same eight each steered differently (`session_steer_x8`: seven methods, layers, scales and positions,
+one unsteered). Before timing, every prompt's tokens must equal HF's and its solo run's (a steered request's:
+its solo steered run), or the script reports nothing.
 Writes benchmarks/results/eager_batch-cpu.json.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import statistics
@@ -76,11 +80,50 @@ def main() -> int:
     def ie_loop():
         return [ie_lab.generate(lm, [p], NEW, ignore_eos=True, keep_logits=False)[0] for p in prompts]
 
+    # Eight concurrent requests on a Session: what a notebook's tasks (or a panel) issue at once.
+    session = ie_lab.Session(model, progress=False)
+    slm = session._lm
+    unit = v / v.norm()
+    last = lm.facts.n_layers - 1
+    steers = [
+        None,
+        session.steer(f"resid_post.{mid}", v, scale=2.0),
+        session.steer("resid_post.1", v, scale=-1.0, positions="generated"),
+        session.steer(f"resid_pre.{mid}", unit, method="ablate"),
+        session.steer("mlp_out.2", unit, method="orthogonal", scale=0.5),
+        session.steer(f"resid_post.{last}", unit, method="cap", max=0.5),
+        session.steer("attn_out.3", unit, method="norm_scaled_add", scale=0.2, positions="prompt"),
+        session.steer(f"resid_mid.{mid}", unit, method="swap", target=1.0),
+    ]
+
+    def session_x8(steer):
+        async def main():
+            return await asyncio.gather(
+                *(
+                    session.agenerate(p, NEW, ignore_eos=True, keep_logits=False, steer=sp)
+                    for p, sp in zip(prompts, steer)
+                )
+            )
+
+        return asyncio.run(main())
+
+    def session_generate_x8():
+        return session_x8([None] * N_PROMPTS)
+
+    def session_steer_x8():
+        return session_x8(steers)
+
     # Correctness inside the benchmark: each prompt's batched tokens are HF's and its solo run's.
     ref = hf_batched()[:, width:].tolist()
     ours = [r.ids for r in ie_batched()]
     solo = [r.ids for r in ie_loop()]
-    if ours != ref or ours != solo:
+    x8 = [r.ids for r in session_generate_x8()]
+    steered = [r.ids for r in session_steer_x8()]
+    steered_solo = [
+        ie_lab.generate(slm, [p], NEW, ignore_eos=True, keep_logits=False, steer=sp)[0].ids
+        for p, sp in zip(prompts, steers)
+    ]
+    if ours != ref or ours != solo or x8 != ref or steered != steered_solo:
         print(
             "batched tokens differ from HF batched generate or from the solo runs: refusing to report speed",
             file=sys.stderr,
@@ -93,6 +136,8 @@ def main() -> int:
         "ie_batched_capture": ie_batched_capture,
         "ie_batched_steered": ie_batched_steered,
         "ie_loop_of_solo": ie_loop,
+        "session_generate_x8": session_generate_x8,
+        "session_steer_x8": session_steer_x8,
     }
     # Every round's time is kept: on a shared machine the fastest round of each variant (the least disturbed) is
     # the steadier figure, so both it and the median are reported. No warm-up round: the correctness checks above
@@ -113,9 +158,15 @@ def main() -> int:
         "best_s": best,
         "ratio_vs_hf_batched": {k: med[k] / med["hf_batched_generate"] for k in med},
         "best_ratio_vs_hf_batched": {k: best[k] / best["hf_batched_generate"] for k in best},
-        "target": {"ie_batched": 1.25, "ie_batched_steered": 1.35},
+        "target": {
+            "ie_batched": 1.25,
+            "ie_batched_steered": 1.35,
+            "session_generate_x8": 1.25,
+            "session_steer_x8": 1.35,
+        },
         "date": time.strftime("%Y-%m-%d"),
     }
+    session.close()
     return write_result(
         args.out,
         "eager_batch-cpu",
