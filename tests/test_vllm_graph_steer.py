@@ -175,3 +175,17 @@ def test_steer_points_are_checked_before_the_engine_starts(folder):
         ie_lab.Session(
             folder, backend="vllm", progress=False, replace=False, mode="generate", steer_points=["resid_post.0"]
         )
+
+
+def test_a_forward_whose_steering_did_not_run_raises():
+    from ie_lab.vllm.static_steer import allocate
+    from ie_lab.vllm.static_taps import StaticTaps
+
+    steer = allocate(["resid_post.0"], 4, 2, 8, "cpu")
+    st = StaticTaps({}, torch.zeros(1, dtype=torch.int64), torch.full((1,), -1, dtype=torch.int64), steer)
+    st.arm()
+    st.echo.copy_(st.tick)  # the taps' canary ran, the steering hook did not (an artifact traced without it)
+    with pytest.raises(RuntimeError, match=r"steering at \['resid_post.0'\] did not run"):
+        st.check()
+    steer.sites["resid_post.0"].echo.copy_(st.tick)
+    st.check()

@@ -35,6 +35,9 @@ class SteerSite:
     code: torch.Tensor  # [max tokens] int64: the row's method index, -1 for rows left alone
     vecs: torch.Tensor  # [max requests in a forward, d_model] float32
     params: torch.Tensor  # [max requests in a forward, N_PARAMS] float32
+    # the liveness tick echoed by this site's hook inside the graph (as the taps' canary): an artifact traced without
+    # this very hook (another declaration's) is caught before a steered request returns
+    echo: torch.Tensor = dataclasses.field(default_factory=lambda: torch.full((1,), -1, dtype=torch.int64))
     live: bool = False  # some code is not -1 (a forward with no steering here must clear it)
     # per slot: the entry whose vector and numbers the slot holds (copied again only when that changes)
     held: list[Any] = dataclasses.field(default_factory=list)
@@ -121,26 +124,29 @@ def allocate(points: list[str], max_tokens: int, max_seqs: int, d_model: int, de
             torch.full((max_tokens,), -1, dtype=torch.int64, device=device),
             torch.zeros(max_seqs, d_model, dtype=torch.float32, device=device),
             torch.zeros(max_seqs, N_PARAMS, dtype=torch.float32, device=device),
+            echo=torch.full((1,), -1, dtype=torch.int64, device=device),
         )
         for p in points
     }
     return StaticSteer(sites, torch.zeros(max_tokens, dtype=torch.int64, device=device))
 
 
-def steer_hook(site: Any, buffers: SteerSite, slot: torch.Tensor) -> tuple[str, Any]:
+def steer_hook(site: Any, buffers: SteerSite, slot: torch.Tensor, tick: torch.Tensor) -> tuple[str, Any]:
     """(side, hook) steering one site of the table (sites.py) from its buffers: the value read at the site, steered,
-    handed on through the site's own write."""
-    read, write = site.read, site.write
+    handed on through the site's own write; the hook echoes the forward's tick."""
+    read, write, echo = site.read, site.write, buffers.echo
     if site.side == "pre":
 
         def pre(m: Any, args: tuple, kwargs: dict) -> Any:
             t = read(args, kwargs)
+            echo.copy_(tick)
             return write(args, kwargs, steer_rows(t, buffers.code, slot, buffers.vecs, buffers.params))
 
         return "pre", pre
 
     def post(m: Any, args: tuple, out: Any) -> Any:
         t = read(args, out)
+        echo.copy_(tick)
         return write(args, out, steer_rows(t, buffers.code, slot, buffers.vecs, buffers.params))
 
     return "post", post

@@ -52,7 +52,16 @@ class StaticTaps:
         self.tick.fill_(self.step)
 
     def check(self) -> None:
-        if int(self.echo.item()) != self.step:
+        sites = {} if self.steer is None else self.steer.sites
+        seen = torch.cat([self.echo] + [x.echo for x in sites.values()]).tolist()  # one device read for all
+        stale = [p for p, e in zip(sites, seen[1:]) if e != self.step]
+        if stale:
+            raise RuntimeError(
+                f"ie_lab graph mode: the steering at {stale} did not run in this forward (the compiled graph does not "
+                "contain it: a stale vLLM compile cache, or a fully graphed forward). Restart the Session, or "
+                "create it without steer_points."
+            )
+        if seen[0] != self.step:
             raise RuntimeError(
                 "ie_lab graph mode: the static taps did not run in this forward (the compiled graph does not "
                 "contain them: a stale vLLM compile cache, or a fully graphed forward). Nothing was captured; "
@@ -85,11 +94,12 @@ def install(
     param = next(model.parameters())
     sharded_ok = _tp_size() > 1  # one rank holds the whole width: nothing to gather
     steer = allocate(steer_points, max_tokens, max_seqs, d_model, param.device) if steer_points else None
+    tick = torch.zeros(1, dtype=torch.int64, device=param.device)
     taps: dict[str, Tap] = {}
     for site in sites.values():  # the table's order
         p = site.point
         if steer is not None and p in steer.sites:
-            side, edit = steer_hook(site, steer.sites[p], steer.slot)
+            side, edit = steer_hook(site, steer.sites[p], steer.slot, tick)
             if side == "pre":
                 site.module.register_forward_pre_hook(edit, with_kwargs=True)
             else:
@@ -113,7 +123,6 @@ def install(
 
             site.module.register_forward_hook(hook)
     taps = {p: taps[p] for p in points}  # the declared order
-    tick = torch.zeros(1, dtype=torch.int64, device=param.device)
     echo = torch.full((1,), -1, dtype=torch.int64, device=param.device)
     embed = sites["embeddings"].module
 
