@@ -9,12 +9,13 @@ from typing import Any
 import torch
 
 from ..address import Address, layer_list
-from ..core.inputs import prepare, str_tokens
+from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import LensResult, token_names
 from ..errors import AddressError, InputError, check_flag
 from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
 from ..points import Scope, Width
-from .capture import capture, capture_batch
+from .capture import _capture_many, capture_batch
+from .means import auto_batch_size, check_batch_size
 from .model import lm_of
 
 Transport = tuple[torch.Tensor, torch.Tensor] | Callable[[torch.Tensor], torch.Tensor]
@@ -160,8 +161,13 @@ def fit_tuned_lens(
     *,
     point: str = "resid_post",
     ridge: float = 1e-3,
+    batch_size: int | None = None,
 ) -> TunedLens:
-    """Fit h_L @ A + b ≈ h_last (the residual the final norm reads) by ridge least squares over a corpus."""
+    """Fit h_L @ A + b ≈ h_last (the residual the final norm reads) by ridge least squares over a corpus.
+
+    The corpus runs in batches of `batch_size` prompts per forward (None: as many as ie_lab.sizing fits in the
+    activation budget for the longest prompt of the batch and the points read); each prompt's own rows are cut
+    out of the batch, so the fit does not depend on the batch size."""
 
     import math
 
@@ -185,21 +191,39 @@ def fit_tuned_lens(
             + (" (a single string would be read character by character)" if isinstance(corpus, str) else "")
             + "."
         )
+    batch_size = check_batch_size(batch_size)
     xs: dict[int, list[torch.Tensor]] = {L: [] for L in layers}
     ys: list[torch.Tensor] = []
     n = 0
+    addrs = sorted({Address(point, L) for L in layers} | {Address("resid_post", last)})
+    chunk: list[torch.Tensor] = []
+
+    def fits(rows: list[torch.Tensor]) -> int:
+        return batch_size or auto_batch_size(lm, max(r.shape[1] for r in rows), len(addrs))
+
+    def run() -> None:
+        nonlocal n
+        for c in _capture_many(lm, chunk, addrs, False):
+            ys.append(c[f"resid_post.{last}"][0].float())
+            for L in layers:
+                xs[L].append(c[Address(point, L)][0].float())
+            n += ys[-1].shape[0]
+        chunk.clear()
+
     for i, text in enumerate(corpus):
-        addrs = sorted({Address(point, L) for L in layers} | {Address("resid_post", last)})
-        c = capture(lm, text, addrs)
-        if isinstance(c, list):
+        if prepare_prompts(lm, text) is not None:
             raise InputError(
                 f"corpus item {i} is a list of prompts; the corpus is a flat iterable of prompts (each a text, "
                 "token ids or a conversation): flatten it, e.g. [p for batch in corpus for p in batch]."
             )
-        ys.append(c[f"resid_post.{last}"][0].float())
-        for L in layers:
-            xs[L].append(c[Address(point, L)][0].float())
-        n += ys[-1].shape[0]
+        row = prepare(lm, text)[0]
+        if chunk and len(chunk) + 1 > fits([*chunk, row]):  # a longer prompt shrinks the batch: run what is held
+            run()
+        chunk.append(row)
+        if len(chunk) >= fits(chunk):
+            run()
+    if chunk:
+        run()
     if n == 0:
         raise InputError("the corpus is empty: give at least one text or token sequence to fit on.")
     Y = torch.cat(ys)
