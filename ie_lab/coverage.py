@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import warnings
-from typing import Any
+from typing import Any, TypedDict
 
 # The sizes every tiny instance gets, by config key (a key is set only where the family's config has it).
 _HIDDEN = 64
@@ -265,6 +265,11 @@ def _tokenizer():
     return tokenizer()
 
 
+class _Tol(TypedDict):
+    atol: float
+    rtol: float
+
+
 def check_invariants(lm) -> None:
     """The identities a wrong-but-plausible tensor cannot satisfy (tests/test_invariants.py, on one instance),
     and on MoE layers the routing points (each token routed to k experts, weights only on those).
@@ -272,19 +277,19 @@ def check_invariants(lm) -> None:
     Raises AssertionError naming the first identity that fails."""
     import torch
 
-    from .eager.capture import capture
+    from .eager.capture import capture_batch  # x below is one [2, 9] id tensor: one Cache per call
     from .errors import IELabError
     from .ops.lens import postprocess_logits
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(4, min(VOCAB, lm.facts.vocab_size), (2, 9), generator=g)
     f = lm.facts
-    tol = dict(atol=2e-4, rtol=1e-4)
+    tol = _Tol(atol=2e-4, rtol=1e-4)
     for lb in lm.binding.layers:
         L = lb.index
         sub = "mixer_out_post" if lb.mixer_kind else "attn_out_post"  # a mixer layer's sublayer has its own name
         names = ["resid_pre", sub, "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
-        c = capture(lm, x, [f"{n}.{L}" for n in names])
+        c = capture_batch(lm, x, [f"{n}.{L}" for n in names])
         if lb.parallel:
             torch.testing.assert_close(
                 c[f"resid_pre.{L}"] + c[f"{sub}.{L}"] + c[f"mlp_out_post.{L}"],
@@ -306,7 +311,7 @@ def check_invariants(lm) -> None:
                 msg=f"resid_mid + mlp_out_post = resid_post, layer {L}",
             )
         if not lb.sparse_moe:
-            c = capture(lm, x, [f"mlp_act.{L}", f"mlp_out.{L}"])
+            c = capture_batch(lm, x, [f"mlp_act.{L}", f"mlp_out.{L}"])
             with torch.no_grad():
                 torch.testing.assert_close(
                     lb.down_proj(c[f"mlp_act.{L}"]),
@@ -315,7 +320,7 @@ def check_invariants(lm) -> None:
                     msg=f"down_proj(mlp_act) = mlp_out, layer {L}",
                 )
         if lb.uses_attention_interface:
-            c = capture(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}"])
+            c = capture_batch(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}"])
             probs, value = c[f"attn_probs.{L}"], c[f"value.{L}"]
             b, s, _ = value.shape
             d_v = c[f"z.{L}"].shape[-1] // f.n_heads  # latent attention: the value head is not the query head
@@ -329,7 +334,7 @@ def check_invariants(lm) -> None:
             continue
         L, k = lb.index, f.experts_per_token
         try:
-            c = capture(lm, x, [f"router_logits.{L}", f"expert_weights.{L}", f"expert_indices.{L}"])
+            c = capture_batch(lm, x, [f"router_logits.{L}", f"expert_weights.{L}", f"expert_indices.{L}"])
         except IELabError:
             continue  # a routing point refused with a reason is honest; a crash of another class is not
         w, sel = c[f"expert_weights.{L}"], c[f"expert_indices.{L}"]
@@ -337,9 +342,9 @@ def check_invariants(lm) -> None:
             assert torch.all(sel.sum(-1) == k), f"expert_indices: not exactly {k} experts per token, layer {L}"
         assert torch.all((w != 0) <= (sel == 1)), f"expert_weights outside the selected experts, layer {L}"
     try:
-        c = capture(lm, x, ["final_norm", "lm_head"])
+        c = capture_batch(lm, x, ["final_norm", "lm_head"])
     except IELabError:  # no final norm, or one module the trunk runs twice: refused, the unembedding still checks
-        c = capture(lm, x, ["lm_head"])
+        c = capture_batch(lm, x, ["lm_head"])
     with torch.no_grad():
         if "final_norm" in c:
             torch.testing.assert_close(
