@@ -13,4 +13,8 @@ py=.venv/bin/python; [ -x "$py" ] || py=python
 timeout 180 "$py" -m pytest -q -m gpu tests/test_gpu.py || echo "gpu tests FAILED (see above)"
 timeout 400 "$py" -m benchmarks.run --gpu --repeats 3 --timeout 120 \
   --engine bare --engine ie_eager --engine ie_vllm --engine ie_vllm_graph --engine interp --engine tl --engine nnsight "${@:2}"
+# vLLM modes on the same checkpoint (fp32): graph-mode steering (static steering buffers, CUDA graphs PIECEWISE) vs
+# graph-mode plain generation vs hooks-mode steering, and generation-only vs hooks mode; -> results/vllm_modes-cuda.json
+timeout 420 "$py" benchmarks/vllm_modes.py --repeats 5 --model "$IE_LAB_BENCH_GPU_MODEL" \
+  || echo "vllm_modes FAILED (see above)"
 "$py" benchmarks/render.py > /dev/null

@@ -71,7 +71,9 @@ def main() -> int:
         if path is None:
             build(tmp)
             path = tmp
-        kw = dict(backend="vllm", progress=False, replace=False, dtype="float32")
+        kw: dict = dict(backend="vllm", progress=False, replace=False, dtype="float32")
+        if torch.cuda.is_available():  # three engines share the GPU (vLLM's default would give the first 90%)
+            kw["engine_kwargs"] = {"gpu_memory_utilization": 0.25}
         load_s = {}
         for name, extra in (("hooks", {}), ("generate", {"mode": "generate"}), ("graph", None)):
             if extra is None:  # graph mode: one steering site, in the middle of the trunk
