@@ -73,6 +73,7 @@ class Needs(str, enum.Enum):
     MOE = "a router on the layer"
     ATTENTION = "an attention layer"  # not a mixer layer: a hybrid trunk's state-space/linear/conv layers have none
     MIXER = "a non-attention mixer on the layer"  # state-space, linear-attention, convolution or recurrence
+    MLP = "an MLP on the layer"  # not a mixer-only block (pure state-space trunks)
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,7 @@ _POINTS: tuple[Point, ...] = (
         note="Absent on parallel blocks, where attention and MLP both read the layer input.",
         tl_legacy=('blocks.{L}.hook_resid_mid',), tl_bridge=('blocks.{L}.ln2.hook_in',),
         writable=True,
-        needs=(Needs.SEQUENTIAL,),
+        needs=(Needs.MLP, Needs.SEQUENTIAL),
     ),
     Point(
         "mlp_in", _L, Width.D_MODEL,
@@ -294,6 +295,7 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         tl_bridge=('blocks.{L}.mlp.hook_in', 'blocks.{L}.ln2.hook_out',), nnterp=('mlps_input[{L}]',),
         writable=True,
+        needs=(Needs.MLP,),
     ),
     Point(
         "mlp_pre", _L, Width.D_MLP,
@@ -303,7 +305,7 @@ _POINTS: tuple[Point, ...] = (
         note="Absent on sparse MoE layers, where every expert has its own.",
         tl_legacy=('blocks.{L}.mlp.hook_pre',), tl_bridge=('blocks.{L}.mlp.gate.hook_out',),
         writable=True,
-        needs=(Needs.DENSE_MLP,),
+        needs=(Needs.MLP, Needs.DENSE_MLP),
     ),
     Point(
         "mlp_pre_linear", _L, Width.D_MLP,
@@ -313,7 +315,7 @@ _POINTS: tuple[Point, ...] = (
         note="Gated MLPs only.",
         tl_legacy=('blocks.{L}.mlp.hook_pre_linear',), tl_bridge=('blocks.{L}.mlp.in.hook_out',),
         writable=True,
-        needs=(Needs.DENSE_MLP, Needs.GATED_MLP),
+        needs=(Needs.MLP, Needs.DENSE_MLP, Needs.GATED_MLP),
     ),
     Point(
         "mlp_act", _L, Width.D_MLP,
@@ -322,14 +324,14 @@ _POINTS: tuple[Point, ...] = (
         note="Absent on sparse MoE layers, where each expert has its own neurons.",
         tl_legacy=('blocks.{L}.mlp.hook_post',), tl_bridge=('blocks.{L}.mlp.out.hook_in',),
         writable=True,
-        needs=(Needs.DENSE_MLP,),
+        needs=(Needs.MLP, Needs.DENSE_MLP),
     ),
     Point(
         "router_logits", _L, Width.EXPERTS,
         "The MoE router's logits over experts, before top-k selection.",
         _OK, BackendVerdict(Verdict.SERVED, "The router is replicated across ranks, so tensor parallelism does not affect it."),
         tl_bridge=('blocks.{L}.mlp.gate.hook_out',),
-        needs=(Needs.MOE,),
+        needs=(Needs.MLP, Needs.MOE),
     ),
     Point(
         "expert_weights", _L, Width.EXPERTS,
@@ -337,14 +339,14 @@ _POINTS: tuple[Point, ...] = (
         _OK,
         BackendVerdict(Verdict.UNREACHABLE, "The top-k selection happens inside vLLM's fused MoE kernel and is never materialised. Use backend='eager'."),
         tl_bridge=('blocks.{L}.mlp.gate.hook_expert_weights',),
-        needs=(Needs.MOE,),
+        needs=(Needs.MLP, Needs.MOE),
     ),
     Point(
         "expert_indices", _L, Width.EXPERTS,
         "The expert selection as a dense 0/1 mask over experts: 1 where the token was routed.",
         _OK,
         BackendVerdict(Verdict.UNREACHABLE, "As expert_weights: the selection lives inside the fused MoE kernel. Use backend='eager'."),
-        needs=(Needs.MOE,),
+        needs=(Needs.MLP, Needs.MOE),
     ),
     Point(
         "mlp_out", _L, Width.D_MODEL,
@@ -353,6 +355,7 @@ _POINTS: tuple[Point, ...] = (
         note="TransformerLens' hook_mlp_out is this point only on families without a post-MLP norm or multiplier.",
         tl_bridge=('blocks.{L}.mlp.hook_out',), nnterp=('mlps_output[{L}]',),
         writable=True,
+        needs=(Needs.MLP,),
     ),
     Point(
         "mlp_out_post", _L, Width.D_MODEL,
@@ -360,6 +363,7 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         tl_legacy=('blocks.{L}.hook_mlp_out',), tl_bridge=('blocks.{L}.ln2_post.hook_out',),
         writable=True,
+        needs=(Needs.MLP,),
     ),
     Point(
         "resid_post", _L, Width.D_MODEL,
@@ -472,6 +476,7 @@ class Structure:
     # type as the config names it, or the mixer module's name), in the same order.
     mixer_layers: tuple[int, ...] = ()
     mixer_kinds: tuple[str, ...] = ()
+    no_mlp_layers: tuple[int, ...] = ()  # mixer-only blocks
 
     def layer_kind(self, layer: int) -> str:
         return self.mixer_kinds[self.mixer_layers.index(layer)] if layer in self.mixer_layers else "attention"
@@ -496,6 +501,8 @@ class Structure:
             n_streams=int(facts.n_streams),
             mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k),
             mixer_kinds=tuple(k for k in facts.mixer_kinds if k),
+            # a config that has no attention heads at all is a pure state-space trunk: mixer-only blocks
+            no_mlp_layers=tuple(range(facts.n_layers)) if not facts.n_heads else (),
         )
 
     @classmethod
@@ -514,6 +521,7 @@ class Structure:
             n_streams=int(binding.facts.n_streams),
             mixer_layers=tuple(lb.index for lb in binding.layers if lb.mixer_kind),
             mixer_kinds=tuple(lb.mixer_kind for lb in binding.layers if lb.mixer_kind),
+            no_mlp_layers=tuple(lb.index for lb in binding.layers if not lb.has_mlp),
         )
 
     def has(self, need: Needs, layer: int | None = None) -> bool:
@@ -528,6 +536,7 @@ class Structure:
             Needs.MOE: layer in self.moe_layers,
             Needs.ATTENTION: layer not in self.mixer_layers,
             Needs.MIXER: layer in self.mixer_layers,
+            Needs.MLP: layer not in self.no_mlp_layers,
         }[need]
 
 
@@ -576,6 +585,11 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
         "layer {L} is an attention layer, not a non-attention mixer layer (mixer layers of this model: {kinds}).",
         "use attn_in.{L} / attn_out.{L} there, or {name} on a mixer layer.",
     ),
+    Needs.MLP: (
+        "layer {L} is a mixer-only block ({kind}, no MLP): the mixer's output is added straight to the residual "
+        "stream, so there is no {name}.",
+        "capture mixer_out.{L}, or resid_post.{L} (the stream after the mixer).",
+    ),
 }
 
 
@@ -587,7 +601,7 @@ def absence(point: "Point | str", structure: Structure, layer: int | None = None
         if not structure.has(need, layer):
             why, instead = _ABSENT[need]
             fill = dict(L=layer, name=p.name, moe=list(structure.moe_layers) or "none")
-            if need in (Needs.ATTENTION, Needs.MIXER):
+            if need in (Needs.ATTENTION, Needs.MIXER, Needs.MLP):
                 fill.update(kind=structure.layer_kind(layer or 0), kinds=structure.mixers_text())
             return Absence(need, why.format(**fill), instead.format(**fill))
     return None

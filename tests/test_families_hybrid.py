@@ -169,9 +169,56 @@ def test_attention_output_gate_is_measured(family):
     assert n >= 1
 
 
-@pytest.mark.parametrize("family", ["mamba", "mamba2", "falcon_mamba", "zamba2"])
-def test_mixer_only_trunks_are_refused_naming_the_structure(family):
-    """Blocks with a mixer and no MLP (pure state-space trunks, Zamba's Mamba layers) are not bound yet: load says
-    so with an IELabError that names state-space blocks, never another exception class."""
-    with pytest.raises(IELabError, match="state-space"):
+@pytest.fixture(scope="module", params=["mamba", "mamba2", "falcon_mamba"])
+def ssm(request):
+    torch.set_num_threads(1)
+    return request.param, _load(request.param)  # the slow torch path (no mamba_ssm kernels here)
+
+
+def test_state_space_blocks_bind_and_fail_with_the_neighbour_layer(ssm):
+    """A pure state-space trunk: every block is norm -> mixer -> residual add, with no MLP. resid_pre +
+    mixer_out_post = resid_post on each layer; the other layer's mixer output (same shape) does not add up."""
+    _, lm = ssm
+    assert all(lb.mixer_kind == "state_space" and not lb.has_mlp for lb in lm.binding.layers)
+    coverage.check_invariants(lm)
+    n = lm.facts.n_layers
+    c = ie_lab.capture(lm, X, [f"{p}.{L}" for L in range(n) for p in ("resid_pre", "mixer_out_post", "resid_post")])
+    for L in range(n):
+        other = (L - 1) % n
+        torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"mixer_out_post.{L}"], c[f"resid_post.{L}"], **TOL)
+        assert c[f"mixer_out_post.{other}"].shape == c[f"mixer_out_post.{L}"].shape
+        assert not torch.allclose(c[f"resid_pre.{L}"] + c[f"mixer_out_post.{other}"], c[f"resid_post.{L}"], **TOL)
+
+
+def test_state_space_blocks_refuse_mlp_and_attention_points(ssm):
+    _, lm = ssm
+    for p in points.all_points():
+        if p.scope is not points.Scope.LAYER or p.multi_stream_only:
+            continue
+        absent = points.Needs.ATTENTION in p.needs or points.Needs.MLP in p.needs
+        try:
+            ie_lab.capture(lm, X[:1], [f"{p.name}.1"])
+        except ie_lab.PointAbsent as e:
+            assert absent, p.name
+            assert "mixer-only block" in str(e) or "state_space mixer layer" in str(e), str(e)
+            continue
+        assert not absent, p.name  # and nothing but an IELabError escapes
+    assert_clean(lm)
+
+
+def test_steering_a_state_space_mixer_moves_resid_post(ssm):
+    _, lm = ssm
+    v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(2))
+    before = ie_lab.capture(lm, X, ["resid_post.0"])["resid_post.0"]
+    with ie_lab.steer(lm, "mixer_out.0", v):
+        after = ie_lab.capture(lm, X, ["resid_post.0"])["resid_post.0"]
+    torch.testing.assert_close(after, before + v, **TOL)
+    assert_clean(lm)
+
+
+@pytest.mark.parametrize("family", ["zamba", "zamba2", "rwkv", "xlstm"])
+def test_unbound_recurrent_and_shared_block_trunks_are_refused_naming_the_structure(family):
+    """Zamba's hybrid layers wrap a shared transformer block beside a Mamba layer, RWKV and xLSTM are recurrences
+    with no mixer module ie_lab reads: load refuses them with an IELabError naming what the layer holds."""
+    with pytest.raises(IELabError, match="shared_transf|recurrence"):
         _load(family)

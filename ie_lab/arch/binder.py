@@ -158,6 +158,8 @@ class LayerBinding:
     # A mixer layer (hybrid and state-space trunks): what its token mixer is, "" on an attention layer. There
     # `attn` and `o_proj` are both the mixer module, so its input and output are the sublayer's in and out.
     mixer_kind: str = ""
+    # A mixer-only block (pure state-space trunks): no MLP, so resid_post = resid_pre + mixer_out_post.
+    has_mlp: bool = True
     names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
 
     @property
@@ -188,8 +190,8 @@ class Binding:
             "parallel_block": first.parallel,
             "sandwich_norms": first.post_attn_norm is not None,
             "pre_norms": first.input_norm is not None,
-            "gated_mlp": any(lb.gated_mlp for lb in self.layers if not lb.sparse_moe)
-            if any(not lb.sparse_moe for lb in self.layers)
+            "gated_mlp": any(lb.gated_mlp for lb in self.layers if not lb.sparse_moe and lb.has_mlp)
+            if any(not lb.sparse_moe and lb.has_mlp for lb in self.layers)
             else None,
             "qk_norm": first.q_norm is not None,
             "moe_layers": tuple(lb.index for lb in self.layers if lb.sparse_moe),
@@ -348,7 +350,10 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
         if a is None:
             kind = facts.layer_kinds[i] if i < len(facts.layer_kinds) else "global"
             what = " (a linear-attention layer: those are not bound yet)" if kind == "linear" else ""
-            raise StructureError(f"{family} layer {i}: no attention module among {ATTN_NAMES}{what}.")
+            kids = ", ".join(n for n, _ in layer.named_children())
+            raise StructureError(
+                f"{family} layer {i}: no attention module among {ATTN_NAMES}{what}; the layer holds ({kids})."
+            )
         attn_name, attn = a
         inner = _child(attn, ATTN_NAMES)
         if _child(attn, O_NAMES) is None and inner is not None and _child(inner[1], O_NAMES) is not None:
@@ -376,6 +381,12 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             gate = _child(host, GATE_NAMES)
             up = _child(host, UP_NAMES)
             down = _child(host, DOWN_NAMES)
+            if down is None and mlp is None:
+                raise StructureError(
+                    f"{family} layer {i}: an attention block with no MLP among {MLP_NAMES} beside it (a "
+                    "single-sublayer block, as trunks interleaving state-space, attention and MLP blocks have); such "
+                    "blocks are not bound yet."
+                )
             if down is None:
                 raise StructureError(f"{family} layer {i}: MLP has no down projection among {DOWN_NAMES}.")
             lb.down_proj = down[1]
@@ -424,9 +435,19 @@ def _mixer_layer(
     name, mixer = found
     mlp_found = _child(layer, MLP_NAMES)
     if mlp_found is None:
-        raise StructureError(
-            f"{family} layer {i}: a {declared or name} mixer layer with no MLP among {MLP_NAMES} beside it (a "
-            "mixer-only block, as state-space trunks have); mixer-only blocks are not bound yet."
+        # A mixer-only block: the probe must find resid_post = resid_pre + the mixer's contribution, or refuse.
+        return LayerBinding(
+            index=i,
+            layer=layer,
+            attn=mixer,
+            o_proj=mixer,
+            mlp=None,
+            mlp_in_module=mixer,  # never read: the registry refuses every MLP point on this layer
+            mlp_out_module=mixer,
+            names={"mixer": name},
+            mixer_kind=declared or name,
+            value_source="none",
+            has_mlp=False,
         )
     mlp = mlp_found[1]
     lb = LayerBinding(
@@ -671,6 +692,10 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
             "residual streams, as hyper-connections carry, are not bound yet)."
         )
 
+    if not lb.has_mlp:
+        _classify_mixer_only(lb, rec, X, Y, A_in, A_out, where)
+        return
+
     # Some families' MLP module adds the residual itself (Bloom): then mlp_out is its down projection's output.
     M_out = M_out_module
     if lb.down_proj is not None and lb.mlp is not None:
@@ -766,6 +791,29 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         if act is not None and go is not None and uo is not None and d_in is not None:
             if not _close(act[1](go) * uo, d_in, 1e-4) and _close(act[1](uo) * go, d_in, 1e-4):
                 lb.gate_proj, lb.up_proj = lb.up_proj, lb.gate_proj  # the spellings lied; trust the tensors
+
+
+def _classify_mixer_only(
+    lb: LayerBinding,
+    rec: _Recorder,
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    A_in: torch.Tensor,
+    A_out: torch.Tensor,
+    where: str,
+) -> None:
+    """A block with one sublayer: its input norm feeds the mixer, and resid_post = resid_pre + mixer_out."""
+    for n in _norm_children(lb.layer):
+        if _same(rec.out(n), A_in) and lb.input_norm is None:
+            lb.input_norm = n
+        elif _same(rec.inp(n), A_out) and lb.post_attn_norm is None:
+            lb.post_attn_norm = n
+    c = rec.out(lb.post_attn_norm) if lb.post_attn_norm is not None else A_out
+    if c is None or not _close(X.float() + c.float(), Y.float(), 1e-4):
+        raise StructureError(
+            f"{where}: a mixer-only block (no MLP), but resid_pre + the mixer's output does not equal the layer "
+            "output, so ie_lab refuses to serve its points."
+        )
 
 
 @contextlib.contextmanager

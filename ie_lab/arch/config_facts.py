@@ -76,17 +76,15 @@ def unbound_structure(config: Any) -> tuple[str, str] | None:
         return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[
             mt
         ] + ", and recurrent blocks are not bound yet."
-    ssm = next((k for k in _SSM_KEYS if d.get(k)), None)
-    if ssm is not None:
-        heads = _first(d, "num_attention_heads", "n_head")  # not num_heads: Mamba 2 counts its SSM heads there
-        if heads:
-            return None  # a hybrid trunk: the binder binds its mixer layers, or refuses naming what it measured
-        return (
-            f"{mt} has no attention layers",
-            f"its blocks are state-space (Mamba) mixers (config {ssm}={d[ssm]}, no attention head count), "
-            "and state-space blocks are not bound yet.",
-        )
-    return None  # layer types naming mixers (conv, recurrent, linear attention): the binder binds them as mixers
+    # State-space and hybrid trunks, and layer types naming other mixers (conv, recurrent, linear attention): the
+    # binder binds those layers as mixer layers, or refuses naming what it measured.
+    return None
+
+
+def _state_space_only(d: Mapping[str, Any]) -> bool:
+    """A config that states an SSM state size and no attention head count: every block is a state-space mixer
+    (not num_heads: Mamba 2 counts its SSM heads there)."""
+    return any(d.get(k) for k in _SSM_KEYS) and not _first(d, "num_attention_heads", "n_head")
 
 
 # Words in a config's per-layer type that name a token mixer other than softmax attention.
@@ -167,6 +165,9 @@ class ArchFacts:
         d_model = _first(d, "hidden_size", "n_embd", "d_model", "dim")
         n_layers = _first(d, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
         n_heads = _first(d, "num_attention_heads", "n_head", "num_heads", "n_heads", "attention_heads")
+        ssm_only = _state_space_only(d)
+        if ssm_only:
+            n_heads = 0  # no attention anywhere: the attention widths are all zero
         if d_model is None or n_layers is None or n_heads is None:
             found = unbound_structure(d)
             if found is not None:
@@ -186,7 +187,7 @@ class ArchFacts:
                 "this family.",
                 UNBOUND_INSTEAD,
             )
-        head_dim = _first(d, "head_dim", "attention_head_size") or d_model // n_heads
+        head_dim = 0 if ssm_only else _first(d, "head_dim", "attention_head_size") or d_model // n_heads
         if d.get("multi_query") and not d.get("new_decoder_architecture"):
             n_kv = 1
         else:
@@ -243,7 +244,7 @@ class ArchFacts:
             experts_per_token=int(_first(d, "num_experts_per_tok", "top_k", "moe_top_k", default=0) or 0),
             n_streams=int(_first(d, "hc_mult", "num_residual_streams", default=1) or 1),
             layer_kinds=tuple(kinds),
-            mixer_kinds=_mixer_kinds(d, int(n_layers)),
+            mixer_kinds=("state_space",) * int(n_layers) if ssm_only else _mixer_kinds(d, int(n_layers)),
             sliding_window=window,
             parallel_block=parallel,
             sandwich_norms=structure in ("sandwich", "post"),
