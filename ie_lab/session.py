@@ -557,7 +557,11 @@ class Session:
         token = _CancelToken()
         _bind(fn, token)
         if asyncio.get_running_loop() is self._loop:
-            return await self._run(fn, token)
+            try:
+                return await self._run(fn, token)
+            except asyncio.CancelledError:
+                token.cancelled = True  # a request already in the eager batch leaves it
+                raise
         return await self._await_on_loop(self._run(fn, token), token)
 
     async def _await_on_loop(self, coro: Any, token: _CancelToken) -> Any:

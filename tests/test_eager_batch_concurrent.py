@@ -233,3 +233,46 @@ def test_an_interrupted_lone_request_stops_inside_its_forward_and_leaves_no_batc
         == ie_lab.generate(s._lm, _prompt(0, 5), 4, ignore_eos=True).ids
     )
     assert_clean(s._lm)
+
+
+# ---- the steering panel (item 4) --------------------------------------------------------------------------
+def test_the_steering_panel_computes_baseline_and_steered_in_one_batch(s, monkeypatch):
+    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(1)) * 4
+    seen = _Forwards(s)
+    try:
+        sp = s.steering_panel("Mary went to the", address="resid_post.0", vector=v, scale=3.0, max_new_tokens=8)
+        built = list(seen.shapes)
+        seen.shapes.clear()
+        sent = []
+        monkeypatch.setattr(sp, "send", lambda content, buffers=None: sent.append(content))
+        sp._on_front_end_msg(sp, {"cmd": "prompt", "seq": 7, "prompt": "The cat sat on the"}, [])
+        sp.wait()
+    finally:
+        seen.remove()
+    spec = s.steer("resid_post.0", v, scale=3.0)
+    # built in a cell (a plain stream drives, the baseline joins it) and regenerated from the front end (an
+    # awaited stream drives): both times some forwards carry the two rows together
+    for shapes in (built, seen.shapes):
+        assert (2, 1) in shapes, shapes
+    for prompt in ("The cat sat on the",):
+        assert sp.baseline_ids == s.generate(prompt, 8, keep_logits=False).ids
+        assert sp.steered_ids == s.generate(prompt, 8, steer=spec, keep_logits=False).ids
+    assert sp.steered_ids != sp.baseline_ids
+    assert [m["token"] for m in sent if m["type"] == "token" and m["which"] == "baseline"] == sp.baseline
+    assert sent[-1] == {"type": "done", "seq": 7}
+    assert_clean(s._lm)
+
+
+def test_a_panel_command_cancels_the_stale_pair_and_leaves_nothing_in_the_batch(s, monkeypatch):
+    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(1)) * 4
+    sp = s.steering_panel("Mary went to the", address="resid_post.0", vector=v, max_new_tokens=150)
+    sent = []
+    monkeypatch.setattr(sp, "send", lambda content, buffers=None: sent.append(content))
+    for i, prompt in enumerate(["The cat", "A dog ran", "She said"], start=1):
+        sp._on_front_end_msg(sp, {"cmd": "prompt", "seq": i, "prompt": prompt}, [])
+    sp.wait()
+    assert [m["seq"] for m in sent if m["type"] == "done"] == [3]
+    assert sp.baseline_ids == s.generate("She said", 150, keep_logits=False).ids
+    batcher = s._backend._batcher
+    _wait_for(lambda: not batcher.rows and not batcher.pending, "the stale requests to leave the batch")
+    assert_clean(s._lm)

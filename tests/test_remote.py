@@ -494,7 +494,9 @@ def test_sixteen_concurrent_clients_each_equal_their_solo_run(server, local, tok
         assert results[i][0] == solo[i][0], i
         assert [str(a) for a in results[i][1]] == points[i]
         for a in points[i]:
-            torch.testing.assert_close(results[i][1][a], solo[i][1][a], atol=1e-6, rtol=0)
+            # concurrent generations share the eager server's batched decode loop (issue 16): equal up to a batched
+            # matmul's float32 rounding (relative; these steered activations reach ~20)
+            torch.testing.assert_close(results[i][1][a], solo[i][1][a], atol=1e-5, rtol=1e-5)
     assert len({tuple(r[0]) for r in results}) > 1  # the clients did steer differently
 
 

@@ -159,6 +159,7 @@ class Batcher:
                     if not (self.rows or self.pending):
                         raise RuntimeError("internal: a batched request is neither queued nor running")
                     self._step()
+                self._drop_cancelled()  # requests cancelled while queued: nobody else may drive soon
         finally:
             self._unhook()
         if req.finished and req.error is not None and not req.outbox:

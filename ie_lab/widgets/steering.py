@@ -264,34 +264,49 @@ class SteeringPanel(_base.Panel):
     def _generate_now(self) -> None:
         """Synchronous baseline + steered (construction and Python-side calls); no streaming."""
         s = self._session
-        b = s.generate(self.prompt, self.max_new_tokens, keep_logits=False)
         spec = self._spec()
-        r = b if spec is None else s.generate(self.prompt, self.max_new_tokens, steer=spec, keep_logits=False)
+        if spec is None:
+            b = s.generate(self.prompt, self.max_new_tokens, keep_logits=False)
+            steps = b.steps
+        else:
+            stream = s.generate_stream(self.prompt, self.max_new_tokens, steer=spec, keep_logits=False)
+            steps = [next(stream)]
+            # queued while the steered stream holds the model, so the baseline joins its batch (eager)
+            base = s.submit(s.agenerate(self.prompt, self.max_new_tokens, keep_logits=False))
+            try:
+                steps += list(stream)
+                b = base.result()
+            except BaseException:
+                base.cancel()  # an interrupt or an error: the baseline leaves the batch too
+                raise
         with self.hold_sync():
             self.baseline = [st.token for st in b.steps]
             self.baseline_ids = list(b.ids)
-            self.steered = [st.token for st in r.steps]
-            self.steered_ids = list(r.ids)
+            self.steered = [st.token for st in steps]
+            self.steered_ids = [st.token_id for st in steps]
             self.status = self._idle_status()
 
     async def _job(self, seq: int, spec: Any, baseline: bool, previous_prompt: str | None = None) -> None:
         s = self._session
+        base: asyncio.Future | None = None
         try:
             self.send({"type": "start", "seq": seq, "baseline": baseline})
-            if baseline:
-                toks, ids = [], []
-                async for st in s.agenerate_stream(self.prompt, self.max_new_tokens, keep_logits=False):
-                    toks.append(st.token)
-                    ids.append(st.token_id)
-                    self.send({"type": "token", "seq": seq, "which": "baseline", "token": st.token, "id": st.token_id})
-                self.baseline, self.baseline_ids = toks, ids
             toks, ids = [], []
             async for st in s.agenerate_stream(
                 self.prompt, self.max_new_tokens, keep_logits=False, **({"steer": spec} if spec is not None else {})
             ):
+                if baseline and base is None:
+                    # issued while the steered stream runs, so the baseline joins its batch at the next step
+                    # (eager: one decode loop for both; vLLM batches concurrent requests itself)
+                    base = asyncio.ensure_future(s.agenerate(self.prompt, self.max_new_tokens, keep_logits=False))
                 toks.append(st.token)
                 ids.append(st.token_id)
                 self.send({"type": "token", "seq": seq, "which": "steered", "token": st.token, "id": st.token_id})
+            if base is not None:
+                b = await base
+                for st in b.steps:
+                    self.send({"type": "token", "seq": seq, "which": "baseline", "token": st.token, "id": st.token_id})
+                self.baseline, self.baseline_ids = [st.token for st in b.steps], list(b.ids)
             with self.hold_sync():
                 self.steered, self.steered_ids = toks, ids
                 self.seq = seq
@@ -305,6 +320,8 @@ class SteeringPanel(_base.Panel):
                 self.prompt = previous_prompt  # a prompt the model cannot continue must not break later commands
             self._fail(seq, e)
         finally:
+            if base is not None and not base.done():
+                base.cancel()  # a newer command: the stale baseline leaves the batch too
             self._done.set()
 
     def _fail(self, seq: int, e: Exception) -> None:
