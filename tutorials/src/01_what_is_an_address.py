@@ -80,4 +80,28 @@ table = s.points()
 print([r.name for r in table.rows if not r.served][:6])
 
 # %% [markdown]
-# The picker (`s.picker()`) shows all of this on a diagram of the block; see the `03_hook_points_picker` notebook.
+# ## 4. The same on a diagram
+# The picker draws this model's block in forward order, with every address on it. Hover a point (or Tab to it)
+# for its card: definition, width on this model, the names other libraries give it, and a snippet to copy.
+# Points this model or backend cannot serve are greyed, with the reason. Clicking one selects it; more in the
+# `03_hook_points_picker` notebook.
+
+# %%
+picker = s.picker()
+picker
+
+# %% [markdown]
+# **Exercise.** Click `attn_out` in layer 2 (the layer arrows are at the top), then capture it from Python
+# through `picker.address`, and check its width.
+
+# %%
+# Your code here
+
+# %% [markdown]
+# **Solution.** `picker.select(...)` does what the click does:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+picker.select("attn_out.2")
+out = s.capture(prompt, [picker.address])[str(picker.address)]
+print(picker.address, tuple(out.shape[-1:]), "== d_model:", out.shape[-1] == s.facts.d_model)

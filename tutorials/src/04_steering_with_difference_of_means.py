@@ -106,5 +106,17 @@ print("as neutral openings do:        ", mood_words(neutral)[1] > mood_words(neu
 #
 # Try the same ablation at `resid_post.1` or `resid_post.2` (measure a new vector there): the result changes,
 # because each layer has its own direction and its own zero point.
-#
-# The steering panel (`s.steering_panel(prompt)`) does all of this with sliders; see `05_steering_panel`.
+
+# %% [markdown]
+# ## The same with sliders
+# The steering panel runs the baseline and the steered story side by side with this tutorial's vector, and marks
+# the tokens that changed. Drag the coefficient from 0 up to watch where the mood turns; switch the method to
+# `ablate` and the prompt to a happy story to repeat the exercise. More in the `05_steering_panel` notebook.
+
+# %%
+panel = s.steering_panel(sad_openings[1], address=f"resid_post.{L}", vector=mood, scale=8.0, max_new_tokens=24)
+panel
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("the panel shows what s.generate gives:", panel.steered_text == s.generate(sad_openings[1], 24, steer=add).text)
