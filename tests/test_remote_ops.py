@@ -252,3 +252,41 @@ def test_the_docs_list_every_served_metric_with_its_parameters():
             for n, p in inspect.signature(getattr(metrics, kind)).parameters.items()
         )
         assert f"metrics.{kind}({params})" in doc or f"ie_lab.{kind}({params})" in doc, (kind, params)
+
+
+def test_graph_points_on_an_eager_server_are_refused_before_loading(tmp_path, token):
+    import subprocess
+    import sys
+
+    from tests.test_remote import ROOT, _env
+
+    path = tmp_path / "tokens"
+    _write_tokens(path, {"alice": token}, ["alice"])
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ie_lab.cli",
+            "serve",
+            "demo",
+            "--tokens-file",
+            str(path),
+            "--graph-points",
+            "resid_post.1",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2 and "--graph-points is vLLM's graph mode" in r.stderr and "--backend vllm" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--tokens-file", str(path), "--graph-points", ","],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2 and "names no point" in r.stderr

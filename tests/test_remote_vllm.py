@@ -79,3 +79,36 @@ def test_four_concurrent_clients_of_a_vllm_server_each_equal_their_solo_run(tmp_
         for c in clients:
             c.close()
         server.stop()
+
+
+def test_a_graph_mode_server_serves_its_declared_points_and_refuses_the_rest(tmp_path):
+    """`ie-lab serve --backend vllm --graph-points ...`: the compiled trunk's static taps, through the client, equal
+    eager transformers on the same weights; a point not declared is refused as a local graph-mode session refuses
+    it."""
+    from tests.vllm_helpers import TEXT, eager_for
+
+    token = f"alice-{secrets.token_urlsafe(24)}"
+    path = tmp_path / "tokens"
+    _write_tokens(path, {"alice": token}, ["alice"])
+    server = Server(
+        path,
+        0,
+        "--backend",
+        "vllm",
+        "--graph-points",
+        "resid_post.0,resid_post.1",
+        model=saved_model_dir("llama", tmp_path),
+    )
+    s = ie_lab.connect(server.url, token=token, replace=False)
+    try:
+        eager = eager_for("llama")
+        got = s.capture(TEXT, ["resid_post.0", "resid_post.1"])
+        want = ie_lab.capture(eager, TEXT, ["resid_post.0", "resid_post.1"])
+        assert close(got["resid_post.0"], want["resid_post.0"]) and close(got["resid_post.1"], want["resid_post.1"])
+        assert not close(got["resid_post.0"], want["resid_post.1"])
+        with pytest.raises(ie_lab.IELabError, match="graph"):
+            s.capture(TEXT, "mlp_out.0")
+        assert s.generate(TEXT, 6).ids == ie_lab.generate(eager, TEXT, 6).ids
+    finally:
+        s.close()
+        server.stop()

@@ -30,6 +30,13 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _addresses(text: str) -> list[str]:
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no point (comma-separated addresses, e.g. resid_post.3)")
+    return names
+
+
 def _run(args: argparse.Namespace) -> int:
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
@@ -58,6 +65,21 @@ def add_serve_command(sub: Any) -> None:
     p.add_argument("--device", default=None, help="eager: the device (default: the best one here)")
     p.add_argument("--dtype", default=None, help="the model's dtype (default: the checkpoint's)")
     p.add_argument("--tensor-parallel-size", type=_positive(int), default=1, help="vllm: GPUs per model (1)")
+    p.add_argument(
+        "--graph-points",
+        type=_addresses,
+        default=None,
+        metavar="ADDRS",
+        help="vllm: graph mode, a compiled trunk with static taps at these comma-separated points "
+        "(e.g. resid_post.3,resid_post.5; docs/VLLM.md)",
+    )
+    p.add_argument(
+        "--steer-points",
+        type=_addresses,
+        default=None,
+        metavar="ADDRS",
+        help="vllm graph mode: the comma-separated points the compiled trunk may steer",
+    )
     for name, (kind, help_) in DEFAULTS.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=_positive(kind), default=help_[0], help=help_[1])
     p.set_defaults(run=_run, takes_extra=False)

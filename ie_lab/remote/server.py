@@ -581,9 +581,25 @@ def serve(args: Any) -> int:
     options: dict[str, Any] = {}
     if args.backend == "vllm" and args.tensor_parallel_size != 1:
         options["tensor_parallel_size"] = args.tensor_parallel_size
-    session = Session(
-        model, backend=args.backend, device=args.device, dtype=args.dtype, progress=False, replace=False, **options
-    )
+    for name in ("graph_points", "steer_points"):
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if args.backend != "vllm":
+            print(
+                f"ie-lab serve: --{name.replace('_', '-')} is vLLM's graph mode; the eager backend taps every point "
+                "without it. Drop the option, or pass --backend vllm.",
+                file=sys.stderr,
+            )
+            return 2
+        options[name] = value
+    try:
+        session = Session(
+            model, backend=args.backend, device=args.device, dtype=args.dtype, progress=False, replace=False, **options
+        )
+    except IELabError as e:  # a refusal at load (an option this model or backend cannot take): its text is the fix
+        print(f"ie-lab serve: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     name = "ie_lab.DEMO_MODEL" if model == DEMO_MODEL else str(args.model)
     server = Server(session, tokens, limits, name)
     config = uvicorn.Config(
