@@ -11,6 +11,8 @@ py=.venv/bin/python; [ -x "$py" ] || py=python
 # first the gpu-marked tests: graph mode (compiled trunk + CUDA graphs, static taps) against the default
 # eager-hook vLLM mode on a tiny model, and the eager backend on CUDA against CPU
 timeout 180 "$py" -m pytest -q -m gpu tests/test_gpu.py || echo "gpu tests FAILED (see above)"
+# graph-mode steering under CUDA graphs (PIECEWISE on a GPU): the CPU test file, run where the trunk is CUDA-graphed
+timeout 300 "$py" -m pytest -q -p no:cacheprovider tests/test_vllm_graph_steer.py || echo "graph steering FAILED (see above)"
 timeout 400 "$py" -m benchmarks.run --gpu --repeats 3 --timeout 120 \
   --engine bare --engine ie_eager --engine ie_vllm --engine ie_vllm_graph --engine interp --engine tl --engine nnsight "${@:2}"
 # vLLM modes on the same checkpoint (fp32): graph-mode steering (static steering buffers, CUDA graphs PIECEWISE) vs

@@ -107,7 +107,7 @@ def swap(h, v, *, target: float = 0.0, mask=None):
     return _blend(h, swap_rows(h, _unit(v).to(h.device), target), mask)
 
 
-FUNCTIONS = {
+FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "add": add,
     "orthogonal": orthogonal,
     "cap": cap,

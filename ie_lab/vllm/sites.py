@@ -49,11 +49,11 @@ def _set_hidden(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple, di
         kwargs = dict(kwargs)
         kwargs["hidden_states"] = new
         return args, kwargs
-    args = list(args)
-    for i, a in enumerate(args):
+    items = list(args)
+    for i, a in enumerate(items):
         if isinstance(a, torch.Tensor) and a.is_floating_point():
-            args[i] = new
-            return tuple(args), kwargs
+            items[i] = new
+            return tuple(items), kwargs
     raise RuntimeError("ie_lab: no hidden-state argument to replace")
 
 
@@ -62,55 +62,60 @@ def _fused_args(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor |
     floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
     h = kwargs.get("hidden_states", kwargs.get("x", floats[0] if floats else None))
     res = kwargs.get("residual", floats[1] if len(floats) > 1 else None)
+    if h is None:
+        raise RuntimeError("ie_lab: no hidden-state argument found")
     return h, res
 
 
 def _replace_fused_args(args: tuple, kwargs: dict, h: torch.Tensor, res: torch.Tensor) -> tuple[tuple, dict]:
     """Put the steered stream back as (stream, zeros): the consumer's deferred add gives the stream exactly."""
-    args = list(args)
+    items = list(args)
     kwargs = dict(kwargs)
-    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    idx = [i for i, a in enumerate(items) if isinstance(a, torch.Tensor) and a.is_floating_point()]
     if "hidden_states" in kwargs:
         kwargs["hidden_states"] = h
     elif "x" in kwargs:
         kwargs["x"] = h
     else:
-        args[idx[0]] = h
+        items[idx[0]] = h
         idx = idx[1:]
     if "residual" in kwargs:
         kwargs["residual"] = res
     elif idx:
-        args[idx[0]] = res
-    elif len(args) >= 3 and args[2] is None:  # (positions, hidden, residual=None) on a first layer
-        args[2] = res
+        items[idx[0]] = res
+    elif len(items) >= 3 and items[2] is None:  # (positions, hidden, residual=None) on a first layer
+        items[2] = res
     else:
         kwargs["residual"] = res
-    return tuple(args), kwargs
+    return tuple(items), kwargs
 
 
 @dataclass
 class LayerSites:
+    """One layer's modules. They are vLLM's (``Any``: their attributes, such as head counts and partition sizes,
+    are read off each family's own classes, which torch types only as Tensor | Module)."""
+
     index: int
-    layer: nn.Module
+    layer: Any
     fused: bool  # layer returns (h, residual) with the add deferred
-    attn_mod: nn.Module
-    attn_core: nn.Module
-    o_proj: nn.Module
-    q_norm: nn.Module | None
-    k_norm: nn.Module | None
-    post_attn_norm: nn.Module | None  # a plain norm applied to attention's output (Gemma 2)
-    mid_norm: nn.Module | None  # the norm between attention and the MLP: its input is resid_mid (None: parallel)
-    mlp: nn.Module
-    down_proj: nn.Module | None  # None on sparse MoE layers
-    router: nn.Module | None
-    post_mlp_norm: nn.Module | None
-    up_proj: nn.Module | None = None  # the MLP's input projection; None on sparse MoE layers
+    attn_mod: Any
+    attn_core: Any
+    o_proj: Any
+    q_norm: Any  # None where the family has no QK norm
+    k_norm: Any
+    post_attn_norm: Any  # a plain norm applied to attention's output (Gemma 2); None elsewhere
+    mid_norm: Any  # the norm between attention and the MLP: its input is resid_mid (None: parallel)
+    mlp: Any
+    down_proj: Any  # None on sparse MoE layers
+    router: Any  # None on dense layers
+    post_mlp_norm: Any
+    up_proj: Any = None  # the MLP's input projection; None on sparse MoE layers
     out_scale: float | None = None  # the layer scales each sublayer's output before adding it (Granite)
     gated: bool = False  # up_proj's output is [gate | up] (a merged gate_up_proj) on each rank
     post_norm: bool = False  # norms only after each sublayer (EXAONE 4): mid_norm is then the MLP itself
     kv_replicated: bool = False  # fewer KV heads than TP ranks: every rank holds the same heads
     parallel: bool = False  # attention and MLP both read the layer's one normed input (no resid_mid, no mid_norm)
-    mlp_out_mod: nn.Module | None = None  # whose output is mlp_out, where that is not the MLP module's (Falcon)
+    mlp_out_mod: Any = None  # whose output is mlp_out, where that is not the MLP module's (Falcon)
     sinks: torch.Tensor | None = None  # every head's attention-sink logit, gathered over ranks (GPT-OSS)
 
 
@@ -118,9 +123,9 @@ def _router(mlp: nn.Module) -> nn.Module | None:
     return getattr(mlp, "gate", None) or getattr(mlp, "router", None)  # GPT-OSS: router
 
 
-def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[LayerSites]]:
-    """(embedding, final norm, per-layer sites) of a vLLM model, read off its module tree."""
-    trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
+def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
+    """(embedding, final norm or None, per-layer sites) of a vLLM model, read off its module tree."""
+    trunk: Any = getattr(model, "model", None) or getattr(model, "transformer", None)
     if trunk is None:
         raise RuntimeError(f"ie_lab: cannot find the trunk of {type(model).__name__}")
     trunk = getattr(trunk, "decoder", None) or trunk  # OPT: OPTModel holds the decoder
@@ -162,7 +167,7 @@ def bind_vllm(model: nn.Module) -> tuple[nn.Module, nn.Module | None, list[Layer
         elif hasattr(layer, "self_attn") or (hasattr(layer, "attn") and hasattr(layer, "input_layernorm")):
             # llama-like (GPT-OSS names its attention attn); most defer the residual add to the next fused add+norm
             attn = getattr(layer, "self_attn", None) or layer.attn
-            mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+            mlp: Any = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
             moe = hasattr(mlp, "experts")
             # Post-norm layers (no input norm) take and return a residual but keep the whole stream in hidden.
@@ -322,7 +327,8 @@ class Site:
     module: nn.Module
     side: str  # "pre" (the call's arguments) | "post" (its output)
     read: Callable[[tuple, Any], torch.Tensor]
-    width: Callable[[], int]  # on this rank, read off vLLM's modules: asked only of declared graph taps
+    width: Callable[[], int | None]  # on this rank, read off vLLM's modules: asked only of declared graph taps
+    # (None: the table was built without d_model, by a caller that reads no width)
     sharded: bool = False  # this rank holds a slice of the width: gathered across tensor-parallel ranks
     # Steerable points: (args, kwargs, new) -> (args, kwargs) before the call, (args, out, new) -> out after it,
     # so that what flows on is the edited value. None: read only.
@@ -410,9 +416,9 @@ def _half(mod: nn.Module, i: int) -> Callable[[tuple, Any], torch.Tensor]:
     return lambda a, o: _out_and_bias(mod, o)[0].chunk(2, dim=-1)[i]
 
 
-def trunk_sites(model: nn.Module, embed: nn.Module, final: nn.Module | None, d_model: int | None) -> list[Site]:
+def trunk_sites(model: nn.Module, embed: Any, final: Any, d_model: int | None) -> list[Site]:
     width = lambda: d_model  # noqa: E731
-    trunk = getattr(model, "model", None) or getattr(model, "transformer", None)
+    trunk: Any = getattr(model, "model", None) or getattr(model, "transformer", None)
     norm = getattr(trunk, "normalizer", None)
     # Gemma-style trunks scale the embedding outside the module on vLLM (HF scales inside it): apply the trunk's
     # normalizer so `embeddings` means the same tensor on both backends.
@@ -534,7 +540,7 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
 def site_table(
     model: nn.Module,
     d_model: int | None = None,
-    bound: tuple[nn.Module, nn.Module | None, list[LayerSites]] | None = None,
+    bound: tuple[Any, Any, list[LayerSites]] | None = None,
 ) -> list[Site]:
     """Every site of this model: the trunk's, then each layer's. ``bound``: bind_vllm(model), where the caller
     already has it. d_model is only needed for the widths of graph taps."""

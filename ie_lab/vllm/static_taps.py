@@ -106,7 +106,10 @@ def install(
                 site.module.register_forward_hook(edit)
         if p not in points:
             continue
-        buf = torch.zeros(max_tokens, int(site.width()), dtype=param.dtype, device=param.device)
+        width = site.width()
+        if width is None:  # pragma: no cover - the table was built with d_model just above
+            raise RuntimeError(f"ie_lab graph mode: no width for {p}")
+        buf = torch.zeros(max_tokens, int(width), dtype=param.dtype, device=param.device)
         taps[p] = Tap(p, buf, site.sharded and sharded_ok)
         if site.side == "pre":
 

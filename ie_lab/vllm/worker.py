@@ -104,6 +104,9 @@ class GraphSteer:
 class IELabWorker:
     """Mixed into vLLM's worker class; every public method here is reachable through collective_rpc."""
 
+    model_runner: Any  # vLLM's worker has it; this class is only ever mixed into one
+    _ie_info: dict
+
     # ---- install --------------------------------------------------------------------------------
     def ie_install(self) -> dict:
         if getattr(self, "_ie_installed", False):
@@ -125,16 +128,16 @@ class IELabWorker:
         self._ie_static = getattr(model, "_ie_static", None)
         if self._ie_static is not None:
             # Graph mode: the trunk is compiled with the static taps inside; no Python hook may go in there.
-            present: dict[str, list[int]] = defaultdict(list)
+            declared: dict[str, list[int]] = defaultdict(list)
             steer_sites = self._ie_static.steer.sites if self._ie_static.steer is not None else {}
             for point in sorted(set(self._ie_static.taps) | set(steer_sites)):
                 name, _, tail = point.partition(".")
-                present[name].append(int(tail) if tail else 0)
+                declared[name].append(int(tail) if tail else 0)
             self._ie_installed = True
             self._ie_info = {
                 "model_class": type(model).__name__,
                 "n_layers": len(layers),
-                "present": dict(present),
+                "present": dict(declared),
                 "tp_size": _tp_size(),
                 "final_norm": final is not None,
                 "graph_points": sorted(self._ie_static.taps),
@@ -293,7 +296,9 @@ class IELabWorker:
         for r in want:
             n = r.end - r.start
             probs = torch.softmax(logits[off : off + n].float(), -1)
-            vals, idx = probs.topk(int(r.spec.lens["k"]), dim=-1)
+            lens = r.spec.lens
+            assert lens is not None  # want holds only requests with a lens
+            vals, idx = probs.topk(int(lens["k"]), dim=-1)
             r.spec.lens_rows[_layer_of(point)].append((r.positions, idx.cpu(), vals.cpu()))
             off += n
 
@@ -544,12 +549,12 @@ class IELabWorker:
         for point, parts in spec.proj_store.items():
             pos, sc = _by_position(parts)
             out.setdefault("project", {})[point] = {"positions": pack(pos), "scores": pack(sc)}
-        for L, parts in spec.lens_rows.items():
-            pos = torch.cat([p for p, _, _ in parts])
+        for L, rows in spec.lens_rows.items():
+            pos = torch.cat([p for p, _, _ in rows])
             order = _dedupe_order(pos)
             out["lens"][L] = {
-                "ids": pack(torch.cat([i for _, i, _ in parts])[order]),
-                "probs": pack(torch.cat([v for _, _, v in parts])[order]),
+                "ids": pack(torch.cat([i for _, i, _ in rows])[order]),
+                "probs": pack(torch.cat([v for _, _, v in rows])[order]),
             }
         return out
 
