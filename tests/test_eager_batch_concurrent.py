@@ -276,3 +276,35 @@ def test_a_panel_command_cancels_the_stale_pair_and_leaves_nothing_in_the_batch(
     batcher = s._backend._batcher
     _wait_for(lambda: not batcher.rows and not batcher.pending, "the stale requests to leave the batch")
     assert_clean(s._lm)
+
+
+# ---- families ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fam", ["gpt2", "mistral_sliding", "gemma2", "qwen3_moe"])
+def test_concurrent_requests_equal_their_solo_runs_on_other_families(fam):
+    """Learned positions (gpt2), a sliding-window cache (no joining mid-batch: newcomers wait for an empty batch),
+    sandwich norms and softcaps on the eager kernel (gemma2), top-k experts (qwen3_moe)."""
+    from tests.families import make_model, make_tokenizer
+
+    model = make_model(fam, attn_implementation="eager" if fam == "gemma2" else None)
+    with ie_lab.Session(model, tokenizer=make_tokenizer(), progress=False) as s:
+        v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(0))
+        steers = [None, s.steer("resid_post.0", v, scale=2.0), s.steer("resid_post.1", v, method="ablate"), None]
+        prompts = [_prompt(i, n) for i, n in enumerate((3, 30, 8, 14))]
+        solo = [_solo(s, p, sp, n=8) for p, sp in zip(prompts, steers)]
+        batcher = s._backend._batcher
+        stream = s.generate_stream(prompts[0], 8, steer=steers[0], ignore_eos=True, capture=CAPTURE)
+        steps = [next(stream), next(stream)]
+        futs = [
+            s.submit(s.agenerate(p, 8, steer=sp, ignore_eos=True, capture=CAPTURE))
+            for p, sp in zip(prompts[1:], steers[1:])
+        ]
+        _wait_for(lambda: len(batcher.pending) == 3, "three queued requests")
+        steps += list(stream)
+        got = [f.result(timeout=120) for f in futs]
+        assert [st.token_id for st in steps] == solo[0].ids
+        for k in solo[0].cache.keys():
+            torch.testing.assert_close(steps[-1].cache[k], solo[0].cache[k], atol=1e-5, rtol=1e-5)
+        for a, b in zip(solo[1:], got):
+            _same(a, b)
+        assert not batcher.rows and not batcher.pending
+        assert_clean(s._lm)
