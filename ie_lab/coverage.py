@@ -406,6 +406,7 @@ def _first_line(e: BaseException) -> str:
 # How a refusal is filed in the table, first match wins: (category, words its reason contains).
 _CATEGORIES = (
     ("encoder-decoder", ("encoder-decoder",)),
+    ("hyper-connections (parallel residual streams)", ("parallel residual streams",)),
     ("state-space / recurrent / hybrid", ("state-space", "recurrent", "linear-attention", "mamba", " conv")),
     ("attention output transformed before o_proj", ("transformed before the output projection",)),
     ("a fact under no spelling ie_lab reads", ("under any spelling ie_lab reads",)),

@@ -496,7 +496,12 @@ class Structure:
             parallel=bool(facts.parallel_block),
             gated_mlp=bool(facts.gated_mlp),
             moe_layers=tuple(facts.moe_layers),
-            attn_gate=bool(raw.get("attn_output_gate") or raw.get("use_gated_attention") or raw.get("gated_attention")),
+            attn_gate=bool(
+                getattr(facts, "attn_gate", False)
+                or raw.get("attn_output_gate")
+                or raw.get("use_gated_attention")
+                or raw.get("gated_attention")
+            ),
             final_norm=final_norm,
             n_streams=int(facts.n_streams),
             mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k),

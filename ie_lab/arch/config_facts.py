@@ -72,6 +72,14 @@ def unbound_structure(config: Any) -> tuple[str, str] | None:
             "its config sizes an encoder and a decoder (is_encoder_decoder, or encoder_layers and decoder_layers); "
             "those decoder blocks carry cross-attention and are not bound.",
         )
+    streams = _first(d, "hc_mult", "num_residual_streams")
+    if isinstance(streams, int) and streams > 1:
+        return (
+            f"{mt} carries {streams} parallel residual streams",
+            f"its config states hyper-connections ({'hc_mult' if 'hc_mult' in d else 'num_residual_streams'}="
+            f"{streams}): each layer reads and writes a [{streams}, d_model] stack mixed by learned weights, and "
+            "multi-stream trunks are not bound yet (the registry's resid_streams and .stream-S points wait for it).",
+        )
     if mt in quirks.RECURRENT_BLOCKS:
         return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[
             mt
@@ -105,6 +113,29 @@ def _mixer_kinds(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
     return ("",) * n_layers
 
 
+def _moe_layers(d: Mapping[str, Any], n_layers: int) -> tuple[int, ...]:
+    """Which layers route to experts, from whichever placement keys the config states: a per-layer list
+    (mlp_layer_types), a dense prefix (first_k_dense_replace, num_dense_layers, moe_layer_start_index), a
+    period (decoder_sparse_step, expert_layer_period/offset, moe_layer_interval), an end, or excluded layers."""
+    kinds = d.get("mlp_layer_types")
+    if isinstance(kinds, (list, tuple)) and len(kinds) >= n_layers and all(isinstance(t, str) for t in kinds):
+        return tuple(i for i in range(n_layers) if kinds[i] in ("sparse", "moe"))
+    step = d.get("decoder_sparse_step") or 1
+    only_mlp = set(d.get("mlp_only_layers") or ())
+    first = d.get("first_k_dense_replace") or d.get("num_dense_layers") or d.get("moe_layer_start_index") or 0
+    end = d.get("moe_layer_end_index")
+    last = n_layers - 1 if not isinstance(end, int) or end < 0 else end
+    period, offset = d.get("expert_layer_period") or d.get("moe_layer_interval") or 1, d.get("expert_layer_offset")
+    return tuple(
+        i
+        for i in range(n_layers)
+        if (i + 1) % step == 0
+        and i not in only_mlp
+        and first <= i <= last
+        and (i - (offset if isinstance(offset, int) else first)) % period == 0
+    )
+
+
 @dataclass(frozen=True)
 class ArchFacts:
     model_type: str
@@ -127,6 +158,7 @@ class ArchFacts:
     pre_norms: bool = True  # a norm on each sublayer's input
     gated_mlp: bool = True
     qk_norm: bool = False
+    attn_gate: bool = False  # attention multiplies its output by a learned gate before o_proj
     moe_layers: tuple[int, ...] = ()
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
@@ -192,7 +224,7 @@ class ArchFacts:
             n_kv = 1
         else:
             n_kv = _first(d, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads)
-        n_experts = _first(d, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
+        n_experts = _first(d, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0) or 0
         d_mlp = _first(d, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
         if isinstance(d_mlp, (list, tuple)):  # per-layer MLP widths (Gemma 3n): the widest sizes memory
             d_mlp = max(d_mlp)
@@ -201,12 +233,7 @@ class ArchFacts:
         moe_d_mlp = _first(d, "moe_intermediate_size")
         moe_layers: tuple[int, ...] = ()
         if n_experts:
-            step = d.get("decoder_sparse_step") or 1
-            only_mlp = set(d.get("mlp_only_layers") or ())
-            first_dense = d.get("first_k_dense_replace") or 0
-            moe_layers = tuple(
-                i for i in range(n_layers) if (i + 1) % step == 0 and i not in only_mlp and i >= first_dense
-            )
+            moe_layers = _moe_layers(d, int(n_layers))
             if moe_d_mlp and not moe_layers:
                 d_mlp = d_mlp
         window = _first(d, "sliding_window")
@@ -241,7 +268,9 @@ class ArchFacts:
             vocab_size=int(_first(d, "vocab_size", "n_vocab", default=0)),
             max_positions=_first(d, "max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
             n_experts=int(n_experts),
-            experts_per_token=int(_first(d, "num_experts_per_tok", "top_k", "moe_top_k", default=0) or 0),
+            experts_per_token=int(
+                _first(d, "num_experts_per_tok", "top_k", "moe_top_k", "moe_k", "moe_topk", default=0) or 0
+            ),
             n_streams=int(_first(d, "hc_mult", "num_residual_streams", default=1) or 1),
             layer_kinds=tuple(kinds),
             mixer_kinds=("state_space",) * int(n_layers) if ssm_only else _mixer_kinds(d, int(n_layers)),
@@ -251,6 +280,10 @@ class ArchFacts:
             pre_norms=structure in ("pre", "sandwich"),
             gated_mlp=mt not in quirks.UNGATED_MLP,
             qk_norm=qk,
+            attn_gate=bool(
+                _first(d, "attn_output_gate", "use_gated_attention", "gated_attention", "gating", default=False)
+                or mt in quirks.ALWAYS_ATTN_GATE
+            ),
             moe_layers=moe_layers,
             attn_logit_softcap=_first(d, "attn_logit_softcapping"),
             final_logit_softcap=_first(d, "final_logit_softcapping", "logits_soft_cap"),

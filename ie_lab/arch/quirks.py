@@ -11,7 +11,7 @@ Three kinds of entries, each commented:
 from __future__ import annotations
 
 # Attention and MLP read the same layer input (no residual between the sublayers), whatever the config says.
-ALWAYS_PARALLEL = frozenset({"gptj", "phi", "cohere", "cohere2"})
+ALWAYS_PARALLEL = frozenset({"gptj", "phi", "cohere", "cohere2", "cohere2_moe", "codegen", "cohere_compass_text"})
 
 # Where the block's norms sit when it is not plain pre-norm:
 #   "sandwich": a norm before and after each sublayer (Gemma 2/3).
@@ -51,12 +51,56 @@ UNGATED_MLP = frozenset(
         "codegen",
         "arcee",
         "apertus",
+        # measured by the family survey (ie_lab/coverage.py; tests/test_families_hybrid.py holds the config to it)
+        "biogpt",
+        "fuyu",
+        "gpt_neo",
+        "jais2",
+        "moshi",
+        "mpt",
+        "nanochat",
+        "nemotron",
+        "persimmon",
+        "xglm",
+        "apertus1p5_text",
     }
 )
 
-# Families that always normalise queries and keys (others say so with a config key).
+# Families that always normalise queries and keys (others say so with a config key). The second group was measured
+# by the family survey on tiny instances (tests/test_families_hybrid.py holds the config-only answer to the binder's).
 ALWAYS_QK_NORM = frozenset(
     {"qwen3", "qwen3_moe", "olmo2", "olmo3", "olmoe", "gemma3", "gemma3_text", "exaone4", "apertus", "hunyuan_v1_dense"}
+    | {
+        "afmoe",
+        "dots1",
+        "exaone_moe",
+        "flex_olmo",
+        "gemma4_unified_text",
+        "hunyuan_v1_moe",
+        "hy_v3",
+        "laguna",
+        "lfm2",
+        "lfm2_moe",
+        "mellum",
+        "minimax_m2",
+        "minimax_m3_vl_text",
+        "nanochat",
+        "olmo_hybrid",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "qwen3_next",
+        "apertus1p5_text",
+        "flint",
+        "kolibri1",
+        "lara_mini",
+        "lfm3",
+    }
+)
+
+# Families whose attention multiplies its output by a learned gate before o_proj though no config key says so (the
+# binder measures the gate on a live model; config-only callers read this). Laguna states it (gating).
+ALWAYS_ATTN_GATE = frozenset(
+    {"afmoe", "axk2", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bailing_hybrid", "lfm3"}
 )
 
 # Families whose config carries a sliding_window key that the attention does not use for every layer
