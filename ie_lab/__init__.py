@@ -63,6 +63,14 @@ def project(model: Any, prompt: Any, address: Any, directions: Any, **kwargs: An
     return _project(model, prompt, address, directions, **kwargs)
 
 
+def load_sae(path: Any, model: Any = None, **kwargs: Any):
+    """A sparse autoencoder from a SAELens folder or a safetensors dict, attached to the point its hook name means on
+    model; see docs/SAE.md."""
+    from .sae import load_sae as _load_sae
+
+    return _load_sae(path, model, **kwargs)
+
+
 def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: Any):
     """A steering spec: `with ie_lab.steer(lm, "resid_post.3", v, scale=4): ...` or generate(..., steer=spec)."""
     from .eager.steer import make_spec
@@ -129,6 +137,7 @@ __all__ = [
     "patch_sweep",
     "points",
     "project",
+    "load_sae",
     "run_with_patches",
     "steer",
     "Session",
