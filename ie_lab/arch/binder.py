@@ -181,6 +181,10 @@ class Binding:
     layers_path: str
     family: str
     notes: list[str] = field(default_factory=list)
+    # The unembedding reads the final norm's output times this scalar (MiniCPM 3 divides by its logits_scaling
+    # first): measured, and bound only where the config's logit divisor undoes it on a bias-free head, so that
+    # lm_head's raw W_U·final_norm is its output divided by the scale and the logits are that post-processed.
+    head_input_scale: float | None = None
 
     @property
     def structure(self) -> dict[str, Any]:
@@ -550,6 +554,10 @@ def _measure(model: nn.Module, binding: Binding) -> None:
         for h in handles:
             h.remove()
     if "norm" in last and "head" in last and not _same(last["norm"], last["head"]):
+        scale = _input_scale(binding, last["norm"], last["head"])
+        if scale is not None:
+            binding.head_input_scale = scale
+    if "norm" in last and "head" in last and not _same(last["norm"], last["head"]) and not binding.head_input_scale:
         raise StructureError(
             f"{binding.family}: the final norm's output is changed (rescaled) before the unembedding reads it, and "
             "ie_lab does not bind that step yet, so final_norm and the logit lens would not be what the model used."
@@ -600,6 +608,19 @@ def _measure(model: nn.Module, binding: Binding) -> None:
                     "value (its q/k/v layout is none of those ie_lab knows: contiguous, per head, grouped)."
                 )
             lb.fused_qkv_layout = layout
+
+
+def _input_scale(binding: Binding, norm_out: torch.Tensor, head_in: torch.Tensor) -> float | None:
+    """The scalar s with head_in = s * norm_out, where the config's logit divisor is 1/s and the head has no bias
+    (then lm_head(s * x) / s is the bias-free W_U·x the logit lens and the divisor expect); None otherwise."""
+    n, h = norm_out.double(), head_in.double()
+    if n.shape != h.shape or getattr(binding.lm_head, "bias", None) is not None:
+        return None
+    s = float((h * n).sum() / (n * n).sum().clamp_min(1e-30))
+    div = binding.facts.logit_divisor
+    if not div or abs(s * float(div) - 1.0) > 1e-4 or not _close(norm_out * s, head_in, 1e-5):
+        return None
+    return s
 
 
 def _routing_in_args(call: Any, n_experts: int) -> bool:

@@ -22,7 +22,14 @@ def _as_dict(config: Any) -> dict[str, Any]:
     elif hasattr(config, "to_dict"):
         d = config.to_dict()
         # to_dict drops some attributes that are computed properties on the object
-        for key in ("head_dim", "layer_types", "sliding_window", "num_hidden_layers", "layers_block_type"):
+        for key in (
+            "head_dim",
+            "layer_types",
+            "sliding_window",
+            "num_hidden_layers",
+            "layers_block_type",
+            "logits_scaling",
+        ):
             if key not in d and hasattr(config, key):
                 try:
                     d[key] = getattr(config, key)
@@ -290,7 +297,7 @@ class ArchFacts:
             residual_multiplier=_first(d, "residual_multiplier"),
             embedding_multiplier=_first(d, "embedding_multiplier"),
             logit_multiplier=_first(d, "logit_scale"),
-            logit_divisor=_first(d, "logits_scaling"),
+            logit_divisor=_first(d, "logits_scaling", "logits_mup_width_multiplier"),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             raw=d,
         )
