@@ -20,7 +20,7 @@ pytest.importorskip("uvicorn")
 import ie_lab  # noqa: E402
 from ie_lab.remote import metrics  # noqa: E402
 from ie_lab.remote.wire import MetricPayload, encode  # noqa: E402
-from tests.test_remote import Server, _write_tokens, post, stats  # noqa: E402
+from tests.test_remote import Server, _until_running, _write_tokens, post, stats, wait_until_idle  # noqa: E402
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"  # the same length: 15 tokens
@@ -290,3 +290,31 @@ def test_graph_points_on_an_eager_server_are_refused_before_loading(tmp_path, to
         timeout=300,
     )
     assert r.returncode == 2 and "names no point" in r.stderr
+
+
+def test_a_cancelled_sweep_stops_on_the_server_and_frees_its_slot(remote, local, server, token):
+    """An interrupted cell or a cancelled task ends a served sweep as it ends a capture: the server cancels the
+    operation (hooks gone, the slot given back) and goes on serving."""
+    import asyncio
+
+    ids = list(range(5, 125))
+    before = stats(server, token)
+
+    async def main() -> None:
+        # 4 layers x 120 positions, one forward per cell: seconds of work, so the cancel reaches it running
+        task = asyncio.ensure_future(remote.apatch_sweep(ids, ids[::-1], metrics.norm(), batch_size=1))
+        await asyncio.to_thread(_until_running, server, token, 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    after = wait_until_idle(server, token)
+    assert after["running"] == 0 and after["cancelled"] == before["cancelled"] + 1
+    # the model is as before: no patch left behind by the cancelled sweep
+    torch.testing.assert_close(
+        remote.patch(CORRUPTED, CLEAN, "mlp_out.1"), local.patch(CORRUPTED, CLEAN, "mlp_out.1"), **TOL
+    )
+    torch.testing.assert_close(
+        remote.capture(CLEAN, "final_norm")["final_norm"], local.capture(CLEAN, "final_norm")["final_norm"], **TOL
+    )
