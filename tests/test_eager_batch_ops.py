@@ -48,3 +48,28 @@ def test_tuned_lens_batch_size_is_checked_before_any_forward():
             ie_lab.fit_tuned_lens(lm, CORPUS, [0], batch_size=bad)
     with pytest.raises(ie_lab.InputError, match="corpus item 1 is a list"):
         ie_lab.fit_tuned_lens(lm, [CORPUS[0], CORPUS[1:3]], [0])
+
+
+@pytest.mark.parametrize("fam", ["llama", "gpt2"])
+def test_attribution_patch_reads_both_prompts_in_one_forward_and_equals_the_unbatched_estimate(fam):
+    """The points and metrics of clean and corrupted come from one 2-row forward (then the gradient pass): two
+    forwards where there were five, and the grid equal to the one computed from separate reads."""
+    from ie_lab.eager.patching import _forward, _scalar, capture_batch, gradients
+
+    lm = lm_for(fam)
+    clean = torch.tensor([[5, 9, 14, 20, 33, 41, 57]])
+    corrupted = torch.tensor([[5, 9, 14, 21, 33, 41, 57]])
+    metric = ie_lab.logit_diff(60, 61)
+    grid, shapes = _forwards(lm, lambda: ie_lab.attribution_patch(lm, clean, corrupted, metric))
+    assert shapes == [(2, 7), (1, 7)]  # the fused read, then the gradient pass
+    addrs = [f"resid_pre.{L}" for L in range(lm.facts.n_layers)]
+    c, x = capture_batch(lm, clean, addrs), capture_batch(lm, corrupted, addrs)
+    g = gradients(lm, corrupted, metric, addrs)
+    with torch.no_grad():
+        corr_m = _scalar(metric(_forward(lm, corrupted, None)))
+        clean_m = _scalar(metric(_forward(lm, clean, None)))
+    want = torch.stack([((c[a] - x[a]) * g[a]).sum(-1)[0] for a in addrs]) + corr_m
+    torch.testing.assert_close(grid.values, want, atol=1e-5, rtol=1e-5)
+    assert grid.clean == pytest.approx(clean_m, abs=1e-5)
+    assert grid.corrupted == pytest.approx(corr_m, abs=1e-5)
+    assert_clean(lm)

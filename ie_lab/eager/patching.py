@@ -11,10 +11,11 @@ import torch
 from ..address import Address, AddressLike, layer_list
 from ..cache import Cache
 from ..core.addresses import parse_addresses, slice_head
-from ..core.inputs import prepare, str_tokens
+from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import PatchGrid
 from ..errors import CapabilityUnsupported, InputError, StructureError, check_flag
 from .capture import capture_batch
+from .means import auto_batch_size
 from .model import lm_of
 from .taps import Taps
 from .writers import WRITABLE, Edit, Writers
@@ -420,13 +421,41 @@ def attribution_patch(
     layers = layer_list(layers, lm.facts)
     _check_patchable(point)
     addrs = [Address(point, L) for L in layers]
-    c = capture_batch(lm, clean, addrs)
-    x = capture_batch(lm, corrupted, addrs)
+    fused = _clean_and_corrupted(lm, clean, corrupted, addrs, metric)
     g = gradients(lm, corrupted, metric, addrs)
-    assert c.tokens is not None and x.tokens is not None and x.str_tokens is not None  # a captured Cache has them
-    with torch.no_grad():
-        corr_m = _scalar(metric(_forward(lm, x.tokens, None)))
-        clean_m = _scalar(metric(_forward(lm, c.tokens, None)))
+    if fused is not None:
+        c, x, clean_m, corr_m, tokens = fused
+    else:
+        cc, xc = capture_batch(lm, clean, addrs), capture_batch(lm, corrupted, addrs)
+        assert cc.tokens is not None and xc.tokens is not None  # a captured Cache has them
+        with torch.no_grad():
+            corr_m = _scalar(metric(_forward(lm, xc.tokens, None)))
+            clean_m = _scalar(metric(_forward(lm, cc.tokens, None)))
+        c, x, tokens = {a: cc[a] for a in addrs}, {a: xc[a] for a in addrs}, xc.tokens
     vals = torch.stack([((c[a] - x[a]) * g[a]).sum(-1)[0] for a in addrs]) + corr_m
-    cols = [f"{p}:{t}" for p, t in enumerate(x.str_tokens[0])]
+    cols = [f"{p}:{t}" for p, t in enumerate(str_tokens(lm, tokens)[0])]
     return PatchGrid(vals, [str(a) for a in addrs], cols, clean_m, corr_m, getattr(metric, "__name__", "metric"))
+
+
+def _clean_and_corrupted(
+    lm: Any, clean: Any, corrupted: Any, addrs: list[Address], metric: Metric
+) -> tuple[dict[Address, torch.Tensor], dict[Address, torch.Tensor], float, float, torch.Tensor] | None:
+    """attribution_patch's reads of both prompts in one forward: the points and the metric of clean and corrupted,
+    stacked as one batch. None (each read alone, as before) where they cannot share one: not two prompts of the
+    same length, or more rows than ie_lab.sizing fits in the activation budget."""
+    if prepare_prompts(lm, clean) is not None or prepare_prompts(lm, corrupted) is not None:
+        return None
+    cids, xids = prepare(lm, clean)[0], prepare(lm, corrupted)[0]
+    b = cids.shape[0]
+    if cids.shape != xids.shape or 2 * b > auto_batch_size(lm, int(cids.shape[1]), len(addrs)):
+        return None
+    ids = torch.cat([cids, xids])
+    with lm.lock, torch.no_grad(), Taps(lm, addrs) as taps:
+        taps.shape = (ids.shape[0], ids.shape[1])
+        logits = _forward(lm, ids, None)
+    got = {a: taps.collected[a.without_head()] for a in addrs}
+    if any(len(parts) != 1 for parts in got.values()):
+        return None  # a point seen more than once per forward: read each prompt alone
+    c = {a: slice_head(a, parts[0][:b], lm.facts) for a, parts in got.items()}
+    x = {a: slice_head(a, parts[0][b:], lm.facts) for a, parts in got.items()}
+    return c, x, _scalar(metric(logits[:b])), _scalar(metric(logits[b:])), xids
