@@ -189,3 +189,50 @@ def test_a_forward_whose_steering_did_not_run_raises():
         st.check()
     steer.sites["resid_post.0"].echo.copy_(st.tick)
     st.check()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "granite"])
+def test_unfused_layers_steer_in_graph_mode_like_eager(family, tmp_path_factory):
+    """Explicit residual adds: resid_mid is edited in place (the norm's input is the layer's residual), *_out_post
+    on Granite is the sublayer output times residual_multiplier (handed back divided), mlp_in is the norm's output."""
+    sites = ["resid_pre.1", "resid_mid.1", "mlp_in.1", "attn_out_post.0", "mlp_out.0"]
+    eager = eager_for(family)
+    path = saved_model_dir(family, tmp_path_factory.mktemp(f"graph_steer_{family}"))
+    with ie_lab.Session(
+        path, backend="vllm", progress=False, replace=False, graph_points=[READ], steer_points=sites
+    ) as s:
+        plan = [(PROMPTS[i], site, _vec(50 + i), *METHODS[i]) for i, site in enumerate(sites)]
+        jobs = [(p, s.steer(a, v, method=m, positions=MASKS.get(a, "all"), **kw)) for p, a, v, m, kw in plan]
+        got = _together(s, jobs)
+        for (p, a, v, m, kw), g in zip(plan, got):
+            spec = make_spec(eager, a, v, method=m, positions=MASKS.get(a, "all"), **kw)
+            want = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True, steer=spec)
+            assert g.ids == want.ids and close(g.cache[READ], want.cache[READ]), (family, a, m)
+            plain = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True)
+            assert not close(want.cache[READ], plain.cache[READ]), (family, a, m)  # the steering did something
+
+
+def test_an_sae_in_graph_mode_projects_and_steers_along_its_features(graph, eager, tmp_path):
+    """load_sae on a graph-mode Session (the mapper reads the config's facts): its encoder runs in the worker on the
+    declared point, and steering along a decoder direction runs in the compiled trunk at a declared site."""
+    from safetensors.torch import save_file
+
+    from ie_lab.sae import load_sae
+
+    g = torch.Generator().manual_seed(9)
+    w = {"W_enc": torch.randn(128, 32, generator=g), "b_enc": torch.randn(32, generator=g) * 0.1}
+    w |= {"W_dec": torch.randn(32, 128, generator=g), "b_dec": torch.randn(128, generator=g) * 0.1}
+    save_file(w, str(tmp_path / "sae_weights.safetensors"))
+    (tmp_path / "cfg.json").write_text('{"architecture": "standard", "hook_name": "blocks.1.hook_resid_post"}')
+    sae = load_sae(tmp_path, graph)
+    assert str(sae.address) == READ
+    x = ie_lab.capture(eager, TEXT, [READ])[READ][0].float()
+    assert torch.allclose(
+        sae.project(graph, TEXT).scores, torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]), atol=1e-4
+    )
+    at0 = load_sae(tmp_path, graph, address="resid_post.0")  # a declared steering site
+    got = graph.generate(TEXT, N, steer=at0.steer(graph, 3, scale=2.0), ignore_eos=True)
+    want = ie_lab.generate(
+        eager, TEXT, N, steer=make_spec(eager, "resid_post.0", w["W_dec"][3], scale=2.0), ignore_eos=True
+    )
+    assert got.ids == want.ids
