@@ -308,3 +308,56 @@ def test_concurrent_requests_equal_their_solo_runs_on_other_families(fam):
             _same(a, b)
         assert not batcher.rows and not batcher.pending
         assert_clean(s._lm)
+
+
+def test_an_interrupt_in_a_cell_cancels_that_cells_request_only(s):
+    """Ctrl-C while this thread's stream drives a shared batch: the stream ends with KeyboardInterrupt once its
+    request has left the batch, and the requests of other tasks run on to their solo results."""
+    import signal
+
+    steers = _steers(s)
+    prompts = [_prompt(i, n) for i, n in enumerate((6, 11, 4))]
+    solo = [_solo(s, p, sp) for p, sp in zip(prompts[1:], steers[1:3])]
+    batcher = s._backend._batcher
+    ready = threading.Event()
+    box = {}
+
+    def others():
+        async def main():
+            tasks = [
+                asyncio.ensure_future(s.agenerate(p, N, steer=sp, ignore_eos=True, capture=CAPTURE))
+                for p, sp in zip(prompts[1:], steers[1:3])
+            ]
+            ready.set()
+            return await asyncio.gather(*tasks)
+
+        box["results"] = asyncio.run(main())
+
+    forwards = []
+
+    def interrupt_on_the_fourth_forward(mod, args):
+        forwards.append(args[0].shape[0])
+        if len(forwards) == 4:
+            assert batcher.in_forward  # inside the shared forward: the interrupt is deferred, not raised here
+            signal.raise_signal(signal.SIGINT)
+
+    stream = s.generate_stream(prompts[0], N, ignore_eos=True)
+    got = [next(stream)]
+    t = threading.Thread(target=others)
+    t.start()
+    ready.wait(30)
+    _wait_for(lambda: len(batcher.pending) == 2, "two queued requests")
+    h = s._lm.binding.embed.register_forward_pre_hook(interrupt_on_the_fourth_forward)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for st in stream:
+                got.append(st)
+    finally:
+        h.remove()
+    assert forwards[:4] == [2, 3, 3, 3]  # the newcomers' prompts, then the three rows together
+    assert len(got) == 3  # this cell's stream stopped at the step boundary after the interrupt
+    t.join(60)
+    for a, b in zip(solo, box["results"]):
+        _same(a, b)
+    assert not batcher.rows and not batcher.pending
+    assert_clean(s._lm)
