@@ -236,3 +236,28 @@ def test_an_sae_in_graph_mode_projects_and_steers_along_its_features(graph, eage
         eager, TEXT, N, steer=make_spec(eager, "resid_post.0", w["W_dec"][3], scale=2.0), ignore_eos=True
     )
     assert got.ids == want.ids
+
+
+def test_switching_the_steering_sites_reloads_on_request(folder, eager):
+    """Steering sites are fixed when the trunk is compiled: another set needs a new engine (reload=True). The same
+    model folder as the module's graph-mode Session, with other declarations: vLLM's shared compile cache must not
+    hand this engine a graph traced with the other buffers."""
+    v = _vec(2)
+    s = ie_lab.Session(folder, backend="vllm", progress=False, replace=False, steer_points=["resid_post.0"])
+    try:
+        assert s.mode == "graph" and "1 steering sites" in s.describe()
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="reload=True"):
+            s.set_mode(steer_points=["resid_post.1"])
+        s.set_mode(steer_points=["resid_post.1"], reload=True)
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="steer_points="):
+            s.steer("resid_post.0", v)
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="graph_points="):
+            s.capture(TEXT, ["resid_post.1"])  # nothing declared to read
+        got = s.generate(TEXT, N, steer=s.steer("resid_post.1", v, scale=4.0), ignore_eos=True)
+        want = ie_lab.generate(eager, TEXT, N, steer=make_spec(eager, "resid_post.1", v, scale=4.0), ignore_eos=True)
+        assert got.ids == want.ids != ie_lab.generate(eager, TEXT, N, ignore_eos=True).ids
+        engine = s._driver.engine
+        s.set_mode(steer_points=["resid_post.1"])  # already there: nothing reloaded
+        assert s._driver.engine is engine
+    finally:
+        s.close()
