@@ -103,6 +103,16 @@ def demo_model_md() -> str:
         f"{ind['seq_len']} tokens and {mood['n_prompts']} sad openings x {mood['n_new_tokens']} sampled tokens. "
         "`tests/test_demo_model.py` re-measures them on the committed weights.",
         "",
+        "## At the notebooks' defaults",
+        "",
+        'The notebooks and tutorials generate greedily, where a model this small loops quickly ("Mary felt sad and '
+        "sad\"): the quickstart's first story is sampled with a seed instead. Steering the greedy text works best at "
+        "`resid_post.0` with coefficient 8 and a difference of means of stories that differ only in their mood words "
+        "(notebook 05, tutorial 04): 40 of 40 held-out sad openings turn happy, none falls apart; at layers 1 and 2 "
+        'the same coefficient breaks some into "day day day", and 4 turns a quarter. '
+        "`tests/test_demo_model_defaults.py` measures it again from the notebooks' own sources (at least 90% turned, "
+        "at most 5% falling apart).",
+        "",
     ]
     return "\n".join(lines)
 
