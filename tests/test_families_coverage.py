@@ -188,3 +188,43 @@ def test_config_only_structure_equals_the_measured_one_on_every_bound_family():
         if diff:
             wrong[mt] = {k: (getattr(config, k), getattr(measured, k)) for k in diff}
     assert not wrong, wrong
+
+
+def test_sink_scaled_kernel_output_serves_the_pattern_that_mixed_the_values():
+    """GraniteSWA's eager kernel returns plain softmax weights but scales its output by a per-row sink factor: ie_lab
+    served those weights as attn_probs (attn_probs @ value != z, a defect row). The binder measures that the weights
+    do not explain the output, and the pattern is rebuilt with the sink (rows sum below 1) instead."""
+    lm = ie_lab.load(coverage.build_tiny("granite_swa"), coverage._tokenizer(), quiet=True)
+    assert not lm.binding.layers[0].kernel_weights_ok
+    coverage.check_invariants(lm)
+    x = torch.randint(4, 500, (1, 7), generator=torch.Generator().manual_seed(0))
+    c = ie_lab.capture(lm, x, ["attn_probs.0", "value.0", "z.0"])
+    assert torch.all(c["attn_probs.0"].sum(-1) < 1)
+    with torch.no_grad():
+        kernel_weights = lm.hf(input_ids=x, use_cache=False, output_attentions=True).attentions[0]
+    f = lm.facts
+    v = c["value.0"].reshape(1, 7, -1, f.head_dim).transpose(1, 2).repeat_interleave(f.n_heads // f.n_kv_heads, 1)
+    wrong = (kernel_weights @ v).transpose(1, 2).reshape(1, 7, -1)
+    assert not torch.allclose(wrong, c["z.0"], atol=2e-4, rtol=1e-4)
+
+
+def test_codegen_value_blocks_are_measured_per_head():
+    """CodeGen's fused QKV interleaves q, v and k per model-parallel shard, none of the named layouts: it was refused
+    on transformers before 5.24 (which reads its value from the attention call). The binder now finds each head's
+    value block by the head's own probabilities; the eager kernel's probabilities must reproduce z from that value,
+    and the neighbouring head's block (same width) must not."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(coverage.tiny_config("codegen"), attn_implementation="eager").eval()
+    lm = ie_lab.load(model, coverage._tokenizer(), quiet=True)
+    coverage.check_invariants(lm)
+    x = torch.randint(4, 500, (1, 7), generator=torch.Generator().manual_seed(0))
+    f = lm.facts
+    for L in range(f.n_layers):
+        c = ie_lab.capture(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}"])
+        v = c[f"value.{L}"].reshape(1, 7, f.n_heads, f.head_dim).transpose(1, 2)
+        z = (c[f"attn_probs.{L}"] @ v).transpose(1, 2).reshape(1, 7, -1)
+        torch.testing.assert_close(z, c[f"z.{L}"], atol=2e-4, rtol=1e-4)
+        rolled = (c[f"attn_probs.{L}"] @ v.roll(1, dims=1)).transpose(1, 2).reshape(1, 7, -1)
+        assert not torch.allclose(rolled, c[f"z.{L}"], atol=2e-4, rtol=1e-4)

@@ -151,6 +151,7 @@ class LayerBinding:
     router: nn.Module | None = None
     experts: nn.Module | None = None
     routing_args: bool = True  # the experts module is called with (expert indices, routing weights), measured
+    kernel_weights_ok: bool = True  # the kernel's returned weights are the pattern that mixed the values, measured
     attn_gate: nn.Module | None = None  # the module whose output gates the kernel's output before o_proj
     attn_gate_view: str = "full"  # "full" | "per_head" (one gate per head) | "per_head_half" (2nd half per head)
     attn_gate_fn: str = "sigmoid"  # "sigmoid" | "softplus"
@@ -256,6 +257,7 @@ class _Recorder:
 
     args: dict[int, Any]
     kernel_outputs: dict[int, torch.Tensor]  # attention module id -> what transformers' attention kernel returned
+    kernel_weights_ok: dict[int, bool]  # attention module id -> its returned weights times value give its output
 
     def __enter__(self) -> "_Recorder":
         self.args = {}
@@ -286,6 +288,9 @@ def split_fused_qkv(x: torch.Tensor, layout: str, n_heads: int, n_kv: int, head_
     if layout == "grouped":
         per = n_heads // n_kv
         return x.reshape(*lead, n_kv, per + 2, head_dim)[..., -1, :].reshape(*lead, n_kv * head_dim)
+    if layout.startswith("blocks:"):  # measured per query head: where its value block starts in the fused output
+        starts = [int(o) for o in layout[len("blocks:") :].split(",")][:: n_heads // n_kv]
+        return torch.cat([x[..., o : o + head_dim] for o in starts], dim=-1)
     raise ValueError(layout)
 
 
@@ -308,7 +313,23 @@ def _measure_fused_layout(
         zz = (probs.float() @ vh.float()).transpose(1, 2).reshape(b, s, H * d)
         if _close(zz, z, 1e-4):
             return layout
-    return None
+    # None of the named layouts (CodeGen interleaves q, v, k per model-parallel shard): find, per query head, the
+    # head_dim-wide block of the fused output that the head's probabilities mix into its slice of z.
+    starts = []
+    for h in range(H):
+        zh = z[..., h * d : (h + 1) * d].float()
+        found = next(
+            (
+                o
+                for o in range(0, qkv_out.shape[-1] - d + 1, d)
+                if _close(probs[:, h].float() @ qkv_out[..., o : o + d].float(), zh, 1e-4)
+            ),
+            None,
+        )
+        if found is None:
+            return None
+        starts.append(found)
+    return "blocks:" + ",".join(str(o) for o in starts)
 
 
 def bind(model: nn.Module, facts: ArchFacts | None = None) -> Binding:
@@ -499,10 +520,13 @@ def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) ->
     ids = torch.randint(0, max(2, facts.vocab_size), (1, PROBE_LEN), generator=gen).to(device)
     seen: set[int] = set()
     kernel_out = rec.kernel_outputs = {}
+    weights_ok = rec.kernel_weights_ok = {}
 
     def listener(module, call):
         seen.add(id(module))
         kernel_out.setdefault(id(module), call.output.detach().clone())
+        if id(module) not in weights_ok:
+            weights_ok[id(module)] = _weights_explain_output(call)
 
     modes = [(m, m.training) for m in model.modules()]  # per module: model.train(flag) would flatten a mixed state
     model.eval()
@@ -585,6 +609,7 @@ def _measure(model: nn.Module, binding: Binding) -> None:
         if lb.sparse_moe and lb.experts is not None:
             lb.routing_args = _routing_in_args(rec.args.get(id(lb.experts)), binding.facts.n_experts)
         if lb.uses_attention_interface:
+            lb.kernel_weights_ok = rec.kernel_weights_ok.get(id(lb.attn), True)
             _check_kernel_feeds_o_proj(lb, rec, binding.family, binding.facts.n_heads)
         _classify_layer(lb, rec, binding.facts, binding.family)
         if lb.mixer_kind:
@@ -674,6 +699,19 @@ def _measure_gate(lb: LayerBinding, rec: _Recorder, out: torch.Tensor, z: torch.
                     lb.names["attn_gate"] = f"{lb.names.get('attn', 'attn')}.{name}"
                     return True
     return False
+
+
+def _weights_explain_output(call: Any) -> bool:
+    """Whether the probabilities a kernel returns, mixed with its values, give its output. A kernel that rescales
+    its output after the softmax (a sink applied as a per-row scale, GraniteSWA's eager path) returns weights that
+    do not: its pattern is then rebuilt from q and k with the sink, as on fused kernels. No weights: nothing to
+    check (the rebuild is used anyway)."""
+    w, v, out = call.weights, call.value, call.output
+    if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != v.shape[2]:
+        return True
+    v = v.repeat_interleave(w.shape[1] // v.shape[1], dim=1)
+    z = (w.float() @ v.float()).transpose(1, 2)
+    return _close(z.reshape(out.shape), out.float(), 1e-4) if z.numel() == out.numel() else True
 
 
 def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str, n_heads: int = 0) -> None:

@@ -114,6 +114,8 @@ def resolve(lm: Any, addr: Address) -> Source:
         )
     if name in ("attn_scores", "attn_probs"):
         if lb.uses_attention_interface:
+            if name == "attn_probs" and not lb.kernel_weights_ok:  # measured: its weights are not what mixed v
+                return Source("attn", lb.attn, _probs_rebuilt)
             return Source("attn", lb.attn, _scores_from_call if name == "attn_scores" else _probs_from_call)
         if name == "attn_scores":
             raise CapabilityUnsupported(
@@ -233,6 +235,10 @@ def _scores_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int])
 def _probs_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
     if call.weights is not None and call.weights.dim() == 4:
         return call.weights  # the eager kernel's own probabilities
+    return _recompute(call)[1].to(call.query.dtype)
+
+
+def _probs_rebuilt(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
     return _recompute(call)[1].to(call.query.dtype)
 
 
