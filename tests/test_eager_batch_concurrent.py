@@ -361,3 +361,36 @@ def test_an_interrupt_in_a_cell_cancels_that_cells_request_only(s):
         _same(a, b)
     assert not batcher.rows and not batcher.pending
     assert_clean(s._lm)
+
+
+# ---- captures ---------------------------------------------------------------------------------------------
+def test_concurrent_captures_are_read_in_one_forward_each_equal_its_solo_capture(s):
+    steers = _steers(s)
+    prompts = [_prompt(i, n) for i, n in enumerate(LENGTHS)]
+    solo = [s.capture(p, CAPTURE, steer=sp) for p, sp in zip(prompts, steers)]
+    batcher = s._backend._batcher
+    go, holder = _hold(s)
+    seen = _Forwards(s)
+
+    async def main():
+        tasks = [asyncio.ensure_future(s.acapture(p, CAPTURE, steer=sp)) for p, sp in zip(prompts, steers)]
+        while len(batcher.captures) < len(prompts):
+            await asyncio.sleep(0.01)
+        go.set()
+        return await asyncio.gather(*tasks)
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        go.set()
+        holder.join()
+        seen.remove()
+    assert seen.shapes == [(8, 30)]  # one right-padded forward for all eight
+    for a, b in zip(solo, got):
+        assert [str(k) for k in b.keys()] == [str(k) for k in a.keys()]
+        torch.testing.assert_close(b.tokens, a.tokens, rtol=0, atol=0)
+        for k in a.keys():
+            assert b[k].shape == a[k].shape, k  # no pad row or position left in
+            torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=0)
+    assert not batcher.captures
+    assert_clean(s._lm)

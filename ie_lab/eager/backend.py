@@ -15,20 +15,22 @@ from tqdm.auto import tqdm
 
 from ..backend import OperationCancelled, SessionClosed
 from ..capabilities import require
-from ..core.inputs import prepare_prompts
+from ..core.addresses import parse_addresses
+from ..core.inputs import prepare, prepare_prompts
 from ..core.steer_spec import issued_specs
 from ..errors import CapabilityUnsupported, InputError
 from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
 from ..points_table import PointsTable
 from .attention import attention
-from .batcher import BatchedCall, BatchedStream, Batcher, Request
+from .batcher import BatchedCall, BatchedCapture, BatchedStream, Batcher, CaptureRequest, Request
 from .capture import capture
 from .generate import check_batchable, generate, generate_stream, plan
 from .lens import logit_lens
-from .means import mean_difference
+from .means import auto_batch_size, mean_difference
 from .patching import gradients, patch, patch_sweep
 from .project import project
 from .steer import make_spec, run_issued
+from .taps import resolve
 
 
 def _check_callable(fn: Any) -> None:
@@ -142,7 +144,30 @@ class EagerBackend:
 
     def capture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any):
         lm = self.lm
+        batched = self._capture_request(tokens_or_text, addresses, steer, kwargs)
+        if batched is not None:
+            return batched
         return self._steered(steer, lambda: capture(lm, tokens_or_text, addresses, **kwargs))
+
+    def _capture_request(self, tokens_or_text: Any, addresses: Any, steer: Any, kwargs: dict) -> Any:
+        """A one-prompt capture (no grad) as a request that is read together with the captures queued meanwhile
+        (ie_lab/eager/batcher.py), checked now (points and steering resolved, so no request can fail another's
+        forward); None where it runs on its own: a list or a batch tensor, grad=True, a model that cannot pad."""
+        batcher = self._batcher
+        if batcher is None or set(kwargs) - {"grad"} or kwargs.get("grad", False) is not False:
+            return None
+        lm = self.lm
+        addrs = parse_addresses(lm, addresses)
+        if prepare_prompts(lm, tokens_or_text) is not None:
+            return None
+        ids, mask = prepare(lm, tokens_or_text)
+        if ids.shape[0] != 1:
+            return None
+        specs = list(issued_specs(lm, steer))
+        for a in {a.without_head() for a in addrs} | {a for sp in specs for a in sp.addresses}:
+            resolve(lm, a)  # an absent point is refused here, in the caller's words
+        req = CaptureRequest(ids, mask, addrs, specs)
+        return BatchedCapture(batcher, req, lambda width, points: auto_batch_size(lm, width, points))
 
     def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
         lm = self.lm

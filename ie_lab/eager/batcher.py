@@ -41,6 +41,7 @@ from ..core.addresses import slice_head
 from ..core.inputs import str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.steer_spec import ForwardState, SteerSpec
+from ..errors import StructureError
 from .generate import Plan, _cache_keyword, _choose, _join, _pad_id, make_step, stop_reason
 from .steer import running
 from .taps import Taps
@@ -93,6 +94,25 @@ class Request:
         return bool(self.plan.addrs)
 
 
+@dataclass(eq=False)
+class CaptureRequest:
+    """One single-prompt capture (no grad): its ids, the points, its steering; its Cache once read."""
+
+    ids: torch.Tensor  # [1, n]
+    mask: torch.Tensor | None  # the prompt's own attention mask, as a solo capture passes it
+    addrs: list[Address]
+    specs: list[SteerSpec]
+    token: Any = None
+    finished: bool = False
+    result: Cache | None = None
+    error: BaseException | None = None
+    state: ForwardState = field(default_factory=ForwardState)
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self.token is not None and self.token.cancelled)
+
+
 def _plain_layers(cache: Any) -> bool:
     """Whether every layer of this cache holds all positions as [batch, heads, positions, dim] (rows can be padded
     on the left and joined); a sliding-window layer drops old positions, which makes joining unsafe."""
@@ -114,10 +134,11 @@ class Batcher:
         self.lm = lm
         self._guard = threading.Lock()
         self.pending: list[Request] = []
+        self.captures: list[CaptureRequest] = []  # captures queued: the first to compute reads them all
         self.rows: list[Request] = []
         self.cache: Any = None
         self.width = 0  # positions in the cache (the frame every row ends at)
-        self.in_forward: list[Request] = []  # the requests of the forward in flight
+        self.in_forward: list[Any] = []  # the requests of the forward in flight
         self._at: dict[int, int] = {}  # id(request) -> its row in the forward in flight
         self._cache_kw = _cache_keyword(lm.hf)
         self._keep_kw = "logits_to_keep" in inspect.signature(lm.hf.forward).parameters
@@ -130,9 +151,12 @@ class Batcher:
         self._mergeable: bool | None = None
 
     # ---- any thread ----------------------------------------------------------------------------------
-    def submit(self, req: Request) -> None:
+    def submit(self, req: Request | CaptureRequest) -> None:
         with self._guard:
-            self.pending.append(req)
+            if isinstance(req, CaptureRequest):
+                self.captures.append(req)
+            else:
+                self.pending.append(req)
 
     def prune(self) -> None:
         """Drop cancelled and closed requests now (a closed stream's row leaves without waiting for a driver)."""
@@ -145,9 +169,12 @@ class Batcher:
     def close(self, error: BaseException) -> None:
         with self._guard:
             reqs, self.pending = self.pending + self.rows, []
+            caps, self.captures = self.captures, []
         self.rows, self.cache, self.width = [], None, 0
         for r in reqs:
             self._fail(r, error)
+        for c in caps:
+            c.error, c.finished = error, True
 
     # ---- under the operation lock --------------------------------------------------------------------
     def drive(self, req: Request) -> None:
@@ -194,6 +221,92 @@ class Batcher:
                 self._fail(r, OperationCancelled("interrupted"))
         if len(keep) < len(self.rows):
             self._select(keep)
+
+    # ---- captures ------------------------------------------------------------------------------------
+    def read(self, req: CaptureRequest, rows_for: Any) -> Cache:
+        """Read `req`, with every capture queued meanwhile, in right-padded forwards of at most rows_for(width,
+        points) rows; each Cache holds only its own prompt's tokens (as `capture` over a list)."""
+        while not req.finished:
+            with self._guard:
+                for c in [*self.captures, req]:
+                    if c.cancelled and not c.finished:
+                        c.error, c.finished = OperationCancelled("interrupted"), True
+                queued = [c for c in self.captures if not c.finished and c is not req]
+                self.captures = []
+            if req.finished:
+                with self._guard:
+                    self.captures = queued + self.captures
+                break
+            queued.insert(0, req)  # its own first: whatever the budget, it is read now
+            group = [req]
+            for c in queued[1:]:
+                width = max(x.ids.shape[1] for x in [*group, c])
+                points = len({a.without_head() for x in [*group, c] for a in x.addrs})
+                if len(group) + 1 > rows_for(width, points):
+                    break
+                group.append(c)
+            with self._guard:
+                self.captures = queued[len(group) :] + self.captures  # the rest wait for their own turn
+            self._read_group(group)
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return req.result
+
+    def _read_group(self, group: list[CaptureRequest]) -> None:
+        lm = self.lm
+        lens = [int(c.ids.shape[1]) for c in group]
+        width = max(lens)
+        device = group[0].ids.device
+        ids = torch.full((len(group), width), self._pad_id, dtype=torch.long, device=device)
+        for i, c in enumerate(group):
+            ids[i, : lens[i]] = c.ids[0]
+        mask: torch.Tensor | None = group[0].mask if len(group) == 1 else None  # alone: exactly as capture()
+        if min(lens) < width:  # right padding: real tokens never read the pads after them, the mask hides them
+            mask = (torch.arange(width, device=device)[None] < torch.tensor(lens, device=device)[:, None]).long()
+        for i, c in enumerate(group):
+            c.state.ids, c.state.offset, c.state.prompt_len, c.state.pad = ids[i : i + 1], 0, None, None
+        bases = list(dict.fromkeys(a.without_head() for c in group for a in c.addrs))
+        edits = [(a, self._row_edit(c, sp)) for c in group for sp in c.specs for a in sp.addresses]
+        self._at = {id(c): i for i, c in enumerate(group)}
+        self.in_forward = list(group)  # a cancel stops this forward only if every capture in it is cancelled
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(lm.lock)
+                stack.enter_context(torch.no_grad())
+                taps = stack.enter_context(Taps(lm, bases))
+                taps.shape = (len(group), width)
+                if edits:
+                    w = stack.enter_context(Writers(lm, edits))
+                    w.shape = taps.shape
+                kwargs: dict[str, Any] = {"use_cache": False}
+                if taps.needs_output_attentions:
+                    kwargs["output_attentions"] = True
+                with running(None, ()):
+                    lm.hf(input_ids=ids, attention_mask=mask, **kwargs)
+        except Exception as e:  # noqa: BLE001 - each request of the forward ends with it
+            for c in group:
+                c.error, c.finished = (OperationCancelled("interrupted") if c.cancelled else e), True
+            return
+        finally:
+            self._at = {}
+            self.in_forward = []
+        for i, (c, n) in enumerate(zip(group, lens)):
+            got: dict[Address, torch.Tensor] = {}
+            for a in c.addrs:
+                parts = taps.collected.get(a.without_head(), [])
+                if len(parts) != 1:
+                    c.error = StructureError(
+                        f"{a} was seen {len(parts)} times in one forward (expected once): the module it is read "
+                        "from is shared or skipped on this family, so ie_lab will not pick one."
+                    )
+                    break
+                t = parts[0][i : i + 1]
+                t = t[:, :, :n, :n] if a.point.is_attention else t[:, :n]
+                got[a] = slice_head(a, t, lm.facts)
+            if c.error is None:
+                c.result = Cache(got, tokens=c.ids, str_tokens=str_tokens(lm, c.ids), attention_mask=c.mask)
+            c.finished = True
 
     # ---- forwards ------------------------------------------------------------------------------------
     def _admit(self, reqs: list[Request]) -> None:
@@ -326,7 +439,7 @@ class Batcher:
         if stack is not None:
             stack.close()
 
-    def _row_edit(self, req: Request, spec: SteerSpec) -> Any:
+    def _row_edit(self, req: Request | CaptureRequest, spec: SteerSpec) -> Any:
         edit = spec.edit(req.state, self._special)
 
         def apply(h: torch.Tensor, offset: int) -> torch.Tensor:
@@ -475,6 +588,23 @@ class BatchedCall:
         return self.req.result
 
 
+class BatchedCapture:
+    """What the eager backend returns for a capture: queued at `bind`, read with the captures queued meanwhile."""
+
+    def __init__(self, batcher: Batcher, req: CaptureRequest, rows_for: Any):
+        self.batcher, self.req, self.rows_for = batcher, req, rows_for
+        self._submitted = False
+
+    def bind(self, token: Any) -> None:
+        self.req.token = token
+        if not self._submitted:
+            self._submitted = True
+            self.batcher.submit(self.req)
+
+    def __call__(self) -> Cache:
+        return self.batcher.read(self.req, self.rows_for)
+
+
 class BatchedStream(Iterator[GenStep]):
     """A batched generate_stream: each next() drives the batch until this request has a step to hand out; close()
     (or an exhausted stream) leaves the batch at the next step boundary."""
@@ -508,4 +638,4 @@ class BatchedStream(Iterator[GenStep]):
         self.batcher.prune()
 
 
-__all__ = ["Batcher", "BatchedCall", "BatchedStream", "Request"]
+__all__ = ["Batcher", "BatchedCall", "BatchedCapture", "BatchedStream", "CaptureRequest", "Request"]
