@@ -167,6 +167,47 @@ def test_the_picker_card_shows_the_demo_models_numbers(lab):
     _shot(srv, picker, "docs-picker-light.png")
 
 
+def _settled(page, srv, scale):
+    """The kernel has the slider's value and the panel has drawn the text generated for it."""
+    return _until(
+        lambda: (
+            srv.execute(page, "print(sp.scale, sp.status)").split() == [str(float(scale)), "ready"]
+            and not page.locator(".iel-steer").evaluate("e => e.classList.contains('iel-busy')")
+        )
+    )
+
+
+@browser
+def test_dragging_the_coefficient_slider_turns_the_mood_both_ways(lab):
+    srv, page = lab
+    panel = page.locator(".iel-steer")
+    drawn = panel.locator("[data-which=steered] .iel-tok")
+    slider = panel.locator('input[data-knob="scale"]')
+    slider.scroll_into_view_if_needed()
+    box = slider.bounding_box()
+    y = box["y"] + box["height"] / 2
+    thumb = box["x"] + box["width"] * (8.0 + 10.0) / 20.0  # the range is -10..10, the thumb at 8
+
+    def drag(to_x):
+        page.mouse.move(thumb, y)
+        page.mouse.down()
+        page.mouse.move(to_x, y, steps=12)  # each step is an input event; the panel keeps the last
+        page.mouse.up()
+
+    try:
+        drag(box["x"] - 40)  # past the left end: the slider's minimum, -10
+        assert _settled(page, srv, -10.0), srv.execute(page, "print(sp.scale, sp.status)")
+        h, sd = _moods(" ".join(drawn.all_inner_texts()))
+        assert h == 0 and sd > 0, drawn.all_inner_texts()  # pushed the other way: still sad, nothing happy
+        thumb = box["x"]
+        drag(box["x"] + box["width"] + 40)  # past the right end: 10
+        assert _settled(page, srv, 10.0)
+        h, sd = _moods(" ".join(drawn.all_inner_texts()))
+        assert h > 0 and sd == 0, drawn.all_inner_texts()
+    finally:
+        srv.execute(page, "sp.update(scale=8.0)")  # back where notebook 05 leaves it, for the screenshots
+
+
 @browser
 def test_dark_theme_screenshots(lab):
     srv, page = lab
