@@ -223,3 +223,31 @@ def test_unbound_recurrent_and_shared_block_trunks_are_refused_naming_the_struct
     with no mixer module ie_lab reads: load refuses them with an IELabError naming what the layer holds."""
     with pytest.raises(IELabError, match="shared_transf|recurrence"):
         _load(family)
+
+
+def test_generation_runs_or_is_refused_before_any_forward(hybrid):
+    """Generating on a hybrid either decodes (its cache carries both kinds of layer) or, where the forward hands no
+    KV cache back (RecurrentGemma), is refused with an IELabError before the first forward: it crashed with an
+    AttributeError after it."""
+    _, lm = hybrid
+    _generate_or_refuse(lm)
+
+
+def test_generation_on_a_state_space_trunk_runs_or_is_refused(ssm):
+    _, lm = ssm
+    _generate_or_refuse(lm)
+
+
+def _generate_or_refuse(lm):
+    calls = []
+    h = lm.hf.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        out = ie_lab.generate(lm, X[:1, :4], max_new_tokens=3, capture=["resid_post.0"])
+    except IELabError as e:
+        assert "KV cache" in str(e), str(e)
+        assert not calls  # refused before any forward ran
+    else:
+        assert out is not None and calls
+    finally:
+        h.remove()
+    assert_clean(lm)

@@ -77,6 +77,19 @@ def _cache_keyword(hf: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _returns_a_kv_cache(hf: Any) -> bool:
+    """Whether the forward takes a KV cache and its declared output carries one back. State-space and recurrent
+    trunks keep their state elsewhere (Mamba's cache_params; RecurrentGemma's output has no cache field), and the
+    decode loop must refuse them before the first forward rather than fail after it."""
+    sig = inspect.signature(hf.forward)
+    key = "cache" if "cache" in sig.parameters else "past_key_values"
+    if key not in sig.parameters:
+        return False
+    ann = sig.return_annotation
+    outs = [c for c in (*getattr(ann, "__args__", ()), ann) if hasattr(c, "__dataclass_fields__")]
+    return not outs or any(key in c.__dataclass_fields__ for c in outs)
+
+
 def _join(a: Address, parts: list[torch.Tensor], start: int) -> torch.Tensor:
     """One point's rows from consecutive cached forwards, the first beginning at absolute position `start`."""
     if a.point.is_attention:
@@ -108,6 +121,14 @@ class _Run:
     at positions over that prompt's own tokens."""
 
     def __init__(self, lm: Any, rows: list[torch.Tensor], capture: list[Address], specs: list[SteerSpec]):
+        if not _returns_a_kv_cache(lm.hf):
+            raise CapabilityUnsupported(
+                f"generating with {lm.facts.model_type}",
+                "its forward does not hand back a KV cache (past_key_values): it keeps a recurrent state of its own "
+                "(Mamba's cache_params, RecurrentGemma's internal state), which ie_lab's decode loop does not carry "
+                "yet.",
+                "capture, lens and steering work on a prompt; to generate, call the raw model's generate().",
+            )
         self.lm, self.capture, self.specs = lm, capture, specs
         self.rows = rows
         self.lens = [r.shape[1] for r in rows]
