@@ -8,8 +8,9 @@ is one JSON per transformers version (ie_lab/coverage_data/, written by `python 
 that version's environment) and the
 table in docs/FAMILIES.md (`python -m ie_lab.docs_gen`); tests/test_families_coverage.py checks both for drift.
 
-A load that fails with anything but an IELabError is recorded as a defect: every family ie_lab does not bind
-must be refused with a reason that names the missing structure.
+A load that fails with anything but an IELabError is recorded as a defect, and so is a bound family on which
+capturing any registry point at any layer raises another exception class: every family ie_lab does not bind must be
+refused with a reason that names the missing structure, and every point it does not serve likewise.
 """
 
 from __future__ import annotations
@@ -363,6 +364,16 @@ def check_invariants(lm) -> None:
     torch.testing.assert_close(
         postprocess_logits(f, c["lm_head"]), logits, **tol, msg=lambda m: "post-processed lm_head = the model's logits"
     )
+    # Every registry point at every layer is served or refused with an IELabError: any other exception escapes
+    # (and the row is a defect).
+    from . import points
+
+    for p in points.all_points():
+        for a in [p.name] if p.scope is points.Scope.TRUNK else [f"{p.name}.{L}" for L in range(f.n_layers)]:
+            try:
+                capture_batch(lm, x[:1], [a])
+            except IELabError:
+                pass
 
 
 def classify(model_type: str) -> dict[str, Any]:
