@@ -18,13 +18,13 @@ from ..capabilities import require
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare, prepare_prompts
 from ..core.steer_spec import issued_specs
-from ..errors import CapabilityUnsupported, InputError
+from ..errors import InputError
 from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
 from ..points_table import PointsTable
 from .attention import attention
-from .batcher import BatchedCall, BatchedCapture, BatchedStream, Batcher, CaptureRequest, Request
+from .batcher import BatchedCall, BatchedCapture, BatchedStream, Batcher, CaptureRequest, Request, shareable
 from .capture import capture
-from .generate import check_batchable, generate, generate_stream, plan
+from .generate import generate, generate_stream, plan
 from .lens import logit_lens
 from .means import auto_batch_size, mean_difference
 from .patching import gradients, patch, patch_sweep
@@ -92,11 +92,8 @@ class EagerBackend:
                 )
                 bar.update(2)
             self.lm = lm
-            try:
-                check_batchable(lm)
-                self._batcher = Batcher(lm)
-            except CapabilityUnsupported:  # padding would change what a prompt computes: one request at a time
-                self._batcher = None
+            # where padding could change what a prompt computes, requests run one at a time as before
+            self._batcher = Batcher(lm) if shareable(lm) else None
             return lm
 
         return load_model

@@ -41,8 +41,18 @@ from ..core.addresses import slice_head
 from ..core.inputs import str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.steer_spec import ForwardState, SteerSpec
-from ..errors import StructureError
-from .generate import Plan, _cache_keyword, _choose, _join, _pad_id, make_step, stop_reason
+from ..errors import CapabilityUnsupported, StructureError
+from .generate import (
+    Plan,
+    _cache_keyword,
+    _choose,
+    _join,
+    _pad_id,
+    _returns_a_kv_cache,
+    check_batchable,
+    make_step,
+    stop_reason,
+)
 from .steer import running
 from .taps import Taps
 from .writers import Writers
@@ -111,6 +121,18 @@ class CaptureRequest:
     @property
     def cancelled(self) -> bool:
         return bool(self.token is not None and self.token.cancelled)
+
+
+def shareable(lm: Any) -> bool:
+    """Whether concurrent requests on this model may share one padded batch: a forward that takes the pads' mask
+    and positions and has no expert capacity (generate.check_batchable), a KV cache handed back, and softmax
+    attention in every layer (a recurrent or linear mixer's state would carry the pads)."""
+    try:
+        check_batchable(lm)
+    except CapabilityUnsupported:
+        return False
+    kinds = tuple(getattr(lm.facts, "mixer_kinds", ())) + tuple(getattr(lm.facts, "layer_kinds", ()))
+    return _returns_a_kv_cache(lm.hf) and not any(k and k not in ("global", "sliding") for k in kinds)
 
 
 def _plain_layers(cache: Any) -> bool:
