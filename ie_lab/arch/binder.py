@@ -385,6 +385,12 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             # A wrapper around the attention proper (GPT-Neo's attn.attention): bind the module that projects.
             attn_name, attn = f"{attn_name}.{inner[0]}", inner[1]
         o = _child(attn, O_NAMES)
+        if o is None and (_child(attn, EXPERTS_NAMES) or _child(attn, DOWN_NAMES)) and _child(layer, MLP_NAMES) is None:
+            raise StructureError(
+                f"{family} layer {i}: the block's one sublayer ({attn_name}) is an MLP or mixture of experts, with no "
+                "attention or mixer beside it (a single-sublayer block, as trunks interleaving state-space, attention "
+                "and MLP blocks have); such blocks are not bound yet."
+            )
         if o is None:
             raise StructureError(f"{family} layer {i}: attention has no output projection among {O_NAMES}.")
         mlp_found = _child(layer, MLP_NAMES)
@@ -817,7 +823,8 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         m_eff = mlp_c * (lb.mlp_multiplier or 1.0)
         if not (_close(X + a_eff, R, 1e-4) and _close(R + m_eff, Y, 1e-4)):
             raise StructureError(
-                f"{where}: the residual identities resid_pre + attn_out_post = resid_mid and resid_mid + "
+                f"{where}: the residual identities resid_pre + {'mixer' if lb.mixer_kind else 'attn'}_out_post = "
+                "resid_mid and resid_mid + "
                 "mlp_out_post = resid_post do not hold for the measured structure, so ie_lab refuses to serve "
                 "sublayer points it cannot stand behind."
             )
