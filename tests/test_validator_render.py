@@ -12,7 +12,7 @@ def test_readme_table_matches_committed_json():
     assert docs, "validator/results/ holds no JSON: run `python -m validator run --all`"
     with open(render.README) as f:
         text = f.read()
-    assert render.readme_with(text, docs) == text, (
+    assert render.readme_with(text, docs, render.load_snapshot()) == text, (
         "validator/README.md's results table drifted from validator/results/*.json: run `python -m validator render`"
     )
 
@@ -40,3 +40,14 @@ def test_heatmap_renders_from_json(tmp_path):
     render.write_all(str(tmp_path), str(readme))
     html = (tmp_path / "heatmap.html").read_text()
     assert "<script src=" not in html and "validator-heatmap" in html and len(html) > 1_000_000
+
+
+def test_every_family_the_swept_survey_binds_has_a_row():
+    """The coverage snapshot written with the surveyed sweep: each bound model type is a fixture row or a
+    surveyed-<type> row (re-run `python -m validator run --surveyed` when the survey binds more)."""
+    snapshot = render.load_snapshot()
+    assert snapshot is not None, (
+        "validator/results/survey_bound.json is missing: run `python -m validator run --surveyed`"
+    )
+    section = render.coverage_section(render.load(), snapshot)
+    assert f"{len(snapshot['bound'])} have a row; none is missing." in section

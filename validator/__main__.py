@@ -1,6 +1,7 @@
 """python -m validator: cross-engine parity for ie_lab's hook points.
 
 python -m validator run --all                       # the full sweep: every family ie_lab binds x every engine
+python -m validator run --surveyed                  # every other model type the coverage survey binds, every engine
 python -m validator run --ci                        # CI's subset (4 families x hf, tl), into a temp dir
 python -m validator run --family llama --engine hf --engine tl
 python -m validator run --model gpt2 --model google/gemma-2-2b --device cuda --dtype bfloat16   # real weights
@@ -42,6 +43,21 @@ def main(argv=None) -> int:
     r.add_argument("--model", action="append", default=[], help="a real HF id or folder (needs the weights)")
     r.add_argument("--engine", action="append", default=[], choices=list(S.ENGINES))
     r.add_argument("--all", action="store_true", help="every family ie_lab binds, every engine")
+    r.add_argument(
+        "--surveyed",
+        action="store_true",
+        help="the survey's tiny instance of every model type ie_lab/coverage_data records as bound that no fixture "
+        "family covers (surveyed-<type>)",
+    )
+    r.add_argument(
+        "--surveyed-type",
+        action="append",
+        default=[],
+        help="one surveyed model type (its survey instance, whether or not a fixture covers it)",
+    )
+    r.add_argument(
+        "--chunk", type=int, default=None, help="at most this many models per engine process (default: all at once)"
+    )
     r.add_argument(
         "--ci", action="store_true", help=f"CI's subset: {', '.join(S.CI_FAMILIES)} x {', '.join(S.CI_ENGINES)}"
     )
@@ -85,6 +101,11 @@ def main(argv=None) -> int:
 
     families = list(args.family)
     engines = list(args.engine)
+    surveyed = list(args.surveyed_type)
+    if args.surveyed:
+        from .run import surveyed_types
+
+        surveyed = surveyed or surveyed_types()
     if args.all:
         families = families or _families_all()
         engines = engines or list(S.DEFAULT_ENGINES)
@@ -92,13 +113,15 @@ def main(argv=None) -> int:
         families = families or list(S.CI_FAMILIES)
         engines = engines or list(S.CI_ENGINES)
     engines = engines or list(S.DEFAULT_ENGINES)
-    if not families and not args.model:
-        ap.error("name --family, --model, --all or --ci")
+    if not families and not args.model and not surveyed:
+        ap.error("name --family, --model, --surveyed, --all or --ci")
     out = args.out or (tempfile.mkdtemp(prefix="ie_lab_validator_ci_") if args.ci else RESULTS)
     docs = run(
         families,
         engines,
         models=args.model,
+        surveyed=surveyed,
+        chunk=args.chunk,
         out_dir=out,
         models_dir=args.models_dir,
         attn=args.attn,
@@ -106,6 +129,10 @@ def main(argv=None) -> int:
         dtype=args.dtype,
         setup=args.setup,
     )
+    if args.surveyed:
+        from .run import write_survey_snapshot
+
+        write_survey_snapshot(out)
     if os.path.abspath(out) == os.path.abspath(RESULTS):
         render.write_all()
     print(render.summary_text(docs))

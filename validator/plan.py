@@ -195,15 +195,16 @@ def asks(lm: Any, plan: ModelPlan, engine: str) -> list[Ask]:
         elif engine == "hf":
             n_layers = lm.facts.n_layers
             if a.name == "resid_pre":
-                out.append(Ask(address, f"hidden_states[{a.layer}]", {"kind": "hidden_states", "index": a.layer}))
+                hs: dict[str, Any] = {"kind": "hidden_states", "index": a.layer, "n_layers": n_layers}
+                out.append(Ask(address, f"hidden_states[{a.layer}]", hs))
                 continue
             if a.name == "resid_post" and a.layer < n_layers - 1:
-                out.append(
-                    Ask(address, f"hidden_states[{a.layer + 1}]", {"kind": "hidden_states", "index": a.layer + 1})
-                )
+                hs = {"kind": "hidden_states", "index": a.layer + 1, "n_layers": n_layers}
+                out.append(Ask(address, f"hidden_states[{a.layer + 1}]", hs))
                 continue
             if a.name == "attn_probs":
-                out.append(Ask(address, f"attentions[{a.layer}]", {"kind": "attentions", "index": a.layer}))
+                hs = {"kind": "attentions", "index": a.layer, "n_layers": n_layers}
+                out.append(Ask(address, f"attentions[{a.layer}]", hs))
                 continue
             spec, why = module_spec(lm, address)
             out.append(Ask(address, _describe(spec) if spec else "", spec, why))

@@ -50,6 +50,9 @@ class Model:
     family: str
     source: str  # a folder or an HF id
     real: bool
+    # the causal-LM class to load it with where AutoModelForCausalLM cannot (a multimodal wrapper's text model
+    # saves its text config, e.g. emu3_text, which the auto mapping does not list)
+    model_class: str = ""
 
 
 def default_models_dir() -> str:
@@ -71,18 +74,116 @@ def tiny_models(families, models_dir: str) -> list[Model]:
     return [Model(f"tiny-{f}", f, saved_model_dir(f, models_dir), False) for f in families]
 
 
+SURVEYED_PREFIX = "surveyed-"
+
+
+def survey_path() -> str:
+    """The committed coverage survey for the installed transformers (ie_lab/coverage_data/)."""
+    from ie_lab import coverage
+
+    return coverage.data_path(coverage.installed_version())
+
+
+def surveyed_types(include_fixtured: bool = False) -> list[str]:
+    """Every model type the committed survey records as bound; by default less those a fixture family already
+    covers (tests/families.py builds its own, discriminating instance of them, swept as tiny-<family>)."""
+    with open(survey_path(), encoding="utf-8") as f:
+        survey = json.load(f)
+    bound = [r["model_type"] for r in survey["rows"] if r["status"] == "bound"]
+    if include_fixtured:
+        return bound
+    from .__main__ import _families_all
+
+    swept = set(_families_all())  # a fixture the sweep leaves out (qwen3_next, a hybrid) covers nothing
+    covered = {t for t, fams in fixture_model_types(all_of=True).items() if swept & set(fams)}
+    return [t for t in bound if t not in covered]
+
+
+def write_survey_snapshot(out_dir: str) -> str:
+    """What the survey recorded as bound for this sweep (render reads it instead of the live, changing survey)."""
+    from .render import SURVEY_SNAPSHOT
+
+    with open(survey_path(), encoding="utf-8") as f:
+        survey = json.load(f)
+    doc = {
+        "transformers": survey["transformers"],
+        "survey": os.path.relpath(survey_path(), ROOT),
+        "bound": [r["model_type"] for r in survey["rows"] if r["status"] == "bound"],
+        "fixture_model_types": fixture_model_types(),
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, SURVEY_SNAPSHOT)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    return path
+
+
+def fixture_model_types(all_of: bool = False) -> dict[str, Any]:
+    """model_type -> the first fixture family of tests/families.py built from it (all_of: every one, a list)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from tests.families import _SPECS
+
+    out: dict[str, Any] = {}
+    for fam, (model_type, _) in _SPECS.items():
+        if all_of:
+            out.setdefault(model_type, []).append(fam)
+        else:
+            out.setdefault(model_type, fam)
+    return out
+
+
+def surveyed_models_dir() -> str:
+    """Saved survey instances, keyed by ie_lab/coverage.py's content (the sizes) and the transformers version."""
+    import hashlib
+
+    import transformers
+
+    from ie_lab import coverage
+
+    with open(coverage.__file__, "rb") as f:
+        h = hashlib.sha256(f.read()).hexdigest()[:10]
+    return os.path.join(tempfile.gettempdir(), "ie_lab_validator_surveyed", f"{h}-tf{transformers.__version__}")
+
+
+def save_surveyed(model_type: str, models_dir: str) -> str:
+    """The survey's own tiny random instance of model_type (ie_lab.coverage.build_tiny), saved with the toy
+    tokenizer, so every engine loads the exact model the coverage table was measured on."""
+    from ie_lab import coverage, toy
+
+    path = os.path.join(models_dir, model_type)
+    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
+        return path
+    os.makedirs(path, exist_ok=True)
+    model = coverage.build_tiny(model_type)
+    model.save_pretrained(path)
+    toy.tokenizer().save_pretrained(path)
+    return path
+
+
+def surveyed_models(model_types) -> list[Model]:
+    from ie_lab import coverage
+
+    classes = coverage.causal_lm_types()
+    # the folder is saved when the run reaches it
+    return [Model(f"{SURVEYED_PREFIX}{t}", t, t, False, classes.get(t, "")) for t in model_types]
+
+
 def real_models(ids) -> list[Model]:
     return [Model(i.replace("/", "--"), "", i, True) for i in ids]
 
 
 def _load_reference(m: Model, attn: str, device: str, dtype: str):
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import ie_lab
 
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    hf = AutoModelForCausalLM.from_pretrained(m.source, dtype=dt, attn_implementation=attn).to(device).eval()
+    cls = getattr(transformers, m.model_class) if m.model_class else AutoModelForCausalLM
+    hf = cls.from_pretrained(m.source, dtype=dt, attn_implementation=attn).to(device).eval()
     try:
         tok = AutoTokenizer.from_pretrained(m.source)
     except (OSError, ValueError):
@@ -120,11 +221,27 @@ def _reference(lm, ids, addresses: list[str]) -> tuple[dict, dict]:
     return got, errors
 
 
+def vllm_refusal(model_type: str) -> str:
+    """Why ie_lab's vLLM backend refuses this model type without starting vLLM ("" where it serves it)."""
+    from ie_lab.arch import quirks
+
+    if model_type in quirks.VLLM_VERIFIED:
+        return ""
+    if model_type in quirks.VLLM_DIFFERS:
+        return f"ie_lab's vLLM backend refuses {model_type}: {quirks.VLLM_DIFFERS[model_type]}"
+    return (
+        f"ie_lab's vLLM backend refuses {model_type}: not among the families verified equal to eager "
+        "(quirks.VLLM_VERIFIED, docs/VLLM.md), so vLLM was not started"
+    )
+
+
 def run(
     families=(),
     engines=S.DEFAULT_ENGINES,
     *,
     models=(),
+    surveyed=(),
+    chunk: int | None = None,
     out_dir: str = RESULTS,
     models_dir: str | None = None,
     attn: str = "eager",
@@ -137,26 +254,36 @@ def run(
 ) -> list[dict]:
     """Validate; write one JSON per (model, engine) into out_dir and return them.
 
-    ``override(model, engine, asks) -> asks`` replaces the requests (the self-test uses it to inject a wrong
-    mapping and check that it comes out FAIL).
+    ``surveyed``: model types whose survey instance (ie_lab.coverage.build_tiny) is swept, as
+    ``surveyed-<type>``. ``chunk``: at most this many models per engine worker process, so one engine crashing on
+    one family costs only its chunk. ``override(model, engine, asks) -> asks`` replaces the requests (the
+    self-test uses it to inject a wrong mapping and check that it comes out FAIL).
     """
-    from safetensors.torch import load_file
-
     from . import compare
     from . import plan as plan_mod
 
     with tempfile.TemporaryDirectory(prefix="ie_lab_validator_") as work:  # the engines' job files and tensors
         models_dir = models_dir or default_models_dir()
-        todo = tiny_models(families, models_dir) + real_models(models)
+        todo = tiny_models(families, models_dir) + surveyed_models(surveyed) + real_models(models)
+        surveyed_dir = surveyed_models_dir() if surveyed else ""
+        surveyed_slugs = {f"{SURVEYED_PREFIX}{t}" for t in surveyed}
         if setup:
             for e in engines:
                 setup_env(e)
 
         # 1. ie_lab's reference, and every engine's requests, per model.
         per_model: dict[str, dict[str, Any]] = {}
+        failed: dict[str, tuple[Model, str]] = {}  # ie_lab could not build, save or load it: no engine is asked
         for m in todo:
             t0 = time.time()
-            lm = _load_reference(m, attn, device, dtype)
+            try:
+                if m.slug in surveyed_slugs:
+                    m.source = save_surveyed(m.family, surveyed_dir)
+                lm = _load_reference(m, attn, device, dtype)
+            except Exception as err:  # noqa: BLE001 - recorded per model: one family must not stop the sweep
+                failed[m.slug] = (m, f"ie_lab's reference: {type(err).__name__}: {str(err).strip()[:300]}")
+                log(f"[ie_lab] {m.slug}: {failed[m.slug][1]}")
+                continue
             m.family = m.family or lm.facts.model_type
             ids = _ids(lm)
             p = plan_mod.addresses(lm, m.family)
@@ -166,7 +293,16 @@ def run(
             for e in engines:
                 a = plan_mod.asks(lm, p, e)
                 asks[e] = override(m, e, a) if override else a
-            per_model[m.slug] = dict(model=m, lm_facts=lm.facts, plan=p, ids=ids, ref=ref, ref_err=ref_err, asks=asks)
+            per_model[m.slug] = dict(
+                model=m,
+                model_type=lm.facts.model_type,
+                lm_facts=lm.facts,
+                plan=p,
+                ids=ids,
+                ref=ref,
+                ref_err=ref_err,
+                asks=asks,
+            )
             log(
                 f"[ie_lab] {m.slug}: {len(ref)} reference tensors, {len(p.absent)} absent, "
                 f"{len(ref_err)} refused ({time.time() - t0:.1f}s)"
@@ -175,73 +311,45 @@ def run(
 
         # 2. Each engine's worker over all models at once (one process per engine: imports are the slow part).
         outputs: dict[tuple[str, str], tuple[dict, dict]] = {}
-        unavailable: dict[str, str] = {}
+        unavailable: dict[tuple[str, str], str] = {}  # (engine, model slug) -> why the engine could not run it
         for e in engines:
             py, why = engine_python(e)
             if py is None:
-                unavailable[e] = why
+                unavailable.update({(e, slug): why for slug in per_model})
                 log(f"[{e}] not available: {why}")
                 continue
-            jobs = []
+            todo_slugs = []
             for slug, d in per_model.items():
-                reqs = [
-                    {"key": str(i), "spec": a.spec}
-                    for i, a in enumerate(d["asks"][e])
-                    if a.spec is not None and a.address in d["ref"]
-                ]
-                jobs.append(
-                    {
-                        "family": slug,
-                        "model_dir": d["model"].source,
-                        "ids": d["ids"],
-                        "attn_implementation": attn,
-                        "dtype": dtype,
-                        "device": device,
-                        "requests": reqs,
-                        "out": os.path.join(work, f"{e}__{slug}"),
-                    }
-                )
-            path = os.path.join(work, f"jobs_{e}.json")
-            with open(path, "w") as f:
-                json.dump({"engine": e, "jobs": jobs}, f)
-            env = dict(os.environ)
-            env.setdefault("OMP_NUM_THREADS", "1")
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            if any(d["model"].real for d in per_model.values()):
-                env.pop("HF_HUB_OFFLINE", None)
-            else:
-                env["HF_HUB_OFFLINE"] = "1"
-            env["PYTHONPATH"] = ROOT if e == "vllm" else ""
-            t0 = time.time()
-            proc = subprocess.run(
-                [py, WORKER, path], env=env, cwd=work, capture_output=True, text=True, timeout=timeout
-            )
-            log(f"[{e}] worker finished in {time.time() - t0:.1f}s (rc={proc.returncode})")
-            if proc.returncode != 0:
-                unavailable[e] = f"the worker exited with {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-                log(proc.stderr[-3000:])
-                continue
-            for j in jobs:
-                with open(j["out"] + ".json") as f:
-                    meta = json.load(f)
-                tensors = load_file(j["out"] + ".safetensors") if os.path.exists(j["out"] + ".safetensors") else {}
-                outputs[(e, j["family"])] = (meta, tensors)
+                why = vllm_refusal(d["model_type"]) if e == "vllm" and slug in surveyed_slugs else ""
+                if why:
+                    unavailable[(e, slug)] = why
+                else:
+                    todo_slugs.append(slug)
+            size = chunk or len(todo_slugs) or 1
+            for start in range(0, len(todo_slugs), size):
+                part = todo_slugs[start : start + size]
+                _run_worker(e, py, part, per_model, work, attn, dtype, device, timeout, outputs, unavailable, log)
 
         # 3. Compare and write.
         written = []
         os.makedirs(out_dir, exist_ok=True)
+        for m, why in failed.values():
+            for e in engines:
+                doc = _doc(m, m.family, e, S.ENGINES[e].tolerance, {}, "not available", why, attn, dtype, [], {}, [])
+                _write(doc, out_dir)
+                written.append(doc)
         for slug, d in per_model.items():
             for e in engines:
                 eng = S.ENGINES[e]
                 tol = S.REAL_WEIGHTS if d["model"].real else eng.tolerance
                 rows = []
                 meta, tensors = outputs.get((e, slug), ({"status": "unavailable", "errors": {}}, {}))
+                gone = unavailable.get((e, slug))
                 for i, a in enumerate(d["asks"][e]):
                     row = {"address": a.address, "name": a.name}
                     key = str(i)
-                    if e in unavailable:
-                        row.update(verdict=S.NOT_AVAILABLE, why=unavailable[e])
+                    if gone is not None:
+                        row.update(verdict=S.NOT_AVAILABLE, why=gone)
                     elif a.address in d["ref_err"]:
                         row.update(verdict=S.NOT_SERVED, why=f"ie_lab: {d['ref_err'][a.address]}")
                     elif a.spec is None:
@@ -267,30 +375,116 @@ def run(
                     if k and row["verdict"] in (S.FAIL, S.WARN):
                         row["known"] = k
                     rows.append(row)
-                doc = {
-                    "model": slug,
-                    "family": d["model"].family,
-                    "source": (
-                        "tiny random-weight fixture (tests/families.py)" if not d["model"].real else d["model"].source
-                    ),
-                    "engine": e,
-                    "engine_title": eng.title,
-                    "naming": eng.naming,
-                    "versions": meta.get("versions", {}),
-                    "status": "not available" if e in unavailable else meta.get("status", "unavailable"),
-                    "reason": unavailable.get(e) or meta.get("reason", ""),
-                    "attn_implementation": attn,
-                    "dtype": dtype,
-                    "layers": d["plan"].layers,
-                    "prompt": {"batch": BATCH, "seq": SEQ_LEN, "ids": "torch.randint(4, vocab, seed 0)"},
-                    "tolerance": tol.as_dict(),
-                    "absent": d["plan"].absent,
-                    "rows": rows,
-                }
-                with open(os.path.join(out_dir, f"{slug}__{e}.json"), "w") as f:
-                    json.dump(doc, f, indent=1, sort_keys=False)
-                    f.write("\n")
+                status = "not available" if gone is not None else meta.get("status", "unavailable")
+                reason = gone or meta.get("reason", "")
+                doc = _doc(
+                    d["model"],
+                    d["model_type"],
+                    e,
+                    tol,
+                    meta.get("versions", {}),
+                    status,
+                    reason,
+                    attn,
+                    dtype,
+                    d["plan"].layers,
+                    d["plan"].absent,
+                    rows,
+                )
+                _write(doc, out_dir)
                 written.append(doc)
                 counts = {v: sum(r["verdict"] == v for r in rows) for v in S.VERDICTS}
                 log(f"{slug:24s} {e:8s} " + " ".join(f"{k}={n}" for k, n in counts.items() if n))
         return written
+
+
+def _run_worker(e, py, slugs, per_model, work, attn, dtype, device, timeout, outputs, unavailable, log) -> None:
+    """One worker process of engine e over these models; its outputs (or why it stopped) go into the dicts."""
+    from safetensors.torch import load_file
+
+    jobs = []
+    for slug in slugs:
+        d = per_model[slug]
+        reqs = [
+            {"key": str(i), "spec": a.spec}
+            for i, a in enumerate(d["asks"][e])
+            if a.spec is not None and a.address in d["ref"]
+        ]
+        jobs.append(
+            {
+                "family": slug,
+                "model_dir": d["model"].source,
+                "model_class": d["model"].model_class,
+                "ids": d["ids"],
+                "attn_implementation": attn,
+                "dtype": dtype,
+                "device": device,
+                "requests": reqs,
+                "out": os.path.join(work, f"{e}__{slug}"),
+            }
+        )
+    path = os.path.join(work, f"jobs_{e}_{slugs[0]}.json")
+    with open(path, "w") as f:
+        json.dump({"engine": e, "jobs": jobs}, f)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if any(per_model[s]["model"].real for s in slugs):
+        env.pop("HF_HUB_OFFLINE", None)
+    else:
+        env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONPATH"] = ROOT if e == "vllm" else ""
+    t0 = time.time()
+    try:
+        proc = subprocess.run([py, WORKER, path], env=env, cwd=work, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        unavailable.update({(e, s): f"the worker ran past {timeout}s" for s in slugs})
+        log(f"[{e}] worker timed out after {timeout}s on {', '.join(slugs)}")
+        return
+    log(f"[{e}] worker finished {len(slugs)} models in {time.time() - t0:.1f}s (rc={proc.returncode})")
+    if proc.returncode != 0:
+        why = f"the worker exited with {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+        unavailable.update({(e, s): why for s in slugs})
+        log(proc.stderr[-3000:])
+        return
+    for j in jobs:
+        with open(j["out"] + ".json") as f:
+            meta = json.load(f)
+        tensors = load_file(j["out"] + ".safetensors") if os.path.exists(j["out"] + ".safetensors") else {}
+        outputs[(e, j["family"])] = (meta, tensors)
+
+
+def _doc(m, model_type, e, tol, versions, status, reason, attn, dtype, layers, absent, rows) -> dict:
+    eng = S.ENGINES[e]
+    if m.real:
+        source = m.source
+    elif m.slug.startswith(SURVEYED_PREFIX):
+        source = "tiny random instance of the coverage survey (ie_lab.coverage.build_tiny)"
+    else:
+        source = "tiny random-weight fixture (tests/families.py)"
+    return {
+        "model": m.slug,
+        "family": m.family,
+        "model_type": model_type,
+        "source": source,
+        "engine": e,
+        "engine_title": eng.title,
+        "naming": eng.naming,
+        "versions": versions,
+        "status": status,
+        "reason": reason,
+        "attn_implementation": attn,
+        "dtype": dtype,
+        "layers": layers,
+        "prompt": {"batch": BATCH, "seq": SEQ_LEN, "ids": "torch.randint(4, vocab, seed 0)"},
+        "tolerance": tol.as_dict(),
+        "absent": absent,
+        "rows": rows,
+    }
+
+
+def _write(doc: dict, out_dir: str) -> None:
+    with open(os.path.join(out_dir, f"{doc['model']}__{doc['engine']}.json"), "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=False)
+        f.write("\n")

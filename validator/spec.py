@@ -197,5 +197,120 @@ KNOWN: dict[tuple[str, str, str], str] = {
 }
 
 
+# Found by the sweep over the coverage survey's families (`run --surveyed`): the family is the model type.
+_GATED_Z = (
+    "Gated attention: every engine (plain hooks, nnsight, TransformerBridge, interp-engine) reads z at the output "
+    "projection's input, i.e. after the sigmoid gate; ie_lab's z is the pre-gate probs @ value (norm ratio ~0.5), "
+    "which contradicts its own registry text ('the input of the attention output projection'): ie_lab defect, "
+    "reported."
+)
+_MAMBA_HS = (
+    "transformers' Mamba models put each layer's output in hidden_states from index 0 (no embedding entry), so "
+    "hidden_states[L] is resid_post.L, not resid_pre.L: the hf engine's index convention, not an ie_lab bug "
+    "(the module reads and interp-engine agree with ie_lab)."
+)
+_MPT = (
+    "MPT's MLP module adds the residual itself (MptMLP(hidden, residual)), so its output is MLP + residual; "
+    "ie_lab reads the down projection (the contribution alone)."
+)
+_DSA_MASK = (
+    "DeepSeek sparse attention (indexer top-k): interp-engine and ie_lab disagree on which scores are masked; no "
+    "module boundary lets plain hooks adjudicate. Open."
+)
+_TL_NO_MASK = (
+    "TransformerBridge's hook_attn_scores holds unmasked scores on this family (every causal entry differs): "
+    "the bridge's; ie_lab and interp-engine agree."
+)
+KNOWN.update(
+    {
+        **{
+            (t, "z", e): _GATED_Z
+            for t in (
+                "afmoe",
+                "axk2",
+                "laguna",
+                "qwen3_5",
+                "qwen3_5_moe",
+                "qwen3_5_moe_text",
+                "qwen3_5_text",
+                "qwen3_next",
+            )
+            for e in ("hf", "nnsight", "tl", "interp")
+        },
+        **{(t, p, "hf"): _MAMBA_HS for t in ("mamba", "mamba2", "falcon_mamba") for p in ("resid_pre", "resid_post")},
+        **{
+            ("mpt", p, e): _MPT
+            + (
+                " ie_lab.mappers bug: it translates this point to a name holding the sum."
+                if e in ("tl", "nnterp")
+                else " Validator's outer-module choice; not an ie_lab bug."
+            )
+            for p in ("mlp_out", "mlp_out_post")
+            for e in ("hf", "nnsight", "tl", "nnterp")
+        },
+        **{(t, "attn_scores", "interp"): _DSA_MASK for t in ("axk2", "deepseek_v32", "glm_moe_dsa")},
+        **{
+            (t, "attn_scores", "tl"): _TL_NO_MASK
+            for t in ("afmoe", "gemma4_unified", "jamba", "laguna", "llama4", "llama4_text", "nanochat", "olmo_hybrid")
+        },
+        **{
+            (t, "value", e): "Gemma 4 normalises values (v_norm, no scale) after v_proj: v_proj's output is not the "
+            "value attention mixes. "
+            + (
+                "ie_lab.mappers bug: hook_v / v.hook_out are pre-norm."
+                if e == "tl"
+                else "Validator's module choice; interp-engine agrees with ie_lab."
+            )
+            for t in ("gemma4_unified", "gemma4_unified_text")
+            for e in ("hf", "nnsight", "tl")
+        },
+        **{
+            ("mimo_v2_flash", "value", e): "MiMo-V2-Flash scales values by attention_value_scale after v_proj: ie_lab "
+            "serves the scaled value attention mixes; "
+            + (
+                "interp-engine reads v_proj's output (its difference)."
+                if e == "interp"
+                else "validator's module choice."
+            )
+            for e in ("hf", "nnsight", "interp")
+        },
+        ("minicpm3", "lm_head", "hf"): "MiniCPM3 divides the final hidden state by hidden_size / dim_model_base "
+        "before lm_head: every engine reads lm_head's output, ie_lab's lm_head is W_U applied to the undivided "
+        "norm output (ratio exactly 4): ie_lab differs from the module, reported.",
+        **{
+            ("nanochat", p, "tl"): "nanochat applies RoPE before its QK-norm: legacy hook_q / hook_k are pre-RoPE, "
+            "the norm's input is rotated: ie_lab.mappers bug (as HunYuan)."
+            for p in ("q_norm_in", "k_norm_in")
+        },
+        **{
+            (t, "q_norm_in", "tl"): "Qwen3.5's q_proj emits the query and its gate together: legacy hook_q holds "
+            "both halves ([.., 8, 16] for 4 heads): ie_lab.mappers bug."
+            for t in ("qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")
+        },
+        **{
+            (t, "attn_gate", "interp"): "interp-engine's attn_gate is another tensor (pre-sigmoid, or per head, or "
+            "the gate projection's raw width); no module boundary lets plain hooks adjudicate. Open."
+            for t in ("afmoe", "laguna", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")
+        },
+        **{
+            ("olmo_hybrid", p, "tl"): "OLMo-hybrid's post-sublayer norms: TransformerBridge's hook_attn_out / "
+            "hook_mlp_out and attn/mlp.hook_out hold other tensors than the names ie_lab.mappers gives (norm ratios "
+            "~1000 and ~0.001); plain hooks agree with ie_lab: ie_lab.mappers bug."
+            for p in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post")
+        },
+    }
+)
+KNOWN.update(
+    {
+        ("granite_swa", "attn_probs", e): "Granite SWA (a sliding-window family): the model's own attention weights "
+        "and interp-engine agree, ie_lab's attn_probs differ (engines' rows more concentrated, norm ratio ~1.4): "
+        "ie_lab defect, reported (the family was bound the day of this sweep)."
+        for e in ("hf", "interp")
+    }
+)
+for _e in ("interp", "nnsight", "nnterp"):
+    KNOWN[("minicpm3", "lm_head", _e)] = KNOWN[("minicpm3", "lm_head", "hf")]
+
+
 def known(family: str, point: str, engine: str) -> str:
     return KNOWN.get((family, point, engine), "")

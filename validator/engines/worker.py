@@ -86,12 +86,15 @@ def _apply_ops(t: torch.Tensor, ops) -> torch.Tensor:
 
 
 def _load_hf(job):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import transformers
+    from transformers import AutoTokenizer
 
     kwargs = {"dtype": _DTYPES[job.get("dtype", "float32")]}
     if job.get("attn_implementation"):
         kwargs["attn_implementation"] = job["attn_implementation"]
-    model = AutoModelForCausalLM.from_pretrained(job["model_dir"], **kwargs)
+    # the exact causal-LM class where the validator names one (a wrapper's text model the auto mapping misses)
+    cls = getattr(transformers, job.get("model_class") or "AutoModelForCausalLM")
+    model = cls.from_pretrained(job["model_dir"], **kwargs)
     model.to(job.get("device", "cpu")).eval()
     try:
         tok = AutoTokenizer.from_pretrained(job["model_dir"])
@@ -161,10 +164,20 @@ def run_hf(job):
             h.remove()
     for r in job["requests"]:
         spec, key = r["spec"], r["key"]
+        # A hybrid trunk returns attention weights for its attention layers only (and some families fewer hidden
+        # states): an index is a layer only where there is one entry per layer.
+        n = spec.get("n_layers")
         if spec["kind"] == "hidden_states":
-            got[key] = out.hidden_states[spec["index"]].detach().clone()
+            if n is not None and len(out.hidden_states) != n + 1:
+                errors[key] = f"the model returned {len(out.hidden_states)} hidden states for {n} layers"
+            else:
+                got[key] = out.hidden_states[spec["index"]].detach().clone()
         elif spec["kind"] == "attentions":
-            att = out.attentions[spec["index"]] if out.attentions is not None else None
+            att = out.attentions if out.attentions is not None else None
+            if att is not None and n is not None and len(att) != n:
+                errors[key] = f"the model returned attention weights for {len(att)} of its {n} layers"
+                continue
+            att = att[spec["index"]] if att is not None else None
             if att is None:
                 errors[key] = "the model returned no attention weights for this layer"
             else:
