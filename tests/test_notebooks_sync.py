@@ -86,6 +86,19 @@ def test_colab_cells_install_from_pyprojects_repository_url():
         assert f"colab.research.google.com/github/{owner_name}/blob/main/" in nb.cells[0].source, path
 
 
+def test_the_readmes_install_line_uses_pyprojects_repository_url():
+    """The README must show a command, so it repeats the address; this holds that copy to pyproject's, and no
+    other repository address appears in it (a fork changes pyproject and is told here what else to change)."""
+    import re
+
+    url = _pyproject_repository()
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    assert f'pip install "ie_lab @ git+{url}"' in readme
+    others = set(re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", readme)) - {url}
+    assert not others, f"README names repository addresses other than pyproject's {url}: {sorted(others)}"
+
+
 def test_the_build_script_takes_the_url_from_pyproject_only(tmp_path):
     """Changing [project.urls] Repository alone changes what the build writes (no second copy of the address)."""
     import importlib.util
