@@ -82,11 +82,11 @@ def test_invariants_check_fails_on_a_wrong_binding():
         lb.o_proj = real
 
 
-@pytest.mark.parametrize("model_type", ["bitnet", "diffllama"])
+@pytest.mark.parametrize("model_type", ["diffllama"])
 def test_attention_output_transformed_before_o_proj_is_refused(model_type):
-    """These families change the kernel's output (a sub-norm, two kernel calls) before o_proj: the binder used to
+    """DiffLlama combines two kernel calls before o_proj: the binder used to
     serve o_proj's input as z, which attn_probs @ value does not explain; now it refuses, naming the step. (An
-    output gate is measured and bound instead: tests/test_families_hybrid.py.)"""
+    output gate or a sub-norm is measured and bound instead: tests/test_families_hybrid.py.)"""
     with pytest.raises(ie_lab.StructureError, match="transformed before the output projection"):
         ie_lab.load(coverage.build_tiny(model_type), coverage._tokenizer(), quiet=True)
 

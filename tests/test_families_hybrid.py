@@ -251,3 +251,23 @@ def _generate_or_refuse(lm):
     finally:
         h.remove()
     assert_clean(lm)
+
+
+def test_attention_sub_norm_is_measured():
+    """BitNet normalises the kernel's output before o_proj (attn_sub_norm; it was refused): z is the kernel's output
+    (attn_probs @ value), o_proj reads sub_norm(z), so o_proj(z) is not attn_out; writing z is refused."""
+    lm = _load("bitnet")
+    coverage.check_invariants(lm)
+    for lb in lm.binding.layers:
+        L = lb.index
+        assert lb.z_sub_norm is not None and lb.attn_gate is None
+        c = ie_lab.capture(lm, X, [f"z.{L}", f"attn_out.{L}"])
+        with torch.no_grad():
+            torch.testing.assert_close(lb.o_proj(lb.z_sub_norm(c[f"z.{L}"])), c[f"attn_out.{L}"], **TOL)
+            assert not torch.allclose(lb.o_proj(c[f"z.{L}"]), c[f"attn_out.{L}"], **TOL)
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="norm"):
+            with Writers(lm, [(Address("z", L), lambda t, off: t)]):
+                pass
+        with pytest.raises(ie_lab.PointAbsent):
+            ie_lab.capture(lm, X, [f"attn_gate.{L}"])
+    assert_clean(lm)

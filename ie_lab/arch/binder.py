@@ -155,6 +155,7 @@ class LayerBinding:
     attn_gate: nn.Module | None = None  # the module whose output gates the kernel's output before o_proj
     attn_gate_view: str = "full"  # "full" | "per_head" (one gate per head) | "per_head_half" (2nd half per head)
     attn_gate_fn: str = "sigmoid"  # "sigmoid" | "softplus"
+    z_sub_norm: nn.Module | None = None  # a norm between the kernel's output and o_proj (BitNet's attn_sub_norm)
     attn_sinks: bool = False  # a learned per-head sink logit joins the softmax (rows sum below 1)
     # A mixer layer (hybrid and state-space trunks): what its token mixer is, "" on an attention layer. There
     # `attn` and `o_proj` are both the mixer module, so its input and output are the sublayer's in and out.
@@ -166,6 +167,11 @@ class LayerBinding:
     @property
     def gated_mlp(self) -> bool:
         return self.fused_gate_up is not None or self.gate_proj is not None
+
+    @property
+    def z_at_kernel(self) -> bool:
+        """z is read at the kernel's output: o_proj reads it gated or normed (measured), not z itself."""
+        return self.attn_gate is not None or self.z_sub_norm is not None
 
     @property
     def has_resid_mid(self) -> bool:
@@ -570,7 +576,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             lb.v_proj,
             lb.fused_qkv,
             *_norm_children(lb.layer),
-            *(m for m in lb.attn.children() if isinstance(m, nn.Linear) and not lb.mixer_kind),  # gate candidates
+            # gate and sub-norm candidates between the kernel and o_proj
+            *(m for m in lb.attn.children() if (isinstance(m, nn.Linear) or _is_norm(m)) and not lb.mixer_kind),
         ):
             rec.watch(m)
     last: dict[str, torch.Tensor] = {}  # the final norm's last output and the unembedding's input
@@ -731,7 +738,13 @@ def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str, n_
         return
     if out.dim() == 4:
         out = out.reshape(*out.shape[:2], -1)  # [b, s, H, d] -> [b, s, H*d], the projection's input layout
-    if not _same(out, z) and not (n_heads and out.shape == z.shape and _measure_gate(lb, rec, out, z, n_heads)):
+    if _same(out, z):
+        return
+    sub = next((m for m in lb.attn.children() if _is_norm(m) and _same(rec.inp(m), out) and _same(rec.out(m), z)), None)
+    if sub is not None:  # a norm over the kernel's output feeds o_proj: z is what the kernel returned
+        lb.z_sub_norm = sub
+        return
+    if not (n_heads and out.shape == z.shape and _measure_gate(lb, rec, out, z, n_heads)):
         raise StructureError(
             f"{family} layer {lb.index}: the attention kernel's output is transformed before the output projection "
             "(an output gate, a norm or a second kernel call sits between them), and ie_lab does not bind that step "

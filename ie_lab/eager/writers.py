@@ -131,10 +131,10 @@ class Writers:
         if n == "attn_in":
             return self._pre(lb.attn, edit)
         if n == "z":
-            if lb.attn_gate is not None:
+            if lb.z_at_kernel:
                 raise CapabilityUnsupported(
                     f"writing z.{addr.layer}",
-                    "on this gated-attention layer z is the attention kernel's output, which the gate multiplies "
+                    "on this layer z is the attention kernel's output, which a gate or a norm (measured) changes "
                     "before the output projection, so no module boundary carries z itself onward.",
                     "write attn_out or a residual point.",
                 )
