@@ -62,4 +62,6 @@ def test_every_served_point_at_tp2_equals_tp1(family, tmp_path):
     # graph mode (compiled trunk, static taps) at TP=2 gathers the same shards
     assert graph <= set(r["graph_points"])
     assert r["graph_differ"] == [] and r["graph_greedy_equal"], r
+    # graph-mode steering at TP=2 (every rank steers its replicated rows from its own buffers) equals TP=1 hooks
+    assert r["graph_steered_equal"], r
     assert r["orphans"] == [], f"processes left after Session.close(): {r['orphans']}"

@@ -23,6 +23,20 @@ def main(family: str, root: str) -> dict:
     addrs = served_addresses(one)
     c1 = one.capture(TEXT, addrs)
     g1 = one.generate(TEXT, 10).ids
+    v = torch.linspace(-3.0, 3.0, 128)
+    steer_at = {"resid_post.0": {"scale": 4.0}, "mlp_out.1": {"method": "swap", "target": 2.0}}
+
+    def steered_ids(s):  # one request per site, concurrently: each steered by its own spec
+        import asyncio
+
+        async def both():
+            return await asyncio.gather(
+                *(s.agenerate(TEXT, 6, steer=s.steer(a, v, **kw)) for a, kw in steer_at.items())
+            )
+
+        return [g.ids for g in asyncio.run(both())]
+
+    st1 = steered_ids(one)
     one.close()
     two = ie_lab.Session(path, backend="vllm", engine="async", tensor_parallel_size=2, progress=False, replace=False)
     try:
@@ -48,10 +62,12 @@ def main(family: str, root: str) -> dict:
         progress=False,
         replace=False,
         graph_points=graph_pts,
+        steer_points=list(steer_at),
     )
     try:
         c3 = three.capture(TEXT, graph_pts)
         g3 = three.generate(TEXT, 10).ids
+        st3 = steered_ids(three)  # graph-mode steering: each rank fills its own buffers, the same rows
     finally:
         three.close()
     # close() must leave no worker or engine-core process behind
@@ -86,6 +102,7 @@ def main(family: str, root: str) -> dict:
         "graph_points": graph_pts,
         "graph_differ": [a for a in graph_pts if not close(c1[a], c3[a], atol=1e-4)],
         "graph_greedy_equal": g1 == g3,
+        "graph_steered_equal": st1 == st3 and st1 != [g1[:6]] * 2,
         "workers_idle": all(not s["specs"] for s in state),
         "n_workers": len(state),
     }
