@@ -1,9 +1,11 @@
 """Batched generation on the eager backend, as ratios against bare transformers' batched generate in the same run.
 
-    python benchmarks/eager_batch.py [--repeats 5] [--threads 2]
+    python benchmarks/eager_batch.py [--model bench20m|demo] [--repeats 5] [--threads 2]
 
-Model: the ~20M random Llama of capture_overhead.py (hidden 512, 8 layers, fp32). Eight ragged prompts
-(8 to 64 tokens), 32 greedy tokens each (EOS ignored, so every variant makes the same 256 tokens).
+Model (--model): bench20m, the ~20M random Llama of capture_overhead.py (hidden 512, 8 layers, fp32), or demo,
+the trained model shipped in the package (ie_lab/demo_model: hidden 128, 4 layers, context 128, fp32), whose
+steps are so small that the loop around the forward weighs most. Eight ragged prompts (8 to 64 tokens), 32
+greedy tokens each (EOS ignored, so every variant makes the same 256 tokens).
 Variants, interleaved: HF `generate` on the left-padded batch (the baseline); `ie_lab.generate` on the list
 of prompts (one batch); the same with a capture of the middle layer's residual; the same batch with a
 steering vector; the old way, a loop of one-prompt `ie_lab.generate` calls; and on a Session, eight concurrent
@@ -11,12 +13,16 @@ steering vector; the old way, a loop of one-prompt `ie_lab.generate` calls; and 
 and the same eight each steered differently (`session_steer_x8`: seven methods, layers, scales and positions,
 one unsteered). Before timing, every prompt's tokens must equal HF's and its solo run's (a steered request's:
 its solo steered run), or the script reports nothing.
-Writes benchmarks/results/eager_batch-cpu.json.
+After timing, each variant runs once more for its peak memory (`peak_rss_growth_mb`, see peak_rss_growth).
+Writes benchmarks/results/eager_batch-cpu.json (bench20m; the name the README cites) or
+eager_batch-<model>-cpu.json.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import os
 import platform
 import statistics
@@ -32,17 +38,72 @@ from capture_overhead import build_model  # noqa: E402
 from timing import interleaved_times, parser, write_result  # noqa: E402
 
 N_PROMPTS, NEW = 8, 32
+MODELS = ("bench20m", "demo")
+
+
+def load_model(name: str) -> tuple[torch.nn.Module, str]:
+    """(the model, eval and EOS-free, so a run always makes its full length; its description)."""
+    if name == "bench20m":
+        model = build_model()
+        desc = "random Llama, hidden 512, 8 layers"
+    else:
+        from transformers import AutoModelForCausalLM
+
+        from ie_lab.core.demo import DEMO_MODEL
+
+        model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
+        desc = "ie_lab demo model (trained Llama, hidden 128, 4 layers, context 128)"
+    # HF generate's min_new_tokens only masks EOS; with no EOS at all HF and ie_lab (ignore_eos) agree even
+    # where the trained demo model would pick EOS.
+    model.generation_config.eos_token_id = None
+    model.config.eos_token_id = None
+    n_params = sum(p.numel() for p in model.parameters())
+    return model, f"{desc}, {n_params / 1e6:.1f}M params, fp32"
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def peak_rss_growth(fn) -> float | None:
+    """MB the process's resident set rose above its level before `fn` at its highest point during `fn`.
+
+    Fair between variants run one after another in one process because every variant starts from the same
+    kind of floor: garbage collected, glibc's free heap handed back to the kernel (malloc_trim, so memory a
+    previous variant freed but glibc kept resident is not reused "for free" by the next one), and the kernel's
+    high-water mark reset to the current RSS (writing 5 to /proc/self/clear_refs, Linux >= 4.0). So the figure
+    is what this variant itself needed at its peak, on every thread (a Session's decode loop included), torch
+    tensors and Python objects alike, which tracemalloc (Python allocations only) would not see. ru_maxrss
+    cannot be reset, so in one process it would credit a variant only with growth beyond every earlier peak.
+    None where the kernel does not allow the reset."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _rss_kb("VmRSS")
+    except OSError:
+        return None
+    fn()
+    return round(max(0, _rss_kb("VmHWM") - before) / 1024, 1)
 
 
 def main() -> int:
     ap = parser(repeats=5)
+    ap.add_argument("--model", choices=MODELS, default="bench20m")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     import ie_lab
 
-    model = build_model()
-    n_params = sum(p.numel() for p in model.parameters())
+    model, model_desc = load_model(args.model)
     lm = ie_lab.load(model)
     g = torch.Generator().manual_seed(0)
     lens = [8 + (56 * i) // (N_PROMPTS - 1) for i in range(N_PROMPTS)]  # 8 .. 64 tokens
@@ -143,11 +204,15 @@ def main() -> int:
     # the steadier figure, so both it and the median are reported. No warm-up round: the correctness checks above
     # already ran the HF, batched and loop paths.
     times = interleaved_times(variants, args.repeats, warm=False)
+    # memory after timing, one variant at a time, so the measuring never sits inside a timed round
+    base_rss_mb = round(_rss_kb("VmRSS") / 1024, 1)
+    peak = {k: peak_rss_growth(fn) for k, fn in variants.items()}
     med = {k: statistics.median(t) for k, t in times.items()}
     best = {k: min(t) for k, t in times.items()}
     result = {
         "benchmark": "eager_batch",
-        "model": f"random Llama, hidden 512, 8 layers, {n_params / 1e6:.1f}M params",
+        "model": model_desc,
+        "model_key": args.model,
         "prompts": f"{N_PROMPTS} prompts of {min(lens)}-{max(lens)} tokens, {NEW} new greedy tokens each",
         "threads": args.threads,
         "repeats": args.repeats,
@@ -158,6 +223,8 @@ def main() -> int:
         "best_s": best,
         "ratio_vs_hf_batched": {k: med[k] / med["hf_batched_generate"] for k in med},
         "best_ratio_vs_hf_batched": {k: best[k] / best["hf_batched_generate"] for k in best},
+        "rss_before_mb": base_rss_mb,
+        "peak_rss_growth_mb": peak,
         "target": {
             "ie_batched": 1.25,
             "ie_batched_steered": 1.35,
@@ -169,9 +236,14 @@ def main() -> int:
     session.close()
     return write_result(
         args.out,
-        "eager_batch-cpu",
+        "eager_batch-cpu" if args.model == "bench20m" else f"eager_batch-{args.model}-cpu",
         result,
-        {"median": result["ratio_vs_hf_batched"], "best": result["best_ratio_vs_hf_batched"]},
+        {
+            "model": args.model,
+            "median": result["ratio_vs_hf_batched"],
+            "best": result["best_ratio_vs_hf_batched"],
+            "peak_rss_growth_mb": peak,
+        },
     )
 
 

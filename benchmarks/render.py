@@ -31,6 +31,64 @@ def _ratio_rows(r: dict, digits: int) -> list[str]:
     return out + [""]
 
 
+def _mb(v) -> str:
+    return "" if v is None else f"{v:.1f} MB"
+
+
+def _eager_batch(r: dict) -> list[str]:
+    """eager_batch.py: each variant's time, its ratio to HF batched generate (median, fastest round), peak memory."""
+    peak = r.get("peak_rss_growth_mb") or {}
+    out = [
+        f"## Eager batched generation, {r.get('model_key', 'bench20m')} ({r['device']}, {r['threads']} threads, "
+        f"{r['date']})",
+        "",
+        f"{r['model']}; {r['prompts']}; {r['repeats']} interleaved repeats; every prompt's tokens checked equal to "
+        "HF batched generate's and its solo run's first."
+        + (
+            " Peak memory: the process's RSS growth over its level before the variant (one untimed run each, "
+            f"{r['rss_before_mb']:.0f} MB resident before)."
+            if peak
+            else " (Peak memory not measured in this run.)"
+        ),
+        "",
+        "| variant | median | ratio vs HF batched (median) | fastest-round ratio | peak RSS growth | target | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for k, v in r["median_s"].items():
+        ratio, target = r["ratio_vs_hf_batched"][k], r.get("target", {}).get(k)
+        verdict = "" if target is None else ("met" if ratio <= target else "**missed**")
+        out.append(
+            f"| {k} | {v * 1000:.0f} ms | {ratio:.2f}x | {r['best_ratio_vs_hf_batched'][k]:.2f}x | "
+            f"{_mb(peak.get(k))} | {'' if target is None else f'<= {target:.2f}x'} | {verdict} |"
+        )
+    return out + [""]
+
+
+def _patch_sweep_batch(r: dict) -> list[str]:
+    """patch_sweep_batch.py: one forward per cell vs batched cells, the speedup and each one's peak memory."""
+    peak = r.get("peak_rss_growth_mb") or {}
+    target = r.get("target_speedup")
+    verdict = "" if target is None else ("met" if r["speedup"] >= target else "**missed**")
+    return [
+        f"## Batched patch sweep, {r['model_key']} ({r['device']}, {r['threads']} threads, {r['date']})",
+        "",
+        f"{r['model']}; {r['grid']} ({r['cells']} cells); median of {r['repeats']} interleaved repeats after a "
+        "warm-up; the two grids checked equal to 1e-5 first. Peak memory: the process's RSS growth over its level "
+        "before the variant (one untimed run each).",
+        "",
+        "| variant | median | peak RSS growth |",
+        "| --- | ---: | ---: |",
+        f"| one forward per cell (batch_size=1) | {_t(r['per_cell_s'])} | {_mb(peak.get('per_cell'))} |",
+        f"| batched ({r['auto_batch_size']} cells per forward) | {_t(r['batched_s'])} | {_mb(peak.get('batched'))} |",
+        "",
+        "| ratio | measured | target | verdict |",
+        "| --- | ---: | --- | --- |",
+        f"| speedup, per-cell over batched | {r['speedup']:.2f}x | {'' if target is None else f'>= {target}x'} | "
+        f"{verdict} |",
+        "",
+    ]
+
+
 def render() -> str:
     out = [
         "# Benchmark results",
@@ -98,6 +156,10 @@ def render() -> str:
             ]
             out += [f"| {k} | {v * 1000:.1f} ms |" for k, v in r["median_s"].items()]
             out += _ratio_rows(r, 3)
+        elif r.get("benchmark") == "eager_batch":
+            out += _eager_batch(r)
+        elif r.get("benchmark") == "patch_sweep_batch":
+            out += _patch_sweep_batch(r)
         elif r.get("benchmark") == "widgets":
             sl, at, pk = r["slider_to_first_token_ms"], r["attention_head"], r["picker_render_ms"]
             out += [
