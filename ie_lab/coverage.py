@@ -330,14 +330,17 @@ def check_invariants(lm) -> None:
                     msg=f"down_proj(mlp_act) = mlp_out, layer {L}",
                 )
         if lb.uses_attention_interface:
-            c = capture_batch(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}"])
+            gate = [f"attn_gate.{L}"] if lb.attn_gate is not None else []
+            c = capture_batch(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}", *gate])
             probs, value = c[f"attn_probs.{L}"], c[f"value.{L}"]
             b, s, _ = value.shape
             d_v = c[f"z.{L}"].shape[-1] // f.n_heads  # latent attention: the value head is not the query head
             v = value.reshape(b, s, -1, d_v).transpose(1, 2)
             v = v.repeat_interleave(f.n_heads // v.shape[1], dim=1)
             z = (probs @ v).transpose(1, 2).reshape(b, s, f.n_heads * d_v)
-            torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=f"attn_probs @ value = z, layer {L}")
+            if gate:  # z is o_proj's input: the kernel's output times the output gate
+                z = z * c[gate[0]]
+            torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=f"attn_probs @ value (* attn_gate) = z, layer {L}")
             assert torch.all(probs.triu(1) == 0), f"attention is not causal at layer {L}"
     for lb in lm.binding.layers:
         if not lb.sparse_moe:

@@ -227,7 +227,7 @@ _POINTS: tuple[Point, ...] = (
     ),
     Point(
         "z", _L, Width.HEADS,
-        "The per-head attention-weighted values, concatenated over heads: the input of the attention output projection.",
+        "The per-head attention-weighted values, concatenated over heads: the input of the attention output projection (on gated-attention families, after attn_gate multiplies them).",
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         tl_legacy=('blocks.{L}.attn.hook_z',), tl_bridge=('blocks.{L}.attn.o.hook_in',),
         writable=True,
@@ -235,7 +235,7 @@ _POINTS: tuple[Point, ...] = (
     ),
     Point(
         "attn_gate", _L, Width.HEADS,
-        "The sigmoid gate a gated-attention family multiplies into z before the output projection.",
+        "The activated output gate (sigmoid or softplus, as the family applies it) a gated-attention family multiplies into each head's kernel output (attn_probs @ value); z is that gated product.",
         _OK,
         BackendVerdict(Verdict.UNIMPLEMENTED, "The gate is a real module on vLLM's tree but is not wired up yet; use backend='eager'."),
         needs=(Needs.ATTENTION, Needs.ATTN_GATE),

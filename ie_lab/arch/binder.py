@@ -170,8 +170,10 @@ class LayerBinding:
 
     @property
     def z_at_kernel(self) -> bool:
-        """z is read at the kernel's output: o_proj reads it gated or normed (measured), not z itself."""
-        return self.attn_gate is not None or self.z_sub_norm is not None
+        """z is read at the kernel's output: a norm sits between it and o_proj (measured). An output gate does not
+        move z: z is o_proj's input (the gated product, as the registry and every other engine read it) and
+        attn_gate is the gate that multiplied the kernel's output into it."""
+        return self.z_sub_norm is not None
 
     @property
     def has_resid_mid(self) -> bool:

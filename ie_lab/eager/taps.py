@@ -136,7 +136,7 @@ def resolve(lm: Any, addr: Address) -> Source:
             )
         return Source("attn_out_full", lb.attn, _legacy_probs, needs_output_attentions=True)
     if name == "z":
-        if lb.z_at_kernel:  # o_proj reads z gated or normed (measured): z is what the kernel returned
+        if lb.z_at_kernel:  # o_proj reads z normed (measured): z is what the kernel returned
             return Source("attn", lb.attn, _z_from_call)
         return Source("pre", lb.o_proj, lambda t: t)
     if name == "attn_gate":

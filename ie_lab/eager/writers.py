@@ -134,7 +134,7 @@ class Writers:
             if lb.z_at_kernel:
                 raise CapabilityUnsupported(
                     f"writing z.{addr.layer}",
-                    "on this layer z is the attention kernel's output, which a gate or a norm (measured) changes "
+                    "on this layer z is the attention kernel's output, which a norm (measured) changes "
                     "before the output projection, so no module boundary carries z itself onward.",
                     "write attn_out or a residual point.",
                 )
