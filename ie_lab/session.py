@@ -414,9 +414,10 @@ class Session:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when nothing of the Session has the name: a backend's own public extras (vLLM: set_mode,
-        # mode, worker_state, engine_kind) and its internals, for tests and tools (s._driver).
+        # mode, worker_state, engine_kind), nothing else. A backend's internals stay its own (tests that need the
+        # engine reach it as s._backend._driver), so a typo or a private name never reads a backend's state.
         backend = self.__dict__.get("_backend")
-        if backend is not None and not name.startswith("__") and (name.startswith("_") or name in backend.extras):
+        if backend is not None and name in backend.extras:
             return getattr(backend, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -967,6 +968,13 @@ class Session:
 
         self._check_open()
         return SteeringPanel(self, prompt, address=address, vector=vector, **kwargs)
+
+    def feature_panel(self, prompt: Any, address: Any = None, features: Any = None, **kwargs: Any):
+        """Tokens coloured by an SAE's (or probes') feature activations, with a feature picker (docs/WIDGETS.md)."""
+        from .widgets.features import for_session as features_for_session
+
+        self._check_open()
+        return features_for_session(self, prompt, address, features, **kwargs)
 
 
 _OPS = {op.name: op for op in OPERATIONS}

@@ -83,7 +83,7 @@ def test_graph_mode_with_cuda_graphs_equals_eager_hook_mode(model_dir):
         ref.close()
     g = ie_lab.Session(model_dir, graph_points=POINTS, **kw)
     try:
-        cc = g._driver.engine.vllm_config.compilation_config
+        cc = g._backend._driver.engine.vllm_config.compilation_config
         assert str(cc.cudagraph_mode).endswith("PIECEWISE") and cc.cudagraph_capture_sizes
         got = g.capture(TEXT, POINTS)
         bad = [p for p in POINTS if not _close(got[p], want[p])]

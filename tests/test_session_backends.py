@@ -113,6 +113,12 @@ def test_a_new_backend_is_the_protocol_alone(toy):
 
     assert asyncio.run(consume()) == [(i, "ie_lab-toy") for i in range(2)]
     assert toy.ping() == "pong"  # a backend's extras read as the Session's own
+    # ... and nothing else of it: a backend's internals (public or private) are not the Session's attributes
+    for name in ("loop_tokens", "_load", "attach"):
+        assert hasattr(toy._backend, name)
+        with pytest.raises(AttributeError, match=name):
+            getattr(toy, name)
+    assert "ping" in dir(toy) and "loop_tokens" not in dir(toy)
     toy.close()
     assert ToyBackend.closed == ["stop", "close"] and not toy._thread.is_alive()
     with pytest.raises(ie_lab.SessionClosed):
@@ -156,9 +162,3 @@ def test_load_returns_an_eager_model_whatever_the_backend():
         ie_lab.load(m, t, backend="vllm")
     with pytest.raises(ie_lab.CapabilityUnsupported, match=r"ie_lab\.Session\(path, backend='vllm'\)"):
         ie_lab.load("some/folder", backend="vllm")  # refused before anything is read
-
-
-def test_the_vllm_session_name_is_the_session_class():
-    from ie_lab.vllm.session import VLLMSession
-
-    assert VLLMSession is Session

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 import ie_lab  # noqa: E402
 from ie_lab.arch.config_facts import ArchFacts  # noqa: E402
-from ie_lab.vllm.session import graph_point_names  # noqa: E402
+from ie_lab.vllm.checks import graph_point_names  # noqa: E402
 from ie_lab.vllm.static_taps import StaticTaps  # noqa: E402
 from tests.families import make_model  # noqa: E402
 from tests.vllm_helpers import TEXT, close, eager_for, vllm_session  # noqa: E402

@@ -77,7 +77,7 @@ def _together(s, jobs):
 @pytest.mark.parametrize("method,kw", METHODS, ids=[m for m, _ in METHODS])
 def test_concurrent_steered_requests_equal_eager_and_hooks(graph, hooks, eager, method, kw):
     """Five requests in one batch: four steered at different sites with different vectors and masks, one plain."""
-    assert graph._driver.engine.vllm_config.model_config.enforce_eager is False  # the trunk is compiled
+    assert graph._backend._driver.engine.vllm_config.model_config.enforce_eager is False  # the trunk is compiled
     plan = [(PROMPTS[i], SITES[i], _vec(10 + i)) for i in range(4)] + [(PROMPTS[4], None, None)]
     jobs = [(p, graph.steer(a, v, method=method, positions=MASKS[a], **kw) if a else None) for p, a, v in plan]
     got = _together(graph, jobs)
@@ -158,7 +158,7 @@ def test_undeclared_sites_and_two_specs_on_one_site_are_refused(graph):
 
 def test_steer_points_are_checked_before_the_engine_starts(folder):
     from ie_lab.arch.config_facts import ArchFacts
-    from ie_lab.vllm.session import steer_point_names
+    from ie_lab.vllm.checks import steer_point_names
     from tests.families import make_model
 
     facts = ArchFacts.from_config(make_model("llama").config)
@@ -256,8 +256,8 @@ def test_switching_the_steering_sites_reloads_on_request(folder, eager):
         got = s.generate(TEXT, N, steer=s.steer("resid_post.1", v, scale=4.0), ignore_eos=True)
         want = ie_lab.generate(eager, TEXT, N, steer=make_spec(eager, "resid_post.1", v, scale=4.0), ignore_eos=True)
         assert got.ids == want.ids != ie_lab.generate(eager, TEXT, N, ignore_eos=True).ids
-        engine = s._driver.engine
+        engine = s._backend._driver.engine
         s.set_mode(steer_points=["resid_post.1"])  # already there: nothing reloaded
-        assert s._driver.engine is engine
+        assert s._backend._driver.engine is engine
     finally:
         s.close()

@@ -56,7 +56,7 @@ def _greedy_everywhere(s) -> dict:
 
 
 def test_generate_mode_is_compiled_with_nothing_installed(gen):
-    cfg = gen._driver.engine.vllm_config
+    cfg = gen._backend._driver.engine.vllm_config
     assert cfg.model_config.enforce_eager is False
     assert cfg.compilation_config.mode != 0  # torch.compile traced the model
     assert gen.mode == "generate"
@@ -109,20 +109,20 @@ def test_bad_modes_are_refused_before_anything_starts(tmp_path):
 
 def test_switching_says_it_reloads_then_reloads_on_request(gen, eager_ids):
     gen.set_mode("generate")  # already there: nothing to do, nothing reloaded
-    engine = gen._driver.engine
+    engine = gen._backend._driver.engine
     with pytest.raises(CapabilityUnsupported, match="reload=True"):
         gen.set_mode("hooks")
     with pytest.raises(InputError):
         gen.set_mode()
     with pytest.raises(CapabilityUnsupported):  # checked before the engine is touched
         gen.set_mode(graph_points=["lm_head"], reload=True)
-    assert gen.mode == "generate" and gen._driver.engine is engine
+    assert gen.mode == "generate" and gen._backend._driver.engine is engine
     assert gen.generate(PROMPTS[0], N, ignore_eos=True).ids == eager_ids[PROMPTS[0]]
 
     gen.set_mode("hooks", reload=True)
     assert gen.mode == "hooks"
-    assert engine.engine_core is not gen._driver.engine.engine_core
-    assert gen._driver.engine.vllm_config.model_config.enforce_eager is True
+    assert engine.engine_core is not gen._backend._driver.engine.engine_core
+    assert gen._backend._driver.engine.vllm_config.model_config.enforce_eager is True
     got = _greedy_everywhere(gen)  # the SAME greedy ids as in generation-only mode (and eager)
     for how, ids in got.items():
         assert ids == eager_ids, how

@@ -123,7 +123,7 @@ def test_cohere2_is_served_within_its_sliding_window(tmp_path_factory):
     eager = eager_for("cohere2_w32")
     root = tmp_path_factory.mktemp("vllm_cohere2")
     with vllm_session("cohere2_w32", root) as s:
-        assert s._max_len == 32
+        assert s._backend._max_len == 32
         addrs = served_addresses(s)
         assert {"attn_probs.0", "attn_probs.2", "z.2", "mlp_in.1", "resid_post.2"} <= set(addrs)
         c = s.capture(TEXT, addrs)

@@ -89,7 +89,7 @@ def test_scores_equal_eager_prompt_generation_and_concurrent(session, eager):
 def test_only_scores_cross_the_process_boundary(session, eager):
     """What the worker hands back for a projection is the [tokens, k] float32 scores, no activation rows."""
     seen = []
-    rpc = session._driver.rpc
+    rpc = session._backend._driver.rpc
 
     async def spy(method, *args):
         out = await rpc(method, *args)
@@ -97,12 +97,12 @@ def test_only_scores_cross_the_process_boundary(session, eager):
             seen.append(out[0])
         return out
 
-    session._driver.rpc = spy
+    session._backend._driver.rpc = spy
     try:
         D = torch.randn(16, eager.facts.d_model, generator=_g(12))
         v = session.project(TEXT, "resid_post.1", D)
     finally:
-        session._driver.rpc = rpc
+        session._backend._driver.rpc = rpc
     (res,) = seen
     assert res["points"] == {} and res["attn"] == {}
     (sc,) = res["project"].values()

@@ -93,7 +93,7 @@ def test_a_step_that_fails_inside_vllm_fails_its_request_and_the_engine_goes_on(
 
     async def bad():
         ids = s.tokenizer(TEXT)["input_ids"]
-        async for _ in s._driver.generate(
+        async for _ in s._backend._driver.generate(
             TokensPrompt(prompt_token_ids=ids), SamplingParams(max_tokens=4, temperature=1.0, seed="abc"), "bad-seed"
         ):
             pass
@@ -109,7 +109,7 @@ def test_a_hook_that_fails_in_the_worker_fails_only_its_request(s):
     # during the forward, batched together with good requests.
     from vllm import SamplingParams
 
-    from ie_lab.vllm.session import _Work
+    from ie_lab.vllm.checks import _Work
     from ie_lab.vllm.wire import pack
 
     good_spec = s.steer("resid_post.0", _vec(1), scale=3.0)
@@ -294,15 +294,15 @@ def test_closed_sessions_leave_no_object_of_ours_behind(tmp_path):
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.engine.llm_engine import LLMEngine
 
+    from ie_lab.vllm import checks as vchecks
     from ie_lab.vllm import engine as vengine
-    from ie_lab.vllm import session as vsession
     from ie_lab.vllm import worker as vworker
 
     # Ours, and what our hooks and drivers would keep alive if they leaked: the engine, and any module (the
     # served model's layers hold its weights).
     kinds = (
-        vsession.VLLMSession,
-        vsession.VLLMModel,
+        ie_lab.Session,
+        vchecks.VLLMModel,
         vengine.InprocDriver,
         vengine.AsyncDriver,
         vworker.IELabWorker,

@@ -52,7 +52,7 @@ def test_hooks_and_graph_taps_cover_what_the_registry_serves(family, tmp_path):
         facts = s.facts
         want = _expected(facts)
         assert s._lm.info["present"] == want
-        engine = s._driver.engine
+        engine = s._backend._driver.engine
         (sites,) = engine.collective_rpc(_sites)
         trunk = ["embeddings"] + (["final_norm"] if s._lm.info["final_norm"] else [])
         layered = sorted(f"{n}.{L}" for n, layers in want.items() if points.get(n).tappable for L in layers)

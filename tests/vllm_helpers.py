@@ -25,7 +25,7 @@ PROMPTS = [
 def served_addresses(session) -> list[str]:
     """Every address the registry marks served on vLLM that exists on this model."""
     from ie_lab.errors import CapabilityUnsupported, PointAbsent
-    from ie_lab.vllm.session import check_served
+    from ie_lab.vllm.checks import check_served
 
     out = []
     f = session.facts

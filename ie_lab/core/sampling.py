@@ -37,7 +37,7 @@ def check_generation_args(
 ) -> list[str]:
     """Refuse every unusable generation argument before any work starts; return the stop strings as a list.
 
-    The vLLM session calls this too (vllm/session.py check_sampling), before a request reaches the engine."""
+    The vLLM session calls this too (vllm/checks.py check_sampling), before a request reaches the engine."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:

@@ -5,7 +5,7 @@ the eager operation lock: concurrent calls become concurrent vLLM requests, whic
 request captures or steers travels to the worker extension under a per-request key (see worker.py);
 capture and steering requests carry a unique cache salt, so they neither reuse nor seed prefix-cache
 blocks, while plain generation keeps prefix caching. The argument checks that need no engine, and the data
-types tests and tools import, are in session.py.
+types tests and tools import, are in checks.py.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ from ..ops.lens import describe_postprocess
 from ..ops.projection import to_plain
 from ..points import Scope, Width
 from ..points_table import PointsTable, Row, width_of
-from .engine import AsyncDriver, InprocDriver, check_engine_kwargs, engine_args
-from .session import (
+from .checks import (
     GENERATE_ONLY_FIX,
     GENERATE_ONLY_WHY,
     VLLMModel,
@@ -55,6 +54,7 @@ from .session import (
     graph_point_names,
     steer_point_names,
 )
+from .engine import AsyncDriver, InprocDriver, check_engine_kwargs, engine_args
 from .wire import RECOMPUTED, by_position, dedupe_order, pack, unpack
 
 # vllm itself is imported inside the methods that build requests (SamplingParams, TokensPrompt): it is an optional,

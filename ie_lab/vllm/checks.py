@@ -3,7 +3,7 @@
 VLLMModel (what the client knows of a served model), check_served (which addresses vLLM serves here), the
 modes and their refusals, graph-point and sampling checks, and _Work (what one request asks the worker for).
 The backend that drives the engine is backend.py (VLLMBackend); ``Session(path, backend="vllm")`` is a plain
-Session holding one. VLLMSession is kept as a name for that Session class.
+Session holding one (there is no vLLM Session class).
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ from ..arch import quirks
 from ..core.client_model import ClientModel
 from ..core.sampling import check_generation_args
 from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent
-from ..session import Session
 from .wire import RECOMPUTED
-
-VLLMSession = Session  # older code imports this name; a Session on backend='vllm' is a plain Session
 
 
 class VLLMModel(ClientModel):
