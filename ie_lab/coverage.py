@@ -361,7 +361,10 @@ def check_invariants(lm) -> None:
     with torch.no_grad():
         if "final_norm" in c:
             torch.testing.assert_close(
-                lm.binding.lm_head(c["final_norm"]), c["lm_head"], **tol, msg=lambda m: "lm_head(final_norm) = lm_head"
+                lm.binding.lm_head(c["final_norm"] * (lm.binding.head_input_scale or 1.0)),
+                c["lm_head"],
+                **tol,
+                msg=lambda m: "lm_head(final_norm) = lm_head",
             )
         logits = lm.hf(input_ids=x, use_cache=False).logits  # a cache of mixer layers alone cannot count positions
     torch.testing.assert_close(

@@ -93,24 +93,25 @@ def test_attention_output_transformed_before_o_proj_is_refused(model_type):
 
 def test_final_norm_rescaled_by_the_logit_divisor_binds():
     """MiniCPM 3 divides the final norm's output by logits_scaling before its bias-free unembedding (it was refused):
-    the binder measures that scale, so lm_head is W_U·final_norm, the logits are it divided by the config's
-    divisor, and the logit lens of the last layer gives the logits. The head module's own output (the scaled one, a
-    shape-correct wrong answer) is not lm_head."""
+    the binder measures that scale, so lm_head is the head module's output (the model's logits; the divisor acts
+    before the head, so none is left after it), and the logit lens of the last layer gives the logits. W_U·final_norm
+    (the unscaled norm through the head, a shape-correct wrong answer) is not lm_head (tests/test_head_input_scale.py)."""
     from ie_lab.eager.lens import decode_residual
     from ie_lab.ops.lens import postprocess_logits
 
     lm = ie_lab.load(coverage.build_tiny("minicpm3"), coverage._tokenizer(), quiet=True)
-    assert lm.binding.head_input_scale == pytest.approx(1 / lm.facts.logit_divisor)
+    assert lm.binding.head_input_scale == pytest.approx(lm.hf.config.dim_model_base / lm.hf.config.hidden_size)
+    assert lm.facts.logit_divisor is None
     coverage.check_invariants(lm)
     x = torch.randint(4, 500, (1, 7), generator=torch.Generator().manual_seed(0))
     last = f"resid_post.{lm.facts.n_layers - 1}"
     c = ie_lab.capture(lm, x, ["final_norm", "lm_head", last])
     with torch.no_grad():
         logits = lm.hf(input_ids=x, use_cache=False).logits
-        torch.testing.assert_close(lm.binding.lm_head(c["final_norm"]), c["lm_head"], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(c["lm_head"], logits, atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(decode_residual(lm, c[last]), logits, atol=2e-4, rtol=1e-4)
-        module_out = lm.binding.lm_head(c["final_norm"] * lm.binding.head_input_scale)
-        assert not torch.allclose(module_out, c["lm_head"], atol=2e-4, rtol=1e-4)
+        unscaled = lm.binding.lm_head(c["final_norm"])
+        assert not torch.allclose(unscaled, c["lm_head"], atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(postprocess_logits(lm.facts, c["lm_head"]), logits, atol=2e-4, rtol=1e-4)
 
 

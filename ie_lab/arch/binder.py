@@ -10,7 +10,7 @@ the model is refused with a StructureError rather than served with plausible-but
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -191,8 +191,9 @@ class Binding:
     family: str
     notes: list[str] = field(default_factory=list)
     # The unembedding reads the final norm's output times this scalar (MiniCPM 3 divides by its logits_scaling
-    # first): measured, and bound only where the config's logit divisor undoes it on a bias-free head, so that
-    # lm_head's raw W_U·final_norm is its output divided by the scale and the logits are that post-processed.
+    # first): measured, and bound only where it is the config's logit divisor on a bias-free head. The divisor then
+    # acts before the head, not after: lm_head is the head's output (the model's logits, where every engine reads
+    # it), the logit lens scales the final norm's output by this before the head, and the facts drop the divisor.
     head_input_scale: float | None = None
 
     @property
@@ -596,6 +597,7 @@ def _measure(model: nn.Module, binding: Binding) -> None:
         scale = _input_scale(binding, last["norm"], last["head"])
         if scale is not None:
             binding.head_input_scale = scale
+            binding.facts = replace(binding.facts, logit_divisor=None)  # applied before the head, not after it
     if "norm" in last and "head" in last and not _same(last["norm"], last["head"]) and not binding.head_input_scale:
         raise StructureError(
             f"{binding.family}: the final norm's output is changed (rescaled) before the unembedding reads it, and "
@@ -652,7 +654,7 @@ def _measure(model: nn.Module, binding: Binding) -> None:
 
 def _input_scale(binding: Binding, norm_out: torch.Tensor, head_in: torch.Tensor) -> float | None:
     """The scalar s with head_in = s * norm_out, where the config's logit divisor is 1/s and the head has no bias
-    (then lm_head(s * x) / s is the bias-free W_U·x the logit lens and the divisor expect); None otherwise."""
+    (then the head's output is the model's logits, and the lens applies s before the head); None otherwise."""
     n, h = norm_out.double(), head_in.double()
     if n.shape != h.shape or getattr(binding.lm_head, "bias", None) is not None:
         return None

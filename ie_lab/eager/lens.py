@@ -26,6 +26,8 @@ def decode_residual(lm: Any, h: torch.Tensor) -> torch.Tensor:
     b = lm.binding
     with torch.no_grad():
         x = b.final_norm(h) if b.final_norm is not None else h
+        if b.head_input_scale:  # the model scales the final norm's output before its head (MiniCPM 3), measured
+            x = x * b.head_input_scale
         return postprocess_logits(lm.facts, b.lm_head(x))
 
 

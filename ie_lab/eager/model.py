@@ -70,6 +70,7 @@ class EagerModel:
         self.name = name or getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__
         self.facts: ArchFacts = ArchFacts.from_config(hf_model.config)
         self.binding: Binding = bind(hf_model, self.facts)
+        self.facts = self.binding.facts  # the binder may move the logit divisor before the head (measured)
         # One operation at a time per model: hooks and steering are per-model state.
         self.lock = threading.RLock()
         # Each module's training flag as the caller handed it over, while ie_lab holds it in eval mode.

@@ -86,8 +86,7 @@ def resolve(lm: Any, addr: Address) -> Source:
     if name == "final_norm":
         return Source("post", b.final_norm, lambda t: t)
     if name == "lm_head":
-        scale = b.head_input_scale  # the head read final_norm * scale: undo it (bias-free head, measured)
-        return Source("post", b.lm_head, (lambda t: t / scale) if scale else (lambda t: t))
+        return Source("post", b.lm_head, lambda t: t)  # the model's own head output (after any input scale)
 
     lb: LayerBinding = b.layers[addr.layer]
     # A mixer layer binds its mixer where attention would sit (arch.binder): the same boundaries, its own names.
