@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 594c90f3c35509af); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources b28cc2bcd48867df); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
