@@ -258,8 +258,12 @@ def points_sheet(
         src.label,
         describe,
         f"Layer points are shown at layer {L}; they exist on layers 0-{facts.n_layers - 1} "
-        f"(resid_post.0 ... resid_post.{facts.n_layers - 1}), heads as z.{L}.head-0 ... "
-        f"z.{L}.head-{facts.n_heads - 1}.",
+        f"(resid_post.0 ... resid_post.{facts.n_layers - 1})"
+        + (
+            f", heads as z.{L}.head-0 ... z.{L}.head-{facts.n_heads - 1}."
+            if facts.n_heads
+            else " (no attention heads)."
+        ),
         "eager: this binding's verdict. vLLM: "
         + (
             "a vLLM session's verdict on this model."
