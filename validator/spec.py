@@ -198,12 +198,6 @@ KNOWN: dict[tuple[str, str, str], str] = {
 
 
 # Found by the sweep over the coverage survey's families (`run --surveyed`): the family is the model type.
-_GATED_Z = (
-    "Gated attention: every engine (plain hooks, nnsight, TransformerBridge, interp-engine) reads z at the output "
-    "projection's input, i.e. after the sigmoid gate; ie_lab's z is the pre-gate probs @ value (norm ratio ~0.5), "
-    "which contradicts its own registry text ('the input of the attention output projection'): ie_lab defect, "
-    "reported."
-)
 _MAMBA_HS = (
     "transformers' Mamba models put each layer's output in hidden_states from index 0 (no embedding entry), so "
     "hidden_states[L] is resid_post.L, not resid_pre.L: the hf engine's index convention, not an ie_lab bug "
@@ -223,20 +217,6 @@ _TL_NO_MASK = (
 )
 KNOWN.update(
     {
-        **{
-            (t, "z", e): _GATED_Z
-            for t in (
-                "afmoe",
-                "axk2",
-                "laguna",
-                "qwen3_5",
-                "qwen3_5_moe",
-                "qwen3_5_moe_text",
-                "qwen3_5_text",
-                "qwen3_next",
-            )
-            for e in ("hf", "nnsight", "tl", "interp")
-        },
         **{(t, p, "hf"): _MAMBA_HS for t in ("mamba", "mamba2", "falcon_mamba") for p in ("resid_pre", "resid_post")},
         **{
             ("mpt", p, e): _MPT
@@ -274,9 +254,6 @@ KNOWN.update(
             )
             for e in ("hf", "nnsight", "interp")
         },
-        ("minicpm3", "lm_head", "hf"): "MiniCPM3 divides the final hidden state by hidden_size / dim_model_base "
-        "before lm_head: every engine reads lm_head's output, ie_lab's lm_head is W_U applied to the undivided "
-        "norm output (ratio exactly 4): ie_lab differs from the module, reported.",
         **{
             ("nanochat", p, "tl"): "nanochat applies RoPE before its QK-norm: legacy hook_q / hook_k are pre-RoPE, "
             "the norm's input is rotated: ie_lab.mappers bug (as HunYuan)."
@@ -302,14 +279,14 @@ KNOWN.update(
 )
 KNOWN.update(
     {
-        ("granite_swa", "attn_probs", e): "Granite SWA (a sliding-window family): the model's own attention weights "
-        "and interp-engine agree, ie_lab's attn_probs differ (engines' rows more concentrated, norm ratio ~1.4): "
-        "ie_lab defect, reported (the family was bound the day of this sweep)."
-        for e in ("hf", "interp")
+        ("granite_swa", "attn_probs", e): "Granite SWA's eager kernel scales its output by sigmoid(logsumexp(scores) "
+        "- sink) after the softmax (a per-head sink logit in the denominator), so the weights it returns, which "
+        "plain hooks and interp-engine read, mixed with the values do not give its output. ie_lab's attn_probs is "
+        "deliberately the pattern rebuilt with the sink (the returned weights times that factor, rows summing below "
+        "1), so attn_probs @ value = z (tests/test_sink_scaled_kernel.py): a deliberate ie_lab choice, not a bug."
+        for e in ("hf", "interp", "nnsight")
     }
 )
-for _e in ("interp", "nnsight", "nnterp"):
-    KNOWN[("minicpm3", "lm_head", _e)] = KNOWN[("minicpm3", "lm_head", "hf")]
 
 
 def known(family: str, point: str, engine: str) -> str:
