@@ -269,3 +269,18 @@ def test_attention_sub_norm_is_measured():
         with pytest.raises(ie_lab.PointAbsent):
             ie_lab.capture(lm, X, [f"attn_gate.{L}"])
     assert_clean(lm)
+
+
+def test_the_config_only_picker_knows_the_mixer_layers(hybrid):
+    """The cheat sheet (config only) greys the same points on the same layers as the picker on the loaded model:
+    attention points on mixer layers, mixer points on attention layers (it served attn_out on every layer)."""
+    from ie_lab.widgets.picker import describe
+
+    _, lm = hybrid
+    live = {p["name"]: p for p in describe(lm.facts, "eager", lm=lm)["points"]}
+    config = {p["name"]: p for p in describe(lm.facts, "eager")["points"]}
+    for name in ("attn_out", "z", "mixer_out", "mixer_in", "mlp_out", "resid_mid"):
+        assert config[name]["served"] == live[name]["served"], name
+        assert config[name]["why"] == live[name]["why"], name
+    mixers = [lb.index for lb in lm.binding.layers if lb.mixer_kind]
+    assert all(live["attn_out"]["served"][L] == "0" and live["mixer_out"]["served"][L] == "1" for L in mixers)

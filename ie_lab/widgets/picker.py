@@ -118,6 +118,7 @@ def _structure_from_facts(f: ArchFacts) -> dict[str, Any]:
         "n_streams": f.n_streams,
         "parallel_norms": ("separate" if separate else "shared") if f.parallel_block and f.pre_norms else "none",
     }
+    _mixers(st, _points.Structure.from_facts(f))
     _labels(f, st)
     return st
 
@@ -128,6 +129,7 @@ def _structure_from_binding(lm: Any) -> dict[str, Any]:
     st["gated_mlp"] = bool(st["gated_mlp"]) if st["gated_mlp"] is not None else False
     st["attn_gate"] = any(getattr(lb, "attn_gate", None) is not None for lb in lm.binding.layers)
     st["n_streams"] = lm.facts.n_streams
+    _mixers(st, _points.Structure.from_binding(lm.binding))
     # measured: one norm module feeding both branches, or a norm per branch (both reading the layer input)
     first = lm.binding.layers[0]
     if st["parallel_block"] and first.input_norm is not None:
@@ -137,6 +139,16 @@ def _structure_from_binding(lm: Any) -> dict[str, Any]:
         st["parallel_norms"] = "none"
     _labels(lm.facts, st)
     return st
+
+
+def _mixers(st: dict[str, Any], s: _points.Structure) -> None:
+    """Hybrid and state-space trunks: which layers mix tokens without attention, and which have no MLP."""
+    st["attn_gate"] = st["attn_gate"] or s.attn_gate
+    st["mixer_layers"], st["mixer_kinds"], st["no_mlp_layers"] = (
+        list(s.mixer_layers),
+        list(s.mixer_kinds),
+        list(s.no_mlp_layers),
+    )
 
 
 def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend: str, family: str) -> tuple[bool, str]:
@@ -154,6 +166,9 @@ def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend:
             moe_layers=tuple(st["moe_layers"]),
             attn_gate=bool(st["attn_gate"]),
             n_streams=int(st["n_streams"]),
+            mixer_layers=tuple(st.get("mixer_layers", ())),
+            mixer_kinds=tuple(st.get("mixer_kinds", ())),
+            no_mlp_layers=tuple(st.get("no_mlp_layers", ())),
         ),
         layer,
     )
