@@ -7,7 +7,8 @@ python -m validator run --family llama --engine hf --engine tl
 python -m validator run --model gpt2 --model google/gemma-2-2b --device cuda --dtype bfloat16   # real weights
 python -m validator selftest                        # the classic mistake must come out FAIL
 python -m validator render                          # README table + heatmap from the committed JSON only
-python -m validator setup tl                        # create .venvs/tl (also: nnsight, nnterp, interp)
+python -m validator setup tl                        # create .venvs/tl (also: nnsight, nnterp, interp, saelens)
+python -m validator sae                             # load_sae's encode vs SAELens' own encode (needs .venvs/saelens)
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ def main(argv=None) -> int:
     s.add_argument("--engine", default="tl", choices=["tl", "hf"])
     sub.add_parser("render", help="re-render validator/README.md's table and the heatmap from validator/results")
     e = sub.add_parser("setup", help="create an engine environment")
-    e.add_argument("env", choices=["tl", "nnsight", "nnterp", "interp"])
+    e.add_argument("env", choices=["tl", "nnsight", "nnterp", "interp", "saelens"])
+    sa = sub.add_parser("sae", help="ie_lab.load_sae's encode vs SAELens' encode on SAELens-written random SAEs")
+    sa.add_argument("--out", default=None, help="results folder (default validator/results, and README re-rendered)")
     args = ap.parse_args(argv)
 
     if args.cmd == "setup":
@@ -91,6 +94,10 @@ def main(argv=None) -> int:
         render.write_all()
         print("rendered validator/README.md and validator/results/heatmap.{json,html}")
         return 0
+    if args.cmd == "sae":
+        from . import sae
+
+        return sae.main(args.out)
     if args.cmd == "selftest":
         from . import selftest
 

@@ -1,0 +1,270 @@
+"""python -m validator sae: ie_lab.load_sae's encode against SAELens' own ``encode`` on the same weights and text.
+
+The SAEs are written by SAELens itself (its StandardSAE / JumpReLUSAE / TopKSAE classes and ``save_model``, random
+weights, in the saelens environment), so the folder is what SAELens writes, not a copy of its layout. ie_lab loads
+each folder with ``load_sae`` on a tiny fixture model and encodes a text through ``project()`` at the point the hook
+name resolved to. SAELens gets the activations at the tensor the hook name means, read with plain forward hooks on
+the HF module TransformerLens takes it from (HOOK_MODULES below, written out per family, independent of ie_lab's
+mappers), and encodes them with ``SAE.load_from_disk(folder).encode``. The two feature tensors must agree within
+TOL (max abs, fp32).
+
+The wrong mapping (Gemma 2's ``hook_mlp_out`` attached to the raw ``mlp_out`` instead of ``mlp_out_post``) is run
+too and must FAIL: that is what the check would miss if it handed SAELens ie_lab's own capture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from .run import HERE, RESULTS, ROOT, venvs_dir
+
+WORKER = os.path.join(HERE, "engines", "saelens_worker.py")
+FAMILIES = ("llama", "gemma2")
+ARCHS = ("standard", "jumprelu", "topk")
+HOOKS = ("blocks.1.hook_mlp_out", "blocks.0.hook_resid_post")
+TOL = 1e-5
+D_SAE = 64
+K = 8
+TEXT = "the cat sat on the mat and then it ran away"
+
+# TransformerLens hook name -> (HF module path, which output) per family: the tensor SAELens' SAE was trained on.
+# Gemma 2's MLP output in TransformerLens is taken after the post-feedforward norm.
+HOOK_MODULES = {
+    ("llama", "hook_mlp_out"): "model.layers.{L}.mlp",
+    ("gemma2", "hook_mlp_out"): "model.layers.{L}.post_feedforward_layernorm",
+    ("llama", "hook_resid_post"): "model.layers.{L}",
+    ("gemma2", "hook_resid_post"): "model.layers.{L}",
+}
+
+
+def saelens_python() -> tuple[str | None, str]:
+    py = os.path.join(venvs_dir(), "saelens", "bin", "python")
+    if os.path.exists(py):
+        return py, ""
+    return None, (
+        f"no environment at {os.path.dirname(os.path.dirname(py))}: create it with "
+        "`bash validator/envs/setup.sh saelens` (or `python -m validator setup saelens`)"
+    )
+
+
+def _worker(py: str, cmd: str, job: dict, work: str) -> dict:
+    path = os.path.join(work, f"{cmd}.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    p = subprocess.run([py, WORKER, cmd, path], capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"saelens worker {cmd} failed:\n{p.stderr[-3000:]}")
+    with open(path + ".out") as f:
+        return json.load(f)
+
+
+def _module_output(hf: Any, path: str, ids: Any) -> Any:
+    import torch
+
+    mod = hf.get_submodule(path)
+    got = {}
+
+    def hook(m, args, out):
+        got["x"] = (out[0] if isinstance(out, tuple) else out).detach().float().clone()
+
+    h = mod.register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            hf(ids)
+    finally:
+        h.remove()
+    return got["x"][0]
+
+
+def cases() -> list[dict]:
+    """Every (family, hook, architecture), plus the wrong mapping that must FAIL."""
+    out = []
+    for fam in FAMILIES:
+        for hook in HOOKS:
+            for arch in ARCHS:
+                out.append({"family": fam, "hook_name": hook, "arch": arch, "address": None, "expect": "PASS"})
+    for arch in ARCHS:
+        out.append(
+            {
+                "family": "gemma2",
+                "hook_name": "blocks.1.hook_mlp_out",
+                "arch": arch,
+                "address": "mlp_out.1",
+                "expect": "FAIL",
+            }
+        )
+    return out
+
+
+def run(out_dir: str | None = RESULTS, log=print) -> dict:
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import ie_lab
+    from ie_lab.sae import load_sae
+    from tests.families import make_model, make_tokenizer
+
+    py, why = saelens_python()
+    if py is None:
+        raise RuntimeError(why)
+    work = tempfile.mkdtemp(prefix="ie_lab_validator_sae_")
+    todo = cases()
+    models, sessions = {}, {}
+    for fam in FAMILIES:
+        hf = make_model(fam).float().eval()
+        hf.set_attn_implementation("eager")  # Gemma 2's softcapping: the kernel that computes what the model defines
+        models[fam] = hf
+        sessions[fam] = ie_lab.Session(hf, tokenizer=make_tokenizer(), progress=False, replace=False)
+    try:
+        for i, c in enumerate(todo):
+            c["folder"] = os.path.join(work, f"sae{i}-{c['family']}-{c['arch']}")
+            c["seed"] = i
+        built = _worker(
+            py,
+            "build",
+            {
+                "saes": [
+                    {
+                        "folder": c["folder"],
+                        "arch": c["arch"],
+                        "d_in": sessions[c["family"]].facts.d_model,
+                        "d_sae": D_SAE,
+                        "k": K,
+                        "hook_name": c["hook_name"],
+                        "seed": c["seed"],
+                        "model_name": f"tiny-{c['family']}",
+                    }
+                    for c in todo
+                ]
+            },
+            work,
+        )
+        for i, c in enumerate(todo):
+            s, hf = sessions[c["family"]], models[c["family"]]
+            sae = load_sae(c["folder"], s, address=c["address"])
+            c["resolved"] = str(sae.address)
+            c["activation"] = sae.activation
+            ids = torch.tensor([s.tokenizer(TEXT)["input_ids"]])
+            c["ie_lab"] = sae.project(s, TEXT).scores.float()
+            L, point = c["hook_name"].split(".")[1], c["hook_name"].split(".")[2]
+            x = _module_output(hf, HOOK_MODULES[(c["family"], point)].format(L=L), ids)
+            # the activations at the resolved point as ie_lab captures them: equal to x when the mapping is right
+            mine = s.capture(TEXT, [c["resolved"]])[c["resolved"]][0].float()
+            c["point_max_abs"] = float((mine - x).abs().max()) if mine.shape == x.shape else None
+            c["acts"] = os.path.join(work, f"acts{i}.safetensors")
+            c["out"] = os.path.join(work, f"feat{i}.safetensors")
+            save_file({"x": x.contiguous()}, c["acts"])
+        enc = _worker(py, "encode", {"saes": [{k: c[k] for k in ("folder", "acts", "out")} for c in todo]}, work)
+    finally:
+        for s in sessions.values():
+            s.close()
+    rows = []
+    for c in todo:
+        ref = load_file(c["out"])["f"]
+        got = c["ie_lab"]
+        ok_shape = tuple(ref.shape) == tuple(got.shape)
+        max_abs = float((ref - got).abs().max()) if ok_shape else float("inf")
+        verdict = "PASS" if ok_shape and max_abs <= TOL else "FAIL"
+        row = {
+            "family": c["family"],
+            "architecture": c["arch"],
+            "hook_name": c["hook_name"],
+            "resolved": c["resolved"],
+            "forced_address": c["address"],
+            "tokens": int(got.shape[0]),
+            "d_sae": D_SAE,
+            "k": K if c["arch"] == "topk" else None,
+            "max_abs": max_abs,
+            "max_feature": float(ref.abs().max()),
+            "active_fraction": float((ref != 0).float().mean()),
+            "point_max_abs": c["point_max_abs"],
+            "verdict": verdict,
+            "expected": c["expect"],
+        }
+        rows.append(row)
+        log(
+            f"{c['family']:7s} {c['hook_name']:26s} -> {c['resolved']:15s} {c['arch']:9s} max_abs={max_abs:.3g} "
+            f"{verdict} (expected {c['expect']})"
+        )
+    doc = {
+        "what": "ie_lab.load_sae + project() vs SAELens SAE.load_from_disk(...).encode on SAELens-written random SAEs",
+        "text": TEXT,
+        "tolerance_max_abs": TOL,
+        "dtype": "float32",
+        "versions": {**enc.get("versions", {}), "ie_lab_transformers": transformers.__version__},
+        "files_written_by_saelens": [list(f) for f in sorted({tuple(v) for v in built["made"].values()})],
+        "rows": rows,
+        "all_as_expected": all(r["verdict"] == r["expected"] for r in rows),
+    }
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "saelens.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+    return doc
+
+
+README = os.path.join(HERE, "README.md")
+START = "<!-- validator-saelens:start (generated by `python -m validator sae` from results/saelens.json) -->"
+END = "<!-- validator-saelens:end -->"
+
+
+def table(doc: dict) -> str:
+    """The README's SAELens table, from results/saelens.json alone."""
+    v = doc["versions"]
+    lines = [
+        f"sae-lens {v.get('sae-lens')}, transformer-lens {v.get('transformer-lens')}, transformers "
+        f"{v.get('transformers')}, torch {v.get('torch')}; fp32, tolerance max abs {doc['tolerance_max_abs']:g}; "
+        f"text {doc['text']!r}. Files SAELens wrote per SAE: "
+        + "; ".join(", ".join(f) for f in doc["files_written_by_saelens"])
+        + ".",
+        "",
+        "| family | hook name | resolved to | architecture | tokens x d_sae | active | max abs | verdict | expected |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["rows"]:
+        forced = " (forced)" if r["forced_address"] else ""
+        lines.append(
+            f"| {r['family']} | `{r['hook_name']}` | `{r['resolved']}`{forced} | {r['architecture']} | "
+            f"{r['tokens']} x {r['d_sae']} | {r['active_fraction']:.3f} | {r['max_abs']:.3g} | {r['verdict']} | "
+            f"{r['expected']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def readme_with(text: str, doc: dict) -> str:
+    if START not in text or END not in text:
+        raise ValueError(f"{README} lacks the SAELens section markers")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return head + START + "\n\n" + table(doc) + "\n" + END + tail
+
+
+def write_readme(results_dir: str = RESULTS, readme: str = README) -> None:
+    with open(os.path.join(results_dir, "saelens.json")) as f:
+        doc = json.load(f)
+    with open(readme) as f:
+        text = f.read()
+    new = readme_with(text, doc)
+    if new != text:
+        with open(readme, "w") as f:
+            f.write(new)
+
+
+def main(out_dir: str | None) -> int:
+    py, why = saelens_python()
+    if py is None:
+        print(why)
+        return 2
+    doc = run(out_dir or RESULTS)
+    if out_dir is None:
+        write_readme()
+    print("saelens check:", "every row as expected" if doc["all_as_expected"] else "NOT as expected")
+    return 0 if doc["all_as_expected"] else 1
