@@ -314,6 +314,27 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
         raise differs("TransformerLens' hook_attn_scores on this family holds the post-softmax pattern.")
     if fq.get("qk_norm_after_rope") and name in ("q_norm_in", "k_norm_in") and engine.startswith("transformerlens"):
         raise differs("this family normalises queries and keys after RoPE, but hook_q / hook_k are taken before it.")
+    if fq.get("mlp_adds_residual") and name in ("mlp_out", "mlp_out_post") and engine != "transformerlens":
+        raise differs(
+            "its MLP module adds the residual itself, so the other engine's MLP module-output name holds "
+            "contribution + residual (resid_post), not this point."
+        )
+    if fq.get("q_proj_holds_gate") and name == "q_norm_in" and engine == "transformerlens":
+        raise differs(
+            "its query projection emits each head's query and output gate together, so hook_q holds both halves; "
+            "q_norm_in is the query half alone."
+        )
+    if fq.get("value_normed") and name == "value" and engine.startswith("transformerlens"):
+        raise differs("it normalises values after v_proj (v_norm), but hook_v / v.hook_out are taken before it.")
+    if (
+        fq.get("tl_sublayer_outputs_differ")
+        and name in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post")
+        and engine.startswith("transformerlens")
+    ):
+        raise differs(
+            "with its post-sublayer norms, TransformerBridge's hook_attn_out / hook_mlp_out and attn / mlp.hook_out "
+            "hold other tensors than the raw or normed sublayer output (measured by validator/)."
+        )
     if fq.get("no_v_module") and name == "value" and engine == "transformerlens_bridge":
         raise differs("latent attention has no value projection module for attn.v.hook_out to sit on.")
     if fq.get("no_gate_router") and name == "router_logits" and engine == "transformerlens_bridge":
@@ -408,6 +429,27 @@ def _from_engine(name: str, model: Any, engine: str) -> Address:
                 f"{text} on {s.family}: its modules add the residual themselves, so this name's "
                 "tensor is not a sublayer output ie_lab can vouch for; capture attn_out / mlp_out."
             )
+    if fq.get("mlp_adds_residual"):
+        m = re.fullmatch(r"blocks\.([0-9]+)\.mlp\.hook_out|mlps_output\[([0-9]+)\]", text)
+        if m:  # the MLP module's output is MLP + residual: the block's output
+            return Address("resid_post", int(m.group(1) or m.group(2)))
+    if fq.get("q_proj_holds_gate") and re.fullmatch(r"blocks\.[0-9]+\.attn\.(hook_q|q\.hook_out)", text):
+        raise AddressError(
+            f"{text} on {s.family} holds each head's query and output gate together: no ie_lab point holds it "
+            "(q_norm_in is the query half, attn_gate the activated gate)."
+        )
+    if fq.get("value_normed") and re.fullmatch(r"blocks\.[0-9]+\.attn\.(hook_v|v\.hook_out)", text):
+        raise AddressError(
+            f"{text} on {s.family} is taken before the value norm (v_norm): no ie_lab point holds it; value is "
+            "the normed value attention mixes."
+        )
+    if fq.get("tl_sublayer_outputs_differ") and re.fullmatch(
+        r"blocks\.[0-9]+\.(hook_(attn|mlp)_out|(attn|mlp)\.hook_out)", text
+    ):
+        raise AddressError(
+            f"{text} on {s.family} holds another tensor than the raw or normed sublayer output (its post-sublayer "
+            "norms; measured by validator/): capture attn_out / mlp_out (or their _post) instead."
+        )
     if fq.get("tl_scores_are_pattern") and re.fullmatch(r"blocks\.[0-9]+\.attn\.hook_attn_scores", text):
         raise AddressError(f"{text} on {s.family} holds the post-softmax pattern in TransformerLens: use attn_probs.")
     if fq.get("qk_norm_after_rope") and re.fullmatch(r"blocks\.[0-9]+\.attn\.hook_[qk]", text):

@@ -217,6 +217,23 @@ FOREIGN_ENGINE_CONVENTIONS = {
     "deepseek_v2": {"no_v_module": True},
     # GPT-OSS's router is not where TransformerBridge's mlp.gate hook looks.
     "gpt_oss": {"no_gate_router": True},
+    # Found by the validator's surveyed sweep (validator/README.md): names that hold another tensor there.
+    # MPT's MLP module adds the residual itself (its attention does not): mlp.hook_out / mlps_output are resid_post.
+    "mpt": {"mlp_adds_residual": True},
+    # nanochat rotates queries/keys before its QK-norm, as HunYuan.
+    "nanochat": {"qk_norm_after_rope": True},
+    # Gated attention whose query projection emits each head's query and output gate together: hook_q (and the
+    # bridge's q.hook_out) hold both halves, the QK-norm reads the query half.
+    **{
+        t: {"q_proj_holds_gate": True}
+        for t in ("qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")
+    },
+    # Gemma 4 normalises values (v_norm) after v_proj: hook_v / v.hook_out are before it.
+    "gemma4_unified": {"value_normed": True},
+    "gemma4_unified_text": {"value_normed": True},
+    # OLMo-hybrid's post-sublayer norms: TransformerBridge's block-level and sublayer-module output hooks hold other
+    # tensors than the raw or normed sublayer outputs (norm ratios ~1000 and ~0.001 against both).
+    "olmo_hybrid": {"tl_sublayer_outputs_differ": True},
 }
 
 
