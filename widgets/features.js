@@ -60,13 +60,13 @@ function render({ model, el }) {
     for (let i = 0; i < toks.length; i++) {
       const sp = strip.children[i], v = vals[i] || 0;
       const a = top > 0 ? Math.min(1, Math.abs(v) / top) : 0;
-      sp.style.setProperty("--iel-a", `${Math.round(a * 80)}%`);
+      sp.style.setProperty("--iel-a", `${Math.round(a * 65)}%`);
       sp.classList.toggle("iel-neg", v < 0);
       sp.classList.toggle("iel-on", a > 0);
       sp.classList.toggle("iel-focus", i === focus);
       sp.title = `${i}: ${JSON.stringify(toks[i])} · feature ${model.get("feature")} = ${fmt(v)}`;
     }
-    root.querySelector(".iel-legend-note").textContent = `colour: feature ${model.get("feature")}'s activation, 0 to ${fmt(top)} (its max on this prompt)`;
+    root.querySelector(".iel-legend-note").textContent = `colour: feature ${model.get("feature")}'s activation, 0 to ${fmt(top)} (its largest |value| on this prompt; red: negative)`;
   }
 
   function describe() {
