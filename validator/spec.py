@@ -219,14 +219,10 @@ KNOWN.update(
     {
         **{(t, p, "hf"): _MAMBA_HS for t in ("mamba", "mamba2", "falcon_mamba") for p in ("resid_pre", "resid_post")},
         **{
-            ("mpt", p, e): _MPT
-            + (
-                " ie_lab.mappers bug: it translates this point to a name holding the sum."
-                if e in ("tl", "nnterp")
-                else " Validator's outer-module choice; not an ie_lab bug."
-            )
+            ("mpt", p, e): _MPT + " Validator's outer-module choice; not an ie_lab bug (ie_lab.mappers maps the "
+            "module's names to resid_post)."
             for p in ("mlp_out", "mlp_out_post")
-            for e in ("hf", "nnsight", "tl", "nnterp")
+            for e in ("hf", "nnsight")
         },
         **{(t, "attn_scores", "interp"): _DSA_MASK for t in ("axk2", "deepseek_v32", "glm_moe_dsa")},
         **{
@@ -235,14 +231,10 @@ KNOWN.update(
         },
         **{
             (t, "value", e): "Gemma 4 normalises values (v_norm, no scale) after v_proj: v_proj's output is not the "
-            "value attention mixes. "
-            + (
-                "ie_lab.mappers bug: hook_v / v.hook_out are pre-norm."
-                if e == "tl"
-                else "Validator's module choice; interp-engine agrees with ie_lab."
-            )
+            "value attention mixes. Validator's module choice; interp-engine agrees with ie_lab (ie_lab.mappers "
+            "refuses hook_v / v.hook_out there)."
             for t in ("gemma4_unified", "gemma4_unified_text")
-            for e in ("hf", "nnsight", "tl")
+            for e in ("hf", "nnsight")
         },
         **{
             ("mimo_v2_flash", "value", e): "MiMo-V2-Flash scales values by attention_value_scale after v_proj: ie_lab "
@@ -255,25 +247,9 @@ KNOWN.update(
             for e in ("hf", "nnsight", "interp")
         },
         **{
-            ("nanochat", p, "tl"): "nanochat applies RoPE before its QK-norm: legacy hook_q / hook_k are pre-RoPE, "
-            "the norm's input is rotated: ie_lab.mappers bug (as HunYuan)."
-            for p in ("q_norm_in", "k_norm_in")
-        },
-        **{
-            (t, "q_norm_in", "tl"): "Qwen3.5's q_proj emits the query and its gate together: legacy hook_q holds "
-            "both halves ([.., 8, 16] for 4 heads): ie_lab.mappers bug."
-            for t in ("qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")
-        },
-        **{
             (t, "attn_gate", "interp"): "interp-engine's attn_gate is another tensor (pre-sigmoid, or per head, or "
             "the gate projection's raw width); no module boundary lets plain hooks adjudicate. Open."
             for t in ("afmoe", "laguna", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")
-        },
-        **{
-            ("olmo_hybrid", p, "tl"): "OLMo-hybrid's post-sublayer norms: TransformerBridge's hook_attn_out / "
-            "hook_mlp_out and attn/mlp.hook_out hold other tensors than the names ie_lab.mappers gives (norm ratios "
-            "~1000 and ~0.001); plain hooks agree with ie_lab: ie_lab.mappers bug."
-            for p in ("attn_out", "attn_out_post", "mlp_out", "mlp_out_post")
         },
     }
 )
