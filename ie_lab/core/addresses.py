@@ -13,6 +13,7 @@ import torch
 
 from ..address import Address, AddressLike
 from ..errors import AddressError
+from ..points import Width
 
 
 def parse_addresses(lm: Any, addresses: AddressLike | Iterable[AddressLike]) -> list[Address]:
@@ -36,4 +37,10 @@ def slice_head(addr: Address, t: torch.Tensor, facts: Any) -> torch.Tensor:
         return t
     if addr.point.is_attention:
         return t[:, addr.head]
-    return t.reshape(*t.shape[:-1], -1, facts.head_dim)[..., addr.head, :]
+    return t.reshape(*t.shape[:-1], head_count(addr, facts), -1)[..., addr.head, :]
+
+
+def head_count(addr: Address, facts: Any) -> int:
+    """How many heads a head-axis point's width splits into. A head is that width over the count, not head_dim:
+    latent attention's value heads (z, value) are wider than its query heads."""
+    return int(facts.n_kv_heads if addr.point.width is Width.KV_HEADS else facts.n_heads)

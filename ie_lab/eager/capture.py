@@ -18,7 +18,7 @@ import torch
 from ..address import Address, AddressLike
 from ..arch.binder import first_tensor, hidden_arg
 from ..cache import Cache
-from ..core.addresses import parse_addresses, slice_head
+from ..core.addresses import head_count, parse_addresses, slice_head
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..errors import StructureError, check_flag
 from .model import lm_of
@@ -115,7 +115,8 @@ class _Links:
         if not v.requires_grad:  # frozen weights: the point is still a differentiable input for what follows
             v = v.detach().requires_grad_()
         if per_head:
-            pieces = [p.clone() for p in v.reshape(*v.shape[:-1], -1, self.lm.facts.head_dim).unbind(-2)]
+            n = head_count(base, self.lm.facts)  # heads of z are value heads (wider on latent attention)
+            pieces = [p.clone() for p in v.reshape(*v.shape[:-1], n, -1).unbind(-2)]
             point = torch.stack(pieces, dim=-2).reshape(v.shape)
             self.heads[base].append(pieces)
         else:

@@ -139,9 +139,10 @@ class Writers:
                     "write attn_out or a residual point.",
                 )
             if addr.head is not None:
-                d, h = self.lm.facts.head_dim, addr.head
+                n, h = self.lm.facts.n_heads, addr.head
 
                 def head_edit(t: torch.Tensor, off: int, edit=edit) -> torch.Tensor:
+                    d = t.shape[-1] // n  # a value head's width: wider than head_dim on latent attention
                     out = t.clone()
                     out[..., h * d : (h + 1) * d] = edit(t[..., h * d : (h + 1) * d], off)
                     return out
