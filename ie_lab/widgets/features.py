@@ -148,6 +148,9 @@ def for_session(
     if features is None:
         raise InputError("feature_panel needs an SAE (ie_lab.load_sae(...)) or a [k, d] tensor of probe directions.")
     if isinstance(features, SAE):
+        fixed = sorted(set(project_kwargs) & {"bias", "activation", "threshold", "k"})
+        if fixed:
+            raise InputError(f"{', '.join(fixed)}= come from the SAE itself; pass them only with probe directions.")
         address = features.address if address is None else address
         if address is None:
             raise InputError(
