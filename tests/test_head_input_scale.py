@@ -49,3 +49,11 @@ def test_logit_lens_last_layer_is_the_logits(lm):
         torch.testing.assert_close(decode_residual(lm, c[last]), logits, **TOL)
         torch.testing.assert_close(decode_residual(lm, c[last]), c["lm_head"], **TOL)
     coverage.check_invariants(lm)
+
+
+def test_the_lens_says_it_scales_before_the_head(lm):
+    res = ie_lab.logit_lens(lm, X[:1], keep_logits=True)
+    assert "multiplied by 4 before the unembedding" in res.note
+    with torch.no_grad():
+        logits = lm.hf(input_ids=X[:1], use_cache=False).logits
+    torch.testing.assert_close(res.logits[-1].reshape(logits.shape), logits, **TOL)

@@ -134,6 +134,8 @@ def logit_lens(
     tok = lm.tokenizer
     names = token_names(tok, top_ids_t.tolist())
     note = describe_postprocess(lm.facts) + ("; with per-layer transports" if transports else "")
+    if lm.binding.head_input_scale:  # the family scales the final norm's output before its head (MiniCPM 3)
+        note += f"; the final norm's output is multiplied by {lm.binding.head_input_scale:g} before the unembedding"
     return LensResult(
         layers,
         point,
