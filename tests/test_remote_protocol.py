@@ -193,3 +193,24 @@ def test_a_protocol_mismatch_names_both_versions_and_the_fix(server, token, monk
     assert f"speaks protocol {PROTOCOL}" in str(e.value) and server.url in str(e.value)
     # a raw client that states nothing (curl) is read as this version
     assert _post(server, token, "capture", encode({"args": ["x", "resid_post.0"], "kwargs": {}})).status_code == 200
+
+
+def test_model_facts_survive_the_wire_with_every_tuple_field():
+    """JSON turns tuples into lists; every tuple field of ArchFacts must come back a tuple (a hybrid's
+    mixer_kinds did not), or the client's facts differ from the server's."""
+    import dataclasses
+    import json
+
+    from ie_lab.arch.config_facts import ArchFacts
+    from ie_lab.remote.wire import facts_dict, facts_from
+
+    tuple_fields = [f.name for f in dataclasses.fields(ArchFacts) if str(f.type).startswith("tuple")]
+    assert {"layer_kinds", "moe_layers", "mixer_kinds"} <= set(tuple_fields)
+    from ie_lab.core.demo import DEMO_MODEL
+
+    facts = ie_lab.load(DEMO_MODEL).facts
+    n = facts.n_layers
+    hybrid = dataclasses.replace(facts, mixer_kinds=("linear_attention",) + ("",) * (n - 1))
+    back = facts_from(json.loads(json.dumps(facts_dict(hybrid))))
+    assert back == hybrid
+    assert all(isinstance(getattr(back, k), tuple) for k in tuple_fields if getattr(hybrid, k) is not None)

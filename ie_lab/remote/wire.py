@@ -442,7 +442,9 @@ def facts_from(d: Any) -> ArchFacts:
     if not isinstance(d, dict) or not set(d) <= names:
         raise WireError("the server's model facts do not match this ie_lab's ArchFacts (different versions?).")
     d = dict(d)
-    for k in ("layer_kinds", "moe_layers"):
-        if isinstance(d.get(k), list):
-            d[k] = tuple(d[k])
+    # JSON has no tuples: every tuple-typed field (layer_kinds, moe_layers, mixer_kinds, and any added later)
+    # comes back as a list and is turned back here, so the facts compare equal to the server's.
+    for f in dataclasses.fields(ArchFacts):
+        if isinstance(d.get(f.name), list) and str(f.type).startswith("tuple"):
+            d[f.name] = tuple(d[f.name])
     return ArchFacts(**d)
