@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from ..address import Address, layer_list
 from ..core.inputs import prepare, prepare_prompts, str_tokens
@@ -166,12 +167,15 @@ def fit_tuned_lens(
     point: str = "resid_post",
     ridge: float = 1e-3,
     batch_size: int | None = None,
+    progress: bool = True,
 ) -> TunedLens:
     """Fit h_L @ A + b ≈ h_last (the residual the final norm reads) by ridge least squares over a corpus.
 
     The corpus runs in batches of `batch_size` prompts per forward (None: as many as ie_lab.sizing fits in the
     activation budget for the longest prompt of the batch and the points read); each prompt's own rows are cut
-    out of the batch, so the fit does not depend on the batch size."""
+    out of the batch, so the fit does not depend on the batch size.
+    progress: the same kind of bar as loading and patch_sweep, counting prompts read; it appears once a second
+    forward starts (a corpus that fits one forward is done before a bar would tell anything)."""
 
     import math
 
@@ -196,6 +200,10 @@ def fit_tuned_lens(
             + "."
         )
     batch_size = check_batch_size(batch_size)
+    check_flag("progress", progress)
+    total = len(corpus) if isinstance(corpus, Sized) else None  # a generator's length is not known up front
+    bar: Any = None  # made when the second forward starts
+    forwards = 0
     xs: dict[int, list[torch.Tensor]] = {L: [] for L in layers}
     ys: list[torch.Tensor] = []
     n = 0
@@ -206,28 +214,37 @@ def fit_tuned_lens(
         return batch_size or auto_batch_size(lm, max(r.shape[1] for r in rows), len(addrs))
 
     def run() -> None:
-        nonlocal n
+        nonlocal n, bar, forwards
+        forwards += 1
+        if forwards == 2 and progress:
+            bar = tqdm(total=total, initial=len(ys), desc="fitting tuned lens", leave=False)
         for c in _capture_many(lm, chunk, addrs, False):
             ys.append(c[f"resid_post.{last}"][0].float())
             for L in layers:
                 xs[L].append(c[Address(point, L)][0].float())
             n += ys[-1].shape[0]
+        if bar is not None:
+            bar.update(len(chunk))
         chunk.clear()
 
-    for i, text in enumerate(corpus):
-        if prepare_prompts(lm, text) is not None:
-            raise InputError(
-                f"corpus item {i} is a list of prompts; the corpus is a flat iterable of prompts (each a text, "
-                "token ids or a conversation): flatten it, e.g. [p for batch in corpus for p in batch]."
-            )
-        row = prepare(lm, text)[0]
-        if chunk and len(chunk) + 1 > fits([*chunk, row]):  # a longer prompt shrinks the batch: run what is held
+    try:
+        for i, text in enumerate(corpus):
+            if prepare_prompts(lm, text) is not None:
+                raise InputError(
+                    f"corpus item {i} is a list of prompts; the corpus is a flat iterable of prompts (each a text, "
+                    "token ids or a conversation): flatten it, e.g. [p for batch in corpus for p in batch]."
+                )
+            row = prepare(lm, text)[0]
+            if chunk and len(chunk) + 1 > fits([*chunk, row]):  # a longer prompt shrinks the batch: run what is held
+                run()
+            chunk.append(row)
+            if len(chunk) >= fits(chunk):
+                run()
+        if chunk:
             run()
-        chunk.append(row)
-        if len(chunk) >= fits(chunk):
-            run()
-    if chunk:
-        run()
+    finally:
+        if bar is not None:
+            bar.close()
     if n == 0:
         raise InputError("the corpus is empty: give at least one text or token sequence to fit on.")
     Y = torch.cat(ys)

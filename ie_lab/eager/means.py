@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from ..address import AddressLike
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare, prepare_prompts
-from ..errors import InputError
+from ..errors import InputError, check_flag
 from .capture import _capture_many
 from .model import lm_of
 
@@ -72,7 +73,7 @@ def _one_point(addr: list) -> None:
         )
 
 
-def _mean(lm: Any, rows: list[torch.Tensor], addr: list, batch_size: int | None) -> torch.Tensor:
+def _mean(lm: Any, rows: list[torch.Tensor], addr: list, batch_size: int | None, bar: Any = None) -> torch.Tensor:
     a = addr[0]
     if batch_size is None:
         batch_size = auto_batch_size(lm, max(r.shape[1] for r in rows), 1)
@@ -80,21 +81,36 @@ def _mean(lm: Any, rows: list[torch.Tensor], addr: list, batch_size: int | None)
     for i in range(0, len(rows), batch_size):
         for c in _capture_many(lm, rows[i : i + batch_size], addr, False):
             per_prompt.append(c[a][0].float().mean(0).cpu())
+        if bar is not None:
+            bar.update(len(rows[i : i + batch_size]))
     return torch.stack(per_prompt).mean(0)
 
 
 def mean_difference(
-    model: Any, positive: Any, negative: Any, address: AddressLike, *, batch_size: int | None = None
+    model: Any,
+    positive: Any,
+    negative: Any,
+    address: AddressLike,
+    *,
+    batch_size: int | None = None,
+    progress: bool = True,
 ) -> torch.Tensor:
     """A steering vector: mean(positive) - mean(negative) at `address`, each side a list of prompts.
 
     Each prompt is averaged over its own tokens, then the prompts of a side are averaged, exactly as capturing
     one prompt at a time; the prompts run in batches of `batch_size` rows (None: sized from ie_lab.sizing for
     the longest prompt, see sizing.batch_size_for). The answer does not depend on the batch size.
+    progress: the same kind of bar as loading and patch_sweep, counting prompts; shown only when a side's
+    prompts take more than one forward (a bar that flashes past on a short call is noise).
     """
     lm = lm_of(model)
     addr = parse_addresses(lm, address)
     _one_point(addr)
     batch_size = check_batch_size(batch_size)
+    check_flag("progress", progress)
     pos, neg = _rows(lm, positive, "positive"), _rows(lm, negative, "negative")  # all checked before any forward
-    return _mean(lm, pos, addr, batch_size) - _mean(lm, neg, addr, batch_size)
+    n = len(pos) + len(neg)
+    per_side = [batch_size or auto_batch_size(lm, max(r.shape[1] for r in side), 1) for side in (pos, neg)]
+    forwards = sum(-(-len(side) // b) for side, b in zip((pos, neg), per_side))
+    with tqdm(total=n, desc=f"mean difference {addr[0]}", disable=not progress or forwards <= 2, leave=False) as bar:
+        return _mean(lm, pos, addr, per_side[0], bar) - _mean(lm, neg, addr, per_side[1], bar)
