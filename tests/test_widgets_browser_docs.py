@@ -23,6 +23,8 @@ DOCS_IMAGES = {
     "docs-attention-dark.png": "widgets-attention-lab-dark.png",
     "docs-steering-light.png": "widgets-steering-lab-light.png",
     "docs-steering-dark.png": "widgets-steering-lab-dark.png",
+    "docs-features-light.png": "widgets-features-lab-light.png",
+    "docs-features-dark.png": "widgets-features-lab-dark.png",
 }
 IMG = os.path.join(ROOT, "docs", "img")
 
@@ -44,6 +46,7 @@ SAD = [
     "One Thursday , Jack went to the lake . Jack felt heartbroken and weary . Jack was full of grief .",
 ]
 SAD_STORY = "One Monday , Fiona went to the farm . Fiona cried and sobbed ."
+MIXED = "Anna felt happy and joyful . Tom felt sad and lonely ."
 # twelve random words told twice: the second copy attends one copy back (layer 2, head 0: the card's induction head)
 REPEAT = "owl Paris bread seven kite drum violet Tuesday lamp river tiger honey"
 CELLS = [
@@ -55,6 +58,9 @@ CELLS = [
     f"a = s.show_attention({REPEAT + ' ' + REPEAT!r}, layer=2, head=0); a",
     f"sp = s.steering_panel({SAD_STORY!r}, address='resid_post.0', positive={HAPPY!r}, negative={SAD!r}, "
     "scale=8.0, max_new_tokens=24); sp",
+    # the mood direction as a one-row probe: the tokens of a happy and a sad sentence coloured by it
+    f"mood = s.mean_difference({HAPPY!r}, {SAD!r}, 'resid_post.0'); mood = mood / mood.norm()\n"
+    f"fp = s.feature_panel({MIXED!r}, 'resid_post.0', mood[None], top=1); fp",
 ]
 
 
@@ -94,7 +100,7 @@ def lab():
     try:
         srv.write("demo.ipynb", CELLS)
         page = srv.open("demo.ipynb", width=1300)
-        for sel in (".iel-picker svg", ".iel-attn canvas.iel-pattern", ".iel-steer .iel-text"):
+        for sel in (".iel-picker svg", ".iel-attn canvas.iel-pattern", ".iel-steer .iel-text", ".iel-feat .iel-tok"):
             page.wait_for_selector(sel, timeout=60000)
         page.wait_for_function(
             "() => { const e = document.querySelector('.iel-steer'); return e && !e.classList.contains('iel-busy')"
@@ -167,6 +173,24 @@ def test_the_picker_card_shows_the_demo_models_numbers(lab):
     _shot(srv, picker, "docs-picker-light.png")
 
 
+@browser
+def test_the_feature_panel_lights_the_happy_words_by_the_mood_direction(lab):
+    srv, page = lab
+    panel = page.locator(".iel-feat")
+    happy, sad = _lexicon()
+    proj = f"s.project({MIXED!r}, 'resid_post.0', mood[None])"
+    toks = srv.execute(page, f"print('\\n'.join({proj}.str_tokens))").rstrip("\n").split("\n")
+    scores = [
+        float(x) for x in srv.execute(page, f"print(' '.join(str(v) for v in {proj}.scores[:, 0].tolist()))").split()
+    ]
+    assert panel.locator(".iel-tok").count() == len(toks) == len(scores)  # one box per token the model read
+    # the panel shows the mood probe's score per token: happy words score above sad ones
+    h = [v for t, v in zip(toks, scores) if t.strip() in happy]
+    sd = [v for t, v in zip(toks, scores) if t.strip() in sad]
+    assert h and sd and min(h) > max(sd), (toks, scores)
+    _shot(srv, panel, "docs-features-light.png")
+
+
 def _settled(page, srv, scale):
     """The kernel has the slider's value and the panel has drawn the text generated for it."""
     return _until(
@@ -213,7 +237,12 @@ def test_dark_theme_screenshots(lab):
     srv, page = lab
     try:
         _theme(page, "JupyterLab Dark", False)
-        for sel, name in ((".iel-picker", "picker"), (".iel-attn", "attention"), (".iel-steer", "steering")):
+        for sel, name in (
+            (".iel-picker", "picker"),
+            (".iel-attn", "attention"),
+            (".iel-steer", "steering"),
+            (".iel-feat", "features"),
+        ):
             _shot(srv, page.locator(sel).first, f"docs-{name}-dark.png")
     finally:
         _theme(page, "JupyterLab Light", True)
