@@ -36,7 +36,7 @@ from .core.demo import DEMO_MODEL
 from .coverage import build_tiny, causal_lm_types
 from .errors import IELabError, InputError
 from .loading import pick_device
-from .points_table import width_of
+from .points_table import layer_kinds, layer_kinds_text, width_of
 from .remote.command import add_serve_command
 from .session import Session
 from .toy import tokenizer
@@ -238,10 +238,20 @@ def expected_on_vllm(p: _points.Point, served_eager: bool, why_eager: str, famil
 
 
 def points_sheet(
-    src: _Source, facts: Any, describe: str, eager_rows: list[Any], vllm_rows: list[Any] | None, width: int
+    src: _Source,
+    facts: Any,
+    describe: str,
+    eager_rows: list[Any],
+    vllm_rows: list[Any] | None,
+    width: int,
+    kinds: list[str] | None = None,
 ) -> str:
-    """The cheat sheet: served addresses (with shape, eager/vLLM, definition), then what is not served and why."""
+    """The cheat sheet: served addresses (with shape, eager/vLLM, definition), then what is not served and why.
+    kinds: per layer, "attention" or the mixer's kind (as the binding measured it; from the config when None)."""
     family = facts.model_type
+    if kinds is None:
+        kinds = layer_kinds(_points.Structure.from_facts(facts), facts.n_layers)
+    kinds_line = layer_kinds_text(kinds)
     vllm_by = {r.name: r for r in vllm_rows} if vllm_rows is not None else None
     rows = []
     for r in eager_rows:
@@ -263,6 +273,13 @@ def points_sheet(
             f", heads as z.{L}.head-0 ... z.{L}.head-{facts.n_heads - 1}."
             if facts.n_heads
             else " (no attention heads)."
+        ),
+        *textwrap.wrap(
+            f"Layer kinds: {kinds_line}; attention points exist on attention layers, mixer points on mixer layers."
+            if kinds_line
+            else "",
+            max(40, width),
+            subsequent_indent="    ",
         ),
         "eager: this binding's verdict. vLLM: "
         + (
@@ -335,6 +352,8 @@ def _points_cmd(args: argparse.Namespace) -> int:
             s = _session(src, "eager", None)
             try:
                 facts, describe, eager_rows = s.facts, s.describe(), list(s.points().rows)
+                binding = getattr(s._lm, "binding", None)
+                kinds = layer_kinds(_points.Structure.from_binding(binding), facts.n_layers) if binding else None
             finally:
                 s.close()
             vllm_rows = None
@@ -354,7 +373,7 @@ def _points_cmd(args: argparse.Namespace) -> int:
         print(f"ie-lab points: {args.model}: {e}", file=sys.stderr)
         return FAILED
     width = max(100, shutil.get_terminal_size((100, 24)).columns)
-    sys.stdout.write(points_sheet(src, facts, describe, eager_rows, vllm_rows, width))
+    sys.stdout.write(points_sheet(src, facts, describe, eager_rows, vllm_rows, width, kinds))
     return 0
 
 

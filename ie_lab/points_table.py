@@ -24,6 +24,32 @@ def width_of(width: Width, facts: Any) -> int | str:
     }[width]
 
 
+def layer_kinds(s: Structure, n_layers: int) -> list[str]:
+    """Per layer: "attention", or the mixer's kind as the model's facts name it (linear_attention, mamba, conv...)."""
+    return [s.layer_kind(i) for i in range(n_layers)]
+
+
+def layer_kinds_text(kinds: list[str]) -> str:
+    """'layers 0-2, 4-6: linear_attention (mixer); 3, 7: attention', or "" when every layer is attention (a dense
+    trunk says nothing new)."""
+    if all(k == "attention" for k in kinds):
+        return ""
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(kinds):
+        groups.setdefault(k, []).append(i)
+    parts = []
+    for k, layers in groups.items():
+        runs: list[list[int]] = []
+        for i in layers:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        spans = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+        parts.append(f"{spans}: {k}" + ("" if k == "attention" else " (mixer)"))
+    return ("layer " if parts[0][0].isdigit() and parts[0].split(":")[0].isdigit() else "layers ") + "; ".join(parts)
+
+
 @dataclass
 class Row:
     name: str

@@ -1,5 +1,5 @@
 // Address picker: one decoder block of this model drawn in forward order; click a point to select it.
-import { addressOf, fillLayer, layoutBlock, pointOrder, servedAt, snippet } from "./util.js";
+import { addressOf, fillLayer, layerKindLabel, layoutBlock, pointOrder, servedAt, snippet } from "./util.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const COLX = [36, 196, 400];
@@ -34,8 +34,10 @@ function render({ model, el }) {
   const layerBox = h("label", { class: "iel-layer" }, "layer ");
   const prev = h("button", { class: "iel-btn", type: "button", "aria-label": "previous layer", text: "◀" });
   const sel = h("select", { "aria-label": "layer" });
+  const hybrid = layerKindLabel(spec, 0) !== "";
   for (let i = 0; i < spec.n_layers; i++) {
-    const kind = spec.layer_kinds[i] && spec.layer_kinds[i] !== "global" ? ` (${spec.layer_kinds[i]})` : "";
+    const kind = hybrid ? ` (${layerKindLabel(spec, i)})`
+      : spec.layer_kinds[i] && spec.layer_kinds[i] !== "global" ? ` (${spec.layer_kinds[i]})` : "";
     const moe = spec.structure.moe_layers.includes(i) ? " MoE" : "";
     sel.append(h("option", { value: String(i), text: `${i}${kind}${moe}` }));
   }
@@ -43,6 +45,18 @@ function render({ model, el }) {
   layerBox.append(prev, sel, next);
   const selectedLine = h("div", { class: "iel-selected", "aria-live": "polite" });
   head.append(title, h("div", { class: "iel-row" }, layerBox, selectedLine));
+  // A hybrid or state-space trunk: one cell per layer, coloured by what mixes tokens there (click to show it).
+  const strip = hybrid ? h("div", { class: "iel-kinds", role: "group", "aria-label": `layer kinds: ${spec.layer_kinds_text}` }) : null;
+  if (strip) {
+    for (let i = 0; i < spec.n_layers; i++) {
+      const label = layerKindLabel(spec, i);
+      const cell = h("button", { type: "button", class: "iel-kind " + (spec.layer_mixers[i] === "attention" ? "iel-k-attn" : "iel-k-mixer"),
+        "data-layer": String(i), "data-kind": spec.layer_mixers[i], title: `layer ${i}: ${label}`, "aria-label": `layer ${i}: ${label}`, text: String(i) });
+      strip.append(cell);
+    }
+    strip.addEventListener("click", (e) => { const c = e.target.closest(".iel-kind"); if (c) setLayer(Number(c.dataset.layer)); });
+    head.append(strip, h("div", { class: "iel-kinds-text", text: spec.layer_kinds_text }));
+  }
 
   const body = h("div", { class: "iel-body" });
   const svgWrap = h("div", { class: "iel-diagram" });
@@ -75,8 +89,9 @@ function render({ model, el }) {
       for (const dx of [-4, 4]) bg.append(s("line", { x1: COLX[0] + dx, y1: layout.blockTop, x2: COLX[0] + dx, y2: layout.blockBottom, class: "iel-spine iel-stream" }));
     }
     const lbl = s("text", { x: width - 14, y: layout.blockTop + 14, "text-anchor": "end", class: "iel-blocklabel" });
-    lbl.textContent = `layer ${layer} of ${spec.n_layers}` + (moe ? " · MoE" : "") +
-      (spec.layer_kinds[layer] && spec.layer_kinds[layer] !== "global" ? ` · ${spec.layer_kinds[layer]} attention` : "");
+    lbl.textContent = `layer ${layer} of ${spec.n_layers}` + (moe ? " · MoE" : "") + (hybrid ? ` · ${layerKindLabel(spec, layer)}` :
+      (spec.layer_kinds[layer] && spec.layer_kinds[layer] !== "global" ? ` · ${spec.layer_kinds[layer]} attention` : ""));
+    if (strip) for (const c of strip.children) c.classList.toggle("iel-cur", Number(c.dataset.layer) === layer);
     bg.append(lbl);
     // branch wires: from each fork down to the matching join
     const forks = items.filter((i) => i.kind === "fork"), joins = items.filter((i) => i.kind === "join");

@@ -161,6 +161,9 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
   let y = 20;
   const push = (it) => { items.push(it); return it; };
   const multi = (st.n_streams || 1) > 1;
+  const mixerAt = (st.mixer_layers || []).indexOf(layer);
+  const mixerKind = mixerAt >= 0 ? st.mixer_kinds[mixerAt] : "";
+  const noMlp = (st.no_mlp_layers || []).includes(layer);
   // trunk, top
   // A parallel block either shares one input norm across both branches or gives each branch its own.
   const sharedNorm = st.parallel_block && st.pre_norms && st.parallel_norms !== "separate";
@@ -198,6 +201,19 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
     if (multi) { p("attn_stream_write"); p("attn_stream_mix"); }
     return yy;
   };
+  // A hybrid or state-space trunk's mixer layer: its mixer block, labelled with the kind the model's facts name.
+  const mixer = (col, y0) => {
+    let yy = y0;
+    const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
+    const m = (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; };
+    if (branchNorms) m("input norm", "norm");
+    p("mixer_in");
+    m(`${mixerKind} mixer`, "mixer");
+    p("mixer_out");
+    if (st.sandwich_norms) m("post-mixer norm", "norm");
+    p("mixer_out_post");
+    return yy;
+  };
   const mlp = (col, y0) => {
     let yy = y0;
     const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
@@ -230,19 +246,21 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
   };
 
   if (st.parallel_block) {
-    push({ kind: "fork", col: 1, y: y - 10, to: [1, 2] });
+    push({ kind: "fork", col: 1, y: y - 10, to: noMlp ? [1] : [1, 2] });
     if (sharedNorm) { push({ kind: "module", label: "input norm (shared)", role: "norm", col: 1, span: 2, y }); y += ROW; }
-    const end = Math.max(attn(1, y), mlp(2, y));
+    const end = Math.max((mixerKind ? mixer : attn)(1, y), noMlp ? y : mlp(2, y));
     y = end;
-    push({ kind: "join", col: 0, y, from: [1, 2] }); y += ROW;
+    push({ kind: "join", col: 0, y, from: noMlp ? [1] : [1, 2] }); y += ROW;
   } else {
     push({ kind: "fork", col: 1, y: y - 10, to: [1] });
-    y = attn(1, y);
+    y = (mixerKind ? mixer : attn)(1, y);
     push({ kind: "join", col: 0, y, from: [1] }); y += ROW;
-    spine("resid_mid");
-    push({ kind: "fork", col: 1, y: y - 10, to: [1] });
-    y = mlp(1, y);
-    push({ kind: "join", col: 0, y, from: [1] }); y += ROW;
+    if (!noMlp) {
+      spine("resid_mid");
+      push({ kind: "fork", col: 1, y: y - 10, to: [1] });
+      y = mlp(1, y);
+      push({ kind: "join", col: 0, y, from: [1] }); y += ROW;
+    }
   }
   spine("resid_post");
   const blockBottom = y - 8;
@@ -252,6 +270,15 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
   push({ kind: "module", label: "lm_head (unembedding)", role: "linear", col: 0, y, trunk: true }); y += ROW;
   spine("lm_head");
   return { items, height: y, blockTop, blockBottom };
+}
+
+/** What mixes tokens on a layer, for labels: "" on a trunk whose every layer is attention (drawn as before),
+ * else "attention" / "sliding attention", or the mixer's kind from the model's facts with "(mixer)". */
+export function layerKindLabel(spec, i) {
+  const mixers = spec.layer_mixers || [];
+  if (mixers.every((k) => k === "attention")) return "";
+  if (mixers[i] !== "attention") return `${mixers[i]} (mixer)`;
+  return spec.layer_kinds[i] === "sliding" ? "sliding attention" : "attention";
 }
 
 /** Order in which keyboard navigation visits the points of a layout (forward order, left column first per row). */

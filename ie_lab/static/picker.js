@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 61f3c99a254b7081); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 8d2ee885ead5d304); edit those, not this file
 
 // widgets/util.js
 function fillLayer(template, layer) {
@@ -28,6 +28,9 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
     return it;
   };
   const multi = (st.n_streams || 1) > 1;
+  const mixerAt = (st.mixer_layers || []).indexOf(layer);
+  const mixerKind = mixerAt >= 0 ? st.mixer_kinds[mixerAt] : "";
+  const noMlp = (st.no_mlp_layers || []).includes(layer);
   const sharedNorm = st.parallel_block && st.pre_norms && st.parallel_norms !== "separate";
   const branchNorms = st.pre_norms && !sharedNorm;
   push({ kind: "trunk", label: st.embed_label || "token embedding", col: 0, y });
@@ -84,6 +87,26 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
     }
     return yy;
   };
+  const mixer = (col, y0) => {
+    let yy = y0;
+    const p = (name) => {
+      if (has(name)) {
+        push({ kind: "point", name, col, y: yy });
+        yy += ROW;
+      }
+    };
+    const m = (label, role) => {
+      push({ kind: "module", label, role, col, y: yy });
+      yy += ROW;
+    };
+    if (branchNorms) m("input norm", "norm");
+    p("mixer_in");
+    m(`${mixerKind} mixer`, "mixer");
+    p("mixer_out");
+    if (st.sandwich_norms) m("post-mixer norm", "norm");
+    p("mixer_out_post");
+    return yy;
+  };
   const mlp = (col, y0) => {
     let yy = y0;
     const p = (name) => {
@@ -129,25 +152,27 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
     return yy;
   };
   if (st.parallel_block) {
-    push({ kind: "fork", col: 1, y: y - 10, to: [1, 2] });
+    push({ kind: "fork", col: 1, y: y - 10, to: noMlp ? [1] : [1, 2] });
     if (sharedNorm) {
       push({ kind: "module", label: "input norm (shared)", role: "norm", col: 1, span: 2, y });
       y += ROW;
     }
-    const end = Math.max(attn(1, y), mlp(2, y));
+    const end = Math.max((mixerKind ? mixer : attn)(1, y), noMlp ? y : mlp(2, y));
     y = end;
-    push({ kind: "join", col: 0, y, from: [1, 2] });
+    push({ kind: "join", col: 0, y, from: noMlp ? [1] : [1, 2] });
     y += ROW;
   } else {
     push({ kind: "fork", col: 1, y: y - 10, to: [1] });
-    y = attn(1, y);
+    y = (mixerKind ? mixer : attn)(1, y);
     push({ kind: "join", col: 0, y, from: [1] });
     y += ROW;
-    spine("resid_mid");
-    push({ kind: "fork", col: 1, y: y - 10, to: [1] });
-    y = mlp(1, y);
-    push({ kind: "join", col: 0, y, from: [1] });
-    y += ROW;
+    if (!noMlp) {
+      spine("resid_mid");
+      push({ kind: "fork", col: 1, y: y - 10, to: [1] });
+      y = mlp(1, y);
+      push({ kind: "join", col: 0, y, from: [1] });
+      y += ROW;
+    }
   }
   spine("resid_post");
   const blockBottom = y - 8;
@@ -159,6 +184,12 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
   y += ROW;
   spine("lm_head");
   return { items, height: y, blockTop, blockBottom };
+}
+function layerKindLabel(spec, i) {
+  const mixers = spec.layer_mixers || [];
+  if (mixers.every((k) => k === "attention")) return "";
+  if (mixers[i] !== "attention") return `${mixers[i]} (mixer)`;
+  return spec.layer_kinds[i] === "sliding" ? "sliding attention" : "attention";
 }
 function pointOrder(layout) {
   return layout.items.filter((it) => it.kind === "point").sort((p, q) => p.y - q.y || p.col - q.col).map((it) => it.name);
@@ -195,8 +226,9 @@ function render({ model, el }) {
   const layerBox = h("label", { class: "iel-layer" }, "layer ");
   const prev = h("button", { class: "iel-btn", type: "button", "aria-label": "previous layer", text: "◀" });
   const sel = h("select", { "aria-label": "layer" });
+  const hybrid = layerKindLabel(spec, 0) !== "";
   for (let i = 0; i < spec.n_layers; i++) {
-    const kind = spec.layer_kinds[i] && spec.layer_kinds[i] !== "global" ? ` (${spec.layer_kinds[i]})` : "";
+    const kind = hybrid ? ` (${layerKindLabel(spec, i)})` : spec.layer_kinds[i] && spec.layer_kinds[i] !== "global" ? ` (${spec.layer_kinds[i]})` : "";
     const moe = spec.structure.moe_layers.includes(i) ? " MoE" : "";
     sel.append(h("option", { value: String(i), text: `${i}${kind}${moe}` }));
   }
@@ -204,6 +236,27 @@ function render({ model, el }) {
   layerBox.append(prev, sel, next);
   const selectedLine = h("div", { class: "iel-selected", "aria-live": "polite" });
   head.append(title, h("div", { class: "iel-row" }, layerBox, selectedLine));
+  const strip = hybrid ? h("div", { class: "iel-kinds", role: "group", "aria-label": `layer kinds: ${spec.layer_kinds_text}` }) : null;
+  if (strip) {
+    for (let i = 0; i < spec.n_layers; i++) {
+      const label = layerKindLabel(spec, i);
+      const cell = h("button", {
+        type: "button",
+        class: "iel-kind " + (spec.layer_mixers[i] === "attention" ? "iel-k-attn" : "iel-k-mixer"),
+        "data-layer": String(i),
+        "data-kind": spec.layer_mixers[i],
+        title: `layer ${i}: ${label}`,
+        "aria-label": `layer ${i}: ${label}`,
+        text: String(i)
+      });
+      strip.append(cell);
+    }
+    strip.addEventListener("click", (e) => {
+      const c = e.target.closest(".iel-kind");
+      if (c) setLayer(Number(c.dataset.layer));
+    });
+    head.append(strip, h("div", { class: "iel-kinds-text", text: spec.layer_kinds_text }));
+  }
   const body = h("div", { class: "iel-body" });
   const svgWrap = h("div", { class: "iel-diagram" });
   const card = h("div", { class: "iel-card", "aria-live": "polite" });
@@ -244,7 +297,8 @@ function render({ model, el }) {
       for (const dx of [-4, 4]) bg.append(s("line", { x1: COLX[0] + dx, y1: layout.blockTop, x2: COLX[0] + dx, y2: layout.blockBottom, class: "iel-spine iel-stream" }));
     }
     const lbl = s("text", { x: width - 14, y: layout.blockTop + 14, "text-anchor": "end", class: "iel-blocklabel" });
-    lbl.textContent = `layer ${layer} of ${spec.n_layers}` + (moe ? " · MoE" : "") + (spec.layer_kinds[layer] && spec.layer_kinds[layer] !== "global" ? ` · ${spec.layer_kinds[layer]} attention` : "");
+    lbl.textContent = `layer ${layer} of ${spec.n_layers}` + (moe ? " · MoE" : "") + (hybrid ? ` · ${layerKindLabel(spec, layer)}` : spec.layer_kinds[layer] && spec.layer_kinds[layer] !== "global" ? ` · ${spec.layer_kinds[layer]} attention` : "");
+    if (strip) for (const c of strip.children) c.classList.toggle("iel-cur", Number(c.dataset.layer) === layer);
     bg.append(lbl);
     const forks = items.filter((i) => i.kind === "fork"), joins = items.filter((i) => i.kind === "join");
     forks.forEach((f, k) => {

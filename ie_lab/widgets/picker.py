@@ -229,6 +229,13 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
         for layer in range(n):
             tables[layer] = {r.name: r for r in PointsTable.for_model(lm, layer).rows}
     ambiguous = _ambiguous_names(model_ref, facts.model_type, st)
+    from ..points_table import layer_kinds_text
+
+    # Per layer, what mixes tokens there: "attention" or the mixer's kind as the model names it (never a label
+    # written per family); the front end labels the layer selector and draws the mixer block from it.
+    mixers = ["attention"] * n
+    for i, k in zip(st["mixer_layers"], st["mixer_kinds"]):
+        mixers[i] = k
     pts = []
     for p in _points.all_points():
         if p.multi_stream_only and st["n_streams"] <= 1:
@@ -297,6 +304,8 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
         "n_experts": facts.n_experts,
         "vocab_size": facts.vocab_size,
         "layer_kinds": list(facts.layer_kinds),
+        "layer_mixers": mixers,
+        "layer_kinds_text": layer_kinds_text(mixers),
         "structure": st,
         "points": pts,
         "handle": "s" if lm is not None else "lm",
@@ -329,6 +338,11 @@ class Picker(_base.Panel):
             raise AddressError(f"layer {L} is out of range: this model has {facts.n_layers} layers.")
         super().__init__(spec=spec, layer=L)
         self._points = {p["name"]: p for p in spec["points"]}
+
+    @property
+    def layer_kind(self) -> str:
+        """What mixes tokens on the shown layer: "attention", or a mixer's kind on a hybrid or state-space trunk."""
+        return str(self.spec["layer_mixers"][self.layer])
 
     # ---- from Python ---------------------------------------------------------------------------
     def select(self, address: Any, multi: bool = False) -> Address:
@@ -376,8 +390,9 @@ class Picker(_base.Panel):
     def __repr__(self) -> str:
         s = self.spec
         sel = ", ".join(self.selected) if self.selected else "none"
+        kinds = f"; {s['layer_kinds_text']}" if s["layer_kinds_text"] else ""
         return (
-            f"Picker({s['family']}, {s['n_layers']} layers, backend={s['backend']}; layer {self.layer}; "
+            f"Picker({s['family']}, {s['n_layers']} layers{kinds}, backend={s['backend']}; layer {self.layer}; "
             f"selected: {sel})"
         )
 
