@@ -126,3 +126,51 @@ def test_the_text_cheat_sheet_lists_the_layer_kinds(capsys):
     assert "Layer kinds: layer 0: linear_attention (mixer); 1: attention;" in out
     assert cli.main(["points", "llama"]) == 0
     assert "Layer kinds" not in capsys.readouterr().out
+
+
+def test_in_jupyterlab_the_strip_labels_the_mixer_layer_and_draws_its_mixer():
+    """One real browser check (JupyterLab + Chromium): the layer strip names each layer's kind, a click on the
+    mixer layer draws its mixer block and its points, and a click on mixer_out selects it in the kernel."""
+    from benchmarks.widgets_harness import ROOT, Server, available
+
+    if available() is not None:
+        pytest.skip(str(available()))
+    srv = Server()
+    try:
+        srv.write(
+            "kinds.ipynb",
+            [
+                f"import sys; sys.path.insert(0, {ROOT!r})\n"
+                "import torch; torch.set_num_threads(1)\n"
+                "import ie_lab\nfrom ie_lab.coverage import build_tiny\nfrom ie_lab.toy import tokenizer\n"
+                "s = ie_lab.Session(build_tiny('qwen3_next'), tokenizer=tokenizer(), progress=False)",
+                "p = s.picker(layer=1); p",
+            ],
+        )
+        page = srv.open("kinds.ipynb")
+        picker = page.locator(".iel-picker")
+        page.wait_for_selector(".iel-picker svg", timeout=30000)
+        cells = picker.locator(".iel-kinds .iel-kind")
+        assert [cells.nth(i).get_attribute("aria-label") for i in range(cells.count())] == [
+            "layer 0: linear_attention (mixer)",
+            "layer 1: attention",
+        ]
+        svg = picker.locator("svg")
+        assert "layer 1 of 2 · MoE · attention" in svg.text_content()
+        assert picker.locator('.iel-pt[data-name="mixer_out"]').count() == 0
+        cells.nth(0).click()
+        assert "layer 0 of 2 · MoE · linear_attention" in svg.text_content()
+        assert "linear_attention mixer" in svg.text_content()
+        assert picker.locator('.iel-pt[data-name="attn_out"]').count() == 0
+        assert "0 · linear_attention (mixer) MoE" in picker.locator('select[aria-label="layer"]').inner_text()
+        srv.shot(picker, "picker-hybrid-mixer-layer.png")
+        picker.locator('.iel-pt[data-name="mixer_out"]').click()
+        deadline = 100
+        out = ""
+        while deadline and "mixer_out.0 linear_attention" not in out:
+            out = srv.execute(page, "print(p.address, p.layer_kind)")
+            deadline -= 1
+        assert "mixer_out.0 linear_attention" in out, out
+        srv.close_page(page)
+    finally:
+        srv.close()

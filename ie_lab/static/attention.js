@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 8d2ee885ead5d304); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 62eef4579176b814); edit those, not this file
 
 // widgets/util.js
 var VIRIDIS_STOPS = [

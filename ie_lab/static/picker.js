@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 8d2ee885ead5d304); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 62eef4579176b814); edit those, not this file
 
 // widgets/util.js
 function fillLayer(template, layer) {
@@ -228,7 +228,7 @@ function render({ model, el }) {
   const sel = h("select", { "aria-label": "layer" });
   const hybrid = layerKindLabel(spec, 0) !== "";
   for (let i = 0; i < spec.n_layers; i++) {
-    const kind = hybrid ? ` (${layerKindLabel(spec, i)})` : spec.layer_kinds[i] && spec.layer_kinds[i] !== "global" ? ` (${spec.layer_kinds[i]})` : "";
+    const kind = hybrid ? ` · ${layerKindLabel(spec, i)}` : spec.layer_kinds[i] && spec.layer_kinds[i] !== "global" ? ` (${spec.layer_kinds[i]})` : "";
     const moe = spec.structure.moe_layers.includes(i) ? " MoE" : "";
     sel.append(h("option", { value: String(i), text: `${i}${kind}${moe}` }));
   }
@@ -297,7 +297,7 @@ function render({ model, el }) {
       for (const dx of [-4, 4]) bg.append(s("line", { x1: COLX[0] + dx, y1: layout.blockTop, x2: COLX[0] + dx, y2: layout.blockBottom, class: "iel-spine iel-stream" }));
     }
     const lbl = s("text", { x: width - 14, y: layout.blockTop + 14, "text-anchor": "end", class: "iel-blocklabel" });
-    lbl.textContent = `layer ${layer} of ${spec.n_layers}` + (moe ? " · MoE" : "") + (hybrid ? ` · ${layerKindLabel(spec, layer)}` : spec.layer_kinds[layer] && spec.layer_kinds[layer] !== "global" ? ` · ${spec.layer_kinds[layer]} attention` : "");
+    lbl.textContent = `layer ${layer} of ${spec.n_layers}` + (moe ? " · MoE" : "") + (hybrid ? ` · ${spec.layer_mixers[layer]}` : spec.layer_kinds[layer] && spec.layer_kinds[layer] !== "global" ? ` · ${spec.layer_kinds[layer]} attention` : "");
     if (strip) for (const c of strip.children) c.classList.toggle("iel-cur", Number(c.dataset.layer) === layer);
     bg.append(lbl);
     const forks = items.filter((i) => i.kind === "fork"), joins = items.filter((i) => i.kind === "join");
