@@ -17,7 +17,11 @@ from ie_lab.toy import tokenizer
 from ie_lab.widgets.picker import cheatsheet
 
 # The tiny instances' layer 0 is the mixer, layer 1 attention (tests below check this against the binding).
-HYBRIDS = {"qwen3_next": "linear_attention", "jamba": "mamba"}
+HYBRIDS = {
+    "qwen3_next": "linear_attention",
+    "jamba": "mamba",
+    "lfm2": "conv",
+}  # lfm2: measured, its config says nothing
 
 
 @pytest.fixture(scope="module", params=sorted(HYBRIDS))
