@@ -321,7 +321,12 @@ class IEEager:
                 spec["model_dir"], backend="eager", dtype=spec.get("dtype", "float32"), progress=False, replace=False
             )
             _no_eos_ie(self.sess)
-            self.own_thread = True  # awaited requests compute on the session's loop thread
+            # Awaited requests compute on the session's loop thread, while Session() loaded the model on this
+            # thread, which keeps its own OpenMP pool: two pools hold more threads than CPUs, libgomp then shortens
+            # its spin-waits and every small op pays a wake-up. That costs most on the tiny demo model and is what
+            # a notebook that loads a Session and then awaits it gets, so it counts against the engine here (with
+            # one OpenMP thread everywhere, so one pool, the same requests run at 1.04x bare on the demo model).
+            self.own_thread = True
         else:
             self.lm = ie_lab.load(_load_hf(spec, eager_attn=spec["workload"] == "attention"), tokenizer=_tok(spec))
             _no_eos_ie(self.lm)
