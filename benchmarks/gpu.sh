@@ -19,4 +19,7 @@ timeout 400 "$py" -m benchmarks.run --gpu --repeats 3 --timeout 120 \
 # graph-mode plain generation vs hooks-mode steering, and generation-only vs hooks mode; -> results/vllm_modes-cuda.json
 timeout 420 "$py" benchmarks/vllm_modes.py --repeats 5 --model "$IE_LAB_BENCH_GPU_MODEL" \
   || echo "vllm_modes FAILED (see above)"
+# projection in the worker vs a full capture projected on the client, k = 16 and 4,096: time and bytes per request
+# (the random 12M Llama: the ratio is about the payload, not the model) -> results/vllm_projection-cuda.json
+timeout 300 "$py" benchmarks/vllm_projection.py --repeats 7 || echo "vllm_projection FAILED (see above)"
 "$py" benchmarks/render.py > /dev/null
