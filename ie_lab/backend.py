@@ -143,6 +143,10 @@ class Backend(Protocol):
       astream(token, prompt, max_new_tokens, kw) -> AsyncIterator[GenStep] (on_loop True).
       issued(steer)     the steering of the caller's context, read where a stream is issued.
       add_cancel_hooks(token) -> handles   (on_loop False) hooks that raise OperationCancelled at the next layer.
+      .bind(token)      optional, on a returned function or stream (on_loop False): the Session hands the
+                        operation its cancel token as soon as it is queued, before the operation lock is leased
+                        (eager: a generation joins the shared batch then, and leaves it when the token is
+                        cancelled). An operation without `bind` is handed nothing.
       steer(address, vector, method, **kw) a steering spec on this model.
       check_printable(prompt)  refuse what generate(print_tokens=True) cannot print.
 
