@@ -60,8 +60,8 @@ def qwen3(tmp_path_factory):
 
 
 def test_the_trunk_is_compiled_and_says_so(qwen3):
-    assert qwen3._driver.engine.vllm_config.compilation_config.mode != 0  # not eager: torch.compile traced it
-    assert qwen3._driver.engine.vllm_config.model_config.enforce_eager is False
+    assert qwen3._backend._driver.engine.vllm_config.compilation_config.mode != 0  # not eager: torch.compile traced it
+    assert qwen3._backend._driver.engine.vllm_config.model_config.enforce_eager is False
     assert "graph mode: " in qwen3.describe()
 
 
@@ -149,7 +149,7 @@ def test_gpt2_unfused_blocks_in_graph_mode(tmp_path_factory):
         g = s.generate(TEXT, 5, capture=["resid_post.1"])
         ge = ie_lab.generate(eager, TEXT, 5, capture=["resid_post.1"])
         assert g.ids == ge.ids and close(g.cache["resid_post.1"], ge.cache["resid_post.1"])
-        compile_dir = s._graph_dir
+        compile_dir = s._backend._graph_dir
         assert os.path.isdir(compile_dir)
     assert not os.path.exists(compile_dir), "close() leaves the private compile cache behind"
 

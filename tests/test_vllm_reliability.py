@@ -33,7 +33,7 @@ def _vec(seed: int) -> torch.Tensor:
 def _clean(s) -> None:
     st = s.worker_state()[0]
     assert st["specs"] == [] and st["steering"] == 0 and not st["rows_in_flight"], st
-    assert not s._inflight
+    assert not s._backend._inflight
 
 
 # ---- A: bad arguments never reach the engine; a failure inside it fails one request -----------------------
@@ -126,7 +126,7 @@ def test_a_hook_that_fails_in_the_worker_fails_only_its_request(s):
     async def broken():
         box: dict = {}
         ids = s.tokenizer(PROMPTS[0])["input_ids"]
-        async for _ in s._request(
+        async for _ in s._backend._request(
             ids, SamplingParams(max_tokens=12, temperature=0.0), _Work([], [], [bad_payload]), box
         ):
             pass

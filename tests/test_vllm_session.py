@@ -61,7 +61,7 @@ def test_concurrent_agenerate_is_not_serialized(s):
     async def together():
         async def watch():
             while True:
-                peak[0] = max(peak[0], len(s._inflight))
+                peak[0] = max(peak[0], len(s._backend._inflight))
                 await asyncio.sleep(0.001)
 
         w = asyncio.ensure_future(watch())
@@ -221,7 +221,7 @@ def test_abort_mid_generation_leaves_no_state(s, eager):
     async def cancel_one():
         t = asyncio.ensure_future(s.agenerate(TEXT, 200, capture=["z.1"], steer=s.steer("resid_mid.0", v)))
         for _ in range(2000):  # cancel once the request is in the engine (a fixed sleep can outlast it)
-            if s._inflight:
+            if s._backend._inflight:
                 break
             await asyncio.sleep(0.005)
         assert not t.done()
@@ -237,7 +237,7 @@ def test_abort_mid_generation_leaves_no_state(s, eager):
         time.sleep(0.1)
     st = s.worker_state()[0]
     assert st["specs"] == [] and st["steering"] == 0
-    assert not s._inflight
+    assert not s._backend._inflight
     assert s.generate(TEXT, 6).ids == base  # no steering left behind
 
 
