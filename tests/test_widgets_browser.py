@@ -135,11 +135,11 @@ def test_moving_a_slider_changes_the_steered_text_in_the_dom_and_the_kernel(lab)
 def test_a_long_contrast_shows_progress_leaves_the_kernel_free_and_stops(lab):
     srv, page = lab
     panel = page.locator(".iel-steer")
-    # hold the vector job after its first prompt (on the session's loop), to look at the panel meanwhile
+    # hold the vector job after its first batch (on the session's loop), to look at the panel meanwhile
     srv.execute(
         page,
         "import threading as _t, torch as _torch\n_reached, _release = _t.Event(), _t.Event()\n"
-        "def _gate(ch):\n    if ch['new'][0] == 1:\n        _reached.set(); _release.wait(60)\n"
+        "def _gate(ch):\n    if ch['new'][0] == 64:\n        _reached.set(); _release.wait(60)\n"
         "sp.observe(_gate, 'progress'); _v0, _src0 = sp.vector.clone(), sp.vector_source",
     )
     try:
@@ -148,11 +148,11 @@ def test_a_long_contrast_shows_progress_leaves_the_kernel_free_and_stops(lab):
         panel.locator('textarea[aria-label^="negative"]').fill("\n".join(f"sad bad night {i}" for i in range(64)))
         panel.get_by_role("button", name="use difference of means").click()
         page.wait_for_function(
-            "() => document.querySelector('.iel-steer .iel-status').textContent.includes('1/128')", timeout=30000
+            "() => document.querySelector('.iel-steer .iel-status').textContent.includes('64/128')", timeout=30000
         )
         assert panel.locator("progress.iel-progress").is_visible()
         # the kernel answers while the vector is being computed
-        assert _kernel(srv, page, "[_reached.is_set(), sp.status, sp.progress]") == [True, "vector", [1, 128]]
+        assert _kernel(srv, page, "[_reached.is_set(), sp.status, sp.progress]") == [True, "vector", [64, 128]]
         srv.shot(panel, "steering-vector-progress.png")
         panel.get_by_role("button", name="stop").click()
         assert _until(lambda: _kernel(srv, page, "sp.status") == "ready")

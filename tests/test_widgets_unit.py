@@ -396,19 +396,19 @@ CONTRAST = {
 def test_the_largest_contrast_runs_in_the_background_with_progress(session, monkeypatch):
     sp = session.steering_panel("Mary went to the", vector=torch.ones(128), max_new_tokens=4)
     assert sp.has_trait("progress"), "the panel has no progress to show"
-    reached, release, seen = _gate_progress(sp)
+    reached, release, seen = _gate_progress(sp, at=64)  # progress moves once a batch: 64 prompts on this model
     out = _outbox(sp, monkeypatch)
     try:
         sp._on_front_end_msg(sp, {"cmd": "contrast", "seq": 3, **CONTRAST}, [])
-        # the handler has returned while the job is held after its first prompt: the kernel's shell is free
+        # the handler has returned while the job is held after its first batch: the kernel's shell is free
         assert reached.wait(60), "the vector job never reported progress"
-        assert sp.status == "vector" and sp.progress == [1, 128]
+        assert sp.status == "vector" and sp.progress == [64, 128]
         assert torch.equal(sp.vector, torch.ones(128)) and sp.vector_source == "given tensor"  # nothing committed yet
     finally:
         release.set()
     sp.wait()
     assert all(tid != threading.get_ident() for n, tid in seen if n > 0), "prompts were captured on the kernel's thread"
-    assert [n for n, _ in seen if n > 0] == list(range(1, 129))
+    assert [n for n, _ in seen if n > 0] == [64, 128]  # one batch a side (tests/test_steering_panel_batches.py)
 
     def mean(prompts):
         return torch.stack(
@@ -429,7 +429,7 @@ def test_the_largest_contrast_runs_in_the_background_with_progress(session, monk
 def test_a_newer_message_or_close_cancels_the_contrast(session, monkeypatch, how):
     v = torch.randn(128, generator=torch.Generator().manual_seed(4))
     sp = session.steering_panel("Mary went to the", vector=v, max_new_tokens=4)
-    reached, release, seen = _gate_progress(sp)
+    reached, release, seen = _gate_progress(sp, at=64)
     out = _outbox(sp, monkeypatch)
     try:
         sp._on_front_end_msg(sp, {"cmd": "contrast", "seq": 3, **CONTRAST}, [])

@@ -25,6 +25,7 @@ from ..address import Address
 from ..errors import AddressError, IELabError, InputError
 from ..ops.steering import METHODS
 from ..points import all_points
+from ..sizing import GIB, batch_size_for
 from . import _base, _static
 
 STEERABLE = tuple(p.name for p in all_points() if p.steerable and not p.multi_stream_only)
@@ -110,6 +111,9 @@ class SteeringPanel(_base.Panel):
     status = traitlets.Unicode("ready").tag(sync=True)
     has_vector = traitlets.Bool(False).tag(sync=True)  # the front end disables the knobs until there is one
     progress = traitlets.List(traitlets.Int(), [0, 0]).tag(sync=True)  # [prompts captured, of] while status == vector
+    # Activation memory one forward of the vector job may take (its batches are sized from it by ie_lab.sizing);
+    # fixed, as ie_lab.mean_difference's default, so the batch split is reproducible.
+    VECTOR_BUDGET_BYTES = 1 * GIB
 
     def __init__(
         self,
@@ -330,28 +334,30 @@ class SteeringPanel(_base.Panel):
         self.send({"type": "error", "seq": seq, "message": self.error})
 
     async def _vector_job(self, job: object, seq: int, pos: list[str], neg: list[str], address: str) -> None:
-        """A difference of means, one prompt at a time on the session's loop, then the steered text.
+        """A difference of means in memory-bounded batches on the session's loop, then the steered text.
 
         The kernel's shell is free meanwhile (128 prompts take seconds on a real model); progress is the
-        ``progress`` trait, and a newer command or close() cancels it between two prompts. Nothing is committed
-        (vector, address, lists, ranges) unless it finishes while still the newest job.
+        ``progress`` trait, moved once per batch, and a newer command or close() cancels it between two batches.
+        Nothing is committed (vector, address, lists, ranges) unless it finishes while still the newest job.
         """
         s = self._session
         total = len(pos) + len(neg)
         try:
+            rows = self._batch_rows(pos + neg)
             means = []
             done = 0
             for side in (pos, neg):
-                rows = []
-                for p in side:
-                    rows.append((await s.acapture(p, [address]))[address][0].float().mean(0).cpu())
-                    done += 1
+                per_prompt: list[torch.Tensor] = []
+                for i in range(0, len(side), rows):
+                    batch = side[i : i + rows]
+                    per_prompt += await self._prompt_means(batch, address)
+                    done += len(batch)
                     with self._lock:
                         live = self._active is job
                     if live:  # set outside the lock: an observer of progress may take its time
                         self.progress = [done, total]
-                    await asyncio.sleep(0)  # a cancellation point between prompts
-                means.append(torch.stack(rows).mean(0))
+                    await asyncio.sleep(0)  # a cancellation point between batches
+                means.append(torch.stack(per_prompt).mean(0))
             vector = means[0] - means[1]
             h = (await s.acapture(self.prompt, [address]))[address][0]
             ranges = self._ranges(vector, h)
@@ -374,6 +380,24 @@ class SteeringPanel(_base.Panel):
             self._done.set()
             return
         await self._job(seq, spec, False)
+
+    def _batch_rows(self, prompts: list[str]) -> int:
+        """Prompts per forward of the vector job: what ie_lab.sizing fits in VECTOR_BUDGET_BYTES for the longest
+        prompt at one point (float32, the widest dtype a session computes in, so the bound holds for all)."""
+        longest = max(int(self._session.tokens(p).shape[-1]) for p in prompts)
+        return batch_size_for(self._session.facts, longest, 1, self.VECTOR_BUDGET_BYTES)
+
+    async def _prompt_means(self, prompts: list[str], address: str) -> list[torch.Tensor]:
+        """Each prompt's mean over its own tokens at `address`, the prompts read together.
+
+        A list capture is one right-padded forward that hands back each prompt's own rows, so no padding enters a
+        mean (the path of ie_lab.mean_difference). vLLM takes one prompt a request and batches concurrent ones."""
+        s = self._session
+        if getattr(s, "served_backend", s.backend) == "vllm":
+            caps = await asyncio.gather(*(s.acapture(p, [address]) for p in prompts))
+        else:
+            caps = await s.acapture(list(prompts), [address])
+        return [c[address][0].float().mean(0).cpu() for c in caps]
 
     def _start(
         self,
@@ -442,15 +466,12 @@ class SteeringPanel(_base.Panel):
     def set_contrast(self, positive: Sequence[str], negative: Sequence[str], *, regenerate: bool = True) -> None:
         """The vector as mean(positive) - mean(negative) of the panel's address, averaged over tokens.
 
-        Blocks until done (a Python call); the panel's own box runs the same computation in the background.
+        Blocks until done (a Python call, interruptible); the prompts run in batches (Session.mean_difference), as
+        the panel's own box does in the background.
         """
         pos, neg = self._check_contrast(positive, negative)
         a = self.address
-
-        def mean(prompts: list[str]) -> torch.Tensor:
-            return torch.stack([self._session.capture(p, [a])[a][0].float().mean(0).cpu() for p in prompts]).mean(0)
-
-        self._vector = mean(pos) - mean(neg)
+        self._vector = self._session.mean_difference(pos, neg, a).detach().float().cpu()
         self.has_vector = True
         self.positive, self.negative = pos, neg
         self.vector_source = f"difference of means at {a} ({len(pos)} vs {len(neg)} prompts)"
