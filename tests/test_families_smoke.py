@@ -6,6 +6,7 @@ import torch
 from tests.families import (
     FAMILIES,
     VOCAB_SIZE,
+    WRAPPED_FAMILIES,
     _is_one_plus_weight_norm,
     is_norm_module,
     make_config,
@@ -17,6 +18,7 @@ from tests.families import (
 torch.set_num_threads(1)
 
 BATCH, SEQ = 2, 12
+ALL = FAMILIES + WRAPPED_FAMILIES  # every fixture, the ones bound through measured wrappers too
 
 
 def _ids():
@@ -24,7 +26,7 @@ def _ids():
     return torch.randint(4, VOCAB_SIZE, (BATCH, SEQ), generator=g)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_forward_and_norms_discriminating(family):
     model = make_model(family)
     assert not model.training
@@ -54,7 +56,7 @@ def test_forward_and_norms_discriminating(family):
     assert max(r for _, r in records) > 0.5, records
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_config_shape_rules(family):
     cfg = make_config(family).get_text_config()
     assert cfg.vocab_size == VOCAB_SIZE
@@ -69,7 +71,7 @@ def test_config_shape_rules(family):
         assert min(head_dims) >= 32, head_dims
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_norm_gains_and_biases_far_from_defaults(family):
     model = make_model(family)
     for name, m in model.named_modules():
@@ -115,7 +117,7 @@ def test_saved_model_dir_roundtrip(family, tmp_path):
         torch.testing.assert_close(loaded(ids).logits, ref(ids).logits)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_eager_matches_default_attention(family):
     """The default (usually sdpa) and eager fixtures are the same weights and agree on non-pad positions."""
     ids = _ids()

@@ -37,6 +37,11 @@ def _as_dict(config: Any) -> dict[str, Any]:
                     pass
     else:
         raise TypeError(f"expected a transformers config or a dict, got {type(config).__name__}")
+    for sub in _NESTED_CONFIGS:
+        # DBRX states its KV heads, MLP width and experts in nested attention and FFN configs: they win over a
+        # top-level default left stale beside them
+        if isinstance(d.get(sub), Mapping):
+            d.update({k: v for k, v in d[sub].items() if k in _NESTED_KEYS and v is not None})
     text = d.get("text_config")
     if isinstance(text, Mapping) and "model_type" in text:
         # Multimodal wrappers keep the language model's facts one level down.
@@ -44,6 +49,11 @@ def _as_dict(config: Any) -> dict[str, Any]:
         merged.setdefault("architectures", d.get("architectures"))
         return merged
     return d
+
+
+# Sub-configs some families keep their attention and MLP facts in, and the keys read from them.
+_NESTED_CONFIGS = ("attn_config", "ffn_config")
+_NESTED_KEYS = ("kv_n_heads", "ffn_hidden_size", "moe_num_experts", "moe_top_k")
 
 
 def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -79,14 +89,7 @@ def unbound_structure(config: Any) -> tuple[str, str] | None:
             "its config sizes an encoder and a decoder (is_encoder_decoder, or encoder_layers and decoder_layers); "
             "those decoder blocks carry cross-attention and are not bound.",
         )
-    streams = _first(d, "hc_mult", "num_residual_streams")
-    if isinstance(streams, int) and streams > 1:
-        return (
-            f"{mt} carries {streams} parallel residual streams",
-            f"its config states hyper-connections ({'hc_mult' if 'hc_mult' in d else 'num_residual_streams'}="
-            f"{streams}): each layer reads and writes a [{streams}, d_model] stack mixed by learned weights, and "
-            "multi-stream trunks are not bound yet (the registry's resid_streams and .stream-S points wait for it).",
-        )
+    # Hyper-connection trunks (hc_mult > 1) are bound: the binder measures their stream mixing (arch.binder).
     if mt in quirks.RECURRENT_BLOCKS:
         return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[
             mt
@@ -118,6 +121,19 @@ def _mixer_kinds(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
                 continue
             return tuple(t if any(w in t.lower() for w in _MIXER_WORDS) else "" for t in kinds)
     return ("",) * n_layers
+
+
+def _block_sublayers(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
+    """Per layer of a single-sublayer trunk, its one sublayer ("mixer" | "attention" | "mlp"), from the config's
+    per-layer type list; () for every other family, or where the list does not name each layer's type."""
+    entry = quirks.SINGLE_SUBLAYER_BLOCKS.get(str(d.get("model_type")))
+    if entry is None:
+        return ()
+    key, names = entry
+    types = d.get(key)
+    if not isinstance(types, (list, tuple)) or len(types) < n_layers or any(t not in names for t in types[:n_layers]):
+        return ()
+    return tuple(names[t] for t in types[:n_layers])
 
 
 def _moe_layers(d: Mapping[str, Any], n_layers: int) -> tuple[int, ...]:
@@ -159,6 +175,9 @@ class ArchFacts:
     n_streams: int = 1
     layer_kinds: tuple[str, ...] = ()  # per layer: "global" | "sliding" | "linear"
     mixer_kinds: tuple[str, ...] = ()  # per layer: the config's name for a non-attention mixer, "" on attention
+    # per layer on single-sublayer trunks (quirks.SINGLE_SUBLAYER_BLOCKS): the block's one sublayer, "mixer" |
+    # "attention" | "mlp"; empty where every block holds a token mixer and an MLP
+    block_sublayers: tuple[str, ...] = ()
     sliding_window: int | None = None
     parallel_block: bool = False
     sandwich_norms: bool = False  # a norm on each sublayer's output before the residual add
@@ -230,17 +249,21 @@ class ArchFacts:
         if d.get("multi_query") and not d.get("new_decoder_architecture"):
             n_kv = 1
         else:
-            n_kv = _first(d, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads)
+            n_kv = _first(d, "kv_n_heads", "num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads)
         n_experts = _first(d, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0) or 0
-        d_mlp = _first(d, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+        d_mlp = _first(d, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "dff")
         if isinstance(d_mlp, (list, tuple)):  # per-layer MLP widths (Gemma 3n): the widest sizes memory
             d_mlp = max(d_mlp)
         if d_mlp is None:
             d_mlp = 4 * d_model
         moe_d_mlp = _first(d, "moe_intermediate_size")
         moe_layers: tuple[int, ...] = ()
+        sublayers = _block_sublayers(d, int(n_layers))
         if n_experts:
             moe_layers = _moe_layers(d, int(n_layers))
+            if sublayers:  # a single-sublayer trunk routes on its MoE blocks only, named per layer
+                key = quirks.SINGLE_SUBLAYER_BLOCKS[mt][0]
+                moe_layers = tuple(i for i in range(int(n_layers)) if d[key][i] == "moe")
             if moe_d_mlp and not moe_layers:
                 d_mlp = d_mlp
         window = _first(d, "sliding_window")
@@ -273,7 +296,7 @@ class ArchFacts:
             head_dim=int(head_dim),
             d_mlp=int(moe_d_mlp if (n_experts and moe_d_mlp and len(moe_layers) == n_layers) else d_mlp),
             vocab_size=int(_first(d, "vocab_size", "n_vocab", default=0)),
-            max_positions=_first(d, "max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+            max_positions=_first(d, "max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_seq_len"),
             n_experts=int(n_experts),
             experts_per_token=int(
                 _first(d, "num_experts_per_tok", "top_k", "moe_top_k", "moe_k", "moe_topk", default=0) or 0
@@ -281,6 +304,7 @@ class ArchFacts:
             n_streams=int(_first(d, "hc_mult", "num_residual_streams", default=1) or 1),
             layer_kinds=tuple(kinds),
             mixer_kinds=("state_space",) * int(n_layers) if ssm_only else _mixer_kinds(d, int(n_layers)),
+            block_sublayers=sublayers,
             sliding_window=window,
             parallel_block=parallel,
             sandwich_norms=structure in ("sandwich", "post"),
