@@ -31,8 +31,7 @@ MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlp_block
 Q_NAMES = ("q_proj", "query", "wq")
 K_NAMES = ("k_proj", "key", "wk")
 V_NAMES = ("v_proj", "value", "wv")
-# o_b_proj: the second step of a low-rank output projection (DeepSeek-V4's o_a_proj then o_b_proj)
-O_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "wo", "o_b_proj")
+O_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "wo")
 FUSED_QKV_NAMES = ("c_attn", "query_key_value", "qkv_proj", "Wqkv", "qkv")
 Q_NORM_NAMES = ("q_norm", "q_layernorm", "query_layernorm")
 K_NORM_NAMES = ("k_norm", "k_layernorm", "key_layernorm")
@@ -43,14 +42,6 @@ FUSED_GATE_UP_NAMES = ("gate_up_proj",)
 ACT_NAMES = ("act_fn", "act", "activation_fn", "gelu_impl", "activation")
 ROUTER_NAMES = ("gate", "router")
 EXPERTS_NAMES = ("experts",)
-# Hyper-connection trunks (several residual streams): the modules that collapse the stream stack into each
-# sublayer's input and return the weights that write its output back (DeepSeek-V4, HY-V4). The probe measures
-# which of their outputs is the collapse, the write weights and the mixing matrix.
-ATTN_HC_NAMES = ("attn_hc", "hc_attn")
-MLP_HC_NAMES = ("ffn_hc", "mlp_hc", "hc_ffn", "hc_mlp")
-# A second MLP the layer runs on the MLP's input and sums with the MLP's output before the residual add, outside
-# any module (GraniteMoE-shared's and Granite-hybrid's shared expert beside the MoE block): mlp_out is that sum.
-SIDE_MLP_NAMES = ("shared_mlp",)
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "ln_final", "layernorm")
 
 PROBE_LEN = 7  # distinct from every head count we meet, so [.., heads, seq, ..] layouts are unambiguous
@@ -174,31 +165,8 @@ class LayerBinding:
     mixer_kind: str = ""
     # A mixer-only block (pure state-space trunks): no MLP, so resid_post = resid_pre + mixer_out_post.
     has_mlp: bool = True
-    # An MLP-only block (single-sublayer trunks, Nemotron-H): no token mixer, so resid_post = resid_pre +
-    # mlp_out_post; `attn` and `o_proj` are then the MLP module too, never read (the registry refuses them there).
-    mlp_only: bool = False
-    # Hyper-connection trunks: the modules that collapse the stream stack before attention and before the MLP, and
-    # where in their output tuple the probe found each role ("collapse", "write", and "mix" where the streams are
-    # mixed by a matrix); mix_transposed: the layer applies the matrix as returned transposed, so it is served
-    # transposed back ([.., i, j] is stream i's weight in stream j either way).
-    attn_hc: nn.Module | None = None
-    mlp_hc: nn.Module | None = None
-    hc_roles: dict[str, int] = field(default_factory=dict)
-    stream_mix: bool = False
-    mix_transposed: bool = False
-    # Why z is read at the kernel's output when no norm explains it (a low-rank output projection that first
-    # rotates the kernel's output back, DeepSeek-V4): no module boundary carries z onward there either.
-    z_at_kernel_why: str = ""
-    # A KV compressor on the attention module (DeepSeek-V4's compressed sparse / heavily compressed layers): the
-    # kernel also attends to entries it builds from blocks of tokens, so the key axis is not one entry per token.
-    # Holds the layer's type as the config names it.
-    kv_compressor: str = ""
     # The layer's child that wraps its attention and the norms around it (DBRX's norm_attn_norm), or None.
     wrapper: nn.Module | None = None
-    # A side MLP summed with the MLP's output by the layer itself (SIDE_MLP_NAMES), or None; mlp_out is the sum of
-    # the two outputs, written through the one that runs last (measured: mlp_side_last).
-    mlp_side: nn.Module | None = None
-    mlp_side_last: bool = True
     names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
 
     @property
@@ -210,7 +178,7 @@ class LayerBinding:
         """z is read at the kernel's output: a norm sits between it and o_proj (measured). An output gate does not
         move z: z is o_proj's input (the gated product, as the registry and every other engine read it) and
         attn_gate is the gate that multiplied the kernel's output into it."""
-        return self.z_sub_norm is not None or bool(self.z_at_kernel_why)
+        return self.z_sub_norm is not None
 
     @property
     def has_resid_mid(self) -> bool:
@@ -236,7 +204,7 @@ class Binding:
     @property
     def structure(self) -> dict[str, Any]:
         """Measured structure flags, comparable with ArchFacts' config-derived ones."""
-        first = next((lb for lb in self.layers if not lb.mixer_kind and not lb.mlp_only), self.layers[0])
+        first = next((lb for lb in self.layers if not lb.mixer_kind), self.layers[0])  # attention's facts
         return {
             "parallel_block": first.parallel,
             "sandwich_norms": first.post_attn_norm is not None,
@@ -406,9 +374,6 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
     layers: list[LayerBinding] = []
     for i, layer in enumerate(layer_list):
         declared = facts.mixer_kinds[i] if i < len(facts.mixer_kinds) else ""
-        if i < len(facts.block_sublayers) and facts.block_sublayers[i] == "mlp":
-            layers.append(_mlp_only_layer(i, layer, family))  # a single-sublayer trunk's MLP or MoE block
-            continue
         a = _child(layer, ATTN_NAMES) or _child(layer, SUBLAYER_WRAPPER_NAMES)
         mixer = _child(layer, MIXER_NAMES + ATTN_NAMES) if declared else None
         if mixer is None and a is None:
@@ -467,15 +432,8 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             names=names,
             wrapper=wrapper,
         )
-        _find_side_mlp(lb)
         experts = _child(host, EXPERTS_NAMES)
-        sub = facts.block_sublayers[i] if i < len(facts.block_sublayers) else ""
-        if sub == "attention" and mlp_found is None:
-            # An attention-only block of a single-sublayer trunk (the config names it; the probe must find
-            # resid_post = resid_pre + attn_out_post): the MLP points are refused here by the registry.
-            lb.has_mlp = False
-            lb.mlp_in_module = lb.mlp_out_module = attn  # never read
-        elif experts is not None and mlp_found is not None:  # mlp is mlp_found's module
+        if experts is not None and mlp_found is not None:  # mlp is mlp_found's module
             lb.sparse_moe = True
             lb.experts = experts[1]
             r = _child(mlp_found[1], ROUTER_NAMES)
@@ -519,19 +477,6 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             lb.v_proj = v[1]
         elif fused is not None:
             lb.fused_qkv = fused[1]
-        if isinstance(getattr(attn, "compressor", None), nn.Module):
-            types = facts.raw.get("layer_types") if facts.raw else None
-            lb.kv_compressor = str(types[i]) if isinstance(types, (list, tuple)) and i < len(types) else "compressed"
-        if facts.n_streams > 1:
-            ahc, mhc = _child(layer, ATTN_HC_NAMES), _child(layer, MLP_HC_NAMES)
-            if ahc is None or mhc is None:
-                kids = ", ".join(n for n, _ in layer.named_children())
-                raise StructureError(
-                    f"{family} layer {i}: the config states {facts.n_streams} residual streams, but the layer has no "
-                    f"hyper-connection modules among {ATTN_HC_NAMES} and {MLP_HC_NAMES} (it holds {kids})."
-                )
-            lb.attn_hc, lb.mlp_hc = ahc[1], mhc[1]
-            names.update(attn_hc=ahc[0], mlp_hc=mhc[0])
         layers.append(lb)
 
     binding = Binding(
@@ -592,7 +537,6 @@ def _mixer_layer(
         mixer_kind=declared or name,
         value_source="none",
     )
-    _find_side_mlp(lb)
     experts = _child(mlp, EXPERTS_NAMES)
     if experts is not None:
         lb.sparse_moe, lb.experts = True, experts[1]
@@ -611,62 +555,6 @@ def _mixer_layer(
         lb.gate_proj = gate[1] if gate else None
         lb.up_proj = up[1] if up else None
     return lb
-
-
-def _find_side_mlp(lb: LayerBinding) -> None:
-    """Nominate a side MLP on the layer (SIDE_MLP_NAMES); the probe keeps it only where it reads the MLP's input."""
-    side = _child(lb.layer, SIDE_MLP_NAMES)
-    if side is not None and lb.mlp is not None and side[1] is not lb.mlp:
-        lb.mlp_side = side[1]
-        lb.names["mlp_side"] = side[0]
-
-
-def _mlp_only_layer(i: int, layer: nn.Module, family: str) -> LayerBinding:
-    """A block whose one sublayer is an MLP or MoE (single-sublayer trunks): no token mixer. The probe must find
-    resid_post = resid_pre + the MLP's output, or refuse."""
-    found = _child(layer, MLP_NAMES + MIXER_NAMES + ATTN_NAMES)
-    if found is None or not (_child(found[1], EXPERTS_NAMES) or _child(found[1], DOWN_NAMES)):
-        kids = ", ".join(n for n, _ in layer.named_children())
-        raise StructureError(
-            f"{family} layer {i}: the config names an MLP block, but no child of the layer ({kids}) has experts or a "
-            f"down projection among {DOWN_NAMES}."
-        )
-    name, mlp = found
-    lb = LayerBinding(
-        index=i,
-        layer=layer,
-        attn=mlp,  # never read: the registry refuses the attention and mixer points on an MLP-only block
-        o_proj=mlp,
-        mlp=mlp,
-        mlp_in_module=mlp,
-        mlp_out_module=mlp,
-        names={"mlp": name},
-        value_source="none",
-        mlp_only=True,
-    )
-    _bind_mlp_parts(lb, mlp, family)
-    return lb
-
-
-def _bind_mlp_parts(lb: LayerBinding, mlp: nn.Module, family: str) -> None:
-    """The router and experts, or the projections, of an MLP module found on a layer."""
-    experts = _child(mlp, EXPERTS_NAMES)
-    if experts is not None:
-        lb.sparse_moe, lb.experts = True, experts[1]
-        r = _child(mlp, ROUTER_NAMES)
-        lb.router = r[1] if r else None
-        return
-    down = _child(mlp, DOWN_NAMES)
-    if down is None:
-        raise StructureError(f"{family} layer {lb.index}: MLP has no down projection among {DOWN_NAMES}.")
-    lb.down_proj = down[1]
-    fgu = _child(mlp, FUSED_GATE_UP_NAMES)
-    if fgu is not None:
-        lb.fused_gate_up = fgu[1]
-    else:
-        gate, up = _child(mlp, GATE_NAMES), _child(mlp, UP_NAMES)
-        lb.gate_proj = gate[1] if gate else None
-        lb.up_proj = up[1] if up else None
 
 
 def _norm_children(lb: LayerBinding) -> list[nn.Module]:
@@ -727,9 +615,6 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             lb.experts,
             lb.v_proj,
             lb.fused_qkv,
-            lb.mlp_side,
-            lb.attn_hc,
-            lb.mlp_hc,
             *_norm_children(lb),
             # gate and sub-norm candidates between the kernel and o_proj
             *(m for m in lb.attn.children() if (isinstance(m, nn.Linear) or _is_norm(m)) and not lb.mixer_kind),
@@ -758,8 +643,6 @@ def _measure(model: nn.Module, binding: Binding) -> None:
     legacy = []
     for lb in binding.layers:
         lb.uses_attention_interface = id(lb.attn) in seen
-        if lb.mlp_only:
-            continue  # no token mixer: nothing of attention to measure
         if lb.mixer_kind:
             if lb.uses_attention_interface:
                 raise StructureError(
@@ -902,16 +785,6 @@ def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str, n_
     if sub is not None:  # a norm over the kernel's output feeds o_proj: z is what the kernel returned
         lb.z_sub_norm = sub
         return
-    if out.shape[:-1] == z.shape[:-1] and out.shape[-1] != z.shape[-1] and lb.o_proj is not lb.attn:
-        # The output projection reads a tensor of another width: a projection in two steps whose first step (and
-        # any rotation before it) is the module's own code (DeepSeek-V4 rotates each head's output back, then
-        # projects groups of heads to a low rank). z is the kernel's output, attn_probs @ value; nothing carries it
-        # onward at a module boundary, so writing it is refused, as behind a sub-norm.
-        lb.z_at_kernel_why = (
-            f"the attention module transforms the kernel's output (width {out.shape[-1]}) into a tensor of another "
-            f"width ({z.shape[-1]}) before its output projection reads it"
-        )
-        return
     if not (n_heads and out.shape == z.shape and _measure_gate(lb, rec, out, z, n_heads)):
         raise StructureError(
             f"{family} layer {lb.index}: the attention kernel's output is transformed before the output projection "
@@ -930,21 +803,14 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
     M_out_module = rec.out(lb.mlp_out_module)
     if X is None or Y is None or A_in is None or A_out is None or M_in is None or M_out_module is None:
         raise StructureError(f"{where}: the probe forward did not pass through every expected module.")
-    if lb.attn_hc is not None:
-        _classify_streams(lb, rec, X, Y, A_in, A_out, M_in, M_out_module, facts, where)
-        return
     odd = [t for t in (Y, A_in, A_out, M_in, M_out_module) if _match_shape(t, X) is None]
     if odd:
         raise StructureError(
             f"{where}: the layer reads a {tuple(X.shape)} tensor but its sublayers exchange "
-            f"{tuple(odd[0].shape)} ones, so the residual stream is not one vector per token: several parallel "
-            "residual streams whose config states no stream count (hc_mult) and whose layer has no hyper-connection "
-            "modules ie_lab measures (Gemma 3n's AltUp predicts and corrects the streams around the layer)."
+            f"{tuple(odd[0].shape)} ones, so the residual stream is not one vector per token (several parallel "
+            "residual streams, as hyper-connections carry, are not bound yet)."
         )
 
-    if lb.mlp_only:
-        _classify_mlp_only(lb, rec, X, Y, where)
-        return
     if not lb.has_mlp:
         _classify_mixer_only(lb, rec, X, Y, A_in, A_out, where)
         return
@@ -957,17 +823,6 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
             # A module output that is not its down projection's is either residual-added or post-processed.
             lb.mlp_out_module = lb.down_proj
             M_out = D_out
-    if lb.mlp_side is not None:
-        S_out = rec.out(lb.mlp_side)
-        S = _match_shape(S_out, M_out) if S_out is not None and _same(rec.inp(lb.mlp_side), M_in) else None
-        if S is not None:
-            # a side MLP reading the MLP's input: what the layer adds is the sum (the identities below verify it)
-            order = list(rec.outputs)
-            lb.mlp_side_last = order.index(id(lb.mlp_side)) > order.index(id(lb.mlp_out_module))
-            M_out = M_out + S
-        else:
-            lb.mlp_side = None
-            lb.names.pop("mlp_side", None)
 
     norms = _norm_children(lb)
     for n in norms:
@@ -1058,91 +913,6 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
                 lb.gate_proj, lb.up_proj = lb.up_proj, lb.gate_proj  # the spellings lied; trust the tensors
 
 
-def _hc_roles(out: Any, b: int, s: int, n: int, d: int) -> dict[str, int] | None:
-    """Where a hyper-connection module's output tuple holds the collapse ([b, s, d_model]), the write weights
-    ([b, s, n_streams]) and, where it mixes the streams, the mixing matrix ([b, s, n, n]); None if not both of the
-    first two are there."""
-    items = out if isinstance(out, (tuple, list)) else (out,)
-    roles: dict[str, int] = {}
-    for i, t in enumerate(items):
-        if not isinstance(t, torch.Tensor):
-            continue
-        for role, want in (("collapse", (b, s, d)), ("write", (b, s, n)), ("mix", (b, s, n, n))):
-            if tuple(t.shape) == want and role not in roles and i not in roles.values():
-                roles[role] = i
-    return roles if "collapse" in roles and "write" in roles else None
-
-
-def _streams_explained(
-    before: torch.Tensor, after: torch.Tensor, sub: torch.Tensor, out: Any, roles: dict[str, int], transposed: bool
-) -> bool:
-    """after[.., j, :] = sum_i mix[.., i, j] * before[.., i, :] + write[.., j] * sub (the streams carried on unmixed
-    where there is no matrix): one sublayer of a hyper-connection layer, in float64."""
-    w = out[roles["write"]].double()
-    x = before.double()
-    if "mix" in roles:
-        m = out[roles["mix"]].double()
-        x = torch.einsum("bsji,bsjd->bsid" if not transposed else "bsij,bsjd->bsid", m, x)
-    return _close(x + w.unsqueeze(-1) * sub.double().unsqueeze(-2), after.double(), 1e-5)
-
-
-def _classify_streams(
-    lb: LayerBinding,
-    rec: _Recorder,
-    X: torch.Tensor,
-    Y: torch.Tensor,
-    A_in: torch.Tensor,
-    A_out: torch.Tensor,
-    M_in: torch.Tensor,
-    M_out: torch.Tensor,
-    facts: ArchFacts,
-    where: str,
-) -> None:
-    """A hyper-connection layer: it reads and writes a [batch, seq, n_streams, d_model] stack. A module before each
-    sublayer collapses the stack into the sublayer's one input vector per token and returns the weights that write
-    the sublayer's output back into each stream (and, on DeepSeek-V4, a matrix mixing the streams). Measured: which
-    output is which, the norms between collapse and sublayer, and that the two stream identities hold."""
-    n = facts.n_streams
-    if X.dim() != 4 or X.shape[-2] != n or Y.shape != X.shape:
-        raise StructureError(
-            f"{where}: the config states {n} residual streams, but the layer reads a {tuple(X.shape)} tensor and "
-            f"returns a {tuple(Y.shape)} one, not a [batch, seq, {n}, d_model] stack."
-        )
-    b, s, _, d = X.shape
-    mid = rec.inp(lb.mlp_hc)
-    a_full, m_full = rec.outputs.get(id(lb.attn_hc)), rec.outputs.get(id(lb.mlp_hc))
-    a_roles, m_roles = _hc_roles(a_full, b, s, n, d), _hc_roles(m_full, b, s, n, d)
-    if mid is None or a_roles is None or a_roles != m_roles or not _same(rec.inp(lb.attn_hc), X):
-        raise StructureError(
-            f"{where}: its hyper-connection modules do not read the layer's stream stack and return a d_model-wide "
-            f"collapse and {n} write weights per token, so ie_lab cannot say which tensor each stream point is."
-        )
-    assert a_full is not None and m_full is not None  # _hc_roles found tensors in both
-    ca, cm = a_full[a_roles["collapse"]], m_full[m_roles["collapse"]]
-    for nm in _norm_children(lb):
-        if lb.input_norm is None and _same(rec.inp(nm), ca) and _same(rec.out(nm), A_in):
-            lb.input_norm = nm
-        elif lb.pre_mlp_norm is None and _same(rec.inp(nm), cm) and _same(rec.out(nm), M_in):
-            lb.pre_mlp_norm = nm
-    if (lb.input_norm is None and not _same(ca, A_in)) or (lb.pre_mlp_norm is None and not _same(cm, M_in)):
-        raise StructureError(
-            f"{where}: a sublayer does not read its hyper-connection's collapse (directly or through one norm), so "
-            "attn_stream_collapse / mlp_stream_collapse would not be what it reads."
-        )
-    lb.hc_roles, lb.stream_mix = a_roles, "mix" in a_roles
-    for transposed in (False, True) if lb.stream_mix else (False,):
-        if _streams_explained(X, mid, A_out, a_full, a_roles, transposed) and _streams_explained(
-            mid, Y, M_out, m_full, m_roles, transposed
-        ):
-            lb.mix_transposed = transposed
-            return
-    raise StructureError(
-        f"{where}: the residual identities of a hyper-connection layer (each stream at resid_mid is the mixed streams "
-        "entering the layer plus its write weight times attn_out, and likewise for the MLP) do not hold for the "
-        "measured modules, so ie_lab refuses to serve stream points it cannot stand behind."
-    )
-
-
 def _classify_mixer_only(
     lb: LayerBinding,
     rec: _Recorder,
@@ -1164,28 +934,6 @@ def _classify_mixer_only(
             f"{where}: a mixer-only block (no MLP), but resid_pre + the mixer's output does not equal the layer "
             "output, so ie_lab refuses to serve its points."
         )
-
-
-def _classify_mlp_only(lb: LayerBinding, rec: _Recorder, X: torch.Tensor, Y: torch.Tensor, where: str) -> None:
-    """A block whose one sublayer is its MLP: its norm feeds the MLP, and resid_post = resid_pre + mlp_out."""
-    M_in, M_out = rec.inp(lb.mlp_in_module), rec.out(lb.mlp_out_module)
-    for n in _norm_children(lb):
-        if _same(rec.out(n), M_in) and lb.pre_mlp_norm is None:
-            lb.pre_mlp_norm = n
-        elif _same(rec.inp(n), M_out) and lb.post_mlp_norm is None:
-            lb.post_mlp_norm = n
-    c = rec.out(lb.post_mlp_norm) if lb.post_mlp_norm is not None else M_out
-    if c is None or not _close(X.float() + c.float(), Y.float(), 1e-4):
-        raise StructureError(
-            f"{where}: an MLP-only block (no attention or mixer), but resid_pre + the MLP's output does not equal the "
-            "layer output, so ie_lab refuses to serve its points."
-        )
-    if lb.gate_proj is not None and lb.up_proj is not None:
-        act = _child(lb.mlp if lb.mlp is not None else lb.layer, ACT_NAMES)
-        go, uo, d_in = rec.out(lb.gate_proj), rec.out(lb.up_proj), rec.inp(lb.down_proj)
-        if act is not None and go is not None and uo is not None and d_in is not None:
-            if not _close(act[1](go) * uo, d_in, 1e-4) and _close(act[1](uo) * go, d_in, 1e-4):
-                lb.gate_proj, lb.up_proj = lb.up_proj, lb.gate_proj  # the spellings lied; trust the tensors
 
 
 @contextlib.contextmanager

@@ -89,7 +89,14 @@ def unbound_structure(config: Any) -> tuple[str, str] | None:
             "its config sizes an encoder and a decoder (is_encoder_decoder, or encoder_layers and decoder_layers); "
             "those decoder blocks carry cross-attention and are not bound.",
         )
-    # Hyper-connection trunks (hc_mult > 1) are bound: the binder measures their stream mixing (arch.binder).
+    streams = _first(d, "hc_mult", "num_residual_streams")
+    if isinstance(streams, int) and streams > 1:
+        return (
+            f"{mt} carries {streams} parallel residual streams",
+            f"its config states hyper-connections ({'hc_mult' if 'hc_mult' in d else 'num_residual_streams'}="
+            f"{streams}): each layer reads and writes a [{streams}, d_model] stack mixed by learned weights, and "
+            "multi-stream trunks are not bound yet (the registry's resid_streams and .stream-S points wait for it).",
+        )
     if mt in quirks.RECURRENT_BLOCKS:
         return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[
             mt
@@ -121,19 +128,6 @@ def _mixer_kinds(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
                 continue
             return tuple(t if any(w in t.lower() for w in _MIXER_WORDS) else "" for t in kinds)
     return ("",) * n_layers
-
-
-def _block_sublayers(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
-    """Per layer of a single-sublayer trunk, its one sublayer ("mixer" | "attention" | "mlp"), from the config's
-    per-layer type list; () for every other family, or where the list does not name each layer's type."""
-    entry = quirks.SINGLE_SUBLAYER_BLOCKS.get(str(d.get("model_type")))
-    if entry is None:
-        return ()
-    key, names = entry
-    types = d.get(key)
-    if not isinstance(types, (list, tuple)) or len(types) < n_layers or any(t not in names for t in types[:n_layers]):
-        return ()
-    return tuple(names[t] for t in types[:n_layers])
 
 
 def _moe_layers(d: Mapping[str, Any], n_layers: int) -> tuple[int, ...]:
@@ -175,9 +169,6 @@ class ArchFacts:
     n_streams: int = 1
     layer_kinds: tuple[str, ...] = ()  # per layer: "global" | "sliding" | "linear"
     mixer_kinds: tuple[str, ...] = ()  # per layer: the config's name for a non-attention mixer, "" on attention
-    # per layer on single-sublayer trunks (quirks.SINGLE_SUBLAYER_BLOCKS): the block's one sublayer, "mixer" |
-    # "attention" | "mlp"; empty where every block holds a token mixer and an MLP
-    block_sublayers: tuple[str, ...] = ()
     sliding_window: int | None = None
     parallel_block: bool = False
     sandwich_norms: bool = False  # a norm on each sublayer's output before the residual add
@@ -258,12 +249,8 @@ class ArchFacts:
             d_mlp = 4 * d_model
         moe_d_mlp = _first(d, "moe_intermediate_size")
         moe_layers: tuple[int, ...] = ()
-        sublayers = _block_sublayers(d, int(n_layers))
         if n_experts:
             moe_layers = _moe_layers(d, int(n_layers))
-            if sublayers:  # a single-sublayer trunk routes on its MoE blocks only, named per layer
-                key = quirks.SINGLE_SUBLAYER_BLOCKS[mt][0]
-                moe_layers = tuple(i for i in range(int(n_layers)) if d[key][i] == "moe")
             if moe_d_mlp and not moe_layers:
                 d_mlp = d_mlp
         window = _first(d, "sliding_window")
@@ -304,7 +291,6 @@ class ArchFacts:
             n_streams=int(_first(d, "hc_mult", "num_residual_streams", default=1) or 1),
             layer_kinds=tuple(kinds),
             mixer_kinds=("state_space",) * int(n_layers) if ssm_only else _mixer_kinds(d, int(n_layers)),
-            block_sublayers=sublayers,
             sliding_window=window,
             parallel_block=parallel,
             sandwich_norms=structure in ("sandwich", "post"),

@@ -18,7 +18,7 @@ import torch
 
 from .. import points as _points
 from ..address import Address
-from ..arch.binder import LayerBinding, first_tensor, hidden_arg
+from ..arch.binder import LayerBinding, hidden_arg
 from ..errors import CapabilityUnsupported
 
 Edit = Callable[[torch.Tensor, int], torch.Tensor]
@@ -113,23 +113,6 @@ class Writers:
 
         self._handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
 
-    def _post_sum(self, lb: LayerBinding, edit: Edit, mult: float) -> None:
-        """Write mlp_out beside a side MLP, a sum the layer forms itself: the earlier module's output is remembered
-        and the later one's is handed on so that the two add up to the edited value (times mult: mlp_out_post)."""
-        assert lb.mlp_side is not None  # only called on such layers
-        later, earlier = (lb.mlp_side, lb.mlp_out_module) if lb.mlp_side_last else (lb.mlp_out_module, lb.mlp_side)
-        seen: dict[int, torch.Tensor] = {}  # per thread: two threads' forwards may pass this layer at once
-
-        def keep(mod, args, kwargs, out):
-            seen[threading.get_ident()] = first_tensor(out)
-
-        def via_later(t: torch.Tensor, off: int) -> torch.Tensor:
-            e = seen[threading.get_ident()].reshape(t.shape)
-            return edit((t + e) * mult, off) / mult - e
-
-        self._handles.append(earlier.register_forward_hook(keep, with_kwargs=True))
-        self._post(later, via_later)
-
     def _place(self, addr: Address, edit: Edit) -> None:
         from .taps import _MIXER_AS_SUBLAYER, resolve
 
@@ -141,8 +124,6 @@ class Writers:
             return self._post(b.final_norm, edit)
         lb: LayerBinding = b.layers[addr.layer]
         n = _MIXER_AS_SUBLAYER.get(addr.name, addr.name)  # a mixer layer's mixer sits where attention would
-        if addr.stream is not None:
-            return self._place_stream(lb, addr, edit)
         if n == "resid_pre":
             return self._pre(lb.layer, edit)
         if n == "resid_post":
@@ -153,9 +134,8 @@ class Writers:
             if lb.z_at_kernel:
                 raise CapabilityUnsupported(
                     f"writing z.{addr.layer}",
-                    "on this layer z is the attention kernel's output, which "
-                    + (lb.z_at_kernel_why or "a norm (measured) changes before the output projection")
-                    + ", so no module boundary carries z itself onward.",
+                    "on this layer z is the attention kernel's output, which a norm (measured) changes "
+                    "before the output projection, so no module boundary carries z itself onward.",
                     "write attn_out or a residual point.",
                 )
             if addr.head is not None:
@@ -171,9 +151,6 @@ class Writers:
             return self._pre(lb.o_proj, edit)
         if n == "attn_out":
             return self._post(lb.o_proj, edit)
-        if n == "mlp_out" or (n == "mlp_out_post" and lb.post_mlp_norm is None):
-            if lb.mlp_side is not None:
-                return self._post_sum(lb, edit, (lb.mlp_multiplier or 1.0) if n == "mlp_out_post" else 1.0)
         if n in ("attn_out_post", "mlp_out_post"):
             attn = n.startswith("attn")
             norm = lb.post_attn_norm if attn else lb.post_mlp_norm
@@ -220,28 +197,6 @@ class Writers:
         if n == "mlp_out":
             return self._post(lb.mlp_out_module, edit)
         raise CapabilityUnsupported(f"writing {n}", "no writer is bound for this point.", "write a residual point.")
-
-    def _place_stream(self, lb: LayerBinding, addr: Address, edit: Edit) -> None:
-        """One stream of a hyper-connection layer's stack: the layer's input (resid_pre) or output (resid_post) with
-        that stream's slice edited, the other streams untouched."""
-        S = addr.stream
-
-        def one_stream(t: torch.Tensor, off: int) -> torch.Tensor:
-            out = t.clone()
-            out[..., S, :] = edit(t[..., S, :], off)
-            return out
-
-        if addr.name == "resid_pre":
-            return self._pre(lb.layer, one_stream)
-        if addr.name == "resid_post":
-            return self._post(lb.layer, one_stream)
-        raise CapabilityUnsupported(
-            f"writing {addr}",
-            "the layer hands the stack between its sublayers both to the MLP's hyper-connection and to its own "
-            "mixing sum, so a change at the hyper-connection's input would reach one and not the other.",
-            f"write resid_pre.{addr.layer}.stream-{S}, resid_post.{addr.layer}.stream-{S}, attn_out.{addr.layer} "
-            f"or mlp_in.{addr.layer}.",
-        )
 
     def __enter__(self) -> "Writers":
         self.owner = threading.get_ident() if self.thread_bound else None
