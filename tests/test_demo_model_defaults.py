@@ -117,3 +117,34 @@ def test_quickstarts_first_generation_is_a_story_not_a_loop(session):
     assert not _loops(text), text
     assert not _falls_apart(text), text
     assert len(re.findall(r"[A-Za-z]+", text)) >= 12, text  # a few sentences, not a word or two
+
+
+def test_the_steering_panels_own_defaults_turn_sad_openings_happy(session):
+    """A panel given only the two prompt lists (no address, no coefficient) visibly steers: its greedy
+    continuation changes and turns happy, and so do held-out sad openings at its address and coefficient."""
+    happy, sad = _lists(_source("05_steering_panel.py"), "happy", "sad")
+    story = "One Monday , Fiona went to the farm . Fiona cried and sobbed ."
+    sp = session.steering_panel(story, positive=happy, negative=sad, max_new_tokens=24)
+    try:
+        assert sp.steered_ids != sp.baseline_ids, (sp.address, sp.scale, sp.steered_text)
+        assert _moods(sp.baseline_text)[0] == 0, sp.baseline_text  # the story is sad to begin with
+        h, sd = _moods(sp.steered_text)
+        assert h > 0 and sd == 0, f"{sp.address} x {sp.scale}: {sp.steered_text!r}"
+        assert not _falls_apart(sp.steered_text), sp.steered_text
+        spec = session.steer(sp.address, sp.vector, scale=sp.scale)
+    finally:
+        sp.close()
+    openings = _held_out_sad_openings()
+    flipped = broken = changed = 0
+    for o in openings:
+        b = session.generate(o, 24)
+        t = session.generate(o, 24, steer=spec)
+        h, sd = _moods(t.text)
+        changed += t.ids != b.ids
+        flipped += h > 0 and sd == 0
+        broken += _falls_apart(t.text)
+    n = len(openings)
+    # measured on the shipped model at resid_post.0 x 8: 40/40 turned, 0 broken (the old resid_post.2 x 4: 0 turned)
+    assert changed == n
+    assert flipped >= 0.9 * n, f"{sp.address} x {sp.scale} turned {flipped} of {n} sad openings happy"
+    assert broken <= 0.05 * n, f"{sp.address} x {sp.scale}: {broken} of {n} continuations fell apart"

@@ -209,7 +209,7 @@ CELLS19 = [
     "p = s.picker(); p",
     f"a = s.show_attention({PROMPT41!r}); a",
     "sp = s.steering_panel('Mary went to the', max_new_tokens=4); sp",
-    "sq = s.steering_panel('Mary went to the', positive=['happy good day', 'good morning'], "
+    "sq = s.steering_panel('Mary went to the', address='resid_post.1', positive=['happy good day', 'good morning'], "
     "negative=['sad bad night', 'bad evening'], scale=2.0, max_new_tokens=4); sq",
     f"fig = s.attention({PROMPT41!r}, layers=[0]).plot(0, 0); fig",
     "a10 = s.show_attention('Mary went to the store with John and Bob today'); a10",

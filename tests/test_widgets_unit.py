@@ -268,6 +268,7 @@ def test_attention_viewer_sends_one_head_at_a_time(session):
 def test_steering_panel_regenerates_and_the_kernel_sees_it(session, monkeypatch):
     sp = session.steering_panel(
         "Mary went to the",
+        address="resid_post.1",
         positive=["happy good day", "good morning"],
         negative=["sad bad night", "bad evening"],
         scale=0.0,
@@ -349,7 +350,7 @@ def test_static_state_holds_what_is_on_screen(session):
 
 def test_a_prompt_the_model_cannot_continue_is_refused_and_the_last_one_keeps_working(session, monkeypatch):
     v = torch.randn(128, generator=torch.Generator().manual_seed(3))
-    sp = session.steering_panel("Mary went to the", vector=v, max_new_tokens=8)
+    sp = session.steering_panel("Mary went to the", address="resid_post.1", vector=v, max_new_tokens=8)
     limit = session.facts.max_positions
     fits_alone = "word " * (limit - 6)  # inside the context, but not with 8 new tokens
     assert session.tokens(fits_alone).shape[-1] == limit - 6
@@ -394,7 +395,7 @@ CONTRAST = {
 
 
 def test_the_largest_contrast_runs_in_the_background_with_progress(session, monkeypatch):
-    sp = session.steering_panel("Mary went to the", vector=torch.ones(128), max_new_tokens=4)
+    sp = session.steering_panel("Mary went to the", address="resid_post.1", vector=torch.ones(128), max_new_tokens=4)
     assert sp.has_trait("progress"), "the panel has no progress to show"
     reached, release, seen = _gate_progress(sp, at=64)  # progress moves once a batch: 64 prompts on this model
     out = _outbox(sp, monkeypatch)
@@ -428,7 +429,7 @@ def test_the_largest_contrast_runs_in_the_background_with_progress(session, monk
 @pytest.mark.parametrize("how", ["newer message", "close"])
 def test_a_newer_message_or_close_cancels_the_contrast(session, monkeypatch, how):
     v = torch.randn(128, generator=torch.Generator().manual_seed(4))
-    sp = session.steering_panel("Mary went to the", vector=v, max_new_tokens=4)
+    sp = session.steering_panel("Mary went to the", address="resid_post.1", vector=v, max_new_tokens=4)
     reached, release, seen = _gate_progress(sp, at=64)
     out = _outbox(sp, monkeypatch)
     try:
