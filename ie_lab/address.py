@@ -65,11 +65,14 @@ class Address:
                 f"{self.name!r} is {point.width.value} wide and has no head axis, so '.head-{self.head}' cannot "
                 f"select anything. Head coordinates apply to: {head_points}."
             )
-        if self.stream is not None and not (point.per_stream or point.multi_stream_only):
+        if self.stream is not None and not point.per_stream:
+            # the hyper-connection points (resid_streams, the collapses, writes and mixes) are one tensor per layer
+            # spanning every stream; the sublayer points exchange a single d_model vector per token
             stream_points = ", ".join(p.name for p in _points.all_points() if p.per_stream)
             raise AddressError(
                 f"{self.name!r} has no stream coordinate; '.stream-S' applies to {stream_points} on trunks "
                 "with several residual streams."
+                + (" It already spans every stream: drop the '.stream-S'." if point.multi_stream_only else "")
             )
 
     @property

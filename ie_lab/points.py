@@ -74,6 +74,9 @@ class Needs(str, enum.Enum):
     ATTENTION = "an attention layer"  # not a mixer layer: a hybrid trunk's state-space/linear/conv layers have none
     MIXER = "a non-attention mixer on the layer"  # state-space, linear-attention, convolution or recurrence
     MLP = "an MLP on the layer"  # not a mixer-only block (pure state-space trunks)
+    # one residual stream: on a hyper-connection trunk a sublayer's output enters each stream with its own weight
+    SINGLE_STREAM = "a single residual stream"
+    STREAM_MIX = "a stream-mixing matrix"  # hyper-connections that mix the streams (DeepSeek-V4), not add them back
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,7 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         tl_legacy=('blocks.{L}.hook_attn_out',), tl_bridge=('blocks.{L}.ln1_post.hook_out',),
         writable=True,
-        needs=(Needs.ATTENTION,),
+        needs=(Needs.ATTENTION, Needs.SINGLE_STREAM),
     ),
     Point(
         "mixer_in", _L, Width.D_MODEL,
@@ -363,7 +366,7 @@ _POINTS: tuple[Point, ...] = (
         _OK, _OK,
         tl_legacy=('blocks.{L}.hook_mlp_out',), tl_bridge=('blocks.{L}.ln2_post.hook_out',),
         writable=True,
-        needs=(Needs.MLP,),
+        needs=(Needs.MLP, Needs.SINGLE_STREAM),
     ),
     Point(
         "resid_post", _L, Width.D_MODEL,
@@ -391,38 +394,38 @@ _POINTS: tuple[Point, ...] = (
     # Hyper-connection trunks (several residual streams) only.
     Point(
         "resid_streams", _L, Width.STREAMS,
-        "The stack of residual streams entering layer L, one d_model vector per stream.",
+        "The stack of residual streams entering layer L, [batch, seq, n_streams, d_model]: resid_pre.L.stream-S is its S-th slice.",
         _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "attn_stream_collapse", _L, Width.D_MODEL,
-        "The single d_model input attention reads, collapsed from the residual streams by learned weights.",
+        "The one d_model vector per token the streams collapse into for attention (a learned, token-dependent weighted sum of the streams), before the input norm: attn_in is its normed form.",
         _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "mlp_stream_collapse", _L, Width.D_MODEL,
-        "The single d_model input the MLP reads, collapsed from the residual streams by learned weights.",
+        "The one d_model vector per token the streams collapse into for the MLP, before the pre-MLP norm: mlp_in is its normed form.",
         _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "attn_stream_write", _L, Width.STREAMS,
-        "The per-stream weights with which attention's output is written back into each residual stream.",
+        "The per-token weight of each stream, [batch, seq, n_streams], with which attention's output is added to it: stream S receives attn_stream_write[..., S] * attn_out.",
         _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "mlp_stream_write", _L, Width.STREAMS,
-        "The per-stream weights with which the MLP's output is written back into each residual stream.",
+        "The per-token weight of each stream, [batch, seq, n_streams], with which the MLP's output is added to it: stream S receives mlp_stream_write[..., S] * mlp_out.",
         _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
     ),
     Point(
         "attn_stream_mix", _L, Width.STREAMS,
-        "The stream-to-stream mixing matrix applied around the attention sublayer.",
-        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
+        "The per-token stream-to-stream mixing matrix around the attention sublayer, [batch, seq, n_streams, n_streams]: entry [i, j] is the weight of stream i (entering the layer) in stream j (at resid_mid).",
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM, Needs.STREAM_MIX),
     ),
     Point(
         "mlp_stream_mix", _L, Width.STREAMS,
-        "The stream-to-stream mixing matrix applied around the MLP sublayer.",
-        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM,),
+        "The per-token stream-to-stream mixing matrix around the MLP sublayer, [batch, seq, n_streams, n_streams]: entry [i, j] is the weight of stream i (at resid_mid) in stream j (leaving the layer).",
+        _MHC_EAGER, _MHC_VLLM, needs=(Needs.MULTI_STREAM, Needs.STREAM_MIX),
     ),
 )
 # fmt: on
@@ -472,6 +475,9 @@ class Structure:
     attn_gate: bool = False
     final_norm: bool = True
     n_streams: int = 1
+    # Hyper-connection trunks: a learned matrix mixes the streams around each sublayer (DeepSeek-V4); without one the
+    # streams are added back unmixed (HY-V4)
+    stream_mix: bool = False
     # Hybrid and state-space trunks: the layers whose token mixer is not attention, and what each is (its layer
     # type as the config names it, or the mixer module's name), in the same order.
     mixer_layers: tuple[int, ...] = ()
@@ -504,6 +510,8 @@ class Structure:
             ),
             final_norm=final_norm,
             n_streams=int(facts.n_streams),
+            # DeepSeek-V4's config states how many Sinkhorn steps shape its mixing matrix; HY-V4 has none to shape
+            stream_mix=facts.n_streams > 1 and raw.get("hc_sinkhorn_iters") is not None,
             mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k),
             mixer_kinds=tuple(k for k in facts.mixer_kinds if k),
             # a config that has no attention heads at all is a pure state-space trunk: mixer-only blocks
@@ -524,6 +532,7 @@ class Structure:
             attn_gate=any(getattr(lb, "attn_gate", None) is not None for lb in binding.layers),
             final_norm=binding.final_norm is not None,
             n_streams=int(binding.facts.n_streams),
+            stream_mix=any(getattr(lb, "stream_mix", False) for lb in binding.layers),
             mixer_layers=tuple(lb.index for lb in binding.layers if lb.mixer_kind),
             mixer_kinds=tuple(lb.mixer_kind for lb in binding.layers if lb.mixer_kind),
             no_mlp_layers=tuple(lb.index for lb in binding.layers if not lb.has_mlp),
@@ -532,6 +541,8 @@ class Structure:
     def has(self, need: Needs, layer: int | None = None) -> bool:
         return {
             Needs.MULTI_STREAM: self.n_streams > 1,
+            Needs.SINGLE_STREAM: self.n_streams <= 1,
+            Needs.STREAM_MIX: self.stream_mix,
             Needs.FINAL_NORM: self.final_norm,
             Needs.QK_NORM: self.qk_norm,
             Needs.ATTN_GATE: self.attn_gate,
@@ -559,6 +570,17 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
     Needs.MULTI_STREAM: (
         "this trunk carries a single residual stream, so there are no per-stream points or stream coordinates.",
         "use the plain point, e.g. 'resid_post.3'.",
+    ),
+    Needs.SINGLE_STREAM: (
+        "this trunk carries {n_streams} residual streams (hyper-connections): the sublayer's output enters each "
+        "stream with a weight of its own, so no single tensor is what it adds to the residual.",
+        "capture {sub}_out.{L} and {sub}_stream_write.{L}: stream S receives {sub}_stream_write[..., S] * "
+        "{sub}_out.",
+    ),
+    Needs.STREAM_MIX: (
+        "this trunk's hyper-connections add the {n_streams} streams back unmixed (no stream-to-stream matrix): each "
+        "stream is carried on and receives the sublayer's output with its own weight.",
+        "capture resid_pre.{L}.stream-S and {sub}_stream_write.{L}.",
     ),
     Needs.FINAL_NORM: ("the trunk has no final norm before the unembedding.", "use the last resid_post."),
     Needs.QK_NORM: (
@@ -605,7 +627,8 @@ def absence(point: "Point | str", structure: Structure, layer: int | None = None
     for need in p.needs:
         if not structure.has(need, layer):
             why, instead = _ABSENT[need]
-            fill = dict(L=layer, name=p.name, moe=list(structure.moe_layers) or "none")
+            fill = dict(L=layer, name=p.name, moe=list(structure.moe_layers) or "none", n_streams=structure.n_streams)
+            fill.update(sub="mlp" if p.name.startswith("mlp") else "attn")
             if need in (Needs.ATTENTION, Needs.MIXER, Needs.MLP):
                 fill.update(kind=structure.layer_kind(layer or 0), kinds=structure.mixers_text())
             return Absence(need, why.format(**fill), instead.format(**fill))

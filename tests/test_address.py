@@ -13,7 +13,7 @@ def _valid_addresses():
         p = REGISTRY[name]
         layer = layer if p.scope is Scope.LAYER else None
         head = head if p.head_axis else None
-        stream = stream if (p.per_stream or p.multi_stream_only) else None
+        stream = stream if p.per_stream else None
         return Address(name, layer, head, stream)
 
     small = st.one_of(st.none(), st.integers(0, 200))
@@ -51,6 +51,7 @@ def test_examples(text, expected):
         ("z.3.hd-1", "expected name[.layer][.head-H][.stream-S]"),
         ("resid_post.-1", "non-negative"),
         ("mlp_out.2.stream-1", "has no stream coordinate"),
+        ("resid_streams.2.stream-1", "already spans every stream"),
         ("", "empty address"),
     ],
 )

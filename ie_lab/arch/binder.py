@@ -31,7 +31,8 @@ MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlp_block
 Q_NAMES = ("q_proj", "query", "wq")
 K_NAMES = ("k_proj", "key", "wk")
 V_NAMES = ("v_proj", "value", "wv")
-O_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "wo")
+# o_b_proj: the second step of a low-rank output projection (DeepSeek-V4's o_a_proj then o_b_proj)
+O_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "wo", "o_b_proj")
 FUSED_QKV_NAMES = ("c_attn", "query_key_value", "qkv_proj", "Wqkv", "qkv")
 Q_NORM_NAMES = ("q_norm", "q_layernorm", "query_layernorm")
 K_NORM_NAMES = ("k_norm", "k_layernorm", "key_layernorm")
@@ -42,6 +43,11 @@ FUSED_GATE_UP_NAMES = ("gate_up_proj",)
 ACT_NAMES = ("act_fn", "act", "activation_fn", "gelu_impl", "activation")
 ROUTER_NAMES = ("gate", "router")
 EXPERTS_NAMES = ("experts",)
+# Hyper-connection trunks (several residual streams): the modules that collapse the stream stack into each
+# sublayer's input and return the weights that write its output back (DeepSeek-V4, HY-V4). The probe measures
+# which of their outputs is the collapse, the write weights and the mixing matrix.
+ATTN_HC_NAMES = ("attn_hc", "hc_attn")
+MLP_HC_NAMES = ("ffn_hc", "mlp_hc", "hc_ffn", "hc_mlp")
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "ln_final", "layernorm")
 
 PROBE_LEN = 7  # distinct from every head count we meet, so [.., heads, seq, ..] layouts are unambiguous
@@ -165,6 +171,22 @@ class LayerBinding:
     mixer_kind: str = ""
     # A mixer-only block (pure state-space trunks): no MLP, so resid_post = resid_pre + mixer_out_post.
     has_mlp: bool = True
+    # Hyper-connection trunks: the modules that collapse the stream stack before attention and before the MLP, and
+    # where in their output tuple the probe found each role ("collapse", "write", and "mix" where the streams are
+    # mixed by a matrix); mix_transposed: the layer applies the matrix as returned transposed, so it is served
+    # transposed back ([.., i, j] is stream i's weight in stream j either way).
+    attn_hc: nn.Module | None = None
+    mlp_hc: nn.Module | None = None
+    hc_roles: dict[str, int] = field(default_factory=dict)
+    stream_mix: bool = False
+    mix_transposed: bool = False
+    # Why z is read at the kernel's output when no norm explains it (a low-rank output projection that first
+    # rotates the kernel's output back, DeepSeek-V4): no module boundary carries z onward there either.
+    z_at_kernel_why: str = ""
+    # A KV compressor on the attention module (DeepSeek-V4's compressed sparse / heavily compressed layers): the
+    # kernel also attends to entries it builds from blocks of tokens, so the key axis is not one entry per token.
+    # Holds the layer's type as the config names it.
+    kv_compressor: str = ""
     # The layer's child that wraps its attention and the norms around it (DBRX's norm_attn_norm), or None.
     wrapper: nn.Module | None = None
     names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
@@ -178,7 +200,7 @@ class LayerBinding:
         """z is read at the kernel's output: a norm sits between it and o_proj (measured). An output gate does not
         move z: z is o_proj's input (the gated product, as the registry and every other engine read it) and
         attn_gate is the gate that multiplied the kernel's output into it."""
-        return self.z_sub_norm is not None
+        return self.z_sub_norm is not None or bool(self.z_at_kernel_why)
 
     @property
     def has_resid_mid(self) -> bool:
@@ -477,6 +499,19 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             lb.v_proj = v[1]
         elif fused is not None:
             lb.fused_qkv = fused[1]
+        if isinstance(getattr(attn, "compressor", None), nn.Module):
+            types = facts.raw.get("layer_types") if facts.raw else None
+            lb.kv_compressor = str(types[i]) if isinstance(types, (list, tuple)) and i < len(types) else "compressed"
+        if facts.n_streams > 1:
+            ahc, mhc = _child(layer, ATTN_HC_NAMES), _child(layer, MLP_HC_NAMES)
+            if ahc is None or mhc is None:
+                kids = ", ".join(n for n, _ in layer.named_children())
+                raise StructureError(
+                    f"{family} layer {i}: the config states {facts.n_streams} residual streams, but the layer has no "
+                    f"hyper-connection modules among {ATTN_HC_NAMES} and {MLP_HC_NAMES} (it holds {kids})."
+                )
+            lb.attn_hc, lb.mlp_hc = ahc[1], mhc[1]
+            names.update(attn_hc=ahc[0], mlp_hc=mhc[0])
         layers.append(lb)
 
     binding = Binding(
@@ -615,6 +650,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             lb.experts,
             lb.v_proj,
             lb.fused_qkv,
+            lb.attn_hc,
+            lb.mlp_hc,
             *_norm_children(lb),
             # gate and sub-norm candidates between the kernel and o_proj
             *(m for m in lb.attn.children() if (isinstance(m, nn.Linear) or _is_norm(m)) and not lb.mixer_kind),
@@ -785,6 +822,16 @@ def _check_kernel_feeds_o_proj(lb: LayerBinding, rec: _Recorder, family: str, n_
     if sub is not None:  # a norm over the kernel's output feeds o_proj: z is what the kernel returned
         lb.z_sub_norm = sub
         return
+    if out.shape[:-1] == z.shape[:-1] and out.shape[-1] != z.shape[-1] and lb.o_proj is not lb.attn:
+        # The output projection reads a tensor of another width: a projection in two steps whose first step (and
+        # any rotation before it) is the module's own code (DeepSeek-V4 rotates each head's output back, then
+        # projects groups of heads to a low rank). z is the kernel's output, attn_probs @ value; nothing carries it
+        # onward at a module boundary, so writing it is refused, as behind a sub-norm.
+        lb.z_at_kernel_why = (
+            f"the attention module transforms the kernel's output (width {out.shape[-1]}) into a tensor of another "
+            f"width ({z.shape[-1]}) before its output projection reads it"
+        )
+        return
     if not (n_heads and out.shape == z.shape and _measure_gate(lb, rec, out, z, n_heads)):
         raise StructureError(
             f"{family} layer {lb.index}: the attention kernel's output is transformed before the output projection "
@@ -803,12 +850,16 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
     M_out_module = rec.out(lb.mlp_out_module)
     if X is None or Y is None or A_in is None or A_out is None or M_in is None or M_out_module is None:
         raise StructureError(f"{where}: the probe forward did not pass through every expected module.")
+    if lb.attn_hc is not None:
+        _classify_streams(lb, rec, X, Y, A_in, A_out, M_in, M_out_module, facts, where)
+        return
     odd = [t for t in (Y, A_in, A_out, M_in, M_out_module) if _match_shape(t, X) is None]
     if odd:
         raise StructureError(
             f"{where}: the layer reads a {tuple(X.shape)} tensor but its sublayers exchange "
-            f"{tuple(odd[0].shape)} ones, so the residual stream is not one vector per token (several parallel "
-            "residual streams, as hyper-connections carry, are not bound yet)."
+            f"{tuple(odd[0].shape)} ones, so the residual stream is not one vector per token: several parallel "
+            "residual streams whose config states no stream count (hc_mult) and whose layer has no hyper-connection "
+            "modules ie_lab measures (Gemma 3n's AltUp predicts and corrects the streams around the layer)."
         )
 
     if not lb.has_mlp:
@@ -911,6 +962,138 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         if act is not None and go is not None and uo is not None and d_in is not None:
             if not _close(act[1](go) * uo, d_in, 1e-4) and _close(act[1](uo) * go, d_in, 1e-4):
                 lb.gate_proj, lb.up_proj = lb.up_proj, lb.gate_proj  # the spellings lied; trust the tensors
+
+
+def _hc_roles(out: Any, b: int, s: int, n: int, d: int) -> dict[str, int] | None:
+    """Where a hyper-connection module's output tuple holds the collapse ([b, s, d_model]), the write weights
+    ([b, s, n_streams]) and, where it mixes the streams, the mixing matrix ([b, s, n, n]); None if not both of the
+    first two are there."""
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    roles: dict[str, int] = {}
+    for i, t in enumerate(items):
+        if not isinstance(t, torch.Tensor):
+            continue
+        for role, want in (("collapse", (b, s, d)), ("write", (b, s, n)), ("mix", (b, s, n, n))):
+            if tuple(t.shape) == want and role not in roles and i not in roles.values():
+                roles[role] = i
+    return roles if "collapse" in roles and "write" in roles else None
+
+
+def _streams_explained(
+    before: torch.Tensor, after: torch.Tensor, sub: torch.Tensor, out: Any, roles: dict[str, int], transposed: bool
+) -> bool:
+    """after[.., j, :] = sum_i mix[.., i, j] * before[.., i, :] + write[.., j] * sub (the streams carried on unmixed
+    where there is no matrix): one sublayer of a hyper-connection layer, in float64."""
+    w = out[roles["write"]].double()
+    x = before.double()
+    if "mix" in roles:
+        m = out[roles["mix"]].double()
+        x = torch.einsum("bsji,bsjd->bsid" if not transposed else "bsij,bsjd->bsid", m, x)
+    return _close(x + w.unsqueeze(-1) * sub.double().unsqueeze(-2), after.double(), 1e-5)
+
+
+def _classify_streams(
+    lb: LayerBinding,
+    rec: _Recorder,
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    A_in: torch.Tensor,
+    A_out: torch.Tensor,
+    M_in: torch.Tensor,
+    M_out: torch.Tensor,
+    facts: ArchFacts,
+    where: str,
+) -> None:
+    """A hyper-connection layer: it reads and writes a [batch, seq, n_streams, d_model] stack. A module before each
+    sublayer collapses the stack into the sublayer's one input vector per token and returns the weights that write
+    the sublayer's output back into each stream (and, on DeepSeek-V4, a matrix mixing the streams). Measured: which
+    output is which, the norms between collapse and sublayer, and that the two stream identities hold."""
+    n = facts.n_streams
+    if X.dim() != 4 or X.shape[-2] != n or Y.shape != X.shape:
+        raise StructureError(
+            f"{where}: the config states {n} residual streams, but the layer reads a {tuple(X.shape)} tensor and "
+            f"returns a {tuple(Y.shape)} one, not a [batch, seq, {n}, d_model] stack."
+        )
+    b, s, _, d = X.shape
+    mid = rec.inp(lb.mlp_hc)
+    a_full, m_full = rec.outputs.get(id(lb.attn_hc)), rec.outputs.get(id(lb.mlp_hc))
+    a_roles, m_roles = _hc_roles(a_full, b, s, n, d), _hc_roles(m_full, b, s, n, d)
+    if mid is None or a_roles is None or a_roles != m_roles or not _same(rec.inp(lb.attn_hc), X):
+        raise StructureError(
+            f"{where}: its hyper-connection modules do not read the layer's stream stack and return a d_model-wide "
+            f"collapse and {n} write weights per token, so ie_lab cannot say which tensor each stream point is."
+        )
+    assert a_full is not None and m_full is not None  # _hc_roles found tensors in both
+    ca, cm = a_full[a_roles["collapse"]], m_full[m_roles["collapse"]]
+    for nm in _norm_children(lb):
+        if lb.input_norm is None and _same(rec.inp(nm), ca) and _same(rec.out(nm), A_in):
+            lb.input_norm = nm
+        elif lb.pre_mlp_norm is None and _same(rec.inp(nm), cm) and _same(rec.out(nm), M_in):
+            lb.pre_mlp_norm = nm
+    if (lb.input_norm is None and not _same(ca, A_in)) or (lb.pre_mlp_norm is None and not _same(cm, M_in)):
+        raise StructureError(
+            f"{where}: a sublayer does not read its hyper-connection's collapse (directly or through one norm), so "
+            "attn_stream_collapse / mlp_stream_collapse would not be what it reads."
+        )
+    lb.hc_roles, lb.stream_mix = a_roles, "mix" in a_roles
+    for transposed in (False, True) if lb.stream_mix else (False,):
+        if _streams_explained(X, mid, A_out, a_full, a_roles, transposed) and _streams_explained(
+            mid, Y, M_out, m_full, m_roles, transposed
+        ):
+            lb.mix_transposed = transposed
+            return
+    raise StructureError(
+        f"{where}: the residual identities of a hyper-connection layer (each stream at resid_mid is the mixed streams "
+        "entering the layer plus its write weight times attn_out, and likewise for the MLP) do not hold for the "
+        "measured modules, so ie_lab refuses to serve stream points it cannot stand behind."
+    )
+
+
+def _refuse_post_norm(lb: LayerBinding, rec: _Recorder, X: torch.Tensor, attn_c: torch.Tensor, where: str) -> None:
+    """Name a post-norm block (the original GPT's ln_1(x + attn)) when that is why the residual identities fail: a
+    norm reads resid_pre + the attention's output, so the stream between sublayers is renormalised, not summed."""
+    for n in _norm_children(lb):
+        if _close(rec.inp(n), X + attn_c, 1e-4):
+            name = next((k for k, m in lb.layer.named_children() if m is n), type(n).__name__)
+            raise StructureError(
+                f"{where}: a post-norm block: {name} normalises the residual stream itself after the attention's "
+                "residual add (its input is resid_pre + attn_out), so the stream between sublayers is renormalised, "
+                "no sublayer output adds up to the next residual, and post-norm trunks are not bound yet."
+            )
+
+
+def _refuse_unbound_residual_step(
+    lb: LayerBinding, rec: _Recorder, X: torch.Tensor, A_out: torch.Tensor, R: torch.Tensor, where: str
+) -> None:
+    """Name the step between the attention's output projection and resid_mid when the probe finds one: a bias the
+    attention module returns beside its output for the layer to add (skip-bias-add), a module that transforms the
+    output before the add, or a module that is the residual add itself (learned per-channel weights)."""
+    full = rec.outputs.get(id(lb.attn))
+    extra = [t for t in full[1:] if isinstance(t, torch.Tensor)] if isinstance(full, (tuple, list)) else []
+    for b in extra:
+        if b.dim() == 1 and b.shape[-1] == X.shape[-1] and _close(X + A_out + b, R, 1e-4):
+            raise StructureError(
+                f"{where}: the attention module returns a bias beside its output ({lb.names.get('attn', 'attn')}'s "
+                "output tuple) that the layer adds to the output projection's output before the residual add "
+                "(skip-bias-add), so attn_out would lack it; a returned output bias is not bound yet."
+            )
+    skip = {id(lb.attn), id(lb.o_proj), id(lb.mlp), id(lb.wrapper), *(id(n) for n in _norm_children(lb))}
+    for name, m in lb.layer.named_children():
+        i, o = rec.inp(m), rec.out(m)
+        if id(m) in skip or i is None or o is None or not _same(i, A_out):
+            continue
+        if _close(o, R, 1e-4):
+            raise StructureError(
+                f"{where}: the residual add is itself a learned module: {name} ({type(m).__name__}) reads the "
+                "attention output and the residual and returns resid_mid (a per-channel weighted sum), so resid_mid "
+                "is not resid_pre + a sublayer output; learned residual adds are not bound yet."
+            )
+        if _close(X + o, R, 1e-4):
+            raise StructureError(
+                f"{where}: {name} ({type(m).__name__}) transforms the attention output before the residual add (its "
+                "input is attn_out, its output what resid_pre is added to), a step after the output projection that "
+                "is not bound yet."
+            )
 
 
 def _classify_mixer_only(

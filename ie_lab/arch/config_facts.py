@@ -89,14 +89,7 @@ def unbound_structure(config: Any) -> tuple[str, str] | None:
             "its config sizes an encoder and a decoder (is_encoder_decoder, or encoder_layers and decoder_layers); "
             "those decoder blocks carry cross-attention and are not bound.",
         )
-    streams = _first(d, "hc_mult", "num_residual_streams")
-    if isinstance(streams, int) and streams > 1:
-        return (
-            f"{mt} carries {streams} parallel residual streams",
-            f"its config states hyper-connections ({'hc_mult' if 'hc_mult' in d else 'num_residual_streams'}="
-            f"{streams}): each layer reads and writes a [{streams}, d_model] stack mixed by learned weights, and "
-            "multi-stream trunks are not bound yet (the registry's resid_streams and .stream-S points wait for it).",
-        )
+    # Hyper-connection trunks (hc_mult > 1) are bound: the binder measures their stream mixing (arch.binder).
     if mt in quirks.RECURRENT_BLOCKS:
         return f"{mt} has no attention layers", quirks.RECURRENT_BLOCKS[
             mt

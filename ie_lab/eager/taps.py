@@ -22,7 +22,7 @@ from .. import points as _points
 from ..address import Address
 from ..arch import attention_tap
 from ..arch.binder import LayerBinding, first_tensor, gate_values, hidden_arg, split_fused_qkv
-from ..errors import CapabilityUnsupported
+from ..errors import CapabilityUnsupported, PointAbsent
 from ..ops.attention import scores_and_probs
 
 # kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output),
@@ -68,6 +68,39 @@ def _bound(module: nn.Module | None) -> nn.Module:
     return module
 
 
+def _stream_source(b: Any, addr: Address, structure: _points.Structure) -> Source:
+    """Points of a hyper-connection trunk (arch.binder measured its modules): a residual point is one stream of the
+    layer's [batch, seq, n_streams, d_model] stack, so its stream must be named; resid_streams is the whole stack
+    entering the layer; the collapse, write and mix points are the hyper-connection modules' own outputs."""
+    p = addr.point
+    # a stream coordinate needs several streams, just as the multi-stream points do
+    _points.require_present(p if p.multi_stream_only else "resid_streams", structure, label=str(addr))
+    _points.require_present(p, structure, addr.layer, label=str(addr))
+    L = addr.layer
+    lb: LayerBinding = b.layers[L]
+    if p.per_stream:
+        n = structure.n_streams
+        if addr.stream is None:
+            raise PointAbsent(
+                str(addr),
+                b.family,
+                f"this trunk carries {n} parallel residual streams (hyper-connections), so {addr} is {n} tensors, "
+                "one per stream, and ie_lab will not pick one for you.",
+                f"name a stream ({addr}.stream-0 ... {addr}.stream-{n - 1}), or capture resid_streams.{L} for the "
+                "whole stack entering the layer.",
+            )
+        S = addr.stream
+        if addr.name == "resid_mid":  # the stack between the sublayers is what the MLP's hyper-connection reads
+            return Source("pre", _bound(lb.mlp_hc), lambda t: t[..., S, :])
+        return Source("post" if addr.name == "resid_post" else "pre", lb.layer, lambda t: t[..., S, :])
+    if addr.name == "resid_streams":
+        return Source("pre", lb.layer, lambda t: t)
+    hc = _bound(lb.attn_hc if addr.name.startswith("attn") else lb.mlp_hc)
+    role = addr.name.rsplit("_", 1)[1]  # collapse | write | mix, where the binder found each in the output tuple
+    i, flip = lb.hc_roles[role], role == "mix" and lb.mix_transposed
+    return Source("post_raw", hc, lambda out, shape, n: out[i].transpose(-1, -2) if flip else out[i])
+
+
 def resolve(lm: Any, addr: Address) -> Source:
     """The source of an address on this model, or a PointAbsent / CapabilityUnsupported saying why not."""
     b = lm.binding
@@ -75,10 +108,8 @@ def resolve(lm: Any, addr: Address) -> Source:
     name = addr.name
     p = addr.point
     structure = _points.Structure.from_binding(b)
-    if p.multi_stream_only or addr.stream is not None:
-        # a stream coordinate needs several streams just as the per-stream points do
-        _points.require_present(p if p.multi_stream_only else "resid_streams", structure, label=str(addr))
-        raise CapabilityUnsupported(str(addr), "multi-stream trunks are not bound yet.", "use a single-stream family.")
+    if p.multi_stream_only or addr.stream is not None or (p.per_stream and structure.n_streams > 1):
+        return _stream_source(b, addr, structure)
     # the registry says which points this structure lacks, and why (the same words on every backend)
     _points.require_present(p, structure, addr.layer, label=name)
     if name == "embeddings":
@@ -100,6 +131,16 @@ def resolve(lm: Any, addr: Address) -> Source:
     if name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
         mod = lb.q_norm if name.startswith("q") else lb.k_norm
         return Source("pre" if name.endswith("_in") else "post", _bound(mod), _qk_norm_view(lb.qk_norm_layout))
+    if name in ("value", "attn_scores", "attn_probs") and lb.kv_compressor:
+        raise PointAbsent(
+            f"{name}.{addr.layer}",
+            fam,
+            f"layer {addr.layer} is a {lb.kv_compressor} layer: its attention also attends to key/value entries its "
+            "compressor builds from blocks of tokens, appended after the tokens' own, so the key axis is not one "
+            f"entry per token and {name} would not line up with the prompt.",
+            f"capture z.{addr.layer} (what the kernel returned) or attn_out.{addr.layer}, or {name} on a layer "
+            "without a compressor.",
+        )
     if name == "value":
         if lb.value_source == "interface":
             return Source("attn", lb.attn, _value_from_call)

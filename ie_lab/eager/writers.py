@@ -124,6 +124,8 @@ class Writers:
             return self._post(b.final_norm, edit)
         lb: LayerBinding = b.layers[addr.layer]
         n = _MIXER_AS_SUBLAYER.get(addr.name, addr.name)  # a mixer layer's mixer sits where attention would
+        if addr.stream is not None:
+            return self._place_stream(lb, addr, edit)
         if n == "resid_pre":
             return self._pre(lb.layer, edit)
         if n == "resid_post":
@@ -134,8 +136,9 @@ class Writers:
             if lb.z_at_kernel:
                 raise CapabilityUnsupported(
                     f"writing z.{addr.layer}",
-                    "on this layer z is the attention kernel's output, which a norm (measured) changes "
-                    "before the output projection, so no module boundary carries z itself onward.",
+                    "on this layer z is the attention kernel's output, which "
+                    + (lb.z_at_kernel_why or "a norm (measured) changes before the output projection")
+                    + ", so no module boundary carries z itself onward.",
                     "write attn_out or a residual point.",
                 )
             if addr.head is not None:
@@ -197,6 +200,28 @@ class Writers:
         if n == "mlp_out":
             return self._post(lb.mlp_out_module, edit)
         raise CapabilityUnsupported(f"writing {n}", "no writer is bound for this point.", "write a residual point.")
+
+    def _place_stream(self, lb: LayerBinding, addr: Address, edit: Edit) -> None:
+        """One stream of a hyper-connection layer's stack: the layer's input (resid_pre) or output (resid_post) with
+        that stream's slice edited, the other streams untouched."""
+        S = addr.stream
+
+        def one_stream(t: torch.Tensor, off: int) -> torch.Tensor:
+            out = t.clone()
+            out[..., S, :] = edit(t[..., S, :], off)
+            return out
+
+        if addr.name == "resid_pre":
+            return self._pre(lb.layer, one_stream)
+        if addr.name == "resid_post":
+            return self._post(lb.layer, one_stream)
+        raise CapabilityUnsupported(
+            f"writing {addr}",
+            "the layer hands the stack between its sublayers both to the MLP's hyper-connection and to its own "
+            "mixing sum, so a change at the hyper-connection's input would reach one and not the other.",
+            f"write resid_pre.{addr.layer}.stream-{S}, resid_post.{addr.layer}.stream-{S}, attn_out.{addr.layer} "
+            f"or mlp_in.{addr.layer}.",
+        )
 
     def __enter__(self) -> "Writers":
         self.owner = threading.get_ident() if self.thread_bound else None
