@@ -9,10 +9,12 @@ is where the call is issued, not where it computes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..address import Address
 from ..backend import OperationCancelled, SessionClosed
 from ..capabilities import require
 from ..core.addresses import parse_addresses
@@ -22,7 +24,16 @@ from ..errors import InputError
 from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
 from ..points_table import PointsTable
 from .attention import attention
-from .batcher import BatchedCall, BatchedCapture, BatchedStream, Batcher, CaptureRequest, Request, shareable
+from .batcher import (
+    BatchedCall,
+    BatchedCapture,
+    BatchedStream,
+    Batcher,
+    CaptureRequest,
+    GradRequest,
+    Request,
+    shareable,
+)
 from .capture import capture
 from .generate import generate, generate_stream, plan
 from .lens import logit_lens
@@ -31,6 +42,7 @@ from .patching import gradients, patch, patch_sweep
 from .project import project
 from .steer import make_spec, run_issued
 from .taps import resolve
+from .writers import WRITABLE, Writers
 
 
 def _check_callable(fn: Any) -> None:
@@ -144,56 +156,68 @@ class EagerBackend:
         batched = self._capture_request(tokens_or_text, addresses, steer, kwargs)
         if batched is not None:
             return batched
+        if prepare_prompts(lm, tokens_or_text) is None:  # bad input is refused here, before the call queues
+            prepare(lm, tokens_or_text)
         return self._steered(steer, lambda: capture(lm, tokens_or_text, addresses, **kwargs))
 
     def _capture_request(self, tokens_or_text: Any, addresses: Any, steer: Any, kwargs: dict) -> Any:
-        """A one-prompt capture (no grad) as a request that is read together with the captures queued meanwhile
-        (ie_lab/eager/batcher.py), checked now (points and steering resolved, so no request can fail another's
-        forward); None where it runs on its own: a list or a batch tensor, grad=True, a model that cannot pad."""
+        """A capture as requests (one per prompt of a list) that are read together with the captures queued
+        meanwhile (ie_lab/eager/batcher.py), checked now (every prompt read, points and steering resolved, so no
+        request can fail another's forward); None where it runs on its own: a [batch, seq] tensor (one batch,
+        one Cache), a model that cannot pad, and grad=True: the caller's own backward would free the saved
+        tensors of a shared graph (a neighbour's backward then fails) and one Cache would keep every neighbour's
+        activations alive; concurrent gradients() calls, whose backward is the operation's own, do share one
+        forward and backward (Batcher.gradients)."""
         batcher = self._batcher
         if batcher is None or set(kwargs) - {"grad"} or kwargs.get("grad", False) is not False:
             return None
         lm = self.lm
         addrs = parse_addresses(lm, addresses)
-        if prepare_prompts(lm, tokens_or_text) is not None:
-            return None
-        ids, mask = prepare(lm, tokens_or_text)
-        if ids.shape[0] != 1:
-            return None
+        many = prepare_prompts(lm, tokens_or_text)
+        if many is not None:
+            prompts: list[tuple[Any, Any]] = [(ids, None) for ids in many]
+        else:
+            ids, mask = prepare(lm, tokens_or_text)
+            if ids.shape[0] != 1:
+                return None
+            prompts = [(ids, mask)]
         specs = list(issued_specs(lm, steer))
         for a in {a.without_head() for a in addrs} | {a for sp in specs for a in sp.addresses}:
             resolve(lm, a)  # an absent point is refused here, in the caller's words
-        req = CaptureRequest(ids, mask, addrs, specs)
-        return BatchedCapture(batcher, req, lambda width, points: auto_batch_size(lm, width, points))
+        reqs = [CaptureRequest(ids, mask, addrs, specs) for ids, mask in prompts]
+        return BatchedCapture(batcher, reqs, lambda width, points: auto_batch_size(lm, width, points), many is not None)
 
     def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
         lm = self.lm
         kwargs["steer"] = self.issued(kwargs.get("steer"))
-        batcher, req = self._request(prompt, max_new_tokens, kwargs, stream=False)
-        if batcher is not None and req is not None:
-            return BatchedCall(batcher, req)
+        batcher, reqs, batch = self._request(prompt, max_new_tokens, kwargs, stream=False)
+        if batcher is not None:
+            return BatchedCall(batcher, reqs, batch)
         return lambda: generate(lm, prompt, max_new_tokens, **kwargs)
 
     def stream(self, prompt: Any, max_new_tokens: int, **kwargs: Any) -> Iterator:
-        batcher, req = self._request(prompt, max_new_tokens, kwargs, stream=True)
-        if batcher is not None and req is not None:
-            return BatchedStream(batcher, req)
+        batcher, reqs, _ = self._request(prompt, max_new_tokens, kwargs, stream=True)
+        if batcher is not None:
+            return BatchedStream(batcher, reqs)
         return generate_stream(self.lm, prompt, max_new_tokens, **kwargs)
 
     def _request(
         self, prompt: Any, max_new_tokens: Any, kwargs: dict, stream: bool
-    ) -> tuple[Batcher | None, Request | None]:
-        """A single prompt's generation as a request of the shared batch (ie_lab/eager/batcher.py), checked now;
-        None where it runs on its own: a list of prompts (already one batch), a model that cannot pad, an
-        argument only generate_stream knows (it refuses it in its own words)."""
+    ) -> tuple[Batcher | None, list[Request], bool]:
+        """A generation as requests of the shared batch (ie_lab/eager/batcher.py), one per prompt of a list, each
+        with that prompt's seed and the call's steering, captures, stops and length; checked now, every prompt
+        before any request is queued. No batcher where it runs on its own: a model that cannot pad, an argument
+        only generate_stream knows (it refuses it in its own words)."""
         batcher = self._batcher
         if batcher is None or not set(kwargs) <= _PLAN_ARGS:
-            return None, None
+            return None, [], False
         p = plan(self.lm, prompt, max_new_tokens, **kwargs)
-        if p.batch:
-            return None, None
         own = {k: v for k, v in kwargs.items() if k in _REQUEST_ARGS}
-        return batcher, Request(p, max_new_tokens, stream=stream, **own)
+        reqs = [
+            Request(replace(p, rows=[row], seeds=[seed], batch=False), max_new_tokens, stream=stream, index=i, **own)
+            for i, (row, seed) in enumerate(zip(p.rows, p.seeds))
+        ]
+        return batcher, reqs, p.batch
 
     def check_printable(self, prompt: Any) -> None:
         if prepare_prompts(self.lm, prompt, rows=True) is not None:
@@ -229,7 +253,36 @@ class EagerBackend:
 
     def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None):
         lm = self.lm
+        batched = self._gradients_request(prompt, metric, addresses, of)
+        if batched is not None:
+            return batched
         return self._steered(None, lambda: gradients(lm, prompt, metric, addresses, of=of))
+
+    def _gradients_request(self, prompt: Any, metric: Any, addresses: Any, of: Any) -> Any:
+        """A one-prompt, unsteered gradients() as a request computed together with those queued meanwhile, in one
+        forward and one backward (Batcher._grad_group), checked now; None where it runs on its own: a list or a
+        batch tensor, steering open where it was issued (a steering edit and a derivative probe at the same
+        point would have to keep the solo order), anything gradients() itself refuses (in its own words)."""
+        batcher, lm = self._batcher, self.lm
+        if batcher is None or not callable(metric) or issued_specs(lm, None):
+            return None
+        addrs = parse_addresses(lm, addresses)
+        if any(a.name not in WRITABLE for a in addrs) or prepare_prompts(lm, prompt) is not None:
+            return None
+        ids, mask = prepare(lm, prompt)
+        if ids.shape[0] != 1:
+            return None
+        measured = parse_addresses(lm, of) if of is not None else []
+        Writers(lm, [(a, lambda t, off: t) for a in addrs])  # refuses what it cannot write, before any forward
+        for a in {a.without_head() for a in [*addrs, *measured]}:
+            resolve(lm, a)  # an absent point is refused here, in the caller's words
+        req = GradRequest(ids, mask, addrs, measured, isinstance(of, (str, Address)), metric)
+
+        def rows_for(width: int, points: int) -> int:
+            # the backward needs every layer's activations kept: one layer's budget shared by all layers
+            return max(1, auto_batch_size(lm, width, points) // max(1, lm.facts.n_layers))
+
+        return BatchedCapture(batcher, [req], rows_for, False)
 
     def run(self, fn: Callable[[Any], Any]):
         _check_callable(fn)

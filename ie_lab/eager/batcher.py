@@ -41,7 +41,7 @@ from ..core.addresses import slice_head
 from ..core.inputs import str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.steer_spec import ForwardState, SteerSpec
-from ..errors import CapabilityUnsupported, StructureError
+from ..errors import CapabilityUnsupported, InputError, StructureError
 from .generate import (
     Plan,
     _cache_keyword,
@@ -60,7 +60,8 @@ from .writers import Writers
 
 @dataclass(eq=False)
 class Request:
-    """One single-prompt generation: its arguments, its progress, and how its result gets back."""
+    """One prompt's generation: its arguments, its progress, and how its result gets back. A list of prompts is
+    one Request per prompt (``index`` its place in the list), sharing the call's token."""
 
     plan: Plan
     max_new_tokens: int
@@ -70,6 +71,7 @@ class Request:
     n_logprobs: int = 0
     keep_logits: bool = True
     stream: bool = False
+    index: int = 0  # its prompt's place in the call's list (GenStep.prompt_index)
     token: Any = None  # the Session's CancelToken once the call is queued
     closed: bool = False  # a stream its consumer closed
     # progress
@@ -106,7 +108,8 @@ class Request:
 
 @dataclass(eq=False)
 class CaptureRequest:
-    """One single-prompt capture (no grad): its ids, the points, its steering; its Cache once read."""
+    """One prompt's capture (no grad): its ids, the points, its steering; its Cache once read. A list of prompts
+    is one CaptureRequest per prompt."""
 
     ids: torch.Tensor  # [1, n]
     mask: torch.Tensor | None  # the prompt's own attention mask, as a solo capture passes it
@@ -117,6 +120,27 @@ class CaptureRequest:
     result: Cache | None = None
     error: BaseException | None = None
     state: ForwardState = field(default_factory=ForwardState)
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self.token is not None and self.token.cancelled)
+
+
+@dataclass(eq=False)
+class GradRequest:
+    """One prompt's gradients() (unsteered): d metric / d point for its points, its metric seeing only its own row;
+    its Cache once computed. Queued with the captures, read only with other GradRequests."""
+
+    ids: torch.Tensor  # [1, n]
+    mask: torch.Tensor | None
+    addrs: list[Address]  # the points differentiated with respect to
+    measured: list[Address]  # of=: what the metric reads instead of the logits
+    single: bool  # of= named one point (the metric gets its tensor, not a Cache)
+    metric: Any
+    token: Any = None
+    finished: bool = False
+    result: Cache | None = None
+    error: BaseException | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -144,6 +168,26 @@ def _plain_layers(cache: Any) -> bool:
     return bool(layers) and all(type(la) is DynamicLayer and la.is_initialized for la in layers)
 
 
+def _ready(reqs: list[Request]) -> bool:
+    """Whether a call's driver may stop: all its requests are done, or (a stream) some have steps to hand out and
+    none is holding its last step back for one more forward, so a list's steps of one token go out together."""
+    if all(r.finished for r in reqs):
+        return True
+    return any(r.stream and r.outbox for r in reqs) and not any(r.draining is not None for r in reqs)
+
+
+def _total(values: list[torch.Tensor]) -> torch.Tensor:
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return total
+
+
+def _first_error(reqs: list[Any]) -> BaseException | None:
+    errors = [r.error for r in reqs if r.error is not None]
+    return next((e for e in errors if not isinstance(e, OperationCancelled)), errors[0] if errors else None)
+
+
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
 
@@ -156,7 +200,7 @@ class Batcher:
         self.lm = lm
         self._guard = threading.Lock()
         self.pending: list[Request] = []
-        self.captures: list[CaptureRequest] = []  # captures queued: the first to compute reads them all
+        self.captures: list[CaptureRequest | GradRequest] = []  # queued: the first to compute reads them all
         self.rows: list[Request] = []
         self.cache: Any = None
         self.width = 0  # positions in the cache (the frame every row ends at)
@@ -173,12 +217,14 @@ class Batcher:
         self._mergeable: bool | None = None
 
     # ---- any thread ----------------------------------------------------------------------------------
-    def submit(self, req: Request | CaptureRequest) -> None:
+    def submit(self, reqs: list[Request] | list[CaptureRequest] | list[GradRequest]) -> None:
+        """Queue a call's requests together (a list's prompts are admitted in the same step)."""
         with self._guard:
-            if isinstance(req, CaptureRequest):
-                self.captures.append(req)
-            else:
-                self.pending.append(req)
+            for req in reqs:
+                if isinstance(req, (CaptureRequest, GradRequest)):
+                    self.captures.append(req)
+                else:
+                    self.pending.append(req)
 
     def prune(self) -> None:
         """Drop cancelled and closed requests now (a closed stream's row leaves without waiting for a driver)."""
@@ -199,20 +245,18 @@ class Batcher:
             c.error, c.finished = error, True
 
     # ---- under the operation lock --------------------------------------------------------------------
-    def drive(self, req: Request) -> None:
-        """Run the batch until `req` is finished (a stream: until it has a step to hand out)."""
+    def drive(self, reqs: list[Request]) -> None:
+        """Run the batch until every one of `reqs` is finished (a stream: until it has steps to hand out)."""
         lm = self.lm
         try:
             with lm.lock, torch.no_grad():
-                while not (req.finished or (req.stream and req.outbox)):
+                while not _ready(reqs):
                     if not (self.rows or self.pending):
                         raise RuntimeError("internal: a batched request is neither queued nor running")
                     self._step()
                 self._drop_cancelled()  # requests cancelled while queued: nobody else may drive soon
         finally:
             self._unhook()
-        if req.finished and req.error is not None and not req.outbox:
-            raise req.error
 
     def _step(self) -> None:
         self._drop_cancelled()
@@ -245,9 +289,10 @@ class Batcher:
             self._select(keep)
 
     # ---- captures ------------------------------------------------------------------------------------
-    def read(self, req: CaptureRequest, rows_for: Any) -> Cache:
-        """Read `req`, with every capture queued meanwhile, in right-padded forwards of at most rows_for(width,
-        points) rows; each Cache holds only its own prompt's tokens (as `capture` over a list)."""
+    def read(self, req: CaptureRequest | GradRequest, rows_for: Any) -> Cache:
+        """Read `req`, with every request of its kind (capture, gradients) queued meanwhile, in right-padded
+        forwards of at most rows_for(width, points) rows; each Cache holds only its own prompt's tokens (as
+        `capture` over a list)."""
         while not req.finished:
             with self._guard:
                 for c in [*self.captures, req]:
@@ -262,14 +307,19 @@ class Batcher:
             queued.insert(0, req)  # its own first: whatever the budget, it is read now
             group = [req]
             for c in queued[1:]:
+                if type(c) is not type(req):
+                    continue
                 width = max(x.ids.shape[1] for x in [*group, c])
-                points = len({a.without_head() for x in [*group, c] for a in x.addrs})
+                points = len({a.without_head() for x in [*group, c] for a in [*x.addrs, *getattr(x, "measured", ())]})
                 if len(group) + 1 > rows_for(width, points):
                     break
                 group.append(c)
-            with self._guard:
-                self.captures = queued[len(group) :] + self.captures  # the rest wait for their own turn
-            self._read_group(group)
+            with self._guard:  # the rest wait for their own turn
+                self.captures = [c for c in queued if c not in group] + self.captures
+            if isinstance(req, GradRequest):
+                self._grad_group(group)  # type: ignore[arg-type]
+            else:
+                self._read_group(group)  # type: ignore[arg-type]
         if req.error is not None:
             raise req.error
         assert req.result is not None
@@ -329,6 +379,108 @@ class Batcher:
             if c.error is None:
                 c.result = Cache(got, tokens=c.ids, str_tokens=str_tokens(lm, c.ids), attention_mask=c.mask)
             c.finished = True
+
+    def _grad_group(self, group: list[GradRequest]) -> None:
+        """One forward and one backward for a group of gradients() requests.
+
+        Each point gets one zero-valued leaf over the whole batch (adding it changes no number); each request's
+        metric sees only its own row (its real tokens: right padding, which they never attend to), and the
+        backward of the sum of the metrics gives each leaf row the derivative of its own request's metric alone,
+        since no row reads another. Each request is handed its own row of each leaf's gradient, pads cut."""
+        lm = self.lm
+        lens = [int(g.ids.shape[1]) for g in group]
+        width = max(lens)
+        device = group[0].ids.device
+        ids = torch.full((len(group), width), self._pad_id, dtype=torch.long, device=device)
+        for i, g in enumerate(group):
+            ids[i, : lens[i]] = g.ids[0]
+        mask: torch.Tensor | None = group[0].mask if len(group) == 1 else None
+        if min(lens) < width:
+            mask = (torch.arange(width, device=device)[None] < torch.tensor(lens, device=device)[:, None]).long()
+        addrs = list(dict.fromkeys(a for g in group for a in g.addrs))
+        measured = list(dict.fromkeys(m for g in group for m in g.measured))
+        leaves: dict[Address, torch.Tensor] = {}
+
+        def probe(a: Address) -> Any:
+            def edit(t: torch.Tensor, off: int) -> torch.Tensor:
+                leaves[a] = torch.zeros_like(t, requires_grad=True)
+                return t + leaves[a]
+
+            return edit
+
+        self.in_forward = list(group)
+        values: dict[int, torch.Tensor] = {}
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(lm.lock)
+                stack.enter_context(torch.enable_grad())
+                w = stack.enter_context(Writers(lm, [(a, probe(a)) for a in addrs]))
+                w.shape = (len(group), width)
+                taps = stack.enter_context(Taps(lm, measured, grad=True)) if measured else None
+                if taps is not None:
+                    taps.shape = w.shape
+                with running(None, ()):
+                    logits = lm.hf(input_ids=ids, attention_mask=mask, use_cache=False).logits
+                self.in_forward = []
+                for i, (g, n) in enumerate(zip(group, lens)):
+                    try:
+                        values[i] = self._metric(g, i, n, logits, taps)
+                    except Exception as e:  # noqa: BLE001 - its own metric: only this request ends with it
+                        g.error, g.finished = e, True
+                live = [v for v in values.values() if v.requires_grad]
+                grads = (
+                    torch.autograd.grad(_total(live), [leaves[a] for a in addrs], allow_unused=True)
+                    if live
+                    else (None,) * len(addrs)
+                )
+        except Exception as e:  # noqa: BLE001 - each request of the forward ends with it
+            for g in group:
+                if not g.finished:
+                    g.error, g.finished = (OperationCancelled("interrupted") if g.cancelled else e), True
+            return
+        finally:
+            self.in_forward = []
+        by_addr = dict(zip(addrs, grads))
+        for i, (g, n) in enumerate(zip(group, lens)):
+            if g.finished:
+                continue
+            out = {}
+            for a in g.addrs:
+                got = by_addr[a]
+                # a metric that does not depend on the points (read upstream of them, or not from the model): zeros
+                row = got[i : i + 1, :n] if got is not None and values[i].requires_grad else None
+                out[a] = (row if row is not None else torch.zeros_like(leaves[a][i : i + 1, :n])).detach()
+            g.result = Cache(out, tokens=g.ids, str_tokens=str_tokens(lm, g.ids))
+            g.finished = True
+
+    def _metric(self, g: GradRequest, i: int, n: int, logits: torch.Tensor, taps: Taps | None) -> torch.Tensor:
+        """Request g's metric of its own row (its logits, or its points of `of=` with the pads cut)."""
+        if not g.measured:
+            arg: Any = logits[i : i + 1, :n]
+        else:
+            assert taps is not None
+            seen = {}
+            for m in g.measured:
+                parts = taps.collected.get(m.without_head(), [])
+                if len(parts) != 1:
+                    raise StructureError(
+                        f"{m} was seen {len(parts)} times in one forward (expected once), so "
+                        "ie_lab will not pick one to measure."
+                    )
+                t = parts[0][i : i + 1]
+                t = t[:, :, :n, :n] if m.point.is_attention else t[:, :n]
+                seen[m] = slice_head(m, t, self.lm.facts)
+            arg = seen[g.measured[0]] if g.single else Cache(seen, tokens=g.ids, str_tokens=str_tokens(self.lm, g.ids))
+        value = g.metric(arg)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            what = "the logits" if not g.measured else ("the point's tensor" if g.single else "the cache of points")
+            raise InputError(
+                f"the metric must return a scalar tensor computed from {what}, got "
+                f"{type(value).__name__}"
+                + (f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else "")
+                + "; reduce it, e.g. with .sum() or .mean()."
+            )
+        return value.reshape(())
 
     # ---- forwards ------------------------------------------------------------------------------------
     def _admit(self, reqs: list[Request]) -> None:
@@ -522,7 +674,7 @@ class Batcher:
         token_id = _choose(row_logits, r.temperature, r.top_k, r.top_p, r.gen)
         r.generated.append(token_id)
         i = len(r.generated) - 1
-        step = make_step(self.lm, i, token_id, row_logits, r.n_logprobs, r.keep_logits, 0)
+        step = make_step(self.lm, i, token_id, row_logits, r.n_logprobs, r.keep_logits, r.index)
         reason = stop_reason(self.lm, token_id, r.generated, p.eos, p.stops)
         last = reason is not None or len(r.generated) == r.max_new_tokens
         if reason is not None:
@@ -590,74 +742,108 @@ class Batcher:
 
 class BatchedCall:
     """What the eager backend returns for a batched generate: a function of no arguments for the Session, which
-    hands it its cancel token as the call is queued (`bind`: the request joins the batch from then on)."""
+    hands it its cancel token as the call is queued (`bind`: its requests join the batch from then on). A list of
+    prompts is one request per prompt; the result is then a list, in prompt order."""
 
-    def __init__(self, batcher: Batcher, req: Request):
-        self.batcher, self.req = batcher, req
+    def __init__(self, batcher: Batcher, reqs: list[Request], batch: bool):
+        self.batcher, self.reqs, self.batch = batcher, reqs, batch
         self._submitted = False
 
     def bind(self, token: Any) -> None:
-        self.req.token = token
+        for r in self.reqs:
+            r.token = token
         if not self._submitted:
             self._submitted = True
-            self.batcher.submit(self.req)
+            self.batcher.submit(self.reqs)
 
-    def __call__(self) -> GenerationResult:
+    def __call__(self) -> GenerationResult | list[GenerationResult]:
         if not self._submitted:
-            self.bind(self.req.token)
-        self.batcher.drive(self.req)
-        assert self.req.result is not None
-        return self.req.result
+            self.bind(self.reqs[0].token)
+        self.batcher.drive(self.reqs)
+        error = _first_error(self.reqs)
+        if error is not None:
+            raise error
+        results = [r.result for r in self.reqs]
+        assert all(x is not None for x in results)
+        return results if self.batch else results[0]  # type: ignore[return-value]
 
 
 class BatchedCapture:
-    """What the eager backend returns for a capture: queued at `bind`, read with the captures queued meanwhile."""
+    """What the eager backend returns for a capture (or a gradients call): queued at `bind`, read with the requests
+    of its kind queued meanwhile. A list of prompts is one request per prompt, read in as few forwards as the
+    memory budget allows."""
 
-    def __init__(self, batcher: Batcher, req: CaptureRequest, rows_for: Any):
-        self.batcher, self.req, self.rows_for = batcher, req, rows_for
+    def __init__(self, batcher: Batcher, reqs: list[CaptureRequest] | list[GradRequest], rows_for: Any, batch: bool):
+        self.batcher, self.reqs, self.rows_for, self.batch = batcher, reqs, rows_for, batch
         self._submitted = False
 
     def bind(self, token: Any) -> None:
-        self.req.token = token
+        for r in self.reqs:
+            r.token = token
         if not self._submitted:
             self._submitted = True
-            self.batcher.submit(self.req)
+            self.batcher.submit(self.reqs)
 
-    def __call__(self) -> Cache:
-        return self.batcher.read(self.req, self.rows_for)
+    def __call__(self) -> Cache | list[Cache]:
+        if not self._submitted:
+            self.bind(self.reqs[0].token)
+        try:
+            for r in self.reqs:
+                if not r.finished:
+                    self.batcher.read(r, self.rows_for)
+        finally:
+            for r in self.reqs:  # a list's prompts not read yet (an error or a cancel): they leave the queue
+                if not r.finished:
+                    r.error, r.finished = OperationCancelled("interrupted"), True
+        error = _first_error(self.reqs)
+        if error is not None:
+            raise error
+        results = [r.result for r in self.reqs]
+        return results if self.batch else results[0]  # type: ignore[return-value]
 
 
 class BatchedStream(Iterator[GenStep]):
-    """A batched generate_stream: each next() drives the batch until this request has a step to hand out; close()
-    (or an exhausted stream) leaves the batch at the next step boundary."""
+    """A batched generate_stream: each next() drives the batch until this call has steps to hand out; close()
+    (or an exhausted stream) leaves the batch at the next step boundary. A list of prompts hands out each
+    token's steps in prompt order, as a list's stream does alone."""
 
-    def __init__(self, batcher: Batcher, req: Request):
-        self.batcher, self.req = batcher, req
+    def __init__(self, batcher: Batcher, reqs: list[Request]):
+        self.batcher, self.reqs = batcher, reqs
         self._submitted = False
+        self._out: deque[GenStep] = deque()
 
     def bind(self, token: Any) -> None:
-        self.req.token = token
+        for r in self.reqs:
+            r.token = token
         if not self._submitted:
             self._submitted = True
-            self.batcher.submit(self.req)
+            self.batcher.submit(self.reqs)
+
+    def _take(self) -> bool:
+        """Move the steps produced so far (by whoever drove the batch) to this stream's own queue."""
+        got = [r.outbox.popleft() for r in self.reqs for _ in range(len(r.outbox))]
+        got.sort(key=lambda st: (st.index, st.prompt_index))
+        self._out.extend(got)
+        return bool(self._out)
 
     def __next__(self) -> GenStep:
-        r = self.req
         if not self._submitted:
-            self.bind(r.token)
-        if not r.outbox and not r.finished:
-            self.batcher.drive(r)
-        if r.outbox:
-            return r.outbox.popleft()
-        if r.error is not None:
-            raise r.error
+            self.bind(self.reqs[0].token)
+        if not self._out and not _ready(self.reqs):
+            self.batcher.drive(self.reqs)
+        if self._out or self._take():
+            return self._out.popleft()
+        error = _first_error(self.reqs)
+        if error is not None:
+            raise error
         raise StopIteration
 
     def close(self) -> None:
         # Closed where the stream holds the operation lock (the Session closes it before handing the lock back), so
-        # its row leaves the batch now.
-        self.req.closed = True
+        # its rows leave the batch now.
+        for r in self.reqs:
+            r.closed = True
         self.batcher.prune()
 
 
-__all__ = ["Batcher", "BatchedCall", "BatchedCapture", "BatchedStream", "CaptureRequest", "Request"]
+__all__ = ["Batcher", "BatchedCall", "BatchedCapture", "BatchedStream", "CaptureRequest", "GradRequest", "Request"]
