@@ -283,8 +283,6 @@ def check_invariants(lm) -> None:
     import torch
 
     from .eager.capture import capture_batch  # x below is one [2, 9] id tensor: one Cache per call
-    from .errors import IELabError
-    from .ops.lens import postprocess_logits
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(4, min(VOCAB, lm.facts.vocab_size), (2, 9), generator=g)
@@ -293,35 +291,16 @@ def check_invariants(lm) -> None:
     for lb in lm.binding.layers:
         L = lb.index
         sub = "mixer_out_post" if lb.mixer_kind else "attn_out_post"  # a mixer layer's sublayer has its own name
-        if not lb.has_mlp:  # a mixer-only block: one sublayer, one residual add
+        if lb.mlp_only:  # a single-sublayer trunk's MLP block: its MLP is its one sublayer
+            sub = "mlp_out_post"
+        if not lb.has_mlp or lb.mlp_only:  # a single-sublayer block: one residual add
             c = capture_batch(lm, x, [f"resid_pre.{L}", f"{sub}.{L}", f"resid_post.{L}"])
             torch.testing.assert_close(
-                c[f"resid_pre.{L}"] + c[f"{sub}.{L}"], c[f"resid_post.{L}"], **tol, msg=f"mixer-only block, layer {L}"
-            )
-            continue
-        names = ["resid_pre", sub, "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
-        c = capture_batch(lm, x, [f"{n}.{L}" for n in names])
-        if lb.parallel:
-            torch.testing.assert_close(
-                c[f"resid_pre.{L}"] + c[f"{sub}.{L}"] + c[f"mlp_out_post.{L}"],
-                c[f"resid_post.{L}"],
-                **tol,
-                msg=f"parallel residual sum, layer {L}",
+                c[f"resid_pre.{L}"] + c[f"{sub}.{L}"], c[f"resid_post.{L}"], **tol, msg=f"one-sublayer block, layer {L}"
             )
         else:
-            torch.testing.assert_close(
-                c[f"resid_pre.{L}"] + c[f"{sub}.{L}"],
-                c[f"resid_mid.{L}"],
-                **tol,
-                msg=f"resid_pre + {sub} = resid_mid, layer {L}",
-            )
-            torch.testing.assert_close(
-                c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"],
-                c[f"resid_post.{L}"],
-                **tol,
-                msg=f"resid_mid + mlp_out_post = resid_post, layer {L}",
-            )
-        if not lb.sparse_moe:
+            _two_sublayer_identities(lm, x, lb, sub, tol)
+        if lb.has_mlp and not lb.sparse_moe:
             c = capture_batch(lm, x, [f"mlp_act.{L}", f"mlp_out.{L}"])
             with torch.no_grad():
                 torch.testing.assert_close(
@@ -343,6 +322,50 @@ def check_invariants(lm) -> None:
                 z = z * c[gate[0]]
             torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=f"attn_probs @ value (* attn_gate) = z, layer {L}")
             assert torch.all(probs.triu(1) == 0), f"attention is not causal at layer {L}"
+    _routing_and_head(lm, x, tol)
+
+
+def _two_sublayer_identities(lm, x, lb, sub: str, tol: _Tol) -> None:
+    """resid_pre + sub = resid_mid and resid_mid + mlp_out_post = resid_post (or their parallel sum)."""
+    import torch
+
+    from .eager.capture import capture_batch
+
+    L = lb.index
+    names = ["resid_pre", sub, "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
+    c = capture_batch(lm, x, [f"{n}.{L}" for n in names])
+    if lb.parallel:
+        torch.testing.assert_close(
+            c[f"resid_pre.{L}"] + c[f"{sub}.{L}"] + c[f"mlp_out_post.{L}"],
+            c[f"resid_post.{L}"],
+            **tol,
+            msg=f"parallel residual sum, layer {L}",
+        )
+    else:
+        torch.testing.assert_close(
+            c[f"resid_pre.{L}"] + c[f"{sub}.{L}"],
+            c[f"resid_mid.{L}"],
+            **tol,
+            msg=f"resid_pre + {sub} = resid_mid, layer {L}",
+        )
+        torch.testing.assert_close(
+            c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"],
+            c[f"resid_post.{L}"],
+            **tol,
+            msg=f"resid_mid + mlp_out_post = resid_post, layer {L}",
+        )
+
+
+def _routing_and_head(lm, x, tol: _Tol) -> None:
+    """On MoE layers, each token routed to k experts with weights only on those; the head and logits; and every
+    registry point served or refused with an IELabError."""
+    import torch
+
+    from .eager.capture import capture_batch
+    from .errors import IELabError
+    from .ops.lens import postprocess_logits
+
+    f = lm.facts
     for lb in lm.binding.layers:
         if not lb.sparse_moe:
             continue

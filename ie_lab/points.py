@@ -74,6 +74,8 @@ class Needs(str, enum.Enum):
     ATTENTION = "an attention layer"  # not a mixer layer: a hybrid trunk's state-space/linear/conv layers have none
     MIXER = "a non-attention mixer on the layer"  # state-space, linear-attention, convolution or recurrence
     MLP = "an MLP on the layer"  # not a mixer-only block (pure state-space trunks)
+    # not an MLP-only block: single-sublayer trunks (Nemotron-H) give the MLP (or MoE) a layer of its own
+    TOKEN_MIXER = "attention or a mixer on the layer"
     # one residual stream: on a hyper-connection trunk a sublayer's output enters each stream with its own weight
     SINGLE_STREAM = "a single residual stream"
     STREAM_MIX = "a stream-mixing matrix"  # hyper-connections that mix the streams (DeepSeek-V4), not add them back
@@ -290,7 +292,7 @@ _POINTS: tuple[Point, ...] = (
         note="Absent on parallel blocks, where attention and MLP both read the layer input.",
         tl_legacy=('blocks.{L}.hook_resid_mid',), tl_bridge=('blocks.{L}.ln2.hook_in',),
         writable=True,
-        needs=(Needs.MLP, Needs.SEQUENTIAL),
+        needs=(Needs.MLP, Needs.TOKEN_MIXER, Needs.SEQUENTIAL),
     ),
     Point(
         "mlp_in", _L, Width.D_MODEL,
@@ -482,14 +484,22 @@ class Structure:
     # type as the config names it, or the mixer module's name), in the same order.
     mixer_layers: tuple[int, ...] = ()
     mixer_kinds: tuple[str, ...] = ()
-    no_mlp_layers: tuple[int, ...] = ()  # mixer-only blocks
+    no_mlp_layers: tuple[int, ...] = ()  # mixer-only blocks, and attention-only ones on single-sublayer trunks
+    # Single-sublayer trunks (Nemotron-H): blocks whose one sublayer is the MLP or MoE, with no token mixer. Such a
+    # block is a layer of its own (layer L is the config's block L), so resid_mid exists on no layer of it.
+    mlp_only_layers: tuple[int, ...] = ()
 
     def layer_kind(self, layer: int) -> str:
+        if layer in self.mlp_only_layers:
+            return "moe" if layer in self.moe_layers else "mlp"
         return self.mixer_kinds[self.mixer_layers.index(layer)] if layer in self.mixer_layers else "attention"
 
     def mixers_text(self) -> str:
-        """'0 mamba, 2 linear_attention': each mixer layer with its kind (every other layer is attention)."""
-        return ", ".join(f"{i} {k}" for i, k in zip(self.mixer_layers, self.mixer_kinds)) or "none"
+        """'0 mamba, 2 linear_attention': each mixer layer with its kind (every other layer is attention), and the
+        MLP-only blocks of a single-sublayer trunk ('1 moe-only, 3 mlp-only')."""
+        kinds = dict(zip(self.mixer_layers, self.mixer_kinds))
+        kinds.update({i: f"{self.layer_kind(i)}-only" for i in self.mlp_only_layers})
+        return ", ".join(f"{i} {kinds[i]}" for i in sorted(kinds)) or "none"
 
     @classmethod
     def from_facts(cls, facts: Any, final_norm: bool = True) -> "Structure":
@@ -515,7 +525,10 @@ class Structure:
             mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k),
             mixer_kinds=tuple(k for k in facts.mixer_kinds if k),
             # a config that has no attention heads at all is a pure state-space trunk: mixer-only blocks
-            no_mlp_layers=tuple(range(facts.n_layers)) if not facts.n_heads else (),
+            no_mlp_layers=tuple(range(facts.n_layers))
+            if not facts.n_heads
+            else tuple(i for i, k in enumerate(getattr(facts, "block_sublayers", ())) if k in ("mixer", "attention")),
+            mlp_only_layers=tuple(i for i, k in enumerate(getattr(facts, "block_sublayers", ())) if k == "mlp"),
         )
 
     @classmethod
@@ -536,6 +549,7 @@ class Structure:
             mixer_layers=tuple(lb.index for lb in binding.layers if lb.mixer_kind),
             mixer_kinds=tuple(lb.mixer_kind for lb in binding.layers if lb.mixer_kind),
             no_mlp_layers=tuple(lb.index for lb in binding.layers if not lb.has_mlp),
+            mlp_only_layers=tuple(lb.index for lb in binding.layers if getattr(lb, "mlp_only", False)),
         )
 
     def has(self, need: Needs, layer: int | None = None) -> bool:
@@ -550,9 +564,10 @@ class Structure:
             Needs.DENSE_MLP: layer not in self.moe_layers,
             Needs.GATED_MLP: self.gated_mlp,
             Needs.MOE: layer in self.moe_layers,
-            Needs.ATTENTION: layer not in self.mixer_layers,
+            Needs.ATTENTION: layer not in self.mixer_layers and layer not in self.mlp_only_layers,
             Needs.MIXER: layer in self.mixer_layers,
             Needs.MLP: layer not in self.no_mlp_layers,
+            Needs.TOKEN_MIXER: layer not in self.mlp_only_layers,
         }[need]
 
 
@@ -564,6 +579,13 @@ class Absence:
     why: str
     instead: str
 
+
+# An attention-only block of a single-sublayer trunk: the same absence as a mixer-only block, in its own words.
+_ATTENTION_ONLY = (
+    "layer {L} is an attention-only block (a single-sublayer block: attention's output is added straight to the "
+    "residual stream), so it has no {name} (layer kinds: {kinds}; every other layer is attention).",
+    "capture attn_out.{L}, or resid_post.{L} (the stream after attention).",
+)
 
 # Per missing feature: (why, instead); {L} is the layer, {name} the point, {moe} the model's MoE layers.
 _ABSENT: dict[Needs, tuple[str, str]] = {
@@ -604,7 +626,7 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
     ),
     Needs.MOE: ("layer {L} is a dense MLP layer with no router.", "MoE layers of this model: {moe}."),
     Needs.ATTENTION: (
-        "layer {L} is a {kind} mixer layer, not an attention layer, so it has no {name} (mixer layers: {kinds}; "
+        "layer {L} is a {kind} mixer layer, not an attention layer, so it has no {name} (layer kinds: {kinds}; "
         "every other layer is attention).",
         "capture mixer_in.{L} / mixer_out.{L} there, or {name} on an attention layer.",
     ),
@@ -617,6 +639,12 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
         "stream, so there is no {name}.",
         "capture mixer_out.{L}, or resid_post.{L} (the stream after the mixer).",
     ),
+    Needs.TOKEN_MIXER: (
+        "layer {L} is an MLP-only block ({kind}: a single-sublayer block with no attention or mixer, whose output "
+        "is added straight to the residual stream), so it has no {name} (layer kinds: {kinds}; every other layer "
+        "is attention).",
+        "capture mlp_in.{L} / mlp_out.{L} there, or resid_pre.{L} / resid_post.{L}.",
+    ),
 }
 
 
@@ -627,9 +655,13 @@ def absence(point: "Point | str", structure: Structure, layer: int | None = None
     for need in p.needs:
         if not structure.has(need, layer):
             why, instead = _ABSENT[need]
+            if need in (Needs.ATTENTION, Needs.MIXER) and layer in structure.mlp_only_layers:
+                why, instead = _ABSENT[Needs.TOKEN_MIXER]  # no token mixer at all: say the block's kind
+            elif need is Needs.MLP and structure.layer_kind(layer or 0) == "attention":
+                why, instead = _ATTENTION_ONLY
             fill = dict(L=layer, name=p.name, moe=list(structure.moe_layers) or "none", n_streams=structure.n_streams)
             fill.update(sub="mlp" if p.name.startswith("mlp") else "attn")
-            if need in (Needs.ATTENTION, Needs.MIXER, Needs.MLP):
+            if need in (Needs.ATTENTION, Needs.MIXER, Needs.MLP, Needs.TOKEN_MIXER):
                 fill.update(kind=structure.layer_kind(layer or 0), kinds=structure.mixers_text())
             return Absence(need, why.format(**fill), instead.format(**fill))
     return None

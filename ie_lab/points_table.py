@@ -46,7 +46,10 @@ def layer_kinds_text(kinds: list[str]) -> str:
             else:
                 runs.append([i])
         spans = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
-        parts.append(f"{spans}: {k}" + ("" if k == "attention" else " (mixer)"))
+        parts.append(
+            f"{spans}: {k}"
+            + {"attention": "", "mlp": " (MLP-only block)", "moe": " (MoE-only block)"}.get(k, " (mixer)")
+        )
     return ("layer " if parts[0][0].isdigit() and parts[0].split(":")[0].isdigit() else "layers ") + "; ".join(parts)
 
 

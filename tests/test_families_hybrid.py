@@ -284,3 +284,110 @@ def test_the_config_only_picker_knows_the_mixer_layers(hybrid):
         assert config[name]["why"] == live[name]["why"], name
     mixers = [lb.index for lb in lm.binding.layers if lb.mixer_kind]
     assert all(live["attn_out"]["served"][L] == "0" and live["mixer_out"]["served"][L] == "1" for L in mixers)
+
+
+# Single-sublayer trunks: each block is exactly one of a mixer, attention, or an MLP/MoE, as the config's per-layer
+# type list says; layer L is the config's block L, and its kind as the registry names it.
+SINGLE_SUBLAYER = {"nemotron_h": ("linear_attention", "moe", "attention", "mlp")}
+_ONE_SUB = {"attention": "attn_out_post", "mlp": "mlp_out_post", "moe": "mlp_out_post"}
+
+
+@pytest.fixture(scope="module", params=sorted(SINGLE_SUBLAYER))
+def single(request):
+    torch.set_num_threads(1)
+    return request.param, _load(request.param)
+
+
+def _one_sub(kind: str) -> str:
+    return _ONE_SUB.get(kind, "mixer_out_post")
+
+
+def test_single_sublayer_blocks_bind_per_kind_and_fail_with_the_neighbour_layer(single):
+    """resid_pre + (the block's one sublayer output) = resid_post on every kind of block (mixer, MoE, attention,
+    MLP); the previous layer's sublayer output (same shape, another kind of block) does not add up, nor does the
+    same layer's resid_pre alone."""
+    family, lm = single
+    s = points.Structure.from_binding(lm.binding)
+    n = lm.facts.n_layers
+    assert tuple(s.layer_kind(L) for L in range(n)) == SINGLE_SUBLAYER[family]
+    assert s.mlp_only_layers == tuple(L for L in range(n) if SINGLE_SUBLAYER[family][L] in ("mlp", "moe"))
+    assert points.Structure.from_facts(lm.facts).mlp_only_layers == s.mlp_only_layers  # the config says the same
+    coverage.check_invariants(lm)
+    subs = [_one_sub(s.layer_kind(L)) for L in range(n)]
+    c = ie_lab.capture(lm, X, [f"{p}.{L}" for L in range(n) for p in ("resid_pre", subs[L], "resid_post")])
+    for L in range(n):
+        other = (L - 1) % n
+        torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"{subs[L]}.{L}"], c[f"resid_post.{L}"], **TOL)
+        assert c[f"{subs[other]}.{other}"].shape == c[f"{subs[L]}.{L}"].shape
+        assert not torch.allclose(c[f"resid_pre.{L}"] + c[f"{subs[other]}.{other}"], c[f"resid_post.{L}"], **TOL)
+        if L + 1 < n:
+            torch.testing.assert_close(c[f"resid_post.{L}"], c[f"resid_pre.{L + 1}"])
+
+
+def test_single_sublayer_blocks_refuse_what_their_kind_lacks_naming_it(single):
+    """resid_mid exists on no block; attention points on attention blocks only, mixer points on mixer blocks only,
+    MLP points on MLP/MoE blocks only; every refusal is a PointAbsent naming the block's kind."""
+    _, lm = single
+    s = points.Structure.from_binding(lm.binding)
+    for L in range(lm.facts.n_layers):
+        kind = s.layer_kind(L)
+        for p in points.all_points():
+            if p.scope is not points.Scope.LAYER or p.multi_stream_only:
+                continue
+            absent = (
+                p.name == "resid_mid"
+                or (points.Needs.ATTENTION in p.needs and kind != "attention")
+                or (points.Needs.MIXER in p.needs and kind in ("attention", "mlp", "moe"))
+                or (points.Needs.MLP in p.needs and kind not in ("mlp", "moe"))
+            )
+            try:
+                ie_lab.capture(lm, X[:1], [f"{p.name}.{L}"])
+            except ie_lab.PointAbsent as e:
+                kind_need = (points.Needs.ATTENTION, points.Needs.MIXER, points.Needs.MLP, points.Needs.TOKEN_MIXER)
+                a = points.absence(p, s, L)
+                assert a is not None and (a.need in kind_need) == absent, f"{p.name}.{L} on a {kind} block: {e}"
+                if not absent:
+                    continue  # absent for another reason (a MoE block has no single mlp_pre; no QK-norm here)
+                words = {"attention": "attention", "mlp": "MLP-only block", "moe": "MLP-only block"}
+                assert words.get(kind, kind) in str(e), str(e)
+                continue
+            except IELabError:
+                assert not absent, p.name
+                continue
+            assert not absent, f"{p.name}.{L} served on a {kind} block"
+    assert_clean(lm)
+
+
+def test_steering_every_single_sublayer_block_moves_resid_post_by_the_vector(single):
+    """Steering works on every layer: v added at the block's one sublayer output (mixer_out / attn_out / mlp_out; no
+    post-norm or multiplier here) moves resid_post by exactly v, and the layer's input not at all."""
+    _, lm = single
+    s = points.Structure.from_binding(lm.binding)
+    v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(3))
+    for L in range(lm.facts.n_layers):
+        point = _one_sub(s.layer_kind(L)).replace("_post", "") + f".{L}"
+        names = [f"resid_pre.{L}", f"resid_post.{L}"]
+        before = ie_lab.capture(lm, X, names)
+        with ie_lab.steer(lm, point, v):
+            after = ie_lab.capture(lm, X, names)
+        torch.testing.assert_close(after[f"resid_pre.{L}"], before[f"resid_pre.{L}"])
+        torch.testing.assert_close(after[f"resid_post.{L}"], before[f"resid_post.{L}"] + v, **TOL)
+        assert_clean(lm)
+
+
+def test_the_config_only_picker_draws_single_sublayer_kinds(single):
+    """The cheat sheet (config only) names each block's kind and greys the same points as the live picker; the
+    block diagram of an MLP-only block has no attention or mixer (the spec's mlp_only_layers)."""
+    from ie_lab.widgets.picker import describe
+
+    family, lm = single
+    live, config = describe(lm.facts, "eager", lm=lm), describe(lm.facts, "eager")
+    assert live["layer_mixers"] == config["layer_mixers"] == list(SINGLE_SUBLAYER[family])
+    assert "MLP-only block" in live["layer_kinds_text"]
+    lp, cp = ({p["name"]: p for p in d["points"]} for d in (live, config))
+    for name in lp:
+        assert lp[name]["served"] == cp[name]["served"], name
+    assert live["structure"]["mlp_only_layers"] == config["structure"]["mlp_only_layers"]
+    assert config["structure"]["mlp_only_layers"] == [
+        L for L, k in enumerate(SINGLE_SUBLAYER[family]) if k in ("mlp", "moe")
+    ]

@@ -164,6 +164,8 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
   const mixerAt = (st.mixer_layers || []).indexOf(layer);
   const mixerKind = mixerAt >= 0 ? st.mixer_kinds[mixerAt] : "";
   const noMlp = (st.no_mlp_layers || []).includes(layer);
+  // a single-sublayer trunk's MLP-only block (Nemotron-H): no attention or mixer, its MLP is its one sublayer
+  const mlpOnly = (st.mlp_only_layers || []).includes(layer);
   // trunk, top
   // A parallel block either shares one input norm across both branches or gives each branch its own.
   const sharedNorm = st.parallel_block && st.pre_norms && st.parallel_norms !== "separate";
@@ -251,6 +253,10 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
     const end = Math.max((mixerKind ? mixer : attn)(1, y), noMlp ? y : mlp(2, y));
     y = end;
     push({ kind: "join", col: 0, y, from: noMlp ? [1] : [1, 2] }); y += ROW;
+  } else if (mlpOnly) {
+    push({ kind: "fork", col: 1, y: y - 10, to: [1] });
+    y = mlp(1, y);
+    push({ kind: "join", col: 0, y, from: [1] }); y += ROW;
   } else {
     push({ kind: "fork", col: 1, y: y - 10, to: [1] });
     y = (mixerKind ? mixer : attn)(1, y);
@@ -277,6 +283,7 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
 export function layerKindLabel(spec, i) {
   const mixers = spec.layer_mixers || [];
   if (mixers.every((k) => k === "attention")) return "";
+  if (mixers[i] === "mlp" || mixers[i] === "moe") return `${mixers[i] === "moe" ? "MoE" : "MLP"}-only block`;
   if (mixers[i] !== "attention") return `${mixers[i]} (mixer)`;
   return spec.layer_kinds[i] === "sliding" ? "sliding attention" : "attention";
 }

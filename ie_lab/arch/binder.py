@@ -171,6 +171,9 @@ class LayerBinding:
     mixer_kind: str = ""
     # A mixer-only block (pure state-space trunks): no MLP, so resid_post = resid_pre + mixer_out_post.
     has_mlp: bool = True
+    # An MLP-only block (single-sublayer trunks, Nemotron-H): no token mixer, so resid_post = resid_pre +
+    # mlp_out_post; `attn` and `o_proj` are then the MLP module too, never read (the registry refuses them there).
+    mlp_only: bool = False
     # Hyper-connection trunks: the modules that collapse the stream stack before attention and before the MLP, and
     # where in their output tuple the probe found each role ("collapse", "write", and "mix" where the streams are
     # mixed by a matrix); mix_transposed: the layer applies the matrix as returned transposed, so it is served
@@ -226,7 +229,7 @@ class Binding:
     @property
     def structure(self) -> dict[str, Any]:
         """Measured structure flags, comparable with ArchFacts' config-derived ones."""
-        first = next((lb for lb in self.layers if not lb.mixer_kind), self.layers[0])  # attention's facts
+        first = next((lb for lb in self.layers if not lb.mixer_kind and not lb.mlp_only), self.layers[0])
         return {
             "parallel_block": first.parallel,
             "sandwich_norms": first.post_attn_norm is not None,
@@ -396,6 +399,9 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
     layers: list[LayerBinding] = []
     for i, layer in enumerate(layer_list):
         declared = facts.mixer_kinds[i] if i < len(facts.mixer_kinds) else ""
+        if i < len(facts.block_sublayers) and facts.block_sublayers[i] == "mlp":
+            layers.append(_mlp_only_layer(i, layer, family))  # a single-sublayer trunk's MLP or MoE block
+            continue
         a = _child(layer, ATTN_NAMES) or _child(layer, SUBLAYER_WRAPPER_NAMES)
         mixer = _child(layer, MIXER_NAMES + ATTN_NAMES) if declared else None
         if mixer is None and a is None:
@@ -455,7 +461,13 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             wrapper=wrapper,
         )
         experts = _child(host, EXPERTS_NAMES)
-        if experts is not None and mlp_found is not None:  # mlp is mlp_found's module
+        sub = facts.block_sublayers[i] if i < len(facts.block_sublayers) else ""
+        if sub == "attention" and mlp_found is None:
+            # An attention-only block of a single-sublayer trunk (the config names it; the probe must find
+            # resid_post = resid_pre + attn_out_post): the MLP points are refused here by the registry.
+            lb.has_mlp = False
+            lb.mlp_in_module = lb.mlp_out_module = attn  # never read
+        elif experts is not None and mlp_found is not None:  # mlp is mlp_found's module
             lb.sparse_moe = True
             lb.experts = experts[1]
             r = _child(mlp_found[1], ROUTER_NAMES)
@@ -592,6 +604,54 @@ def _mixer_layer(
     return lb
 
 
+def _mlp_only_layer(i: int, layer: nn.Module, family: str) -> LayerBinding:
+    """A block whose one sublayer is an MLP or MoE (single-sublayer trunks): no token mixer. The probe must find
+    resid_post = resid_pre + the MLP's output, or refuse."""
+    found = _child(layer, MLP_NAMES + MIXER_NAMES + ATTN_NAMES)
+    if found is None or not (_child(found[1], EXPERTS_NAMES) or _child(found[1], DOWN_NAMES)):
+        kids = ", ".join(n for n, _ in layer.named_children())
+        raise StructureError(
+            f"{family} layer {i}: the config names an MLP block, but no child of the layer ({kids}) has experts or a "
+            f"down projection among {DOWN_NAMES}."
+        )
+    name, mlp = found
+    lb = LayerBinding(
+        index=i,
+        layer=layer,
+        attn=mlp,  # never read: the registry refuses the attention and mixer points on an MLP-only block
+        o_proj=mlp,
+        mlp=mlp,
+        mlp_in_module=mlp,
+        mlp_out_module=mlp,
+        names={"mlp": name},
+        value_source="none",
+        mlp_only=True,
+    )
+    _bind_mlp_parts(lb, mlp, family)
+    return lb
+
+
+def _bind_mlp_parts(lb: LayerBinding, mlp: nn.Module, family: str) -> None:
+    """The router and experts, or the projections, of an MLP module found on a layer."""
+    experts = _child(mlp, EXPERTS_NAMES)
+    if experts is not None:
+        lb.sparse_moe, lb.experts = True, experts[1]
+        r = _child(mlp, ROUTER_NAMES)
+        lb.router = r[1] if r else None
+        return
+    down = _child(mlp, DOWN_NAMES)
+    if down is None:
+        raise StructureError(f"{family} layer {lb.index}: MLP has no down projection among {DOWN_NAMES}.")
+    lb.down_proj = down[1]
+    fgu = _child(mlp, FUSED_GATE_UP_NAMES)
+    if fgu is not None:
+        lb.fused_gate_up = fgu[1]
+    else:
+        gate, up = _child(mlp, GATE_NAMES), _child(mlp, UP_NAMES)
+        lb.gate_proj = gate[1] if gate else None
+        lb.up_proj = up[1] if up else None
+
+
 def _norm_children(lb: LayerBinding) -> list[nn.Module]:
     """The norms on the layer, and on the wrapper around its attention where it has one (measured like the rest)."""
     hosts = (lb.layer,) if lb.wrapper is None else (lb.layer, lb.wrapper)
@@ -680,6 +740,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
     legacy = []
     for lb in binding.layers:
         lb.uses_attention_interface = id(lb.attn) in seen
+        if lb.mlp_only:
+            continue  # no token mixer: nothing of attention to measure
         if lb.mixer_kind:
             if lb.uses_attention_interface:
                 raise StructureError(
@@ -862,6 +924,9 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
             "modules ie_lab measures (Gemma 3n's AltUp predicts and corrects the streams around the layer)."
         )
 
+    if lb.mlp_only:
+        _classify_mlp_only(lb, rec, X, Y, where)
+        return
     if not lb.has_mlp:
         _classify_mixer_only(lb, rec, X, Y, A_in, A_out, where)
         return
@@ -1117,6 +1182,28 @@ def _classify_mixer_only(
             f"{where}: a mixer-only block (no MLP), but resid_pre + the mixer's output does not equal the layer "
             "output, so ie_lab refuses to serve its points."
         )
+
+
+def _classify_mlp_only(lb: LayerBinding, rec: _Recorder, X: torch.Tensor, Y: torch.Tensor, where: str) -> None:
+    """A block whose one sublayer is its MLP: its norm feeds the MLP, and resid_post = resid_pre + mlp_out."""
+    M_in, M_out = rec.inp(lb.mlp_in_module), rec.out(lb.mlp_out_module)
+    for n in _norm_children(lb):
+        if _same(rec.out(n), M_in) and lb.pre_mlp_norm is None:
+            lb.pre_mlp_norm = n
+        elif _same(rec.inp(n), M_out) and lb.post_mlp_norm is None:
+            lb.post_mlp_norm = n
+    c = rec.out(lb.post_mlp_norm) if lb.post_mlp_norm is not None else M_out
+    if c is None or not _close(X.float() + c.float(), Y.float(), 1e-4):
+        raise StructureError(
+            f"{where}: an MLP-only block (no attention or mixer), but resid_pre + the MLP's output does not equal the "
+            "layer output, so ie_lab refuses to serve its points."
+        )
+    if lb.gate_proj is not None and lb.up_proj is not None:
+        act = _child(lb.mlp if lb.mlp is not None else lb.layer, ACT_NAMES)
+        go, uo, d_in = rec.out(lb.gate_proj), rec.out(lb.up_proj), rec.inp(lb.down_proj)
+        if act is not None and go is not None and uo is not None and d_in is not None:
+            if not _close(act[1](go) * uo, d_in, 1e-4) and _close(act[1](uo) * go, d_in, 1e-4):
+                lb.gate_proj, lb.up_proj = lb.up_proj, lb.gate_proj  # the spellings lied; trust the tensors
 
 
 @contextlib.contextmanager

@@ -123,6 +123,19 @@ def _mixer_kinds(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
     return ("",) * n_layers
 
 
+def _block_sublayers(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
+    """Per layer of a single-sublayer trunk, its one sublayer ("mixer" | "attention" | "mlp"), from the config's
+    per-layer type list; () for every other family, or where the list does not name each layer's type."""
+    entry = quirks.SINGLE_SUBLAYER_BLOCKS.get(str(d.get("model_type")))
+    if entry is None:
+        return ()
+    key, names = entry
+    types = d.get(key)
+    if not isinstance(types, (list, tuple)) or len(types) < n_layers or any(t not in names for t in types[:n_layers]):
+        return ()
+    return tuple(names[t] for t in types[:n_layers])
+
+
 def _moe_layers(d: Mapping[str, Any], n_layers: int) -> tuple[int, ...]:
     """Which layers route to experts, from whichever placement keys the config states: a per-layer list
     (mlp_layer_types), a dense prefix (first_k_dense_replace, num_dense_layers, moe_layer_start_index), a
@@ -162,6 +175,9 @@ class ArchFacts:
     n_streams: int = 1
     layer_kinds: tuple[str, ...] = ()  # per layer: "global" | "sliding" | "linear"
     mixer_kinds: tuple[str, ...] = ()  # per layer: the config's name for a non-attention mixer, "" on attention
+    # per layer on single-sublayer trunks (quirks.SINGLE_SUBLAYER_BLOCKS): the block's one sublayer, "mixer" |
+    # "attention" | "mlp"; empty where every block holds a token mixer and an MLP
+    block_sublayers: tuple[str, ...] = ()
     sliding_window: int | None = None
     parallel_block: bool = False
     sandwich_norms: bool = False  # a norm on each sublayer's output before the residual add
@@ -242,8 +258,12 @@ class ArchFacts:
             d_mlp = 4 * d_model
         moe_d_mlp = _first(d, "moe_intermediate_size")
         moe_layers: tuple[int, ...] = ()
+        sublayers = _block_sublayers(d, int(n_layers))
         if n_experts:
             moe_layers = _moe_layers(d, int(n_layers))
+            if sublayers:  # a single-sublayer trunk routes on its MoE blocks only, named per layer
+                key = quirks.SINGLE_SUBLAYER_BLOCKS[mt][0]
+                moe_layers = tuple(i for i in range(int(n_layers)) if d[key][i] == "moe")
             if moe_d_mlp and not moe_layers:
                 d_mlp = d_mlp
         window = _first(d, "sliding_window")
@@ -284,6 +304,7 @@ class ArchFacts:
             n_streams=int(_first(d, "hc_mult", "num_residual_streams", default=1) or 1),
             layer_kinds=tuple(kinds),
             mixer_kinds=("state_space",) * int(n_layers) if ssm_only else _mixer_kinds(d, int(n_layers)),
+            block_sublayers=sublayers,
             sliding_window=window,
             parallel_block=parallel,
             sandwich_norms=structure in ("sandwich", "post"),

@@ -60,6 +60,7 @@ UNGATED_MLP = frozenset(
         "mpt",
         "nanochat",
         "nemotron",
+        "nemotron_h",  # its MLP blocks: up, relu², down (tests/test_families_hybrid.py)
         "persimmon",
         "xglm",
         "apertus1p5_text",
@@ -200,6 +201,24 @@ FAITHFUL_ATTENTION = "eager"
 RECURRENT_BLOCKS = {
     "rwkv": "RWKV's blocks are time-mixing recurrences (no attention layers)",
     "xlstm": "xLSTM's blocks are mLSTM recurrences (no attention layers)",
+}
+
+# Single-sublayer trunks: each block holds exactly one sublayer, a token mixer or an MLP, which the config names per
+# layer under the key given here (types not listed are not single-sublayer). Configs never say a block lacks an MLP,
+# so this maps the config's type names to the sublayer ("mixer", "attention", "mlp"); the binder measures each block
+# (resid_pre + its one sublayer's output = resid_post) and refuses a block that does not add up.
+SINGLE_SUBLAYER_BLOCKS = {
+    "nemotron_h": (
+        "layers_block_type",
+        {
+            "mamba": "mixer",  # the legacy pattern's names (M, *, -, E), as older checkpoints' configs spell them
+            "linear_attention": "mixer",  # transformers 5.19+ names its Mamba-2 layers linear_attention
+            "attention": "attention",
+            "full_attention": "attention",
+            "mlp": "mlp",
+            "moe": "mlp",
+        },
+    ),
 }
 
 # Families whose trunk multiplies the token embedding by a config factor (for callers given only a name).

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 62eef4579176b814); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources b492c9f78a1f79c2); edit those, not this file
 
 // widgets/util.js
 function fillLayer(template, layer) {
@@ -31,6 +31,7 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
   const mixerAt = (st.mixer_layers || []).indexOf(layer);
   const mixerKind = mixerAt >= 0 ? st.mixer_kinds[mixerAt] : "";
   const noMlp = (st.no_mlp_layers || []).includes(layer);
+  const mlpOnly = (st.mlp_only_layers || []).includes(layer);
   const sharedNorm = st.parallel_block && st.pre_norms && st.parallel_norms !== "separate";
   const branchNorms = st.pre_norms && !sharedNorm;
   push({ kind: "trunk", label: st.embed_label || "token embedding", col: 0, y });
@@ -161,6 +162,11 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
     y = end;
     push({ kind: "join", col: 0, y, from: noMlp ? [1] : [1, 2] });
     y += ROW;
+  } else if (mlpOnly) {
+    push({ kind: "fork", col: 1, y: y - 10, to: [1] });
+    y = mlp(1, y);
+    push({ kind: "join", col: 0, y, from: [1] });
+    y += ROW;
   } else {
     push({ kind: "fork", col: 1, y: y - 10, to: [1] });
     y = (mixerKind ? mixer : attn)(1, y);
@@ -188,6 +194,7 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
 function layerKindLabel(spec, i) {
   const mixers = spec.layer_mixers || [];
   if (mixers.every((k) => k === "attention")) return "";
+  if (mixers[i] === "mlp" || mixers[i] === "moe") return `${mixers[i] === "moe" ? "MoE" : "MLP"}-only block`;
   if (mixers[i] !== "attention") return `${mixers[i]} (mixer)`;
   return spec.layer_kinds[i] === "sliding" ? "sliding attention" : "attention";
 }

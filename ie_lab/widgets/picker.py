@@ -149,6 +149,7 @@ def _mixers(st: dict[str, Any], s: _points.Structure) -> None:
         list(s.mixer_kinds),
         list(s.no_mlp_layers),
     )
+    st["mlp_only_layers"] = list(s.mlp_only_layers)  # single-sublayer trunks: blocks with no token mixer
 
 
 def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend: str, family: str) -> tuple[bool, str]:
@@ -169,6 +170,7 @@ def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend:
             mixer_layers=tuple(st.get("mixer_layers", ())),
             mixer_kinds=tuple(st.get("mixer_kinds", ())),
             no_mlp_layers=tuple(st.get("no_mlp_layers", ())),
+            mlp_only_layers=tuple(st.get("mlp_only_layers", ())),
         ),
         layer,
     )
@@ -236,6 +238,8 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
     mixers = ["attention"] * n
     for i, k in zip(st["mixer_layers"], st["mixer_kinds"]):
         mixers[i] = k
+    for i in st.get("mlp_only_layers", ()):  # an MLP-only block (single-sublayer trunks): no token mixer at all
+        mixers[i] = "moe" if i in st["moe_layers"] else "mlp"
     pts = []
     for p in _points.all_points():
         if p.multi_stream_only and st["n_streams"] <= 1:
