@@ -8,8 +8,6 @@ One `ie-lab serve demo` subprocess on loopback (tests/test_remote.py's Server), 
 
 from __future__ import annotations
 
-import secrets
-
 import pytest
 import torch
 
@@ -20,39 +18,12 @@ pytest.importorskip("uvicorn")
 import ie_lab  # noqa: E402
 from ie_lab.remote import metrics  # noqa: E402
 from ie_lab.remote.wire import MetricPayload, encode  # noqa: E402
-from tests.test_remote import Server, _until_running, _write_tokens, post, stats, wait_until_idle  # noqa: E402
+from tests.remote_fixtures import local_fixture, remote_fixture, server_fixture, token_fixture  # noqa: E402, F401 (pytest fixtures: local, remote, server, token)
+from tests.test_remote import _until_running, _write_tokens, post, stats, wait_until_idle  # noqa: E402
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"  # the same length: 15 tokens
 TOL = dict(atol=1e-5, rtol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def token():
-    return f"alice-{secrets.token_urlsafe(24)}"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, token):
-    path = tmp_path_factory.mktemp("remote-ops") / "tokens"
-    _write_tokens(path, {"alice": token}, ["alice"])
-    s = Server(path)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def local():
-    s = ie_lab.Session(ie_lab.DEMO_MODEL, backend="eager", progress=False, replace=False)
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def remote(server, token):
-    s = ie_lab.connect(server.url, token=token, replace=False)
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ and the fix named.
 
 from __future__ import annotations
 
-import secrets
 import struct
 import zlib
 
@@ -41,7 +40,8 @@ from ie_lab.remote.wire import (  # noqa: E402
     decompress,
     encode,
 )
-from tests.test_remote import REQUEST_LIMIT, Server, _write_tokens, stats  # noqa: E402
+from tests.remote_fixtures import local_fixture, server_fixture, token_fixture  # noqa: E402, F401 (pytest fixtures: local, server, token)
+from tests.test_remote import REQUEST_LIMIT, stats  # noqa: E402
 
 # ---- the frames alone --------------------------------------------------------------------------------------
 
@@ -74,27 +74,6 @@ def test_a_compressed_frame_is_bounded_and_checked_before_it_is_trusted():
 
 
 # ---- on a server -------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def token():
-    return f"alice-{secrets.token_urlsafe(24)}"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, token):
-    path = tmp_path_factory.mktemp("remote-protocol") / "tokens"
-    _write_tokens(path, {"alice": token}, ["alice"])
-    s = Server(path)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def local():
-    s = ie_lab.Session(ie_lab.DEMO_MODEL, backend="eager", progress=False, replace=False)
-    yield s
-    s.close()
 
 
 def _post(server, token, op, body, **headers):

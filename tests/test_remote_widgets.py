@@ -8,7 +8,6 @@ One `ie-lab serve demo` subprocess on loopback (tests/test_remote.py's Server), 
 
 from __future__ import annotations
 
-import secrets
 import time
 
 import numpy as np
@@ -22,37 +21,10 @@ pytest.importorskip("anywidget")
 
 import ie_lab  # noqa: E402
 from ie_lab.widgets import AttentionViewer, SteeringPanel  # noqa: E402
-from tests.test_remote import Server, _write_tokens, stats  # noqa: E402
+from tests.remote_fixtures import local_fixture, remote_fixture, server_fixture, token_fixture  # noqa: E402, F401 (pytest fixtures: local, remote, server, token)
+from tests.test_remote import stats  # noqa: E402
 
 PROMPT = "When Mary and John went to the store"
-
-
-@pytest.fixture(scope="module")
-def token():
-    return f"alice-{secrets.token_urlsafe(24)}"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, token):
-    path = tmp_path_factory.mktemp("remote-widgets") / "tokens"
-    _write_tokens(path, {"alice": token}, ["alice"])
-    s = Server(path)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def local():
-    s = ie_lab.Session(ie_lab.DEMO_MODEL, backend="eager", progress=False, replace=False)
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def remote(server, token):
-    s = ie_lab.connect(server.url, token=token, replace=False, progress=False)
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ the server's project() (the only model-side call it makes). One `ie-lab serve de
 
 from __future__ import annotations
 
-import secrets
-
 import numpy as np
 import pytest
 import torch
@@ -16,27 +14,15 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("anywidget")
 
-import ie_lab  # noqa: E402
 from ie_lab.widgets import FeaturePanel  # noqa: E402
-from tests.test_remote import Server, _write_tokens  # noqa: E402
+from tests.remote_fixtures import local_fixture, remote_fixture, server_fixture, token_fixture  # noqa: E402, F401 (pytest fixtures: local, remote, server, token)
 
 PROMPT = "When Mary and John went to the store"
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    token = f"alice-{secrets.token_urlsafe(24)}"
-    path = tmp_path_factory.mktemp("remote-features") / "tokens"
-    _write_tokens(path, {"alice": token}, ["alice"])
-    server = Server(path)
-    local = ie_lab.Session(ie_lab.DEMO_MODEL, backend="eager", progress=False, replace=False)
-    remote = ie_lab.connect(server.url, token=token, replace=False, progress=False)
-    try:
-        yield remote, local
-    finally:
-        remote.close()
-        local.close()
-        server.stop()
+def pair(remote, local):
+    return remote, local
 
 
 def test_the_feature_panel_on_a_remote_session_draws_what_the_local_one_does(pair, monkeypatch):
