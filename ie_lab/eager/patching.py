@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -201,7 +203,41 @@ def patch_sweep(
     The cells run `batch_size` at a time: the corrupted prompt repeated, each row patched at its own cell, the
     metric read on each row alone (a [1, seq, vocab] slice, as unbatched). None sizes the batch from
     ie_lab.sizing.batch_size_for; batch_size=1 is one forward per cell. The grid does not depend on it.
+
+    Over layer x position, where the model's facts allow it (softmax attention with transformers' plain KV cache
+    in every layer, no steering in force), a forward whose first cell patches position p computes only positions
+    p.. on top of the corrupted run's cached prefix, and the metric sees the corrupted run's logits before p:
+    a patch at p changes nothing before it (docs/ATTENTION_AND_PATCHING.md, "How a sweep skips the prefix").
     """
+    return _patch_sweep(
+        model,
+        clean,
+        corrupted,
+        metric,
+        point=point,
+        over=over,
+        layers=layers,
+        progress=progress,
+        batch_size=batch_size,
+        reuse_prefix=True,
+    )
+
+
+def _patch_sweep(
+    model: Any,
+    clean: Any,
+    corrupted: Any,
+    metric: Metric,
+    *,
+    point: str,
+    over: str,
+    layers: Sequence[int] | None,
+    progress: bool,
+    batch_size: int | None,
+    reuse_prefix: bool,
+) -> PatchGrid:
+    """patch_sweep; reuse_prefix=False runs every cell's forward over the whole prompt (what it did before it
+    reused the prefix: benchmarks/patch_sweep_batch.py compares the two)."""
     from tqdm.auto import tqdm
 
     lm = lm_of(model)
@@ -224,20 +260,28 @@ def patch_sweep(
         )
     addrs = [Address(point, L).check(lm.facts) for L in layers]
     src = capture_batch(lm, c_ids, addrs)  # one id tensor: one Cache, as capture() returns for it
+    base = _prefix_base(lm, x_ids) if reuse_prefix and over == "layer_position" else None
     with torch.no_grad():
         clean_m = _scalar(metric(_forward(lm, c_ids, None)))
-        corr_m = _scalar(metric(_forward(lm, x_ids, None)))
-    seq = x_ids.shape[1]
+        corr_m = _scalar(metric(base.logits if base is not None else _forward(lm, x_ids, None)))
+    b, seq = x_ids.shape
     n_cols = seq if over == "layer_position" else lm.facts.n_heads
     grid = torch.zeros(len(layers), n_cols)
     if batch_size is None:
-        batch_size = max(1, auto_batch_size(lm, seq, 0) // x_ids.shape[0])  # a cell is a block of batch rows
-    cells = [(i, j) for i in range(len(addrs)) for j in range(n_cols)]
-    bar = tqdm(total=len(cells), desc=f"patching {point}", disable=not progress)
+        batch_size = max(1, auto_batch_size(lm, seq, 0) // b)  # a cell is a block of b batch rows
+    if base is not None:
+        chunks = _prefix_chunks(len(addrs), seq, batch_size, b, _forward_overhead(x_ids.device))
+    else:
+        cells = [(i, j) for i in range(len(addrs)) for j in range(n_cols)]
+        chunks = [cells[k : k + batch_size] for k in range(0, len(cells), batch_size)]
+    bar = tqdm(total=len(addrs) * n_cols, desc=f"patching {point}", disable=not progress)
     try:
-        for k in range(0, len(cells), batch_size):
-            chunk = cells[k : k + batch_size]
-            for (i, j), v in zip(chunk, _sweep_batch(lm, x_ids, src, addrs, chunk, over)):
+        for chunk in chunks:
+            if base is not None:
+                rows = _prefix_batch(lm, base, x_ids, src, addrs, chunk)
+            else:
+                rows = _sweep_batch(lm, x_ids, src, addrs, chunk, over)
+            for (i, j), v in zip(chunk, rows):
                 grid[i, j] = _scalar(metric(v))
             bar.update(len(chunk))
     finally:
@@ -294,6 +338,161 @@ def _sweep_batch(
         w.shape = (ids.shape[0], ids.shape[1])
         logits = _forward(lm, ids, None)
     return [logits[block(r)] for r in range(len(chunk))]
+
+
+# ---- reusing the corrupted run's prefix --------------------------------------------------------------------
+#
+# A cell patches one position p of one layer. In a causal model nothing flows from p to an earlier position, so
+# every position before p is, at every layer, what the unpatched corrupted run computed there: its keys and values
+# included. So the corrupted prompt runs once with transformers' own KV cache, and a forward whose cells patch
+# positions >= p runs positions p.. only, on a copy of that cache cropped to p and repeated over its rows. The
+# metric is a function of the whole [batch, seq, vocab] logits, so the positions before p get the corrupted run's.
+# The answer equals the full forward's up to float rounding (a cached forward multiplies the same numbers in a
+# different grouping); tests/test_patch_sweep_prefix.py holds it to the per-cell sweep.
+
+
+@dataclass(eq=False)
+class _Prefix:
+    """The corrupted run, once: its logits and, per cache layer, its keys and values [batch, kv heads, seq, dim]."""
+
+    logits: torch.Tensor
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _prefix_reusable(lm: Any) -> bool:
+    """Whether this model's facts let a cell's forward start at its patched position: every layer mixes tokens by
+    softmax attention over all earlier positions (no recurrent, convolutional or state-space mixer, whose state
+    is not a per-position cache; no sliding window, whose cache drops positions), the forward hands back a KV
+    cache, no experts with a capacity (the tokens of a forward compete for it, so a shorter forward would route
+    differently), and no steering in force (its positions count from the start of each forward)."""
+    from ..core.steer_scope import active_specs
+    from .generate import _returns_a_kv_cache, check_batchable
+
+    if active_specs(lm):
+        return False
+    if any(lb.mixer_kind for lb in lm.binding.layers) or any(lm.facts.mixer_kinds):
+        return False
+    if any(k not in ("", "global") for k in lm.facts.layer_kinds):
+        return False
+    try:
+        check_batchable(lm)
+    except CapabilityUnsupported:
+        return False
+    return _returns_a_kv_cache(lm.hf)
+
+
+def _prefix_base(lm: Any, x_ids: torch.Tensor) -> _Prefix | None:
+    """The corrupted prompt run once with a KV cache, where the prefix may be reused; None where it may not:
+    _prefix_reusable says no, or the cache that came back is not transformers' plain DynamicCache holding every
+    position of every layer (measured on the cache itself: a sliding or state layer the facts did not name, a
+    layer sharing another's keys)."""
+    if not _prefix_reusable(lm):
+        return None
+    from .generate import _cache_keyword
+
+    key = _cache_keyword(lm.hf)
+    with lm.lock, torch.no_grad():
+        out = lm.hf(input_ids=x_ids, use_cache=True)
+    kv = _plain_kv(getattr(out, key, None), tuple(x_ids.shape))
+    return _Prefix(out.logits, kv) if kv is not None else None
+
+
+def _plain_kv(cache: Any, shape: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if type(cache) is not DynamicCache or not getattr(cache, "layers", None):
+        return None
+    out = []
+    for la in cache.layers:
+        if type(la) is not DynamicLayer or not la.is_initialized:
+            return None
+        k, v = la.keys, la.values
+        if k.dim() != 4 or v.dim() != 4 or (k.shape[0], k.shape[2]) != shape or (v.shape[0], v.shape[2]) != shape:
+            return None
+        out.append((k, v))
+    return out
+
+
+# What a forward costs beyond its tokens, in token-rows (one token of one row through the model). Measured on CPU
+# (benchmarks/patch_sweep_batch.py, 2 threads): about 60 on the demo model (a 1.4 ms forward of one 32-token row, of
+# which 0.47 ms scales with tokens) and 40 on the 25M bench model. Elsewhere (an accelerator) it is unmeasured and
+# taken as large: as few forwards as the batch size allows.
+_OVERHEAD_TOKENS = {"cpu": 64.0}
+
+
+def _forward_overhead(device: torch.device) -> float:
+    return _OVERHEAD_TOKENS.get(device.type, 1e9)
+
+
+def _prefix_chunks(
+    n_layers: int, seq: int, cap: int, rows_per_cell: int, overhead: float
+) -> list[list[tuple[int, int]]]:
+    """The cells (layer index, position) as forwards of at most `cap` cells: each forward every layer of a run of
+    consecutive positions, computed from its first position on. Where to cut is chosen to minimise
+    overhead x forwards + token-rows computed (a dynamic programme over positions): one position per forward
+    computes least, one forward for many positions recomputes the later ones' shared stretch."""
+    if n_layers > cap:  # one position's layers already fill a forward: no two positions share one
+        return [[(i, j) for i in range(k, min(k + cap, n_layers))] for j in range(seq) for k in range(0, n_layers, cap)]
+    per = cap // n_layers
+    best = [0.0] * (seq + 1)
+    cut = [seq] * (seq + 1)
+    for a in range(seq - 1, -1, -1):
+        best[a] = math.inf
+        for e in range(a + 1, min(seq, a + per) + 1):
+            c = overhead + rows_per_cell * n_layers * (e - a) * (seq - a) + best[e]
+            if c < best[a]:
+                best[a], cut[a] = c, e
+    chunks, a = [], 0
+    while a < seq:
+        chunks.append([(i, j) for j in range(a, cut[a]) for i in range(n_layers)])
+        a = cut[a]
+    return chunks
+
+
+def _prefix_batch(
+    lm: Any, base: _Prefix, x_ids: torch.Tensor, src: Cache, addrs: list[Address], chunk: list[tuple[int, int]]
+) -> list[torch.Tensor]:
+    """One forward for the cells of `chunk`, which patch positions >= p (its first cell's): positions p.. of the
+    corrupted prompt, one row per cell and prompt row, on the base run's KV cache cropped to p; each cell's logits
+    [batch, seq, vocab], the base run's before p."""
+    from transformers.cache_utils import DynamicCache
+
+    from .generate import _cache_keyword
+
+    b, seq = x_ids.shape
+    n, p = len(chunk), chunk[0][1]
+    # Row k * n + r is prompt row k patched at cell chunk[r]: the order batch_repeat_interleave gives the cache.
+    at: dict[int, list[tuple[int, int]]] = {}
+    for r, (i, j) in enumerate(chunk):
+        at.setdefault(i, []).append((r, j))
+    edits: list[tuple[Address, Edit]] = []
+    for i, rs in at.items():
+        s = src[addrs[i]]
+        rows = torch.tensor([k * n + r for k in range(b) for r, _ in rs], device=x_ids.device)
+        pos = torch.tensor([j for _ in range(b) for _, j in rs], device=x_ids.device)
+        prompt_rows = torch.arange(b).repeat_interleave(len(rs))
+        vals = s[prompt_rows.to(s.device), pos.to(s.device)]
+
+        def edit(t: torch.Tensor, off: int, rows=rows, pos=pos, vals=vals) -> torch.Tensor:
+            out = t.clone()
+            out[rows, pos - off] = vals.to(t)  # off: the positions the cache holds before this forward's first
+            return out
+
+        edits.append((addrs[i], edit))
+    ids = x_ids[:, p:].repeat_interleave(n, 0)
+    kwargs: dict[str, Any] = {"use_cache": False}
+    if p:
+        cache = DynamicCache(ddp_cache_data=base.kv)
+        cache.crop(p - seq)  # a negative count: drop the positions from p on (every transformers 5 takes it)
+        cache.batch_repeat_interleave(n)
+        kwargs = {"use_cache": True, _cache_keyword(lm.hf): cache}
+    with lm.lock, torch.no_grad(), Writers(lm, edits) as w:
+        w.shape = (ids.shape[0], ids.shape[1])
+        w.offset = p
+        logits = lm.hf(input_ids=ids, **kwargs).logits
+    if p:
+        logits = torch.cat([base.logits[:, :p].repeat_interleave(n, 0).to(logits), logits], dim=1)
+    return [logits[r::n] for r in range(n)]
 
 
 def _check_patchable(point: Any) -> None:
