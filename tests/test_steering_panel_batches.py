@@ -53,7 +53,7 @@ def test_the_vector_job_reads_its_prompts_in_bounded_batches_and_equals_the_one_
     s = session
     lens = [s.tokens(p).shape[-1] for p in POSITIVE + NEGATIVE]
     assert max(lens) >= 8 * min(lens)
-    sp = s.steering_panel("Mary went to the", vector=torch.ones(s.facts.d_model), max_new_tokens=3)
+    sp = s.steering_panel("Mary went to the", address=ADDRESS, vector=torch.ones(s.facts.d_model), max_new_tokens=3)
     # a budget that fits 4 rows of the longest prompt at one point: the batches are sized from ie_lab.sizing
     sp.VECTOR_BUDGET_BYTES = 4 * forward_bytes_per_row(s.facts, max(lens), 1)
     seen = []
@@ -83,7 +83,7 @@ def test_the_vector_job_reads_its_prompts_in_bounded_batches_and_equals_the_one_
 
 def test_set_contrast_runs_in_batches_and_equals_the_one_at_a_time_vector(session):
     s = session
-    sp = s.steering_panel("Mary went to the", max_new_tokens=3)
+    sp = s.steering_panel("Mary went to the", address=ADDRESS, max_new_tokens=3)
     forwards = _Forwards(s)
     try:
         sp.set_contrast(POSITIVE, NEGATIVE)
@@ -101,7 +101,7 @@ def test_set_contrast_runs_in_batches_and_equals_the_one_at_a_time_vector(sessio
 def test_the_batched_vector_job_on_one_prompt_a_side_is_the_old_answer(session):
     """One prompt a side: a batch of one, exactly the one-prompt capture (no padding anywhere)."""
     s = session
-    sp = s.steering_panel("Mary went to the", vector=torch.ones(s.facts.d_model), max_new_tokens=3)
+    sp = s.steering_panel("Mary went to the", address=ADDRESS, vector=torch.ones(s.facts.d_model), max_new_tokens=3)
     sp.on_contrast(2, ["happy good day"], ["sad bad night"])
     sp.wait()
     ref = _one_at_a_time(s, ["happy good day"]) - _one_at_a_time(s, ["sad bad night"])
