@@ -446,6 +446,7 @@ def _first_line(e: BaseException) -> str:
 
 # How a refusal is filed in the table, first match wins: (category, words its reason contains).
 _CATEGORIES = (
+    ("not causal as loaded (later tokens change earlier outputs)", ("is not causal as loaded",)),
     ("encoder-decoder", ("encoder-decoder",)),
     ("hyper-connections (parallel residual streams)", ("parallel residual streams",)),
     ("state-space / recurrent / hybrid", ("state-space", "recurrent", "linear-attention", "mamba", " conv")),

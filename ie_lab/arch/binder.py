@@ -242,17 +242,53 @@ class Binding:
         }
 
 
-def _find_layers(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList]:
+def _find_layers(model: nn.Module, n_layers: int, embed: nn.Module | None = None) -> tuple[str, nn.ModuleList]:
+    """The shallowest ModuleList as long as the config's layer count; of those, one beside the token embedding first
+    (a multimodal wrapper's vision tower may have as many layers as its text trunk: GOT-OCR 2)."""
     best: tuple[str, nn.ModuleList] | None = None
+
+    def beside_embed(name: str) -> bool:
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        return embed is not None and any(c is embed for c in parent.children())
+
     for name, m in model.named_modules():
         if isinstance(m, nn.ModuleList) and len(m) == n_layers and n_layers > 0:
-            if best is None or name.count(".") < best[0].count("."):
+            key = (not beside_embed(name), name.count("."))
+            if best is None or key < (not beside_embed(best[0]), best[0].count(".")):
                 best = (name, m)
     if best is None:
         raise StructureError(
-            f"could not find the decoder layers: no ModuleList of length {n_layers} (the config's layer count)."
+            f"could not find the decoder layers: no ModuleList of length {n_layers} (the config's layer count)"
+            f"{_layer_lists_found(model)}."
         )
     return best
+
+
+def _layer_lists_found(model: nn.Module) -> str:
+    """What the trunk holds instead of one list of the config's length: several layer stacks (HRM's H and L modules,
+    run in cycles), or layers that each hold several attention sublayers (LongCat-Flash)."""
+    stacks = [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.ModuleList) and len(m) and _child(m[0], ATTN_NAMES + SUBLAYER_WRAPPER_NAMES) is not None
+    ]
+    if not stacks:
+        return ""
+    text = ", ".join(f"{n} ({len(m)})" for n, m in stacks)
+    multi = [f for _, m in stacks if (f := _child(m[0], ATTN_NAMES)) is not None and isinstance(f[1], nn.ModuleList)]
+    if multi:
+        attr, lst = multi[0]
+        k = len(lst) if isinstance(lst, nn.ModuleList) else 0
+        return (
+            f"; its layer list {text} holds layers whose {attr} is a ModuleList of {k} attention sublayers (each "
+            "decoder layer runs several attention and MLP sublayers), and ie_lab binds one attention per layer"
+        )
+    if len(stacks) > 1:
+        return (
+            f"; the trunk has several layer stacks instead ({text}), which its forward runs in its own order (possibly "
+            "several times), so no layer index names one block"
+        )
+    return f"; the only layer list is {text}"
 
 
 def _find_final_norm(model: nn.Module, layers_path: str) -> tuple[str, nn.Module] | None:
@@ -384,14 +420,46 @@ def bind(model: nn.Module, facts: ArchFacts | None = None) -> Binding:
     except StructureError as e:
         if "Instead:" in str(e):
             raise
+        leak = _future_leak(model, facts)
+        if leak is not None:  # the first thing wrong is that it is not a causal decoder as loaded
+            raise StructureError(
+                f"{facts.model_type} is not causal as loaded: changing the last of {PROBE_LEN} tokens changes the "
+                f"logits at earlier positions (by up to {leak:.3g}), so its attention sees later tokens "
+                "(bidirectional or permutation attention), and ie_lab binds causal decoders only (the structure "
+                f"check said: {e}) Instead: {UNBOUND_INSTEAD}"
+            ) from e.__cause__
         raise StructureError(f"{e} Instead: {UNBOUND_INSTEAD}") from e.__cause__
+
+
+@torch.no_grad()
+def _future_leak(model: nn.Module, facts: ArchFacts) -> float | None:
+    """How much the logits at earlier positions move when only the last token changes: None for a causal model (or
+    one whose forward cannot be run on token ids alone)."""
+    gen = torch.Generator().manual_seed(4321)
+    vocab = max(2, facts.vocab_size)
+    ids = torch.randint(0, vocab, (1, PROBE_LEN), generator=gen).to(next(model.parameters()).device)
+    other = ids.clone()
+    other[0, -1] = (other[0, -1] + 1) % vocab
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        a, b = (getattr(model(input_ids=x), "logits", None) for x in (ids, other))
+    except Exception:  # noqa: BLE001 - the structural refusal stands on its own
+        return None
+    finally:
+        for m, flag in modes:
+            m.training = flag
+    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
+        return None
+    leak = float((a[:, :-1].float() - b[:, :-1].float()).abs().max())
+    return leak if leak > 1e-4 * max(float(a.float().abs().max()), 1e-6) else None
 
 
 def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
     family = facts.model_type
-    layers_path, layer_list = _find_layers(model, facts.n_layers)
     embed = model.get_input_embeddings()  # type: ignore[operator]  # transformers' PreTrainedModel method
     lm_head = model.get_output_embeddings()  # type: ignore[operator]  # (the nn.Module annotation cannot see it)
+    layers_path, layer_list = _find_layers(model, facts.n_layers, embed)
     if embed is None or lm_head is None:
         raise StructureError(f"{family}: the model exposes no input or output embeddings; is it a causal LM?")
     fn = _find_final_norm(model, layers_path)
@@ -442,6 +510,12 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
                 f"{family} layer {i}: the block's one sublayer ({attn_name}) is an MLP or mixture of experts, with no "
                 "attention or mixer beside it (a single-sublayer block, as trunks interleaving state-space, attention "
                 "and MLP blocks have); such blocks are not bound yet."
+            )
+        if o is None and _child(attn, EXPERTS_NAMES) is not None:
+            raise StructureError(
+                f"{family} layer {i}: the attention routes each token's heads to experts, each with its own output "
+                f"projection ({attn_name}.experts: a mixture of attention heads, as JetMoE's), so no single output "
+                "projection reads z and attn_out is a routed sum; mixture-of-heads attention is not bound yet."
             )
         if o is None:
             raise StructureError(f"{family} layer {i}: attention has no output projection among {O_NAMES}.")
@@ -715,6 +789,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             *_norm_children(lb),
             # gate and sub-norm candidates between the kernel and o_proj
             *(m for m in lb.attn.children() if (isinstance(m, nn.Linear) or _is_norm(m)) and not lb.mixer_kind),
+            # what else the layer runs between a sublayer and its residual add, named where the identities fail
+            *(m for m in lb.layer.children() if not isinstance(m, (nn.ModuleList, nn.Dropout))),
         ):
             rec.watch(m)
     last: dict[str, torch.Tensor] = {}  # the final norm's last output and the unembedding's input
@@ -992,6 +1068,8 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         a_eff = attn_c * (lb.attn_multiplier or 1.0)
         m_eff = mlp_c * (lb.mlp_multiplier or 1.0)
         if not (_close(X + a_eff, R, 1e-4) and _close(R + m_eff, Y, 1e-4)):
+            _refuse_post_norm(lb, rec, X, attn_c, mlp_c, where)  # exact tensor identities first, then the
+            _refuse_unbound_residual_step(lb, rec, X, A_out, R, where)  # broader "what else ran" of the branch check
             raise StructureError(
                 f"{where}: the residual identities resid_pre + {'mixer' if lb.mixer_kind else 'attn'}_out_post = "
                 "resid_mid and resid_mid + "
@@ -1114,12 +1192,18 @@ def _classify_streams(
     )
 
 
-def _refuse_post_norm(lb: LayerBinding, rec: _Recorder, X: torch.Tensor, attn_c: torch.Tensor, where: str) -> None:
-    """Name a post-norm block (the original GPT's ln_1(x + attn)) when that is why the residual identities fail: a
-    norm reads resid_pre + the attention's output, so the stream between sublayers is renormalised, not summed."""
+def _refuse_post_norm(
+    lb: LayerBinding, rec: _Recorder, X: torch.Tensor, attn_c: torch.Tensor, mlp_c: torch.Tensor, where: str
+) -> None:
+    """Name a post-norm block (the original GPT's n = ln_1(x + attn), h = ln_2(n + mlp)) when that is why the
+    residual identities fail: the MLP's residual add reads the normed stream, not resid_pre + attention's output."""
+    n1 = lb.pre_mlp_norm
+    normed = rec.out(n1)
+    if n1 is None or normed is None or not _close(rec.inp(n1), X + attn_c, 1e-4):
+        return
     for n in _norm_children(lb):
-        if _close(rec.inp(n), X + attn_c, 1e-4):
-            name = next((k for k, m in lb.layer.named_children() if m is n), type(n).__name__)
+        if n is not n1 and _close(rec.inp(n), normed + mlp_c, 1e-4):
+            name = next((k for k, m in lb.layer.named_children() if m is n1), type(n1).__name__)
             raise StructureError(
                 f"{where}: a post-norm block: {name} normalises the residual stream itself after the attention's "
                 "residual add (its input is resid_pre + attn_out), so the stream between sublayers is renormalised, "
