@@ -28,11 +28,15 @@ class Width(str, enum.Enum):
     VOCAB = "vocab_size"
     ATTN = "n_heads*q*k"
     STREAMS = "n_streams"
+    # latent attention's compressed latents, and the per-head keys decompressed from the key/value latent
+    Q_LATENT = "q_lora_rank"
+    KV_LATENT = "kv_lora_rank"
+    K_NOPE = "n_heads*qk_nope_head_dim"
 
     @property
     def head_axis(self) -> bool:
         """Points whose width splits into heads, so that a head coordinate selects a slice."""
-        return self in (Width.HEADS, Width.KV_HEADS, Width.ATTN)
+        return self in (Width.HEADS, Width.KV_HEADS, Width.ATTN, Width.K_NOPE)
 
 
 class Verdict(str, enum.Enum):
@@ -79,6 +83,8 @@ class Needs(str, enum.Enum):
     # one residual stream: on a hyper-connection trunk a sublayer's output enters each stream with its own weight
     SINGLE_STREAM = "a single residual stream"
     STREAM_MIX = "a stream-mixing matrix"  # hyper-connections that mix the streams (DeepSeek-V4), not add them back
+    Q_LATENT = "a compressed query latent"  # latent attention with q_lora_rank; DeepSeek-V4's low-rank queries
+    KV_LATENT = "a compressed key/value latent"  # multi-head latent attention (DeepSeek-V2/V3, MiniCPM 3)
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,9 @@ _MHC_VLLM = BackendVerdict(
 )
 _MIXER_VLLM = BackendVerdict(
     Verdict.UNIMPLEMENTED, "No hybrid or state-space family is served by the vLLM backend yet; use backend='eager'."
+)
+_LATENT_VLLM = BackendVerdict(
+    Verdict.UNIMPLEMENTED, "No latent-attention family is served by the vLLM backend yet; use backend='eager'."
 )
 _L, _T = Scope.LAYER, Scope.TRUNK
 
@@ -244,6 +253,29 @@ _POINTS: tuple[Point, ...] = (
         _OK,
         BackendVerdict(Verdict.UNIMPLEMENTED, "The gate is a real module on vLLM's tree but is not wired up yet; use backend='eager'."),
         needs=(Needs.ATTENTION, Needs.ATTN_GATE),
+    ),
+    Point(
+        "q_latent", _L, Width.Q_LATENT,
+        "Latent attention's compressed query: the query's low-rank down-projection after its norm, one q_lora_rank vector per token, which the query up-projection reads.",
+        _OK, _LATENT_VLLM,
+        note="Latent attention with a compressed query only (DeepSeek-V2/V3, MiniCPM 3, DeepSeek-V4's low-rank queries).",
+        writable=True,
+        needs=(Needs.ATTENTION, Needs.Q_LATENT),
+    ),
+    Point(
+        "kv_latent", _L, Width.KV_LATENT,
+        "Latent attention's compressed key/value latent: the shared low-rank down-projection after its norm (the rotary key part split off), one kv_lora_rank vector per token; what the KV cache holds and the key/value up-projection reads.",
+        _OK, _LATENT_VLLM,
+        note="Multi-head latent attention only (DeepSeek-V2/V3, MiniCPM 3).",
+        writable=True,
+        needs=(Needs.ATTENTION, Needs.KV_LATENT),
+    ),
+    Point(
+        "k_nope", _L, Width.K_NOPE,
+        "The position-free part of each head's key, decompressed from kv_latent by the key/value up-projection (the rotary part is one shared vector per token), concatenated over heads.",
+        _OK, _LATENT_VLLM,
+        note="Multi-head latent attention only; the decompressed values are the value point.",
+        needs=(Needs.ATTENTION, Needs.KV_LATENT),
     ),
     Point(
         "attn_out", _L, Width.D_MODEL,
@@ -480,6 +512,9 @@ class Structure:
     # Hyper-connection trunks: a learned matrix mixes the streams around each sublayer (DeepSeek-V4); without one the
     # streams are added back unmixed (HY-V4)
     stream_mix: bool = False
+    # Latent attention: a compressed query latent / key-value latent on the attention layers
+    q_latent: bool = False
+    kv_latent: bool = False
     # Hybrid and state-space trunks: the layers whose token mixer is not attention, and what each is (its layer
     # type as the config names it, or the mixer module's name), in the same order.
     mixer_layers: tuple[int, ...] = ()
@@ -522,6 +557,8 @@ class Structure:
             n_streams=int(facts.n_streams),
             # DeepSeek-V4's config states how many Sinkhorn steps shape its mixing matrix; HY-V4 has none to shape
             stream_mix=facts.n_streams > 1 and raw.get("hc_sinkhorn_iters") is not None,
+            q_latent=bool(getattr(facts, "q_lora_rank", 0)),
+            kv_latent=bool(getattr(facts, "kv_lora_rank", 0)),
             mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k),
             mixer_kinds=tuple(k for k in facts.mixer_kinds if k),
             # a config that has no attention heads at all is a pure state-space trunk: mixer-only blocks
@@ -546,6 +583,8 @@ class Structure:
             final_norm=binding.final_norm is not None,
             n_streams=int(binding.facts.n_streams),
             stream_mix=any(getattr(lb, "stream_mix", False) for lb in binding.layers),
+            q_latent=any(getattr(lb, "q_latent", None) is not None for lb in binding.layers),
+            kv_latent=any(getattr(lb, "kv_latent", None) is not None for lb in binding.layers),
             mixer_layers=tuple(lb.index for lb in binding.layers if lb.mixer_kind),
             mixer_kinds=tuple(lb.mixer_kind for lb in binding.layers if lb.mixer_kind),
             no_mlp_layers=tuple(lb.index for lb in binding.layers if not lb.has_mlp),
@@ -557,6 +596,8 @@ class Structure:
             Needs.MULTI_STREAM: self.n_streams > 1,
             Needs.SINGLE_STREAM: self.n_streams <= 1,
             Needs.STREAM_MIX: self.stream_mix,
+            Needs.Q_LATENT: self.q_latent,
+            Needs.KV_LATENT: self.kv_latent,
             Needs.FINAL_NORM: self.final_norm,
             Needs.QK_NORM: self.qk_norm,
             Needs.ATTN_GATE: self.attn_gate,
@@ -598,6 +639,17 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
         "stream with a weight of its own, so no single tensor is what it adds to the residual.",
         "capture {sub}_out.{L} and {sub}_stream_write.{L}: stream S receives {sub}_stream_write[..., S] * "
         "{sub}_out.",
+    ),
+    Needs.Q_LATENT: (
+        "this family's attention projects queries straight from the residual (no compressed query latent).",
+        "capture attn_in.{L} (what the query projection reads), or kv_latent.{L} where the keys and values are "
+        "compressed.",
+    ),
+    Needs.KV_LATENT: (
+        "this family's attention projects its keys and values from the residual directly: there is no compressed "
+        "key/value latent that an up-projection decompresses per head (multi-head latent attention: DeepSeek-V2/V3, "
+        "MiniCPM 3).",
+        "capture value.{L} (and attn_scores.{L} for the keys' effect).",
     ),
     Needs.STREAM_MIX: (
         "this trunk's hyper-connections add the {n_streams} streams back unmixed (no stream-to-stream matrix): each "
@@ -683,6 +735,25 @@ def require_present(
 
         name = point if isinstance(point, str) else point.name
         raise PointAbsent(label or name, structure.family, a.why, a.instead)
+
+
+def width_of(width: Width, facts: Any) -> int | str:
+    """What a point of this width's last axis counts on a model with these facts. A head of z, attn_gate and value
+    is a value head: wider than head_dim on latent attention (where the QK-norm points, head_dim wide, are absent)."""
+    v = getattr(facts, "value_head_dim", facts.head_dim)
+    return {
+        Width.D_MODEL: facts.d_model,
+        Width.HEADS: facts.n_heads * v,
+        Width.KV_HEADS: facts.n_kv_heads * v,
+        Width.D_MLP: facts.d_mlp,
+        Width.EXPERTS: facts.n_experts,
+        Width.VOCAB: facts.vocab_size,
+        Width.ATTN: f"{facts.n_heads} x q x k",
+        Width.STREAMS: facts.n_streams,
+        Width.Q_LATENT: getattr(facts, "q_lora_rank", 0),
+        Width.KV_LATENT: getattr(facts, "kv_lora_rank", 0),
+        Width.K_NOPE: facts.n_heads * getattr(facts, "qk_nope_head_dim", 0),
+    }[width]
 
 
 def reason(name: str, backend: str) -> str:

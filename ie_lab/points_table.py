@@ -8,20 +8,7 @@ from typing import Any
 
 from .address import Address
 from .errors import CapabilityUnsupported, PointAbsent
-from .points import Needs, Scope, Structure, Width, all_points
-
-
-def width_of(width: Width, facts: Any) -> int | str:
-    return {
-        Width.D_MODEL: facts.d_model,
-        Width.HEADS: facts.n_heads * facts.head_dim,
-        Width.KV_HEADS: facts.n_kv_heads * facts.head_dim,
-        Width.D_MLP: facts.d_mlp,
-        Width.EXPERTS: facts.n_experts,
-        Width.VOCAB: facts.vocab_size,
-        Width.ATTN: f"{facts.n_heads} x q x k",
-        Width.STREAMS: facts.n_streams,
-    }[width]
+from .points import Needs, Scope, Structure, all_points, width_of  # noqa: F401 - width_of: cli reads it here
 
 
 def layer_kinds(s: Structure, n_layers: int) -> list[str]:

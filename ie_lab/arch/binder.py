@@ -47,6 +47,12 @@ EXPERTS_NAMES = ("experts",)
 # sublayer's input and return the weights that write its output back (DeepSeek-V4, HY-V4). The probe measures
 # which of their outputs is the collapse, the write weights and the mixing matrix.
 ATTN_HC_NAMES = ("attn_hc", "hc_attn")
+# Latent attention: the norms after the query and key/value down-projections, and the up-projections that read them
+# (DeepSeek-V2/V3, MiniCPM 3; DeepSeek-V4 compresses its queries alone). The probe checks each norm feeds its up.
+Q_LATENT_NORM_NAMES = ("q_a_layernorm", "q_a_norm")
+Q_UP_NAMES = ("q_b_proj",)
+KV_LATENT_NORM_NAMES = ("kv_a_layernorm",)
+KV_UP_NAMES = ("kv_b_proj",)
 MLP_HC_NAMES = ("ffn_hc", "mlp_hc", "hc_ffn", "hc_mlp")
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "ln_final", "layernorm")
 
@@ -190,6 +196,12 @@ class LayerBinding:
     # kernel also attends to entries it builds from blocks of tokens, so the key axis is not one entry per token.
     # Holds the layer's type as the config names it.
     kv_compressor: str = ""
+    # Latent attention, measured: the norm whose output the query up-projection reads (q_latent), the one whose
+    # output the key/value up-projection reads (kv_latent), and that up-projection (k_nope is the key part of each
+    # head's block of its output).
+    q_latent: nn.Module | None = None
+    kv_latent: nn.Module | None = None
+    kv_up: nn.Module | None = None
     # The layer's child that wraps its attention and the norms around it (DBRX's norm_attn_norm), or None.
     wrapper: nn.Module | None = None
     names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
@@ -841,6 +853,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             lb.kernel_weights_ok = rec.kernel_weights_ok.get(id(lb.attn), True)
             _check_kernel_feeds_o_proj(lb, rec, binding.family, binding.facts.n_heads)
         _classify_layer(lb, rec, binding.facts, binding.family)
+        if not lb.mixer_kind:
+            _measure_latents(lb, rec, binding.facts)
         if lb.mixer_kind:
             lb.q_norm = lb.k_norm = None
     if legacy:
@@ -1105,6 +1119,24 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         if act is not None and go is not None and uo is not None and d_in is not None:
             if not _close(act[1](go) * uo, d_in, 1e-4) and _close(act[1](uo) * go, d_in, 1e-4):
                 lb.gate_proj, lb.up_proj = lb.up_proj, lb.gate_proj  # the spellings lied; trust the tensors
+
+
+def _measure_latents(lb: LayerBinding, rec: _Recorder, facts: ArchFacts) -> None:
+    """Latent attention's compressed latents: a norm of the attention module whose output its up-projection reads.
+    The key/value up-projection also needs the width its heads' blocks have (position-free key, then value)."""
+    for norms, ups, role in ((Q_LATENT_NORM_NAMES, Q_UP_NAMES, "q"), (KV_LATENT_NORM_NAMES, KV_UP_NAMES, "kv")):
+        norm, up = _child(lb.attn, norms), _child(lb.attn, ups)
+        if norm is None or up is None or not _same(rec.out(norm[1]), rec.inp(up[1])):
+            continue
+        if role == "q":
+            lb.q_latent = norm[1]
+            lb.names["q_latent"] = f"{lb.names.get('attn', 'attn')}.{norm[0]}"
+            continue
+        block = facts.qk_nope_head_dim + facts.value_head_dim
+        width = getattr(up[1], "out_features", None)
+        if facts.qk_nope_head_dim and width == facts.n_heads * block:
+            lb.kv_latent, lb.kv_up = norm[1], up[1]
+            lb.names["kv_latent"] = f"{lb.names.get('attn', 'attn')}.{norm[0]}"
 
 
 def _hc_roles(out: Any, b: int, s: int, n: int, d: int) -> dict[str, int] | None:

@@ -173,6 +173,12 @@ class ArchFacts:
     n_experts: int = 0
     experts_per_token: int = 0
     n_streams: int = 1
+    # Latent attention (DeepSeek-V2/V3, MiniCPM 3): the compressed query and key/value latents' widths (0: none),
+    # each head's position-free key width, and the value head width where it is not head_dim (0: head_dim)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
     layer_kinds: tuple[str, ...] = ()  # per layer: "global" | "sliding" | "linear"
     mixer_kinds: tuple[str, ...] = ()  # per layer: the config's name for a non-attention mixer, "" on attention
     # per layer on single-sublayer trunks (quirks.SINGLE_SUBLAYER_BLOCKS): the block's one sublayer, "mixer" |
@@ -206,6 +212,11 @@ class ArchFacts:
     @property
     def kv_width(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """The width of one value head, and so of one head of z: wider than head_dim on latent attention."""
+        return self.v_head_dim or self.head_dim
 
     def n_params_estimate(self) -> int:
         """Rough parameter count from dimensions (embeddings + attention + MLP + norms)."""
@@ -302,6 +313,10 @@ class ArchFacts:
                 _first(d, "num_experts_per_tok", "top_k", "moe_top_k", "moe_k", "moe_topk", default=0) or 0
             ),
             n_streams=int(_first(d, "hc_mult", "num_residual_streams", default=1) or 1),
+            q_lora_rank=int(d.get("q_lora_rank") or 0),
+            kv_lora_rank=int(d.get("kv_lora_rank") or 0),
+            qk_nope_head_dim=int(d.get("qk_nope_head_dim") or 0) if d.get("kv_lora_rank") else 0,
+            v_head_dim=int(d.get("v_head_dim") or 0) if d.get("kv_lora_rank") else 0,
             layer_kinds=tuple(kinds),
             mixer_kinds=("state_space",) * int(n_layers) if ssm_only else _mixer_kinds(d, int(n_layers)),
             block_sublayers=sublayers,

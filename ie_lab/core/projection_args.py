@@ -16,7 +16,8 @@ import torch
 from ..address import Address
 from ..errors import AddressError, InputError
 from ..ops.projection import ACTIVATIONS, Encoder
-from ..points import Width
+from ..points import Width, width_of
+from .addresses import head_count
 
 SAE_KEYS = ("W_enc", "b_enc", "b_dec", "threshold")
 
@@ -31,18 +32,10 @@ def point_width(addr: Address, facts: Any) -> int:
         )
     if w is Width.STREAMS or addr.stream is not None:
         raise AddressError(f"address {addr}: per-stream points are not projected; use a single-stream point.")
-    if addr.head is not None:
-        return int(facts.head_dim)
-    return int(
-        {
-            Width.D_MODEL: facts.d_model,
-            Width.HEADS: facts.n_heads * facts.head_dim,
-            Width.KV_HEADS: facts.n_kv_heads * facts.head_dim,
-            Width.D_MLP: facts.d_mlp,
-            Width.EXPERTS: facts.n_experts,
-            Width.VOCAB: facts.vocab_size,
-        }[w]
-    )
+    # the point's real width on this model: z and value are value heads wide (wider than head_dim on latent
+    # attention), and one head is that width over the head count, as capture slices it
+    n = int(width_of(w, facts))
+    return n // head_count(addr, facts) if addr.head is not None else n
 
 
 def _tensor(name: str, x: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:

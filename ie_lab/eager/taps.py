@@ -186,6 +186,11 @@ def resolve(lm: Any, addr: Address) -> Source:
         view, fn, H = lb.attn_gate_view, lb.attn_gate_fn, lm.facts.n_heads
         width = lb.o_proj.in_features if isinstance(lb.o_proj, nn.Linear) else H * lm.facts.head_dim
         return Source("post", lb.attn_gate, lambda t: cast(torch.Tensor, gate_values(t, view, fn, H, width)))
+    if name in ("q_latent", "kv_latent"):  # the measured norm whose output the up-projection reads
+        return Source("post", _bound(lb.q_latent if name == "q_latent" else lb.kv_latent), lambda t: t)
+    if name == "k_nope":
+        f = lm.facts
+        return Source("post_raw", _bound(lb.kv_up), lambda out, shape, n: _k_nope(out, shape, f))
     if name == "attn_out":
         return Source("post", lb.o_proj, lambda t: t)
     if name == "attn_out_post":
@@ -238,6 +243,16 @@ def resolve(lm: Any, addr: Address) -> Source:
 def _z_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:
     out = call.output  # [b, q, H, d]: the kernel returns its output with heads after the sequence
     return out.reshape(out.shape[0], out.shape[1], -1)
+
+
+def _k_nope(out: Any, shape: tuple[int, int], f: Any) -> torch.Tensor:
+    """The key part of each head's block of the key/value up-projection's output, for this forward's new tokens:
+    the up-projection reads the whole cached latent, so earlier positions come first."""
+    t = first_tensor(out)
+    assert t is not None  # a linear's output
+    b, s = shape
+    t = t.reshape(b, -1, f.n_heads, f.qk_nope_head_dim + f.value_head_dim)[:, -s:, :, : f.qk_nope_head_dim]
+    return t.reshape(b, s, -1)
 
 
 def _value_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:

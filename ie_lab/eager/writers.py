@@ -152,6 +152,10 @@ class Writers:
 
                 return self._pre(lb.o_proj, head_edit)
             return self._pre(lb.o_proj, edit)
+        if n in ("q_latent", "kv_latent"):  # the norm's output is what the up-projection (and the cache) reads
+            norm = lb.q_latent if n == "q_latent" else lb.kv_latent
+            assert norm is not None  # resolve() above refused the point where the binder measured no such norm
+            return self._post(norm, edit)
         if n == "attn_out":
             return self._post(lb.o_proj, edit)
         if n in ("attn_out_post", "mlp_out_post"):

@@ -19,7 +19,7 @@ from ..address import Address
 from ..arch import quirks
 from ..arch.config_facts import ArchFacts
 from ..errors import AddressError, IELabError
-from ..points import Scope, Width
+from ..points import Scope, Width, width_of
 from . import _base, _static
 
 _ENGINES = (
@@ -34,18 +34,10 @@ def _width(p: _points.Point, f: ArchFacts) -> tuple[str, str]:
     w = p.width
     if w is Width.ATTN:
         return f"n_heads × q × k = {f.n_heads} × q × k", f"[batch, {f.n_heads}, q, k]"
-    n = {
-        Width.D_MODEL: f.d_model,
-        Width.HEADS: f.n_heads * f.head_dim,
-        Width.KV_HEADS: f.n_kv_heads * f.head_dim,
-        Width.D_MLP: f.d_mlp,
-        Width.EXPERTS: f.n_experts,
-        Width.VOCAB: f.vocab_size,
-        Width.STREAMS: f.n_streams,
-    }[w]
+    n = width_of(w, f)
     formula = {
-        Width.HEADS: f"n_heads × head_dim = {f.n_heads} × {f.head_dim} = {n}",
-        Width.KV_HEADS: f"n_kv_heads × head_dim = {f.n_kv_heads} × {f.head_dim} = {n}",
+        Width.HEADS: f"n_heads × head_dim = {f.n_heads} × {f.value_head_dim} = {n}",
+        Width.KV_HEADS: f"n_kv_heads × head_dim = {f.n_kv_heads} × {f.value_head_dim} = {n}",
     }.get(w, f"{w.value} = {n}")
     return formula, f"[batch, seq, {n}]"
 
