@@ -146,6 +146,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zamba2": {"layer_types": ["mamba", "hybrid"]},
     "laguna": {"num_attention_heads_per_layer": [4, 4]},  # per-layer head counts the generic sizes do not shrink
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # one layer of each attention kind: sliding only, then the two with a KV compressor
+    "deepseek_v4": {
+        "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+        "mlp_layer_types": ["hash_moe", "moe", "moe"],
+    },
     "dbrx": {
         # released DBRX clips q, k and v at 8; transformers 5.19's attention crashes on clip_qkv=None (its default)
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
@@ -261,6 +267,13 @@ def build_tiny(model_type: str):
             if p.ndim == 1 and p.is_floating_point():
                 r = torch.rand(p.shape, generator=gen)
                 p.copy_(0.5 + r if name.endswith("weight") else 0.1 * (2 * r - 1))
+        for name, buf in model.named_buffers():
+            if name.endswith("tid2eid") and buf.dim() == 2:
+                # a hash router's token -> experts table (DeepSeek-V4) starts at zeros, every slot expert 0: give
+                # each token k distinct experts, as a released table does
+                n_experts = int(getattr(config, "n_routed_experts", 0) or buf.shape[1])
+                rows = [torch.randperm(n_experts, generator=gen)[: buf.shape[1]] for _ in range(buf.shape[0])]
+                buf.copy_(torch.stack(rows))
     return model.eval()
 
 
@@ -298,6 +311,8 @@ def check_invariants(lm) -> None:
             torch.testing.assert_close(
                 c[f"resid_pre.{L}"] + c[f"{sub}.{L}"], c[f"resid_post.{L}"], **tol, msg=f"one-sublayer block, layer {L}"
             )
+        elif lb.attn_hc is not None:  # a hyper-connection layer: the identities hold per stream
+            _stream_identities(lm, x, lb, tol)
         else:
             _two_sublayer_identities(lm, x, lb, sub, tol)
         if lb.has_mlp and not lb.sparse_moe:
@@ -309,7 +324,7 @@ def check_invariants(lm) -> None:
                     **tol,
                     msg=f"down_proj(mlp_act) = mlp_out, layer {L}",
                 )
-        if lb.uses_attention_interface:
+        if lb.uses_attention_interface and not lb.kv_compressor:  # compressed entries: no per-token value there
             gate = [f"attn_gate.{L}"] if lb.attn_gate is not None else []
             c = capture_batch(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}", *gate])
             probs, value = c[f"attn_probs.{L}"], c[f"value.{L}"]
@@ -323,6 +338,55 @@ def check_invariants(lm) -> None:
             torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=f"attn_probs @ value (* attn_gate) = z, layer {L}")
             assert torch.all(probs.triu(1) == 0), f"attention is not causal at layer {L}"
     _routing_and_head(lm, x, tol)
+
+
+def _stream_identities(lm, x, lb, tol: _Tol) -> None:
+    """A hyper-connection layer (several residual streams): each stream at resid_mid is the streams entering the
+    layer mixed by attn_stream_mix (carried on unmixed where the trunk has no matrix) plus its attn_stream_write
+    weight times attn_out, and likewise from resid_mid to resid_post with the MLP; the collapse each sublayer
+    reads is what its norm turns into attn_in / mlp_in; resid_streams stacks the resid_pre streams; the next layer
+    reads what this one wrote."""
+    import torch
+
+    from .eager.capture import capture_batch
+
+    L, n = lb.index, lm.facts.n_streams
+    last = L + 1 == lm.facts.n_layers
+    names = [f"{p}.{L}.stream-{s}" for p in ("resid_pre", "resid_mid", "resid_post") for s in range(n)]
+    names += [f"{p}.{L}" for p in ("resid_streams", "attn_in", "attn_out", "mlp_in", "mlp_out")]
+    names += [f"{k}_stream_{r}.{L}" for k in ("attn", "mlp") for r in ("collapse", "write")]
+    names += [f"{k}_stream_mix.{L}" for k in ("attn", "mlp") if lb.stream_mix]
+    names += [] if last else [f"resid_pre.{L + 1}.stream-{s}" for s in range(n)]
+    c = capture_batch(lm, x, names)
+
+    def stack(p: str, layer: int = L) -> torch.Tensor:
+        return torch.stack([c[f"{p}.{layer}.stream-{s}"] for s in range(n)], dim=-2)
+
+    torch.testing.assert_close(c[f"resid_streams.{L}"], stack("resid_pre"), **tol, msg=f"resid_streams, layer {L}")
+    for before, after, k in (("resid_pre", "resid_mid", "attn"), ("resid_mid", "resid_post", "mlp")):
+        x_in = stack(before).double()
+        if lb.stream_mix:  # [.., i, j]: stream i's weight in stream j
+            x_in = torch.einsum("bsij,bsid->bsjd", c[f"{k}_stream_mix.{L}"].double(), x_in)
+        want = x_in + c[f"{k}_stream_write.{L}"].double().unsqueeze(-1) * c[f"{k}_out.{L}"].double().unsqueeze(-2)
+        torch.testing.assert_close(
+            want.to(x_in.dtype),
+            stack(after).double(),
+            **tol,
+            msg=f"{before} mixed + {k}_stream_write * {k}_out = {after}, layer {L}",
+        )
+    with torch.no_grad():
+        for k, norm in (("attn", lb.input_norm), ("mlp", lb.pre_mlp_norm)):
+            collapse = c[f"{k}_stream_collapse.{L}"]
+            torch.testing.assert_close(
+                norm(collapse) if norm is not None else collapse,
+                c[f"{k}_in.{L}"],
+                **tol,
+                msg=f"{k}_in = norm({k}_stream_collapse), layer {L}",
+            )
+    if not last:
+        torch.testing.assert_close(
+            stack("resid_pre", L + 1), stack("resid_post"), **tol, msg=f"resid_post.{L} = resid_pre.{L + 1}"
+        )
 
 
 def _two_sublayer_identities(lm, x, lb, sub: str, tol: _Tol) -> None:
