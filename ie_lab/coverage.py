@@ -143,7 +143,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     # a Mamba layer, then layers with the shared attention block (its weights are tied across two of them)
     "zamba": {"layer_types": ["mamba", "hybrid", "hybrid"], "num_hidden_layers": 3},
-    "zamba2": {"layer_types": ["mamba", "hybrid"]},
+    # (its config derives hybrid_layer_ids from the default pattern, not from layer_types: state it too)
+    "zamba2": {"layer_types": ["mamba", "hybrid"], "hybrid_layer_ids": [1]},
     "laguna": {"num_attention_heads_per_layer": [4, 4]},  # per-layer head counts the generic sizes do not shrink
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # one layer of each attention kind: sliding only, then the two with a KV compressor

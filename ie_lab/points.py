@@ -621,6 +621,16 @@ class Absence:
     instead: str
 
 
+# Layer kinds whose mixer's input also receives a transformer block shared across layers, through the layer's own
+# linear (Zamba's "hybrid" layers): the block's output never reaches the residual stream itself.
+SHARED_BLOCK_KINDS = frozenset({"hybrid"})
+_SHARED_BLOCK = (
+    "layer {L} is a {kind} layer: its attention and MLP belong to a transformer block shared across layers, whose "
+    "output joins the mixer's input (through the layer's linear) rather than the residual stream, and ie_lab does "
+    "not address that shared block's tensors per layer yet, so there is no {name} here (layer kinds: {kinds}).",
+    "capture mixer_in.{L} (the mixer's input, which the shared block's output joined), mixer_out.{L}, or "
+    "resid_post.{L}.",
+)
 # An attention-only block of a single-sublayer trunk: the same absence as a mixer-only block, in its own words.
 _ATTENTION_ONLY = (
     "layer {L} is an attention-only block (a single-sublayer block: attention's output is added straight to the "
@@ -711,6 +721,8 @@ def absence(point: "Point | str", structure: Structure, layer: int | None = None
                 why, instead = _ABSENT[Needs.TOKEN_MIXER]  # no token mixer at all: say the block's kind
             elif need is Needs.MLP and structure.layer_kind(layer or 0) == "attention":
                 why, instead = _ATTENTION_ONLY
+            elif need in (Needs.ATTENTION, Needs.MLP) and structure.layer_kind(layer or 0) in SHARED_BLOCK_KINDS:
+                why, instead = _SHARED_BLOCK
             fill = dict(L=layer, name=p.name, moe=list(structure.moe_layers) or "none", n_streams=structure.n_streams)
             fill.update(sub="mlp" if p.name.startswith("mlp") else "attn")
             if need in (Needs.ATTENTION, Needs.MIXER, Needs.MLP, Needs.TOKEN_MIXER):

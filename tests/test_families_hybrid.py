@@ -215,11 +215,11 @@ def test_steering_a_state_space_mixer_moves_resid_post(ssm):
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("family", ["zamba", "zamba2", "rwkv", "xlstm"])
-def test_unbound_recurrent_and_shared_block_trunks_are_refused_naming_the_structure(family):
-    """Zamba's hybrid layers wrap a shared transformer block beside a Mamba layer, RWKV and xLSTM are recurrences
-    with no mixer module ie_lab reads: load refuses them with an IELabError naming what the layer holds."""
-    with pytest.raises(IELabError, match="shared_transf|recurrence"):
+@pytest.mark.parametrize("family", ["rwkv", "xlstm"])
+def test_unbound_recurrent_trunks_are_refused_naming_the_structure(family):
+    """RWKV and xLSTM are recurrences with no mixer module ie_lab reads: load refuses them with an IELabError naming
+    what the layer holds."""
+    with pytest.raises(IELabError, match="recurrence"):
         _load(family)
 
 
@@ -288,7 +288,12 @@ def test_the_config_only_picker_knows_the_mixer_layers(hybrid):
 
 # Single-sublayer trunks: each block is exactly one of a mixer, attention, or an MLP/MoE, as the config's per-layer
 # type list says; layer L is the config's block L, and its kind as the registry names it.
-SINGLE_SUBLAYER = {"nemotron_h": ("linear_attention", "moe", "attention", "mlp")}
+SINGLE_SUBLAYER = {
+    "nemotron_h": ("linear_attention", "moe", "attention", "mlp"),
+    # a Mamba layer, then Mamba layers whose input also receives the shared transformer block's output
+    "zamba": ("linear_attention", "hybrid", "hybrid"),
+    "zamba2": ("linear_attention", "hybrid"),
+}
 _ONE_SUB = {"attention": "attn_out_post", "mlp": "mlp_out_post", "moe": "mlp_out_post"}
 
 
@@ -383,7 +388,8 @@ def test_the_config_only_picker_draws_single_sublayer_kinds(single):
     family, lm = single
     live, config = describe(lm.facts, "eager", lm=lm), describe(lm.facts, "eager")
     assert live["layer_mixers"] == config["layer_mixers"] == list(SINGLE_SUBLAYER[family])
-    assert "MLP-only block" in live["layer_kinds_text"]
+    if {"mlp", "moe"} & set(SINGLE_SUBLAYER[family]):
+        assert "MLP-only block" in live["layer_kinds_text"]
     lp, cp = ({p["name"]: p for p in d["points"]} for d in (live, config))
     for name in lp:
         assert lp[name]["served"] == cp[name]["served"], name
@@ -391,3 +397,38 @@ def test_the_config_only_picker_draws_single_sublayer_kinds(single):
     assert config["structure"]["mlp_only_layers"] == [
         L for L, k in enumerate(SINGLE_SUBLAYER[family]) if k in ("mlp", "moe")
     ]
+
+
+@pytest.mark.parametrize("family", ["zamba", "zamba2"])
+def test_a_shared_block_layers_mixer_input_carries_the_shared_blocks_output(family):
+    """On Zamba's hybrid layers mixer_in is the mixer's norm of resid_pre plus the shared transformer block's output
+    through the layer's linear (the other branch); the norm of resid_pre alone (the Mamba-only layer's recipe, same
+    shape) is not it. On the Mamba-only layer it is. The shared block's attention and MLP points are refused there,
+    naming the shared block."""
+    lm = _load(family)
+    seen: dict[int, torch.Tensor] = {}
+    hybrid = [lb for lb in lm.binding.layers if lb.mixer_kind == "hybrid"]
+    assert hybrid and all(not lb.has_mlp for lb in lm.binding.layers)
+    handles = [
+        lb.layer.linear.register_forward_hook(lambda m, a, o, i=lb.index: seen.setdefault(i, o.detach().clone()))
+        for lb in hybrid
+    ]
+    try:
+        c = ie_lab.capture(lm, X, [f"{p}.{L}" for L in range(lm.facts.n_layers) for p in ("resid_pre", "mixer_in")])
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        for lb in lm.binding.layers:
+            L = lb.index
+            norm = (lb.layer.mamba_decoder if lb.mixer_kind == "hybrid" else lb.layer).input_layernorm
+            alone = norm(c[f"resid_pre.{L}"])
+            if lb.mixer_kind != "hybrid":
+                torch.testing.assert_close(c[f"mixer_in.{L}"], alone, **TOL)
+                continue
+            torch.testing.assert_close(c[f"mixer_in.{L}"], norm(c[f"resid_pre.{L}"] + seen[L]), **TOL)
+            assert not torch.allclose(c[f"mixer_in.{L}"], alone, **TOL)
+            for name in ("z", "attn_out", "mlp_out"):
+                with pytest.raises(ie_lab.PointAbsent, match="shared across layers"):
+                    ie_lab.capture(lm, X[:1], [f"{name}.{L}"])
+    assert_clean(lm)

@@ -484,6 +484,8 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             continue
         a = _child(layer, ATTN_NAMES) or _child(layer, SUBLAYER_WRAPPER_NAMES)
         mixer = _child(layer, MIXER_NAMES + ATTN_NAMES) if declared else None
+        if declared and mixer is None:
+            mixer = _nested_mixer(layer)  # inside a decoder-layer wrapper (Zamba's hybrid layers: mamba_decoder)
         if mixer is None and a is None:
             mixer = _child(layer, MIXER_NAMES)
             if mixer is not None and any(facts.mixer_kinds):
@@ -688,6 +690,17 @@ def _mixer_layer(
         lb.gate_proj = gate[1] if gate else None
         lb.up_proj = up[1] if up else None
     return lb
+
+
+def _nested_mixer(layer: nn.Module) -> tuple[str, nn.Module] | None:
+    """A declared mixer one level down: a child of the layer that holds it (Zamba's hybrid layer wraps its Mamba
+    layer, norm and mixer, as mamba_decoder beside the shared transformer block). The probe then checks that
+    resid_pre + the mixer's output is the layer's output."""
+    for name, child in layer.named_children():
+        inner = _child(child, MIXER_NAMES)
+        if inner is not None:
+            return f"{name}.{inner[0]}", inner[1]
+    return None
 
 
 def _mlp_only_layer(i: int, layer: nn.Module, family: str) -> LayerBinding:

@@ -113,13 +113,16 @@ def _mixer_kinds(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
     """Per layer, the config's name for a non-attention mixer ("" for an attention layer): read from the
     per-layer type lists configs state (the most specific first: layers_block_type, then layer_types, then a
     repeating block_types pattern)."""
+    # a single-sublayer trunk's own names for its mixer blocks (Zamba's "hybrid": a mixer fed by a shared block)
+    entry = quirks.SINGLE_SUBLAYER_BLOCKS.get(str(d.get("model_type")))
+    mixer_types = {t for t, s in entry[1].items() if s == "mixer"} if entry else set()
     for key in ("layers_block_type", "layer_types", "block_types"):
         types = d.get(key)
         if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
             kinds = [str(types[i % len(types)]) for i in range(n_layers)]
             if key != "block_types" and len(types) < n_layers:
                 continue
-            return tuple(t if any(w in t.lower() for w in _MIXER_WORDS) else "" for t in kinds)
+            return tuple(t if any(w in t.lower() for w in _MIXER_WORDS) or t in mixer_types else "" for t in kinds)
     return ("",) * n_layers
 
 

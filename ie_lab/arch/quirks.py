@@ -219,6 +219,13 @@ SINGLE_SUBLAYER_BLOCKS = {
             "moe": "mlp",
         },
     ),
+    # Zamba's blocks each add one Mamba mixer's output to the residual stream; on its "hybrid" layers a transformer
+    # block shared across layers reads the stream (and the embeddings) and its output, through the layer's own
+    # linear, joins the mixer's input, not the stream: from the residual stream's side, one sublayer per block.
+    **{
+        t: ("layers_block_type", {"mamba": "mixer", "linear_attention": "mixer", "hybrid": "mixer"})
+        for t in ("zamba", "zamba2")
+    },
 }
 
 # Families whose trunk multiplies the token embedding by a config factor (for callers given only a name).
