@@ -145,20 +145,28 @@ class _Lease:
         self.loop_wake: asyncio.Event | None = None
         self.fut: concurrent.futures.Future | None = None
 
-    def acquire(self, session: "Session") -> None:
-        """Queue for the lock and wait for it on this thread; raises if the session closes or the token is cancelled."""
-        coro = _hold(session._lock(), session._tokens, self)
-        try:
-            self.fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        except RuntimeError:  # the loop is closed
-            coro.close()
-            raise SessionClosed("this Session is closed; create a new one: Session(...).") from None
+    def acquire(self, session: "Session", until: Callable[[], bool] | None = None) -> bool:
+        """Queue for the lock (once) and wait for it on this thread; raises if the session closes or the token is
+        cancelled. With `until` (a batched stream's steps arriving while it waits), returns False as soon as until()
+        is true, to be called again once they are handed out; True once granted."""
+        if self.fut is None:
+            coro = _hold(session._lock(), session._tokens, self)
+            try:
+                self.fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            except RuntimeError:  # the loop is closed
+                coro.close()
+                raise SessionClosed("this Session is closed; create a new one: Session(...).") from None
         while not self.granted:
             if self.token.cancelled:
                 raise OperationCancelled("interrupted while waiting for the session's previous operation")
             if self.fut.done():
                 raise SessionClosed("this Session was closed while the call waited; create a new one: Session(...).")
+            if until is not None and until():
+                return False
             self.event.wait(_POLL)
+            if until is not None:
+                self.event.clear()  # set by a step as well as by the grant: both are re-read above
+        return True
 
     def release(self) -> None:
         """The caller is done (result, error or interrupt): the loop takes the lock back. Idempotent."""
@@ -745,15 +753,31 @@ class Session:
         self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict
     ) -> AsyncGenerator:
         """An eager stream on the session loop: the model-side generator is created, advanced and closed on this
-        one thread, as it holds the model's lock between steps."""
+        one thread, as it holds the model's lock between steps. A batched stream (its prompt refused here, before
+        anything is queued) joins the eager batch at once: while another operation holds the lock, the steps the
+        batch's driver produces for it are handed out as they come (`_steps_before_the_lock`)."""
         self._check_open()
-        async with self._lock():
+        lock = self._lock()
+        it: Any = self._backend.stream(prompt, max_new_tokens, **kwargs)  # a generator: closed below
+        held = False
+        ended = [False]
+        try:
+            if getattr(it, "ready", None) is not None:
+                _bind(it, token)
+                async with contextlib.aclosing(self._steps_before_the_lock(it, lock, token, ended)) as early:
+                    async for step in early:
+                        yield step
+                held = not ended[0]  # the helper returns holding the lock unless the stream ended first
+            if ended[0]:
+                return
+            if not held:
+                await lock.acquire()
+                held = True
             if token.cancelled:
                 return
             self._tokens.add(token)
             try:
                 with self._cancellable(token):
-                    it: Any = self._backend.stream(prompt, max_new_tokens, **kwargs)  # a generator: closed below
                     _bind(it, token)
                     try:
                         while not token.cancelled:
@@ -766,6 +790,53 @@ class Session:
                         it.close()  # hooks and steering out, whatever happened
             finally:
                 self._tokens.discard(token)
+        finally:
+            it.close()
+            if held:
+                lock.release()
+
+    @staticmethod
+    async def _steps_before_the_lock(it: Any, lock: asyncio.Lock, token: _CancelToken, ended: list) -> AsyncGenerator:
+        """A batched stream's steps produced by another operation's driver while this one queues for the lock, as
+        they come; returns holding the lock, or (ended[0]) without it once the stream is over or cancelled."""
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def woken() -> None:  # on the driver's thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(wake.set)
+
+        it.watch(woken)
+        acq = asyncio.ensure_future(lock.acquire())
+        got = False
+        try:
+            while not acq.done():
+                if token.cancelled:
+                    ended[0] = True
+                    return
+                wake.clear()
+                if it.ready():
+                    try:
+                        step = it.poll()
+                    except StopIteration:
+                        ended[0] = True
+                        return
+                    if step is not None:
+                        yield step
+                    continue
+                waiter = asyncio.ensure_future(wake.wait())
+                try:
+                    await asyncio.wait({acq, waiter}, timeout=_POLL, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+            got = True
+        finally:
+            if not got:  # not ours (yet): out of the queue, or handed straight back
+                if acq.done():
+                    if not acq.cancelled() and acq.exception() is None:
+                        lock.release()
+                else:
+                    acq.cancel()
 
     def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
         """Async iterator of GenStep objects, from any event loop; cancelling the consumer stops the stream."""
@@ -850,7 +921,11 @@ class Session:
         """The eager stream on the caller's thread: this thread takes the lock, computes every step, and closes the
         model-side generator itself (it holds the model's re-entrant lock, which only its owner can give back:
         closed on the loop thread, it stayed held and every other thread hung). Between steps the caller's loop
-        body runs with SIGINT as it was; an interrupt there closes this generator, which cleans up first."""
+        body runs with SIGINT as it was; an interrupt there closes this generator, which cleans up first.
+
+        A batched stream (its prompt refused here, before anything is queued) joins the eager batch at once: while
+        another operation holds the lock, the steps the batch's driver produces for it are handed out as they
+        come, and it drives the batch itself once the lock is its own."""
         self._refuse_nested("generate_stream")  # again at the first step: another stream of it may be open here now
         token = _CancelToken()
         guard = _Deferral(token)
@@ -860,11 +935,22 @@ class Session:
         guard.install()
         try:
             _leases().append(lease)
-            lease.acquire(self)
-            lease.computing = True
-            hooks = self._backend.add_cancel_hooks(token)
             it = self._backend.stream(prompt, max_new_tokens, **kwargs)
             _bind(it, token)
+            ready = getattr(it, "ready", None)
+            if ready is not None:
+                it.watch(lease.event.set)
+            while not lease.acquire(self, ready):
+                try:
+                    early = it.poll()  # produced by another operation's driver; never drives itself
+                except StopIteration:
+                    return
+                if early is not None:
+                    guard.lift()
+                    yield early
+                    guard.install()
+            lease.computing = True
+            hooks = self._backend.add_cancel_hooks(token)
             while True:
                 lease.computing = True
                 step = next(it, _END)

@@ -357,3 +357,136 @@ def test_bad_lists_are_refused_naming_the_prompt_before_any_request_starts(s):
         go.set()
         holder.join()
     assert_clean(s._lm)
+
+
+# ---- a stream issued while another request drives the batch joins it ----------------------------------------
+class _Pace:
+    """A forward pre-hook on the driver's thread: before each forward, the joined stream's steps produced so far
+    must have reached its consumer (within 5 s). A stream whose consumer waited for the operation lock instead
+    would get none of them until the driver is done: the wait times out, and `stalled` says so."""
+
+    def __init__(self, s, received):
+        self.batcher, self.received, self.stalled = s._backend._batcher, received, False
+        self.h = s._lm.binding.embed.register_forward_pre_hook(self)
+
+    def __call__(self, mod, args):
+        produced = sum(len(r.steps) for r in self.batcher.rows if r.stream)
+        for _ in range(500):
+            if self.stalled or len(self.received) >= produced:
+                return
+            threading.Event().wait(0.01)
+        self.stalled = True
+
+    def remove(self):
+        self.h.remove()
+
+
+def test_a_stream_joins_the_batch_another_request_drives_and_gets_its_steps_as_they_come(s):
+    steers = _steers(s)
+    long, mine = _prompt(0, 7), [_prompt(1, 12), _prompt(2, 5)]
+    solo_long = _solo(s, long, steers[1], n=40)
+    solo = [_solo(s, p, steers[2], n=8) for p in mine]
+    batcher = s._backend._batcher
+    seen = _Forwards(s)
+    received = []
+    fut = s.submit(s.agenerate(long, 40, steer=steers[1], ignore_eos=True, capture=CAPTURE))  # drives on the loop
+    _wait_for(lambda: batcher.rows, "the first request to be driving the batch")
+    pace = _Pace(s, received)
+    try:
+        for st in s.generate_stream(mine, 8, steer=steers[2], ignore_eos=True, capture=CAPTURE):
+            received.append((st, fut.done()))
+        got_long = fut.result(timeout=60)
+    finally:
+        pace.remove()
+        seen.remove()
+    assert not pace.stalled
+    assert not any(done for _, done in received)  # every step came while the other request still drove
+    steps = [st for st, _ in received]
+    assert [(st.index, st.prompt_index) for st in steps] == [(i, r) for i in range(8) for r in range(2)]
+    for r, want in enumerate(solo):
+        mine_r = [st for st in steps if st.prompt_index == r]
+        assert [st.token_id for st in mine_r] == want.ids
+        for x, y in zip(want.steps, mine_r):
+            torch.testing.assert_close(y.logits, x.logits, atol=1e-4, rtol=0)
+        for k in want.cache.keys():
+            torch.testing.assert_close(mine_r[-1].cache[k], want.cache[k], atol=1e-5, rtol=0)
+    _same(solo_long, got_long)
+    assert (2, 12) in seen.shapes and seen.shapes.count((3, 1)) >= 8  # its prefill, then decoded with the other
+    assert not batcher.rows and not batcher.pending
+    assert_clean(s._lm)
+
+
+def test_an_awaited_stream_joins_a_batch_a_plain_call_drives(s):
+    steers = _steers(s)
+    long, mine = _prompt(0, 9), _prompt(1, 14)
+    solo_long, solo = _solo(s, long, None, n=40), _solo(s, mine, steers[4], n=10)
+    batcher = s._backend._batcher
+    box = {}
+    t = threading.Thread(target=lambda: box.update(got=s.generate(long, 40, ignore_eos=True, capture=CAPTURE)))
+    t.start()  # a plain call: it drives the batch on its own thread, the session loop stays free
+    _wait_for(lambda: batcher.rows, "the plain call to be driving the batch")
+    received = []
+    pace = _Pace(s, received)
+
+    async def consume():
+        async for st in s.agenerate_stream(mine, 10, steer=steers[4], ignore_eos=True, capture=CAPTURE):
+            received.append((st, "got" in box))
+
+    try:
+        asyncio.run(consume())
+        t.join(60)
+    finally:
+        pace.remove()
+    assert not pace.stalled
+    assert not any(done for _, done in received)
+    steps = [st for st, _ in received]
+    assert [st.token_id for st in steps] == solo.ids
+    for x, y in zip(solo.steps, steps):
+        torch.testing.assert_close(y.logits, x.logits, atol=1e-4, rtol=0)
+    for k in solo.cache.keys():
+        torch.testing.assert_close(steps[-1].cache[k], solo.cache[k], atol=1e-5, rtol=0)
+    _same(solo_long, box["got"])
+    assert not batcher.rows and not batcher.pending
+    assert_clean(s._lm)
+
+
+def test_a_joined_stream_closed_early_leaves_the_driver_correct(s):
+    long, mine = _prompt(0, 6), _prompt(1, 10)
+    solo_long = _solo(s, long, None, n=30)
+    batcher = s._backend._batcher
+    fut = s.submit(s.agenerate(long, 30, ignore_eos=True, capture=CAPTURE))
+    _wait_for(lambda: batcher.rows, "the first request to be driving the batch")
+    stream = s.generate_stream(mine, 20, ignore_eos=True)
+    first = next(stream)
+    assert not fut.done()
+    stream.close()  # closed while a passenger: its row leaves at the driver's next step boundary
+    got = fut.result(timeout=60)
+    assert first.token_id == _solo(s, mine, None, n=1).ids[0]
+    _same(solo_long, got)
+    _wait_for(lambda: not batcher.rows and not batcher.pending, "the batch to empty")
+    assert_clean(s._lm)
+
+
+def test_bad_stream_input_is_refused_before_the_stream_waits_for_the_model(s):
+    go, holder = _hold(s)
+    try:
+        with pytest.raises(ie_lab.InputError, match="empty input"):
+            next(s.generate_stream([], 4))
+        with pytest.raises(ie_lab.InputError, match="prompt 1 is ids but prompt 0 is text"):
+            next(s.generate_stream(["Mary went", [5, 6, 7]], 4))
+        limit = s.facts.max_positions
+        with pytest.raises(ie_lab.InputError, match=rf"prompt 1 \({limit - 2} tokens\)"):
+            next(s.generate_stream([[5, 6], [7] * (limit - 2)], 10))
+
+        async def awaited():
+            with pytest.raises(ie_lab.InputError, match="prompt 1 is ids"):
+                async for _ in s.agenerate_stream(["Mary went", [5, 6]], 4):
+                    pass
+
+        asyncio.run(awaited())
+        assert holder.is_alive()
+        assert not s._backend._batcher.pending
+    finally:
+        go.set()
+        holder.join()
+    assert_clean(s._lm)

@@ -72,6 +72,7 @@ class Request:
     keep_logits: bool = True
     stream: bool = False
     index: int = 0  # its prompt's place in the call's list (GenStep.prompt_index)
+    wake: Any = None  # a stream's: called (on the driver's thread) when it has a new step or has finished
     token: Any = None  # the Session's CancelToken once the call is queued
     closed: bool = False  # a stream its consumer closed
     # progress
@@ -174,6 +175,11 @@ def _ready(reqs: list[Request]) -> bool:
     if all(r.finished for r in reqs):
         return True
     return any(r.stream and r.outbox for r in reqs) and not any(r.draining is not None for r in reqs)
+
+
+def _wake(r: Request) -> None:
+    if r.wake is not None:
+        r.wake()
 
 
 def _total(values: list[torch.Tensor]) -> torch.Tensor:
@@ -687,6 +693,7 @@ class Batcher:
         r.steps.append(step)
         if r.stream:
             r.outbox.append(step)
+            _wake(r)
         if last:
             self._finish(r, None)
         return token_id
@@ -718,17 +725,18 @@ class Batcher:
 
     def _finish(self, r: Request, draining: GenStep | None) -> None:
         if draining is not None:
-            r.draining = None
             self._hand(r, draining, last=True)
             r.steps.append(draining)
             if r.stream:
                 r.outbox.append(draining)
+            r.draining = None  # after its step is out: a stream read from another thread never sees neither
         tok = self.lm.tokenizer
         text = tok.decode(r.generated) if tok is not None else " ".join(map(str, r.generated))
         cache = r.steps[-1].cache if r.captures and r.steps else None
         r.result = GenerationResult(r.prompt, r.generated, text, r.steps, r.reason, cache)
         r.finished = True
         r.parts = {}
+        _wake(r)
 
     def _fail_all(self, reqs: list[Request], error: BaseException) -> None:
         for r in reqs:
@@ -738,6 +746,7 @@ class Batcher:
         if not r.finished:
             r.error, r.finished = error, True
             r.parts = {}
+            _wake(r)
 
 
 class BatchedCall:
@@ -805,11 +814,17 @@ class BatchedCapture:
 class BatchedStream(Iterator[GenStep]):
     """A batched generate_stream: each next() drives the batch until this call has steps to hand out; close()
     (or an exhausted stream) leaves the batch at the next step boundary. A list of prompts hands out each
-    token's steps in prompt order, as a list's stream does alone."""
+    token's steps in prompt order, as a list's stream does alone.
+
+    Its requests join the batch when it is bound, which the Session does as soon as the stream is opened: while
+    another request drives the batch (this stream waiting for the operation lock), that driver produces this
+    stream's steps too, and the Session hands them out as they come (`watch`, `ready`, `poll`: none of them
+    drives, so none needs the lock); once the lock is this stream's, next() drives as above."""
 
     def __init__(self, batcher: Batcher, reqs: list[Request]):
         self.batcher, self.reqs = batcher, reqs
         self._submitted = False
+        self._holding = False  # next() has run: this thread holds the operation lock
         self._out: deque[GenStep] = deque()
 
     def bind(self, token: Any) -> None:
@@ -819,6 +834,11 @@ class BatchedStream(Iterator[GenStep]):
             self._submitted = True
             self.batcher.submit(self.reqs)
 
+    def watch(self, wake: Any) -> None:
+        """Call wake() (from the driving thread) whenever a step of this stream is produced or it finishes."""
+        for r in self.reqs:
+            r.wake = wake
+
     def _take(self) -> bool:
         """Move the steps produced so far (by whoever drove the batch) to this stream's own queue."""
         got = [r.outbox.popleft() for r in self.reqs for _ in range(len(r.outbox))]
@@ -826,24 +846,47 @@ class BatchedStream(Iterator[GenStep]):
         self._out.extend(got)
         return bool(self._out)
 
-    def __next__(self) -> GenStep:
-        if not self._submitted:
-            self.bind(self.reqs[0].token)
-        if not self._out and not _ready(self.reqs):
-            self.batcher.drive(self.reqs)
-        if self._out or self._take():
+    def ready(self) -> bool:
+        """Whether poll() has something: a step, or the end (all its requests finished)."""
+        return bool(self._out) or _ready(self.reqs)
+
+    def poll(self) -> GenStep | None:
+        """The next step another driver produced, without driving: None while there is none yet; StopIteration (or
+        the request's error) once every request is finished and every step handed out."""
+        if self._out:
             return self._out.popleft()
+        done = all(r.finished for r in self.reqs)  # read first: a request's steps are queued before it finishes
+        if _ready(self.reqs) and self._take():
+            return self._out.popleft()
+        if done:
+            return self._end()
+        return None
+
+    def _end(self) -> GenStep:
         error = _first_error(self.reqs)
         if error is not None:
             raise error
         raise StopIteration
 
+    def __next__(self) -> GenStep:
+        if not self._submitted:
+            self.bind(self.reqs[0].token)
+        self._holding = True
+        if not self._out and not _ready(self.reqs):
+            self.batcher.drive(self.reqs)
+        if self._out or self._take():
+            return self._out.popleft()
+        return self._end()
+
     def close(self) -> None:
-        # Closed where the stream holds the operation lock (the Session closes it before handing the lock back), so
-        # its rows leave the batch now.
         for r in self.reqs:
             r.closed = True
-        self.batcher.prune()
+            r.wake = None
+        if self._holding:
+            # Closed where the stream holds the operation lock (the Session closes it before handing the lock
+            # back), so its rows leave the batch now; a stream closed while waiting for the lock leaves at the
+            # driver's next step boundary.
+            self.batcher.prune()
 
 
 __all__ = ["Batcher", "BatchedCall", "BatchedCapture", "BatchedStream", "CaptureRequest", "GradRequest", "Request"]
