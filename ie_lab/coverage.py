@@ -325,7 +325,8 @@ def check_invariants(lm) -> None:
                     **tol,
                     msg=f"down_proj(mlp_act) = mlp_out, layer {L}",
                 )
-        if lb.uses_attention_interface and not lb.kv_compressor:  # compressed entries: no per-token value there
+        # compressed entries have no per-token value there; differential attention no single pattern
+        if lb.uses_attention_interface and not lb.kv_compressor and lb.kernel_calls == 1:
             gate = [f"attn_gate.{L}"] if lb.attn_gate is not None else []
             c = capture_batch(lm, x, [f"attn_probs.{L}", f"value.{L}", f"z.{L}", *gate])
             probs, value = c[f"attn_probs.{L}"], c[f"value.{L}"]

@@ -82,13 +82,16 @@ def test_invariants_check_fails_on_a_wrong_binding():
         lb.o_proj = real
 
 
-@pytest.mark.parametrize("model_type", ["diffllama"])
-def test_attention_output_transformed_before_o_proj_is_refused(model_type):
-    """DiffLlama combines two kernel calls before o_proj: the binder used to
-    serve o_proj's input as z, which attn_probs @ value does not explain; now it refuses, naming the step. (An
-    output gate or a sub-norm is measured and bound instead: tests/test_families_hybrid.py.)"""
-    with pytest.raises(ie_lab.StructureError, match="transformed before the output projection"):
-        ie_lab.load(coverage.build_tiny(model_type), coverage._tokenizer(), quiet=True)
+def test_attention_output_transformed_before_o_proj_is_refused():
+    """An unmeasured step between the kernel and o_proj is refused, naming it: the binder used to serve o_proj's
+    input as z, which attn_probs @ value does not explain. (An output gate or a sub-norm is measured and bound
+    instead: tests/test_families_hybrid.py; DiffLlama's two kernel calls: tests/test_families_differential.py.) The
+    kernel's output is what the first call returned, so a second call combined with it is caught the same way."""
+    model = coverage.build_tiny("llama")
+    attn = model.model.layers[1].self_attn
+    attn.o_proj.register_forward_pre_hook(lambda m, a: (a[0].tanh(),))  # a step no module boundary names
+    with pytest.raises(ie_lab.StructureError, match="layer 1: the attention kernel's output is transformed before"):
+        ie_lab.load(model, coverage._tokenizer(), quiet=True)
 
 
 def test_final_norm_rescaled_by_the_logit_divisor_binds():

@@ -167,6 +167,10 @@ class LayerBinding:
     experts: nn.Module | None = None
     routing_args: bool = True  # the experts module is called with (expert indices, routing weights), measured
     kernel_weights_ok: bool = True  # the kernel's returned weights are the pattern that mixed the values, measured
+    # How many times the attention module calls the kernel per forward, measured: more than one is differential
+    # attention (DiffLlama: two calls, one per half of the values, combined as out1 - lambda * out2 and normed before
+    # o_proj). There z is o_proj's input and value v_proj's output, and no single pattern mixed the values into z.
+    kernel_calls: int = 1
     attn_gate: nn.Module | None = None  # the module whose output gates the kernel's output before o_proj
     attn_gate_view: str = "full"  # "full" | "per_head" (one gate per head) | "per_head_half" (2nd half per head)
     attn_gate_fn: str = "sigmoid"  # "sigmoid" | "softplus"
@@ -345,6 +349,7 @@ class _Recorder:
     args: dict[int, Any]
     kernel_outputs: dict[int, torch.Tensor]  # attention module id -> what transformers' attention kernel returned
     kernel_weights_ok: dict[int, bool]  # attention module id -> its returned weights times value give its output
+    kernel_calls: dict[int, int]  # attention module id -> how many kernel calls it made in the probe forward
 
     def __enter__(self) -> "_Recorder":
         self.args = {}
@@ -767,9 +772,11 @@ def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) ->
     seen: set[int] = set()
     kernel_out = rec.kernel_outputs = {}
     weights_ok = rec.kernel_weights_ok = {}
+    calls = rec.kernel_calls = {}
 
     def listener(module, call):
         seen.add(id(module))
+        calls[id(module)] = calls.get(id(module), 0) + 1
         kernel_out.setdefault(id(module), call.output.detach().clone())
         if id(module) not in weights_ok:
             weights_ok[id(module)] = _weights_explain_output(call)
@@ -862,7 +869,17 @@ def _measure(model: nn.Module, binding: Binding) -> None:
     for lb in binding.layers:
         if lb.sparse_moe and lb.experts is not None:
             lb.routing_args = _routing_in_args(rec.args.get(id(lb.experts)), binding.facts.n_experts)
-        if lb.uses_attention_interface:
+        lb.kernel_calls = rec.kernel_calls.get(id(lb.attn), 1)
+        if lb.uses_attention_interface and lb.kernel_calls > 1:
+            # differential attention: z is o_proj's input whatever the calls computed, the value is v_proj's output
+            # (each call sees one half of it), and the pattern points are refused (eager/taps.py says why)
+            if lb.v_proj is None:
+                raise StructureError(
+                    f"{binding.family} layer {lb.index}: the attention calls the kernel {lb.kernel_calls} times per "
+                    "forward and has no value projection among the names ie_lab knows, so its value cannot be read."
+                )
+            lb.value_source = "v_proj"
+        elif lb.uses_attention_interface:
             lb.kernel_weights_ok = rec.kernel_weights_ok.get(id(lb.attn), True)
             _check_kernel_feeds_o_proj(lb, rec, binding.family, binding.facts.n_heads)
         _classify_layer(lb, rec, binding.facts, binding.family)

@@ -153,6 +153,14 @@ def resolve(lm: Any, addr: Address) -> Source:
             "post", _bound(lb.fused_qkv), lambda t: split_fused_qkv(t, layout, f.n_heads, f.n_kv_heads, f.head_dim)
         )
     if name in ("attn_scores", "attn_probs"):
+        if lb.kernel_calls > 1:  # measured by the binder
+            raise CapabilityUnsupported(
+                f"{name} on {fam}",
+                f"layer {addr.layer} calls the attention kernel {lb.kernel_calls} times per forward (differential "
+                "attention: each call mixes one half of the values, and the outputs are combined as out1 - lambda * "
+                "out2 and normed before o_proj), so no single attention pattern mixed the values into z.",
+                f"capture z.{addr.layer} (o_proj's input) or value.{addr.layer} (v_proj's output).",
+            )
         if lb.uses_attention_interface:
             if name == "attn_probs" and not lb.kernel_weights_ok:  # measured: its weights are not what mixed v
                 return Source("attn", lb.attn, _probs_rebuilt)
