@@ -108,3 +108,39 @@ def test_the_batched_vector_job_on_one_prompt_a_side_is_the_old_answer(session):
     torch.testing.assert_close(sp.vector, ref, atol=1e-6, rtol=0)
     assert sp.progress == [2, 2]
     sp.close()
+
+
+# ---- the baseline streams beside the steered text ------------------------------------------------------------
+def test_the_baseline_streams_beside_the_steered_text_in_one_batch(session, monkeypatch):
+    """A new prompt regenerates both texts: the baseline's tokens reach the front end as they are produced,
+    interleaved with the steered ones (not in one burst after them), from one shared decode loop."""
+    s = session
+    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(1)) * 4
+    sp = s.steering_panel("Mary went to the", address="resid_post.0", vector=v, scale=3.0, max_new_tokens=24)
+    sent = []
+    monkeypatch.setattr(sp, "send", lambda content, buffers=None: sent.append(content))
+    forwards = _Forwards(s)
+    try:
+        sp._on_front_end_msg(sp, {"cmd": "prompt", "seq": 7, "prompt": "The cat sat on the"}, [])
+        sp.wait()
+    finally:
+        forwards.remove()
+    tokens = [(i, m["which"]) for i, m in enumerate(sent) if m["type"] == "token"]
+    steered = [i for i, w in tokens if w == "steered"]
+    baseline = [i for i, w in tokens if w == "baseline"]
+    assert len(steered) == len(baseline) == 24
+    # the baseline grew while the steered text was still growing: its first token came before the steered text's
+    # last, and some steered token came between two baseline tokens (one burst at the end has neither)
+    assert baseline[0] < steered[-1], "".join(w[0] for _, w in tokens)
+    assert any(baseline[0] < i < baseline[-1] for i in steered), "".join(w[0] for _, w in tokens)
+    # both from one decode loop: forwards carried the two rows together
+    assert (2, 1) in forwards.shapes, forwards.shapes
+    # what streamed is what was kept, and each is its solo run
+    assert [m["token"] for m in sent if m["type"] == "token" and m["which"] == "baseline"] == sp.baseline
+    assert sp.baseline_ids == s.generate("The cat sat on the", 24, keep_logits=False).ids
+    spec = s.steer("resid_post.0", v, scale=3.0)
+    assert sp.steered_ids == s.generate("The cat sat on the", 24, steer=spec, keep_logits=False).ids
+    assert sp.steered_ids != sp.baseline_ids
+    assert sent[0] == {"type": "start", "seq": 7, "baseline": True} and sent[-1] == {"type": "done", "seq": 7}
+    sp.close()
+    assert_clean(s._lm)

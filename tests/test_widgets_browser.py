@@ -3,12 +3,11 @@
 One server and one notebook per module (the machine is small). Screenshots go to artifacts/widgets/.
 """
 
-import json
-import time
-
 import pytest
 
 from benchmarks.widgets_harness import ROOT, Server, available, setup_code
+from tests.browser_helpers import kernel as _kernel
+from tests.browser_helpers import until as _until
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 
@@ -40,21 +39,6 @@ def lab(server):
         page.wait_for_selector(sel, timeout=30000)
     yield srv, page
     srv.close_page(page)
-
-
-def _kernel(srv, page, expr):
-    out = srv.execute(page, f"import json as _j; print(_j.dumps({expr}))")
-    assert not out.startswith("ERROR"), out
-    return json.loads(out)
-
-
-def _until(fn, timeout=20.0):
-    end = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > end:
-            return v
-        time.sleep(0.1)
 
 
 def test_picker_renders_and_a_click_sets_the_address_in_the_kernel(lab):
@@ -161,6 +145,47 @@ def test_a_long_contrast_shows_progress_leaves_the_kernel_free_and_stops(lab):
     page.wait_for_function("() => !document.querySelector('.iel-steer').classList.contains('iel-busy')", timeout=30000)
     assert not panel.locator("progress.iel-progress").is_visible()
     assert _kernel(srv, page, "[bool(_torch.equal(sp.vector, _v0)), sp.vector_source == _src0]") == [True, True]
+
+
+# Every value each text column's token count took, in order (MutationObserver records keep the value each set
+# replaced, so no intermediate state is lost however the browser batches its callbacks).
+WATCH_COUNTS = """() => { const root = document.querySelector('.iel-steer'); window._counts = [];
+  const boxes = { baseline: root.querySelector('[data-which="baseline"]'), steered: root.querySelector('[data-which="steered"]') };
+  window._countsObs = new MutationObserver((recs) => { for (const r of recs)
+    window._counts.push([r.target.dataset.which, r.oldValue === null ? null : Number(r.oldValue)]); });
+  for (const b of Object.values(boxes)) window._countsObs.observe(b, { attributes: true, attributeFilter: ['data-count'], attributeOldValue: true });
+  return true; }"""
+READ_COUNTS = """() => { window._countsObs.disconnect(); const root = document.querySelector('.iel-steer');
+  return { recs: window._counts, final: { baseline: Number(root.querySelector('[data-which="baseline"]').dataset.count),
+    steered: Number(root.querySelector('[data-which="steered"]').dataset.count) } }; }"""
+
+
+def _states(recs, final):
+    """(baseline, steered) token counts after each redraw: each record holds the value its set replaced, so the
+    value a set wrote is the next record's old value on that column (or the final one)."""
+    values = {w: [old for which, old in recs if which == w] + [final[w]] for w in ("baseline", "steered")}
+    return list(zip(values["baseline"][1:], values["steered"][1:]))
+
+
+def test_a_new_prompt_streams_the_baseline_beside_the_steered_text(lab):
+    srv, page = lab
+    panel = page.locator(".iel-steer")
+    n = _kernel(srv, page, "sp.max_new_tokens")
+    page.evaluate(WATCH_COUNTS)
+    box = panel.locator('textarea[aria-label="prompt"]')
+    box.fill("John went to the")
+    box.press("Control+Enter")
+    assert _until(lambda: _kernel(srv, page, "[sp.prompt, sp.status]") == ["John went to the", "ready"], 60)
+    page.wait_for_function("() => !document.querySelector('.iel-steer').classList.contains('iel-busy')", timeout=30000)
+    got = page.evaluate(READ_COUNTS)
+    states = _states(got["recs"], got["final"])
+    assert states and states[-1] == (n, n), states
+    # the baseline column grew token by token while the steered one was still growing: a burst at the end would
+    # jump from 0 to n after the steered text was complete
+    growing = [(b, st) for b, st in states if 0 < b < n and st < n]
+    assert len({b for b, _ in growing}) >= 2, states
+    assert panel.locator('[data-which="baseline"] .iel-tok').all_text_contents() == _kernel(srv, page, "sp.baseline")
+    assert _kernel(srv, page, "sp.baseline_ids == s.generate('John went to the', sp.max_new_tokens).ids")
 
 
 def test_dark_theme(lab):

@@ -73,6 +73,7 @@ function render({ model, el }) {
     steerBox.replaceChildren(...st.map((t, i) => span(t, d.b[i] || "same")));
     steerBox.dataset.seq = String(current);
     steerBox.dataset.count = String(st.length);
+    baseBox.dataset.count = String(bt.length); // both columns grow as their tokens stream in
     root.classList.toggle("iel-stale", !!(live && live.steered.length === 0));
   }
 

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources b492c9f78a1f79c2); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e9ce03dfffc3cb8c); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
@@ -141,6 +141,7 @@ function render({ model, el }) {
     steerBox.replaceChildren(...st.map((t, i) => span(t, d.b[i] || "same")));
     steerBox.dataset.seq = String(current);
     steerBox.dataset.count = String(st.length);
+    baseBox.dataset.count = String(bt.length);
     root.classList.toggle("iel-stale", !!(live && live.steered.length === 0));
   }
   function drawSliders() {

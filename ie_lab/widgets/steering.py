@@ -304,8 +304,23 @@ class SteeringPanel(_base.Panel):
             self.status = self._idle_status()
 
     async def _job(self, seq: int, spec: Any, baseline: bool, previous_prompt: str | None = None) -> None:
+        """The steered continuation (and with `baseline`, the unsteered one beside it), streamed token by token.
+
+        The baseline stream starts once the steered one has its first token, so it joins that stream's batch at
+        the next step (eager: one decode loop for both, each stream handed its steps as the loop produces them;
+        vLLM batches concurrent requests itself): both texts grow side by side. A newer command cancels this job,
+        and the baseline stream with it, so neither stale request stays in the batch."""
         s = self._session
         base: asyncio.Future | None = None
+        btoks: list[str] = []
+        bids: list[int] = []
+
+        async def stream_baseline() -> None:
+            async for st in s.agenerate_stream(self.prompt, self.max_new_tokens, keep_logits=False):
+                btoks.append(st.token)
+                bids.append(st.token_id)
+                self.send({"type": "token", "seq": seq, "which": "baseline", "token": st.token, "id": st.token_id})
+
         try:
             self.send({"type": "start", "seq": seq, "baseline": baseline})
             toks, ids = [], []
@@ -313,17 +328,13 @@ class SteeringPanel(_base.Panel):
                 self.prompt, self.max_new_tokens, keep_logits=False, **({"steer": spec} if spec is not None else {})
             ):
                 if baseline and base is None:
-                    # issued while the steered stream runs, so the baseline joins its batch at the next step
-                    # (eager: one decode loop for both; vLLM batches concurrent requests itself)
-                    base = asyncio.ensure_future(s.agenerate(self.prompt, self.max_new_tokens, keep_logits=False))
+                    base = asyncio.ensure_future(stream_baseline())
                 toks.append(st.token)
                 ids.append(st.token_id)
                 self.send({"type": "token", "seq": seq, "which": "steered", "token": st.token, "id": st.token_id})
             if base is not None:
-                b = await base
-                for st in b.steps:
-                    self.send({"type": "token", "seq": seq, "which": "baseline", "token": st.token, "id": st.token_id})
-                self.baseline, self.baseline_ids = [st.token for st in b.steps], list(b.ids)
+                await base
+                self.baseline, self.baseline_ids = btoks, bids
             with self.hold_sync():
                 self.steered, self.steered_ids = toks, ids
                 self.seq = seq
@@ -338,7 +349,7 @@ class SteeringPanel(_base.Panel):
             self._fail(seq, e)
         finally:
             if base is not None and not base.done():
-                base.cancel()  # a newer command: the stale baseline leaves the batch too
+                base.cancel()  # a newer command: the stale baseline stream leaves the batch too
             self._done.set()
 
     def _fail(self, seq: int, e: Exception) -> None:
