@@ -6,9 +6,7 @@ what a local Session of the same model computes.
 
 from __future__ import annotations
 
-import json
 import secrets
-import time
 
 import pytest
 
@@ -18,6 +16,8 @@ pytest.importorskip("uvicorn")
 
 from benchmarks.widgets_harness import Server as Lab  # noqa: E402
 from benchmarks.widgets_harness import available  # noqa: E402
+from tests.browser_helpers import kernel as _kernel  # noqa: E402
+from tests.browser_helpers import until as _until
 from tests.test_remote import ROOT, Server, _write_tokens, stats  # noqa: E402
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -60,21 +60,6 @@ def lab(served):
         srv.close_page(page)
     finally:
         srv.close()
-
-
-def _kernel(srv, page, expr):
-    out = srv.execute(page, f"import json as _j; print(_j.dumps({expr}))")
-    assert not out.startswith("ERROR"), out
-    return json.loads(out)
-
-
-def _until(fn, timeout=30.0):
-    end = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > end:
-            return v
-        time.sleep(0.1)
 
 
 def test_a_head_clicked_in_the_browser_is_fetched_from_the_server(lab):

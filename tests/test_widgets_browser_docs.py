@@ -7,11 +7,11 @@ IE_LAB_DOCS_IMAGES=1 also to docs/img/ (commit those). One server and one notebo
 import os
 import re
 import shutil
-import time
 
 import pytest
 
 from benchmarks.widgets_harness import ROOT, Server, available
+from tests.browser_helpers import until as _until
 
 browser = pytest.mark.skipif(available() is not None, reason=str(available()))
 
@@ -83,15 +83,6 @@ def _shot(srv, locator, name):
     if os.environ.get("IE_LAB_DOCS_IMAGES") == "1" and name in DOCS_IMAGES:
         shutil.copyfile(path, os.path.join(IMG, DOCS_IMAGES[name]))
     return path
-
-
-def _until(fn, timeout=30.0):
-    end = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > end:
-            return v
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

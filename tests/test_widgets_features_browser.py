@@ -3,12 +3,11 @@ the picker and an index typed in the number box select a feature in the kernel a
 feature's project() scores, hovering a token lists its strongest features, and the panel follows a dark theme.
 Screenshots go to artifacts/widgets/ (test artifacts, not committed)."""
 
-import json
-import time
-
 import pytest
 
 from benchmarks.widgets_harness import Server, available, setup_code
+from tests.browser_helpers import kernel as _kernel
+from tests.browser_helpers import until as _until
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 
@@ -35,21 +34,6 @@ def lab():
         srv.close_page(page)
     finally:
         srv.close()
-
-
-def _kernel(srv, page, expr):
-    out = srv.execute(page, f"import json as _j; print(_j.dumps({expr}))")
-    assert not out.startswith("ERROR"), out
-    return json.loads(out)
-
-
-def _until(fn, timeout=20.0):
-    end = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > end:
-            return v
-        time.sleep(0.1)
 
 
 def _colours(panel):
