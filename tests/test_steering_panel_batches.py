@@ -1,27 +1,17 @@
 """The steering panel's difference-of-means job (issue 16 item 4): its prompts are read in memory-bounded batches
 (ie_lab.sizing), progress moves once per batch, and the vector is the one-prompt-at-a-time vector, with no padded
-position in any mean."""
+position in any mean; and a new prompt streams the baseline beside the steered text. Each test takes conftest's
+fresh tiny-Llama `session`."""
 
-import pytest
 import torch
 
-import ie_lab
 from ie_lab.sizing import forward_bytes_per_row
-from ie_lab.toy import tiny_model
 from tests.conftest import assert_clean
 
 ADDRESS = "resid_post.1"
 # ragged on purpose: 1 to 40 tokens, so a right-padded batch carries many pad positions in its short rows
 POSITIVE = [f"happy good day {i} " + "and so on " * (i % 5) for i in range(11)]
 NEGATIVE = ["sad", "a bad night " * 4, "awful", "gloomy rain all day long and more", "no", "bleak"]
-
-
-@pytest.fixture(scope="module")
-def session():
-    m, t = tiny_model("llama")
-    s = ie_lab.Session(m, tokenizer=t, progress=False)
-    yield s
-    s.close()
 
 
 def _one_at_a_time(s, prompts):
