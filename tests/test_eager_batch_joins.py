@@ -490,3 +490,36 @@ def test_bad_stream_input_is_refused_before_the_stream_waits_for_the_model(s):
         go.set()
         holder.join()
     assert_clean(s._lm)
+
+
+def test_an_interrupt_in_a_joined_streams_cell_cancels_only_that_stream(s):
+    """Ctrl-C while this cell's stream rides in a batch an awaited request drives: the stream ends with
+    KeyboardInterrupt, its row leaves, and the driving request runs on to its solo result."""
+    import signal
+
+    long, mine = _prompt(0, 6), _prompt(1, 9)
+    solo_long = _solo(s, long, None, n=30)
+    batcher = s._backend._batcher
+    fut = s.submit(s.agenerate(long, 30, ignore_eos=True, capture=CAPTURE))
+    _wait_for(lambda: batcher.rows, "the first request to be driving the batch")
+    sent = []
+
+    def interrupt(mod, args):  # on the driver's thread; the handler runs on the main thread, in the stream
+        if not sent and any(r.stream and len(r.steps) >= 3 for r in batcher.rows):
+            sent.append(1)
+            signal.raise_signal(signal.SIGINT)
+
+    h = s._lm.binding.embed.register_forward_pre_hook(interrupt)
+    got = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for st in s.generate_stream(mine, 25, ignore_eos=True):
+                got.append(st)
+        result = fut.result(timeout=60)
+    finally:
+        h.remove()
+    assert sent and 1 <= len(got) < 25
+    assert [st.token_id for st in got] == _solo(s, mine, None, n=len(got)).ids
+    _same(solo_long, result)
+    _wait_for(lambda: not batcher.rows and not batcher.pending, "the batch to empty")
+    assert_clean(s._lm)
