@@ -18,7 +18,7 @@ import ie_lab
 from ie_lab.core.inputs import prepare
 from ie_lab.eager import patching
 from tests.conftest import assert_clean, lm_for
-from tests.families import make_model, make_tokenizer
+from tests.families import FAMILIES, make_model, make_tokenizer
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 SEQ = 10
@@ -212,3 +212,34 @@ def test_the_measured_cache_refuses_sliding_layers_even_if_the_facts_did_not(nam
         with torch.no_grad():
             out = lm.hf(input_ids=x, use_cache=True)
         assert (patching._plain_kv(getattr(out, _cache_keyword(lm.hf)), tuple(x.shape)) is not None) == ok
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_gives_the_whole_prompt_grid(family):
+    """On every family of tests/families.py the sweep (prefix reused where valid: the dense, MoE, ALiBi and
+    learned-position ones; whole prompts on the sliding-window ones and the hybrid) equals whole-prompt forwards,
+    one per cell, with a metric that reads every position."""
+    lm = ie_lab.load(make_model(family), make_tokenizer(), quiet=True)
+    clean, corrupt = _prompts(lm)
+
+    def metric(logits):
+        return _last(logits) + 0.1 * _every_position(logits)
+
+    want = patching._patch_sweep(
+        lm,
+        clean,
+        corrupt,
+        metric,
+        point="resid_pre",
+        over="layer_position",
+        layers=None,
+        progress=False,
+        batch_size=1,
+        reuse_prefix=False,
+    )
+    assert want.values.std() > 1e-4
+    sliding = any(k == "sliding" for k in lm.facts.layer_kinds)
+    assert patching._prefix_reusable(lm) == (not sliding and not any(lb.mixer_kind for lb in lm.binding.layers))
+    grid = ie_lab.patch_sweep(lm, clean, corrupt, metric, progress=False, batch_size=3)
+    torch.testing.assert_close(grid.values, want.values, **TOL)
+    assert_clean(lm)

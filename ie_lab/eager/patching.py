@@ -366,7 +366,7 @@ def _prefix_reusable(lm: Any) -> bool:
     cache, no experts with a capacity (the tokens of a forward compete for it, so a shorter forward would route
     differently), and no steering in force (its positions count from the start of each forward)."""
     from ..core.steer_scope import active_specs
-    from .generate import _returns_a_kv_cache, check_batchable
+    from .generate import _returns_a_kv_cache
 
     if active_specs(lm):
         return False
@@ -374,9 +374,8 @@ def _prefix_reusable(lm: Any) -> bool:
         return False
     if any(k not in ("", "global") for k in lm.facts.layer_kinds):
         return False
-    try:
-        check_batchable(lm)
-    except CapabilityUnsupported:
+    cfg = lm.hf.config  # the attributes generate.check_batchable refuses a padded batch for, as well
+    if any(getattr(cfg, a, None) for a in ("expert_capacity", "capacity_factor", "moe_capacity_factor")):
         return False
     return _returns_a_kv_cache(lm.hf)
 
