@@ -174,6 +174,7 @@ class LayerBinding:
     attn_gate: nn.Module | None = None  # the module whose output gates the kernel's output before o_proj
     attn_gate_view: str = "full"  # "full" | "per_head" (one gate per head) | "per_head_half" (2nd half per head)
     attn_gate_fn: str = "sigmoid"  # "sigmoid" | "softplus"
+    attn_gate_bias: nn.Parameter | None = None  # the attention module's own bias added to the gate (Beam's gate_bias)
     z_sub_norm: nn.Module | None = None  # a norm between the kernel's output and o_proj (BitNet's attn_sub_norm)
     attn_sinks: bool = False  # a learned per-head sink logit joins the softmax (rows sum below 1)
     # A mixer layer (hybrid and state-space trunks): what its token mixer is, "" on an attention layer. There
@@ -938,10 +939,20 @@ _GATE_FNS = ("sigmoid", "softplus")
 _GATE_VIEWS = ("full", "per_head", "per_head_half")
 
 
-def gate_values(t: torch.Tensor, view: str, fn: str, n_heads: int, width: int) -> torch.Tensor | None:
+def gate_values(
+    t: torch.Tensor, view: str, fn: str, n_heads: int, width: int, bias: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """The gate a gated-attention layer multiplies into z, laid out like z ([.., width], width = n_heads*head_dim),
-    from its gate module's output; None where this view does not fit the output's width."""
+    from its gate module's output (plus a bias the attention module adds per head or per channel before activating
+    it, Beam's gate_bias); None where this view does not fit the output's width."""
     lead, w = t.shape[:-1], t.shape[-1]
+    if bias is not None:
+        if bias.numel() == w:
+            t = t + bias
+        elif bias.numel() == n_heads and w % n_heads == 0:
+            t = (t.reshape(*lead, n_heads, w // n_heads) + bias.reshape(n_heads, 1)).reshape(*lead, w)
+        else:
+            return None
     if view == "per_head_half":
         if w != 2 * width:
             return None
@@ -958,19 +969,23 @@ def gate_values(t: torch.Tensor, view: str, fn: str, n_heads: int, width: int) -
 def _measure_gate(lb: LayerBinding, rec: _Recorder, out: torch.Tensor, z: torch.Tensor, n_heads: int) -> bool:
     """Whether z (o_proj's input) is the kernel's output times an activated gate read from one of the attention
     module's own linears (a gate projection, or the second half of each head of the query projection)."""
+    # a bias parameter of the attention module itself (not of a child) may be added to the gate before activation
+    biases = [None, *(p for p in lb.attn.parameters(recurse=False) if p.dim() == 1)]
     for name, m in lb.attn.named_children():
         G = rec.out(m)
         if not isinstance(m, nn.Linear) or m is lb.o_proj or G is None:
             continue
         for view in _GATE_VIEWS:
             for fn in _GATE_FNS:
-                g = gate_values(G, view, fn, n_heads, out.shape[-1])
-                if g is None or g.shape != out.shape or m is lb.v_proj:
-                    continue
-                if _close(out * g, z, 1e-5):
-                    lb.attn_gate, lb.attn_gate_view, lb.attn_gate_fn = m, view, fn
-                    lb.names["attn_gate"] = f"{lb.names.get('attn', 'attn')}.{name}"
-                    return True
+                for bias in biases:
+                    g = gate_values(G, view, fn, n_heads, out.shape[-1], bias)
+                    if g is None or g.shape != out.shape or m is lb.v_proj:
+                        continue
+                    if _close(out * g, z, 1e-5):
+                        lb.attn_gate, lb.attn_gate_view, lb.attn_gate_fn = m, view, fn
+                        lb.attn_gate_bias = bias
+                        lb.names["attn_gate"] = f"{lb.names.get('attn', 'attn')}.{name}"
+                        return True
     return False
 
 
@@ -1114,6 +1129,7 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         if not (_close(X + a_eff, R, 1e-4) and _close(R + m_eff, Y, 1e-4)):
             _refuse_post_norm(lb, rec, X, attn_c, mlp_c, where)  # exact tensor identities first, then the
             _refuse_unbound_residual_step(lb, rec, X, A_out, R, where)  # broader "what else ran" of the branch check
+            _refuse_scaled_residual(X, attn_c, R, where)
             raise StructureError(
                 f"{where}: the residual identities resid_pre + {'mixer' if lb.mixer_kind else 'attn'}_out_post = "
                 "resid_mid and resid_mid + "
@@ -1305,6 +1321,20 @@ def _refuse_unbound_residual_step(
                 "input is attn_out, its output what resid_pre is added to), a step after the output projection that "
                 "is not bound yet."
             )
+
+
+def _refuse_scaled_residual(X: torch.Tensor, attn_c: torch.Tensor, R: torch.Tensor, where: str) -> None:
+    """Name a residual add that scales the stream itself by a constant (Beam's depth-scaled add: resid_mid =
+    a * resid_pre + b * the sublayer's output, a = sqrt((k - 1) / k) at the k-th add), measured by least squares."""
+    A = torch.stack([X.double().flatten(), attn_c.double().flatten()], dim=1)
+    coef = torch.linalg.lstsq(A, R.double().flatten().unsqueeze(1)).solution.flatten()
+    a, b = float(coef[0]), float(coef[1])
+    if abs(a - 1.0) > 1e-3 and _close((a * X.double() + b * attn_c.double()).to(R.dtype), R, 1e-4):
+        raise StructureError(
+            f"{where}: the residual add scales the stream itself (resid_mid = {a:.4g} * resid_pre + {b:.4g} * "
+            "attn_out_post, a depth-scaled residual), so resid_pre + a sublayer output is not the next residual; "
+            "scaled residual streams are not bound yet."
+        )
 
 
 def _classify_mixer_only(

@@ -193,7 +193,8 @@ def resolve(lm: Any, addr: Address) -> Source:
             raise CapabilityUnsupported(name, why, "capture z.")
         view, fn, H = lb.attn_gate_view, lb.attn_gate_fn, lm.facts.n_heads
         width = lb.o_proj.in_features if isinstance(lb.o_proj, nn.Linear) else H * lm.facts.head_dim
-        return Source("post", lb.attn_gate, lambda t: cast(torch.Tensor, gate_values(t, view, fn, H, width)))
+        bias = lb.attn_gate_bias
+        return Source("post", lb.attn_gate, lambda t: cast(torch.Tensor, gate_values(t, view, fn, H, width, bias)))
     if name in ("q_latent", "kv_latent"):  # the measured norm whose output the up-projection reads
         return Source("post", _bound(lb.q_latent if name == "q_latent" else lb.kv_latent), lambda t: t)
     if name == "k_nope":
