@@ -85,6 +85,8 @@ class Needs(str, enum.Enum):
     STREAM_MIX = "a stream-mixing matrix"  # hyper-connections that mix the streams (DeepSeek-V4), not add them back
     Q_LATENT = "a compressed query latent"  # latent attention with q_lora_rank; DeepSeek-V4's low-rank queries
     KV_LATENT = "a compressed key/value latent"  # multi-head latent attention (DeepSeek-V2/V3, MiniCPM 3)
+    # keys and values one per token: not a layer whose kernel also attends to compressed blocks (DeepSeek-V4)
+    TOKEN_KV = "one key/value entry per token"
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,7 @@ _POINTS: tuple[Point, ...] = (
         _OK, BackendVerdict(Verdict.SERVED, _TP_NOTE),
         note="Under grouped-query attention the width counts key/value heads, not query heads.",
         tl_legacy=('blocks.{L}.attn.hook_v',), tl_bridge=('blocks.{L}.attn.v.hook_out',),
-        needs=(Needs.ATTENTION,),
+        needs=(Needs.ATTENTION, Needs.TOKEN_KV),
     ),
     Point(
         "attn_scores", _L, Width.ATTN,
@@ -229,7 +231,7 @@ _POINTS: tuple[Point, ...] = (
         BackendVerdict(Verdict.SERVED, "Read inside the attention call; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received."),
         BackendVerdict(Verdict.RECOMPUTE, "Paged attention never materialises the matrix; rebuilt from captured post-RoPE q and k."),
         tl_legacy=('blocks.{L}.attn.hook_attn_scores',), tl_bridge=('blocks.{L}.attn.hook_attn_scores',),
-        needs=(Needs.ATTENTION,),
+        needs=(Needs.ATTENTION, Needs.TOKEN_KV),
     ),
     Point(
         "attn_probs", _L, Width.ATTN,
@@ -237,7 +239,7 @@ _POINTS: tuple[Point, ...] = (
         BackendVerdict(Verdict.SERVED, "The eager kernel's own probabilities; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received."),
         BackendVerdict(Verdict.RECOMPUTE, "Paged attention never materialises the probabilities; rebuilt from captured post-RoPE q and k."),
         tl_legacy=('blocks.{L}.attn.hook_pattern',), tl_bridge=('blocks.{L}.attn.hook_pattern',), nnterp=('attention_probabilities[{L}]',),
-        needs=(Needs.ATTENTION,),
+        needs=(Needs.ATTENTION, Needs.TOKEN_KV),
     ),
     Point(
         "z", _L, Width.HEADS,
@@ -515,6 +517,8 @@ class Structure:
     # Latent attention: a compressed query latent / key-value latent on the attention layers
     q_latent: bool = False
     kv_latent: bool = False
+    # Layers whose attention also attends to key/value entries a compressor builds from blocks of tokens
+    kv_compressed_layers: tuple[int, ...] = ()
     # Hybrid and state-space trunks: the layers whose token mixer is not attention, and what each is (its layer
     # type as the config names it, or the mixer module's name), in the same order.
     mixer_layers: tuple[int, ...] = ()
@@ -559,6 +563,10 @@ class Structure:
             stream_mix=facts.n_streams > 1 and raw.get("hc_sinkhorn_iters") is not None,
             q_latent=bool(getattr(facts, "q_lora_rank", 0)),
             kv_latent=bool(getattr(facts, "kv_lora_rank", 0)),
+            # DeepSeek-V4 names its compressed layers' types (compressed_sparse / heavily_compressed_attention)
+            kv_compressed_layers=tuple(
+                i for i, t in enumerate(raw.get("layer_types") or ()) if "compressed" in str(t) and i < facts.n_layers
+            ),
             mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k),
             mixer_kinds=tuple(k for k in facts.mixer_kinds if k),
             # a config that has no attention heads at all is a pure state-space trunk: mixer-only blocks
@@ -585,6 +593,7 @@ class Structure:
             stream_mix=any(getattr(lb, "stream_mix", False) for lb in binding.layers),
             q_latent=any(getattr(lb, "q_latent", None) is not None for lb in binding.layers),
             kv_latent=any(getattr(lb, "kv_latent", None) is not None for lb in binding.layers),
+            kv_compressed_layers=tuple(lb.index for lb in binding.layers if getattr(lb, "kv_compressor", "")),
             mixer_layers=tuple(lb.index for lb in binding.layers if lb.mixer_kind),
             mixer_kinds=tuple(lb.mixer_kind for lb in binding.layers if lb.mixer_kind),
             no_mlp_layers=tuple(lb.index for lb in binding.layers if not lb.has_mlp),
@@ -598,6 +607,7 @@ class Structure:
             Needs.STREAM_MIX: self.stream_mix,
             Needs.Q_LATENT: self.q_latent,
             Needs.KV_LATENT: self.kv_latent,
+            Needs.TOKEN_KV: layer not in self.kv_compressed_layers,
             Needs.FINAL_NORM: self.final_norm,
             Needs.QK_NORM: self.qk_norm,
             Needs.ATTN_GATE: self.attn_gate,
@@ -660,6 +670,12 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
         "key/value latent that an up-projection decompresses per head (multi-head latent attention: DeepSeek-V2/V3, "
         "MiniCPM 3).",
         "capture value.{L} (and attn_scores.{L} for the keys' effect).",
+    ),
+    Needs.TOKEN_KV: (
+        "layer {L}'s attention also attends to key/value entries its compressor builds from blocks of tokens, "
+        "appended after the tokens' own (a compressed-attention layer), so the key axis is not one entry per token "
+        "and {name} would not line up with the prompt.",
+        "capture z.{L} (what the kernel returned) or attn_out.{L}, or {name} on a layer without a compressor.",
     ),
     Needs.STREAM_MIX: (
         "this trunk's hyper-connections add the {n_streams} streams back unmixed (no stream-to-stream matrix): each "

@@ -62,7 +62,9 @@ class PointsTable:
         moe = Structure.from_binding(lm.binding).moe_layers
         rows = []
         for p in all_points():
-            addr = Address(p.name, layer if p.scope is Scope.LAYER else None)
+            # several residual streams: a residual point is one stream's, so the example names the first
+            stream = 0 if p.per_stream and facts.n_streams > 1 else None
+            addr = Address(p.name, layer if p.scope is Scope.LAYER else None, stream=stream)
             if Needs.MOE in p.needs and moe and layer not in moe:  # shown where the model has it
                 addr = Address(p.name, moe[0])
             verdict = p.verdict(lm.backend)

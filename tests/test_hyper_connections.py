@@ -208,13 +208,18 @@ def test_writes_that_no_boundary_carries_are_refused(lm):
 
 def test_compressed_attention_layers_refuse_per_token_attention_points():
     """DeepSeek-V4's compressed layers attend to entries their compressor builds after the tokens' own: value and
-    the pattern are refused there naming the layer's type; its sliding layer serves them (probs @ value = z)."""
+    the pattern are refused there naming the compressor; its sliding layer serves them (probs @ value = z). The
+    config-only picker greys the same layers."""
     lm = _tiny("deepseek_v4")
     kinds = [lb.kv_compressor for lb in lm.binding.layers]
     assert kinds == ["", "compressed_sparse_attention", "heavily_compressed_attention"]
-    for L, kind in enumerate(kinds[1:], start=1):
+    from ie_lab.widgets.picker import describe
+
+    config = {p["name"]: p["served"] for p in describe(lm.facts, "eager")["points"]}
+    assert config["value"] == config["attn_probs"] == "100"
+    for L in range(1, len(kinds)):
         for name in ("value", "attn_probs", "attn_scores"):
-            with pytest.raises(ie_lab.PointAbsent, match=kind):
+            with pytest.raises(ie_lab.PointAbsent, match="compressor builds from blocks of tokens"):
                 ie_lab.capture(lm, X, [f"{name}.{L}"])
         assert ie_lab.capture(lm, X, [f"z.{L}"])[f"z.{L}"].shape == (*X.shape, lm.facts.n_heads * lm.facts.head_dim)
     c = ie_lab.capture(lm, X, ["attn_probs.0", "value.0", "z.0", "z.1"])
@@ -227,3 +232,17 @@ def test_generation_captures_a_stream(lm):
     out = ie_lab.generate(lm, X[:1, :4], max_new_tokens=2, capture=["resid_post.0.stream-1"])
     assert out is not None
     assert_clean(lm)
+
+
+def test_the_config_only_picker_knows_what_the_binder_measured(lm):
+    """The cheat sheet drawn from the config alone greys the same points on the same layers, for the same reason, as
+    the picker on the loaded model: the stream points, the mix where there is none, the compressed layers' patterns,
+    the hash-routed MoE layer, HY-V4's attention gate."""
+    from ie_lab.widgets.picker import describe
+
+    live = {p["name"]: p for p in describe(lm.facts, "eager", lm=lm)["points"]}
+    config = {p["name"]: p for p in describe(lm.facts, "eager")["points"]}
+    for name in live:
+        assert (config[name]["served"], config[name]["why"]) == (live[name]["served"], live[name]["why"]), name
+    assert live["resid_pre"]["served"] == "1" * lm.facts.n_layers  # served with a stream named
+    assert live["attn_out_post"]["served"] == "0" * lm.facts.n_layers

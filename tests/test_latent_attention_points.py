@@ -134,3 +134,14 @@ def test_projecting_z_takes_its_real_width(lm):
             ie_lab.project(lm, X[:1], name, Dw).scores, ie_lab.capture(lm, X[:1], [name])[name][0] @ Dw.T, **TOL
         )
     assert_clean(lm)
+
+
+def test_the_config_only_picker_knows_the_latents(lm):
+    from ie_lab.widgets.picker import describe
+
+    live = {p["name"]: p for p in describe(lm.facts, "eager", lm=lm)["points"]}
+    config = {p["name"]: p for p in describe(lm.facts, "eager")["points"]}
+    for name in ("q_latent", "kv_latent", "k_nope", "value", "z", "q_norm_in"):
+        assert (config[name]["served"], config[name]["why"]) == (live[name]["served"], live[name]["why"]), name
+    assert live["kv_latent"]["served"] == "1" * lm.facts.n_layers
+    assert live["z"]["shape"].endswith(f"{lm.facts.n_heads * lm.facts.value_head_dim}]")

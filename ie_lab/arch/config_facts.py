@@ -145,7 +145,7 @@ def _moe_layers(d: Mapping[str, Any], n_layers: int) -> tuple[int, ...]:
     period (decoder_sparse_step, expert_layer_period/offset, moe_layer_interval), an end, or excluded layers."""
     kinds = d.get("mlp_layer_types")
     if isinstance(kinds, (list, tuple)) and len(kinds) >= n_layers and all(isinstance(t, str) for t in kinds):
-        return tuple(i for i in range(n_layers) if kinds[i] in ("sparse", "moe"))
+        return tuple(i for i in range(n_layers) if kinds[i] in ("sparse", "moe", "hash_moe"))  # hash: DeepSeek-V4
     step = d.get("decoder_sparse_step") or 1
     only_mlp = set(d.get("mlp_only_layers") or ())
     first = d.get("first_k_dense_replace") or d.get("num_dense_layers") or d.get("moe_layer_start_index") or 0

@@ -102,7 +102,7 @@ ALWAYS_QK_NORM = frozenset(
 # Families whose attention multiplies its output by a learned gate before o_proj though no config key says so (the
 # binder measures the gate on a live model; config-only callers read this). Laguna states it (gating).
 ALWAYS_ATTN_GATE = frozenset(
-    {"afmoe", "axk2", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bailing_hybrid", "lfm3"}
+    {"afmoe", "axk2", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bailing_hybrid", "lfm3", "hy_v4"}
 )
 
 # Families whose config carries a sliding_window key that the attention does not use for every layer

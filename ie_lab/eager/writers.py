@@ -18,7 +18,7 @@ import torch
 
 from .. import points as _points
 from ..address import Address
-from ..arch.binder import LayerBinding, first_tensor, hidden_arg
+from ..arch.binder import LayerBinding, hidden_arg
 from ..errors import CapabilityUnsupported
 
 Edit = Callable[[torch.Tensor, int], torch.Tensor]
@@ -113,23 +113,6 @@ class Writers:
 
         self._handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
 
-    def _post_sum(self, lb: LayerBinding, edit: Edit, mult: float) -> None:
-        """Write mlp_out beside a side MLP, a sum the layer forms itself: the earlier module's output is remembered
-        and the later one's is handed on so that the two add up to the edited value (times mult: mlp_out_post)."""
-        assert lb.mlp_side is not None  # only called on such layers
-        later, earlier = (lb.mlp_side, lb.mlp_out_module) if lb.mlp_side_last else (lb.mlp_out_module, lb.mlp_side)
-        seen: dict[int, torch.Tensor] = {}  # per thread: two threads' forwards may pass this layer at once
-
-        def keep(mod, args, kwargs, out):
-            seen[threading.get_ident()] = first_tensor(out)
-
-        def via_later(t: torch.Tensor, off: int) -> torch.Tensor:
-            e = seen[threading.get_ident()].reshape(t.shape)
-            return edit((t + e) * mult, off) / mult - e
-
-        self._handles.append(earlier.register_forward_hook(keep, with_kwargs=True))
-        self._post(later, via_later)
-
     def _place(self, addr: Address, edit: Edit) -> None:
         from .taps import _MIXER_AS_SUBLAYER, resolve
 
@@ -175,9 +158,6 @@ class Writers:
             return self._post(norm, edit)
         if n == "attn_out":
             return self._post(lb.o_proj, edit)
-        if n == "mlp_out" or (n == "mlp_out_post" and lb.post_mlp_norm is None):
-            if lb.mlp_side is not None:
-                return self._post_sum(lb, edit, (lb.mlp_multiplier or 1.0) if n == "mlp_out_post" else 1.0)
         if n in ("attn_out_post", "mlp_out_post"):
             attn = n.startswith("attn")
             norm = lb.post_attn_norm if attn else lb.post_mlp_norm

@@ -142,6 +142,9 @@ def _mixers(st: dict[str, Any], s: _points.Structure) -> None:
         list(s.no_mlp_layers),
     )
     st["mlp_only_layers"] = list(s.mlp_only_layers)  # single-sublayer trunks: blocks with no token mixer
+    # hyper-connections that mix the streams by a matrix, and latent attention's compressed latents
+    st["stream_mix"], st["q_latent"], st["kv_latent"] = s.stream_mix, s.q_latent, s.kv_latent
+    st["kv_compressed_layers"] = list(s.kv_compressed_layers)
 
 
 def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend: str, family: str) -> tuple[bool, str]:
@@ -159,6 +162,10 @@ def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend:
             moe_layers=tuple(st["moe_layers"]),
             attn_gate=bool(st["attn_gate"]),
             n_streams=int(st["n_streams"]),
+            stream_mix=bool(st.get("stream_mix", False)),
+            q_latent=bool(st.get("q_latent", False)),
+            kv_latent=bool(st.get("kv_latent", False)),
+            kv_compressed_layers=tuple(st.get("kv_compressed_layers", ())),
             mixer_layers=tuple(st.get("mixer_layers", ())),
             mixer_kinds=tuple(st.get("mixer_kinds", ())),
             no_mlp_layers=tuple(st.get("no_mlp_layers", ())),
@@ -241,7 +248,7 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
         for L in layers:
             if measured:
                 row = tables[L if L is not None else 0][p.name]
-                ok = row.served and (L is None or row.example == str(Address(p.name, L)))
+                ok = row.served and (L is None or Address.parse(row.example).layer == L)
                 reason = (
                     row.reason
                     if row.served == ok
