@@ -246,3 +246,10 @@ def test_the_config_only_picker_knows_what_the_binder_measured(lm):
         assert (config[name]["served"], config[name]["why"]) == (live[name]["served"], live[name]["why"]), name
     assert live["resid_pre"]["served"] == "1" * lm.facts.n_layers  # served with a stream named
     assert live["attn_out_post"]["served"] == "0" * lm.facts.n_layers
+
+
+def test_alternating_updates_are_refused_naming_them():
+    """Gemma 3n's layer reads a (4, batch, seq, d) stack that its AltUp module predicts and corrects inside its own
+    methods: refused with an IELabError that names the structure (it crashed with a TypeError once)."""
+    with pytest.raises(IELabError, match=r"parallel residual streams.*altup module predicts every stream"):
+        ie_lab.load(coverage.build_tiny("gemma3n_text"), coverage._tokenizer(), quiet=True)

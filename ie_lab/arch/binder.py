@@ -54,6 +54,8 @@ Q_UP_NAMES = ("q_b_proj",)
 KV_LATENT_NORM_NAMES = ("kv_a_layernorm",)
 KV_UP_NAMES = ("kv_b_proj",)
 MLP_HC_NAMES = ("ffn_hc", "mlp_hc", "hc_ffn", "hc_mlp")
+# Alternating updates (Gemma 3n): a module that predicts and corrects a stack of streams around the layer
+ALTUP_NAMES = ("altup",)
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "ln_final", "layernorm")
 
 PROBE_LEN = 7  # distinct from every head count we meet, so [.., heads, seq, ..] layouts are unambiguous
@@ -175,10 +177,6 @@ class LayerBinding:
     attn_gate_view: str = "full"  # "full" | "per_head" (one gate per head) | "per_head_half" (2nd half per head)
     attn_gate_fn: str = "sigmoid"  # "sigmoid" | "softplus"
     attn_gate_bias: nn.Parameter | None = None  # the attention module's own bias added to the gate (Beam's gate_bias)
-    # A bias the attention module returns beside its output projection's output for the layer to add before the
-    # residual add (skip-bias-add: GPT-NeoX-Japanese's dense_bias on its last layer), measured: attn_out is the
-    # projection's output plus it, where the layer's sum is formed.
-    o_bias: nn.Parameter | None = None
     z_sub_norm: nn.Module | None = None  # a norm between the kernel's output and o_proj (BitNet's attn_sub_norm)
     attn_sinks: bool = False  # a learned per-head sink logit joins the softmax (rows sum below 1)
     # A mixer layer (hybrid and state-space trunks): what its token mixer is, "" on an attention layer. There
@@ -1056,11 +1054,19 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         return
     odd = [t for t in (Y, A_in, A_out, M_in, M_out_module) if _match_shape(t, X) is None]
     if odd:
+        altup = _child(lb.layer, ALTUP_NAMES)
+        how = (
+            f"its {altup[0]} module predicts every stream from all of them before the sublayers and corrects them "
+            "from the active stream's result after, in methods no module boundary separates (alternating updates, "
+            "not hyper-connections), which ie_lab does not bind yet"
+            if altup is not None
+            else "its config states no stream count (hc_mult) and the layer has no hyper-connection modules ie_lab "
+            "measures"
+        )
         raise StructureError(
             f"{where}: the layer reads a {tuple(X.shape)} tensor but its sublayers exchange "
             f"{tuple(odd[0].shape)} ones, so the residual stream is not one vector per token: several parallel "
-            "residual streams whose config states no stream count (hc_mult) and whose layer has no hyper-connection "
-            "modules ie_lab measures (Gemma 3n's AltUp predicts and corrects the streams around the layer)."
+            f"residual streams, and {how}."
         )
 
     if lb.mlp_only:
@@ -1125,10 +1131,6 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
     else:
         R = rec.inp(lb.pre_mlp_norm) if lb.pre_mlp_norm is not None else M_in
         assert R is not None  # likewise
-        if lb.post_attn_norm is None and not _close(X + attn_c, R, 1e-4):
-            lb.o_bias = _returned_output_bias(lb, rec, X, attn_c, R)
-            if lb.o_bias is not None:
-                attn_c = attn_c + lb.o_bias.detach()
         m_attn = ratio(R - X, attn_c)
         m_mlp = ratio(Y - R, mlp_c)
         lb.attn_multiplier, lb.mlp_multiplier = mult(m_attn), mult(m_mlp)
@@ -1276,21 +1278,6 @@ def _classify_streams(
         "entering the layer plus its write weight times attn_out, and likewise for the MLP) do not hold for the "
         "measured modules, so ie_lab refuses to serve stream points it cannot stand behind."
     )
-
-
-def _returned_output_bias(
-    lb: LayerBinding, rec: _Recorder, X: torch.Tensor, A_out: torch.Tensor, R: torch.Tensor
-) -> nn.Parameter | None:
-    """The attention module's own 1-D parameter that it returns beside its output and the layer adds to the output
-    projection's output before the residual add (resid_mid = resid_pre + attn_out + bias), or None."""
-    full = rec.outputs.get(id(lb.attn))
-    extra = [t for t in full[1:] if isinstance(t, torch.Tensor)] if isinstance(full, (tuple, list)) else []
-    own = [p for p in lb.attn.parameters(recurse=False) if p.dim() == 1 and p.shape[-1] == X.shape[-1]]
-    for b in extra:
-        p = next((p for p in own if b.shape == p.shape and _same(b, p.detach())), None)
-        if p is not None and _close(X + A_out + p.detach(), R, 1e-4):
-            return p
-    return None
 
 
 def _refuse_post_norm(
