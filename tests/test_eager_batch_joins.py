@@ -523,3 +523,40 @@ def test_an_interrupt_in_a_joined_streams_cell_cancels_only_that_stream(s):
     _same(solo_long, result)
     _wait_for(lambda: not batcher.rows and not batcher.pending, "the batch to empty")
     assert_clean(s._lm)
+
+
+@pytest.mark.parametrize("fam", ["gpt2", "mistral_sliding", "qwen3_moe"])
+def test_a_list_joining_mid_batch_equals_its_solo_runs_on_other_families(fam):
+    """Learned positions (gpt2), a sliding-window cache (the list waits for an empty batch, then starts as one),
+    top-k experts (qwen3_moe)."""
+    from tests.families import make_model, make_tokenizer
+
+    with ie_lab.Session(make_model(fam), tokenizer=make_tokenizer(), progress=False) as s:
+        v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(0))
+        spec = s.steer("resid_post.0", v, scale=2.0)
+        first, joiners = _prompt(0, 5), [_prompt(1, 21), _prompt(2, 3), _prompt(3, 9)]
+        solo_first = _solo(s, first, None, n=8)
+        solo = [_solo(s, p, spec, n=6) for p in joiners]
+        batcher = s._backend._batcher
+        seen = _Forwards(s)
+        try:
+            stream = s.generate_stream(first, 8, ignore_eos=True, capture=CAPTURE)
+            steps = [next(stream), next(stream)]
+            fut = s.submit(s.agenerate(joiners, 6, steer=spec, ignore_eos=True, capture=CAPTURE))
+            _wait_for(lambda: len(batcher.pending) == 3, "the list's three prompts to be queued")
+            steps += list(stream)
+            got = fut.result(timeout=120)
+        finally:
+            seen.remove()
+        assert [st.token_id for st in steps] == solo_first.ids
+        for k in solo_first.cache.keys():
+            torch.testing.assert_close(steps[-1].cache[k], solo_first.cache[k], atol=1e-5, rtol=1e-5)
+        for want, g in zip(solo, got):
+            _same(want, g)
+        assert (3, 21) in seen.shapes  # the list's three prompts in one prefill
+        if fam == "mistral_sliding":
+            assert (4, 1) not in seen.shapes  # waited for the stream to finish
+        else:
+            assert (4, 1) in seen.shapes  # decoded with the stream
+        assert not batcher.rows and not batcher.pending
+        assert_clean(s._lm)
