@@ -339,6 +339,15 @@ def check_invariants(lm) -> None:
                 z = z * c[gate[0]]
             torch.testing.assert_close(z, c[f"z.{L}"], **tol, msg=f"attn_probs @ value (* attn_gate) = z, layer {L}")
             assert torch.all(probs.triu(1) == 0), f"attention is not causal at layer {L}"
+        if lb.kv_up is not None:  # latent attention: kv_b_proj(kv_latent) holds each head's k_nope, then its value
+            c = capture_batch(lm, x, [f"kv_latent.{L}", f"k_nope.{L}", f"value.{L}"])
+            with torch.no_grad():
+                up = lb.kv_up(c[f"kv_latent.{L}"])
+            blocks, d = up.reshape(*up.shape[:2], f.n_heads, -1), f.qk_nope_head_dim
+            for part, name in ((blocks[..., :d], "k_nope"), (blocks[..., d:], "value")):
+                torch.testing.assert_close(
+                    part.flatten(2), c[f"{name}.{L}"], **tol, msg=f"kv_up(kv_latent) per head = {name}, layer {L}"
+                )
     _routing_and_head(lm, x, tol)
 
 
