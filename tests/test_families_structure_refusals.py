@@ -15,8 +15,6 @@ REFUSALS = {
     "openai-gpt": r"post-norm block: ln_1 normalises the residual stream itself",
     # heads routed to experts, each with its own output projection (experts.map / experts.reduce)
     "jetmoe": r"routes each token's heads to experts.*self_attention\.experts.*mixture of attention heads",
-    # its last layer's attention returns dense_bias beside its output, added by the layer
-    "gpt_neox_japanese": r"layer 1: the attention module returns a bias beside its output.*skip-bias-add",
     # (attn + b_h) * s_h + (resid + b_r) * s_r, in a module of its own
     "zaya": r"residual add is itself a learned module: post_attention_residual_scale \(ZayaResidualScaling\)",
     # a short convolution on the attention output before the residual add

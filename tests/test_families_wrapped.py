@@ -113,3 +113,26 @@ def test_ctrl_sequential_mlp_is_up_activation_down():
     assert not torch.allclose(c["mlp_pre.1"], c["mlp_act.1"], **TOL)
     with torch.no_grad():
         torch.testing.assert_close(ffn[2](c["mlp_act.1"]), c["mlp_out.1"], **TOL)
+
+
+def test_gpt_neox_japanese_returned_output_bias_is_part_of_attn_out():
+    """GPT-NeoX-Japanese's last attention returns dense_bias beside its output and the layer adds it before the
+    residual add (skip-bias-add): measured, attn_out is the projection's output plus it. The projection's output
+    alone (same shape) does not complete the residual identity, and writing attn_out, attn_out_post or resid_mid with
+    their own values leaves the logits as they were (a writer that forgot the bias would add it twice)."""
+    lm = ie_lab.load(coverage.build_tiny("gpt_neox_japanese"), coverage._tokenizer(), quiet=True)
+    attn = lm.hf.gpt_neox_japanese.layers[1].attention
+    assert [lb.o_bias for lb in lm.binding.layers] == [None, attn.dense_bias]
+    coverage.check_invariants(lm)
+    x = torch.randint(4, 500, (1, 7), generator=torch.Generator().manual_seed(0))
+    names = ["resid_pre.1", "attn_out.1", "attn_out_post.1", "resid_mid.1"]
+    c = ie_lab.capture(lm, x, names)
+    with torch.no_grad():
+        dense = attn.dense(ie_lab.capture(lm, x, ["z.1"])["z.1"])
+        torch.testing.assert_close(c["attn_out.1"], dense + attn.dense_bias, **TOL)
+        logits = lm.hf(input_ids=x).logits
+    torch.testing.assert_close(c["resid_pre.1"] + c["attn_out_post.1"], c["resid_mid.1"], **TOL)
+    assert not torch.allclose(c["resid_pre.1"] + dense, c["resid_mid.1"], **TOL)
+    for name in ("attn_out.1", "attn_out_post.1", "resid_mid.1"):
+        torch.testing.assert_close(ie_lab.run_with_patches(lm, x, {name: c[name]}), logits, **TOL)
+    assert_clean(lm)

@@ -177,6 +177,10 @@ class LayerBinding:
     attn_gate_view: str = "full"  # "full" | "per_head" (one gate per head) | "per_head_half" (2nd half per head)
     attn_gate_fn: str = "sigmoid"  # "sigmoid" | "softplus"
     attn_gate_bias: nn.Parameter | None = None  # the attention module's own bias added to the gate (Beam's gate_bias)
+    # A bias the attention module returns beside its output projection's output for the layer to add before the
+    # residual add (skip-bias-add: GPT-NeoX-Japanese's dense_bias on its last layer), measured: attn_out is the
+    # projection's output plus it, where the layer's sum is formed.
+    o_bias: nn.Parameter | None = None
     z_sub_norm: nn.Module | None = None  # a norm between the kernel's output and o_proj (BitNet's attn_sub_norm)
     attn_sinks: bool = False  # a learned per-head sink logit joins the softmax (rows sum below 1)
     # A mixer layer (hybrid and state-space trunks): what its token mixer is, "" on an attention layer. There
@@ -1131,6 +1135,10 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
     else:
         R = rec.inp(lb.pre_mlp_norm) if lb.pre_mlp_norm is not None else M_in
         assert R is not None  # likewise
+        if lb.post_attn_norm is None and not _close(X + attn_c, R, 1e-4):
+            lb.o_bias = _returned_output_bias(lb, rec, X, attn_c, R)
+            if lb.o_bias is not None:
+                attn_c = attn_c + lb.o_bias.detach()
         m_attn = ratio(R - X, attn_c)
         m_mlp = ratio(Y - R, mlp_c)
         lb.attn_multiplier, lb.mlp_multiplier = mult(m_attn), mult(m_mlp)
@@ -1278,6 +1286,21 @@ def _classify_streams(
         "entering the layer plus its write weight times attn_out, and likewise for the MLP) do not hold for the "
         "measured modules, so ie_lab refuses to serve stream points it cannot stand behind."
     )
+
+
+def _returned_output_bias(
+    lb: LayerBinding, rec: _Recorder, X: torch.Tensor, A_out: torch.Tensor, R: torch.Tensor
+) -> nn.Parameter | None:
+    """The attention module's own 1-D parameter that it returns beside its output and the layer adds to the output
+    projection's output before the residual add (resid_mid = resid_pre + attn_out + bias), or None."""
+    full = rec.outputs.get(id(lb.attn))
+    extra = [t for t in full[1:] if isinstance(t, torch.Tensor)] if isinstance(full, (tuple, list)) else []
+    own = [p for p in lb.attn.parameters(recurse=False) if p.dim() == 1 and p.shape[-1] == X.shape[-1]]
+    for b in extra:
+        p = next((p for p in own if b.shape == p.shape and _same(b, p.detach())), None)
+        if p is not None and _close(X + A_out + p.detach(), R, 1e-4):
+            return p
+    return None
 
 
 def _refuse_post_norm(

@@ -50,6 +50,10 @@ def _scaled(m: float | None) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda t: t * m
 
 
+def _biased(bias: torch.Tensor, m: float | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda t: (t + bias.detach()) * (m or 1.0)
+
+
 def _qk_norm_view(layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if layout == "bhsd":
         return lambda t: t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
@@ -191,10 +195,14 @@ def resolve(lm: Any, addr: Address) -> Source:
         f = lm.facts
         return Source("post_raw", _bound(lb.kv_up), lambda out, shape, n: _k_nope(out, shape, f))
     if name == "attn_out":
+        if lb.o_bias is not None:  # the bias the layer adds to the projection's output (skip-bias-add), measured
+            return Source("post", lb.o_proj, _biased(lb.o_bias, None))
         return Source("post", lb.o_proj, lambda t: t)
     if name == "attn_out_post":
         if lb.post_attn_norm is not None:
             return Source("post", lb.post_attn_norm, _scaled(lb.attn_multiplier))
+        if lb.o_bias is not None:
+            return Source("post", lb.o_proj, _biased(lb.o_bias, lb.attn_multiplier))
         return Source("post", lb.o_proj, _scaled(lb.attn_multiplier))
     if name == "resid_mid":
         if lb.pre_mlp_norm is not None:

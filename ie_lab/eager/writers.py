@@ -156,12 +156,18 @@ class Writers:
             norm = lb.q_latent if n == "q_latent" else lb.kv_latent
             assert norm is not None  # resolve() above refused the point where the binder measured no such norm
             return self._post(norm, edit)
+        if n == "attn_out" and lb.o_bias is not None:  # attn_out is the projection's output plus the returned bias
+            ob = lb.o_bias.detach()
+            return self._post(lb.o_proj, lambda t, off: edit(t + ob, off) - ob)
         if n == "attn_out":
             return self._post(lb.o_proj, edit)
         if n in ("attn_out_post", "mlp_out_post"):
             attn = n.startswith("attn")
             norm = lb.post_attn_norm if attn else lb.post_mlp_norm
             mult = (lb.attn_multiplier if attn else lb.mlp_multiplier) or 1.0
+            if attn and norm is None and lb.o_bias is not None:
+                ob = lb.o_bias.detach()
+                return self._post(lb.o_proj, lambda t, off: edit((t + ob) * mult, off) / mult - ob)
             module = norm if norm is not None else (lb.o_proj if attn else lb.mlp_out_module)
             return self._post(module, lambda t, off: edit(t * mult, off) / mult if mult != 1.0 else edit(t, off))
         if n == "resid_mid":
@@ -175,13 +181,15 @@ class Writers:
             )
             mult = lb.attn_multiplier or 1.0
             module = lb.post_attn_norm if lb.post_attn_norm is not None else lb.o_proj
+            # the bias the layer adds to o_proj's output (skip-bias-add, measured), where o_proj is written
+            ob = lb.o_bias.detach() if lb.o_bias is not None and module is lb.o_proj else torch.zeros(())
 
             def via_attention(c: torch.Tensor, off: int) -> torch.Tensor:
                 h = seen[threading.get_ident()]
                 assert h is not None  # a decoder layer is always called with its hidden states
                 x, _ = _as3d(h, self.shape)
-                r = x + mult * c
-                return (edit(r, off) - x) / mult
+                r = x + mult * (c + ob)
+                return (edit(r, off) - x) / mult - ob
 
             return self._post(module, via_attention)
         if n == "mlp_in":
