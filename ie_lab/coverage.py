@@ -145,6 +145,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zamba": {"layer_types": ["mamba", "hybrid", "hybrid"], "num_hidden_layers": 3},
     # (its config derives hybrid_layer_ids from the default pattern, not from layer_types: state it too)
     "zamba2": {"layer_types": ["mamba", "hybrid"], "hybrid_layer_ids": [1]},
+    # transformers 5.24's recurrent decode step checks the mLSTM state against query/key heads as wide as the value
+    # heads (its own generate fails otherwise): keep them equal, so generation runs on both versions
+    "xlstm": {"qk_dim_factor": 1.0},
     "laguna": {"num_attention_heads_per_layer": [4, 4]},  # per-layer head counts the generic sizes do not shrink
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # one layer of each attention kind: sliding only, then the two with a KV compressor

@@ -219,25 +219,6 @@ _UNBOUND = {
         dict(hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128, context_length=64),
         "recurrence",
     ),
-    "NemotronHConfig": (
-        dict(
-            hidden_size=64,
-            layers_block_type=["mamba", "attention"],
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            intermediate_size=128,
-            mamba_num_heads=4,
-            mamba_head_dim=32,
-            n_groups=1,
-            ssm_state_size=8,
-            chunk_size=16,
-            n_routed_experts=2,
-            moe_intermediate_size=32,
-            moe_shared_expert_intermediate_size=32,
-        ),
-        "state-space",
-    ),
 }
 
 
@@ -260,6 +241,41 @@ def test_unbound_family_is_refused_with_an_instead(name):
     text = str(e.value)
     assert _UNBOUND[name][1] in text, text
     assert "Instead:" in text and "register_forward_hook" in text, text
+
+
+def test_nemotron_h_binds_from_the_legacy_pattern_names():
+    """Nemotron-H was refused here (a single-sublayer trunk); it binds now, also from a config that spells its block
+    types the legacy way (mamba / attention, as hybrid_override_pattern's M and *): a Mamba-only block, then an
+    attention-only block, neither with resid_mid (tests/test_families_hybrid.py covers the points per kind)."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = transformers.NemotronHConfig(
+        **_S,
+        **dict(
+            hidden_size=64,
+            layers_block_type=["mamba", "attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            mamba_num_heads=4,
+            mamba_head_dim=32,
+            n_groups=1,
+            ssm_state_size=8,
+            chunk_size=16,
+            n_routed_experts=2,
+            moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=32,
+        ),
+    )
+    lm = ie_lab.load(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), quiet=True)
+    # a Mamba-only block (a mixer, no MLP), then an attention-only block (no mixer, no MLP)
+    assert [(bool(lb.mixer_kind), lb.has_mlp) for lb in lm.binding.layers] == [(True, False), (False, False)]
+    for L, point in ((0, "z"), (1, "mixer_out"), (0, "resid_mid"), (1, "mlp_out")):
+        with pytest.raises(ie_lab.PointAbsent):
+            ie_lab.capture(lm, ids(1, 6), [f"{point}.{L}"])
 
 
 def test_unbound_folder_is_refused_before_weights_are_read(tmp_path):

@@ -26,7 +26,16 @@ ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer", "mult
 SUBLAYER_WRAPPER_NAMES = ("norm_attn_norm",)
 # Where hybrid and state-space layers keep a token mixer that is not attention (state space, linear attention,
 # convolution, recurrence); a config-declared mixer layer may also keep it under an attention spelling.
-MIXER_NAMES = ("mamba", "linear_attn", "conv", "temporal_block", "mixer", "linear_attention", "token_mixer")
+MIXER_NAMES = (
+    "mamba",
+    "linear_attn",
+    "conv",
+    "temporal_block",
+    "mixer",
+    "linear_attention",
+    "token_mixer",
+    "mlstm_layer",  # xLSTM
+)
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlp_block")
 Q_NAMES = ("q_proj", "query", "wq")
 K_NAMES = ("k_proj", "key", "wk")
@@ -36,9 +45,9 @@ O_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "wo", "o_b_proj")
 FUSED_QKV_NAMES = ("c_attn", "query_key_value", "qkv_proj", "Wqkv", "qkv")
 Q_NORM_NAMES = ("q_norm", "q_layernorm", "query_layernorm")
 K_NORM_NAMES = ("k_norm", "k_layernorm", "key_layernorm")
-GATE_NAMES = ("gate_proj", "w1")
-UP_NAMES = ("up_proj", "w3", "c_fc", "fc_in", "fc1", "dense_h_to_4h")
-DOWN_NAMES = ("down_proj", "w2", "c_proj", "fc_out", "fc2", "dense_4h_to_h")
+GATE_NAMES = ("gate_proj", "w1", "proj_up_gate")
+UP_NAMES = ("up_proj", "w3", "c_fc", "fc_in", "fc1", "dense_h_to_4h", "proj_up")
+DOWN_NAMES = ("down_proj", "w2", "c_proj", "fc_out", "fc2", "dense_4h_to_h", "proj_down")
 FUSED_GATE_UP_NAMES = ("gate_up_proj",)
 ACT_NAMES = ("act_fn", "act", "activation_fn", "gelu_impl", "activation")
 ROUTER_NAMES = ("gate", "router")
@@ -56,7 +65,16 @@ KV_UP_NAMES = ("kv_b_proj",)
 MLP_HC_NAMES = ("ffn_hc", "mlp_hc", "hc_ffn", "hc_mlp")
 # Alternating updates (Gemma 3n): a module that predicts and corrects a stack of streams around the layer
 ALTUP_NAMES = ("altup",)
-FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "ln_final", "layernorm")
+FINAL_NORM_NAMES = (
+    "norm",
+    "ln_f",
+    "final_layer_norm",
+    "final_layernorm",
+    "norm_f",
+    "ln_final",
+    "layernorm",
+    "out_norm",  # xLSTM
+)
 
 PROBE_LEN = 7  # distinct from every head count we meet, so [.., heads, seq, ..] layouts are unambiguous
 

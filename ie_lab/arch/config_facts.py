@@ -321,7 +321,11 @@ class ArchFacts:
             qk_nope_head_dim=int(d.get("qk_nope_head_dim") or 0) if d.get("kv_lora_rank") else 0,
             v_head_dim=int(d.get("v_head_dim") or 0) if d.get("kv_lora_rank") else 0,
             layer_kinds=tuple(kinds),
-            mixer_kinds=("state_space",) * int(n_layers) if ssm_only else _mixer_kinds(d, int(n_layers)),
+            mixer_kinds=("state_space",) * int(n_layers)
+            if ssm_only
+            else (quirks.RECURRENT_MIXERS[mt],) * int(n_layers)
+            if mt in quirks.RECURRENT_MIXERS
+            else _mixer_kinds(d, int(n_layers)),
             block_sublayers=sublayers,
             sliding_window=window,
             parallel_block=parallel,
@@ -335,7 +339,7 @@ class ArchFacts:
             ),
             moe_layers=moe_layers,
             attn_logit_softcap=_first(d, "attn_logit_softcapping"),
-            final_logit_softcap=_first(d, "final_logit_softcapping", "logits_soft_cap"),
+            final_logit_softcap=_first(d, "final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap"),
             residual_multiplier=_first(d, "residual_multiplier"),
             embedding_multiplier=_first(d, "embedding_multiplier"),
             logit_multiplier=_first(d, "logit_scale"),

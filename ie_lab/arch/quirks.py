@@ -199,9 +199,13 @@ FAITHFUL_ATTENTION = "eager"
 # Families whose blocks are recurrences that no config key names (the state-space and hybrid families state
 # themselves through their SSM keys; see config_facts.unbound_structure). The binder cannot bind them yet.
 RECURRENT_BLOCKS = {
-    "rwkv": "RWKV's blocks are time-mixing recurrences (no attention layers)",
-    "xlstm": "xLSTM's blocks are mLSTM recurrences (no attention layers)",
+    "rwkv": "RWKV's blocks are time-mixing recurrences (no attention layers), its channel-mix reads the previous token "
+    "(not a per-token MLP), and its layer 0 normalises the stream inside the block before the first residual add",
 }
+
+# Families whose every layer's token mixer is a recurrence no config key names (no per-layer types, no SSM state
+# size): the mixer kind of all their layers. The binder still measures each block (mixer, then MLP) or refuses.
+RECURRENT_MIXERS = {"xlstm": "mlstm"}
 
 # Single-sublayer trunks: each block holds exactly one sublayer, a token mixer or an MLP, which the config names per
 # layer under the key given here (types not listed are not single-sublayer). Configs never say a block lacks an MLP,
