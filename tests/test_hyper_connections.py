@@ -253,3 +253,22 @@ def test_alternating_updates_are_refused_naming_them():
     methods: refused with an IELabError that names the structure (it crashed with a TypeError once)."""
     with pytest.raises(IELabError, match=r"parallel residual streams.*altup module predicts every stream"):
         ie_lab.load(coverage.build_tiny("gemma3n_text"), coverage._tokenizer(), quiet=True)
+
+
+def test_the_logit_lens_reads_the_streams_through_the_trunks_own_collapse(lm):
+    """On several streams the lens collapses a layer's stack with the module the trunk ends with (measured: it reads
+    the last layer's stack and hands the final norm its input): the last layer's lens is the model's logits. One
+    stream decoded alone, or the layer before, does not give them."""
+    from ie_lab.eager.lens import decode_residual
+
+    x = X[:1]
+    assert lm.binding.stream_head is not None
+    r = ie_lab.logit_lens(lm, x, keep_logits=True)
+    with torch.no_grad():
+        logits = lm.hf(input_ids=x, use_cache=False).logits[0]
+    n = lm.facts.n_layers
+    torch.testing.assert_close(r.logits[n - 1], logits, **TOL)
+    assert not torch.allclose(r.logits[n - 2], logits, **TOL)
+    one = ie_lab.capture(lm, x, [f"resid_post.{n - 1}.stream-0"])[f"resid_post.{n - 1}.stream-0"][0]
+    assert not torch.allclose(decode_residual(lm, one), logits, **TOL)
+    assert_clean(lm)

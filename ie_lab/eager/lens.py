@@ -12,9 +12,10 @@ from tqdm.auto import tqdm
 from ..address import Address, layer_list
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import LensResult, token_names
-from ..errors import AddressError, InputError, check_flag
+from ..errors import AddressError, CapabilityUnsupported, InputError, check_flag
 from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
 from ..points import Scope, Width
+from ..points import get as get_point
 from .capture import _capture_many, capture_batch
 from .means import auto_batch_size, check_batch_size
 from .model import lm_of
@@ -30,6 +31,31 @@ def decode_residual(lm: Any, h: torch.Tensor) -> torch.Tensor:
         if b.head_input_scale:  # the model scales the final norm's output before its head (MiniCPM 3), measured
             x = x * b.head_input_scale
         return postprocess_logits(lm.facts, b.lm_head(x))
+
+
+def _lens_reads(lm: Any, point: str, layers: list[int]) -> dict[int, list[Address]]:
+    """Per layer, the addresses the lens reads: the point itself, or on a hyper-connection trunk every stream of a
+    residual point, which the trunk's own final collapse (measured by the binder) turns into what its final norm
+    reads, as the model does after its last layer."""
+    n = lm.facts.n_streams
+    if n <= 1 or not get_point(point).per_stream:
+        return {L: [Address(point, L).check(lm.facts)] for L in layers}
+    if lm.binding.stream_head is None:
+        raise CapabilityUnsupported(
+            f"the logit lens on {point}",
+            f"this trunk carries {n} residual streams and ie_lab found no module collapsing them before the final "
+            "norm, so it has no read-out of its own for a stack of streams.",
+            f"capture {point}.L.stream-S and decode it yourself, or lens a sublayer output (attn_out, mlp_out).",
+        )
+    return {L: [Address(point, L, stream=s).check(lm.facts) for s in range(n)] for L in layers}
+
+
+def _residual(lm: Any, cache: Any, addrs: list[Address]) -> torch.Tensor:
+    """[seq, d_model]: the one read, or the streams collapsed by the trunk's final collapse."""
+    if len(addrs) == 1:
+        return cache[addrs[0]][0]
+    with torch.no_grad():
+        return lm.binding.stream_head(torch.stack([cache[a] for a in addrs], dim=-2))[0]
 
 
 def _apply_transport(t: Transport, h: torch.Tensor) -> torch.Tensor:
@@ -114,17 +140,18 @@ def logit_lens(
         )
     check_flag("keep_logits", keep_logits)
     layers = layer_list(layers, lm.facts)
-    addrs = [Address(point, L).check(lm.facts) for L in layers]
+    reads = _lens_reads(lm, point, layers)
     transports = _check_transports(transports, layers, lm.facts.d_model)
     ids, _ = prepare(lm, prompt)
     if ids.shape[0] != 1:
         raise InputError(f"logit_lens reads one prompt, got a batch of {ids.shape[0]}: call it once per prompt.")
-    cache = capture_batch(lm, ids, addrs)  # one [1, seq] tensor: one Cache, as capture() returns for it
+    # one [1, seq] tensor: one Cache, as capture() returns for it
+    cache = capture_batch(lm, ids, [a for L in layers for a in reads[L]])
     all_logits, top_ids, top_probs = [], [], []
-    for a in addrs:
-        h = cache[a][0]
-        if a.layer in transports:
-            h = _apply_transport(transports[a.layer], h)
+    for L in layers:
+        h = _residual(lm, cache, reads[L])
+        if L in transports:
+            h = _apply_transport(transports[L], h)
         logits = decode_residual(lm, h)
         i, pr = topk_rows(logits, k)
         top_ids.append(i)
