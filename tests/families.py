@@ -260,6 +260,18 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
             ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
         ),
     ),
+    # GPT-NeoX-Japanese: the last layer's attention returns its output bias for the layer to add (skip-bias-add)
+    "gpt_neox_japanese": (
+        "gpt_neox_japanese",
+        dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=_H,
+            num_hidden_layers=2,
+            num_attention_heads=_NH,
+            intermediate_multiple_size=2,
+            max_position_embeddings=MAX_POS,
+        ),
+    ),
     # CTRL: attention called as (x, x, x), an nn.Sequential MLP, a final norm named layernorm
     "ctrl": (
         "ctrl",
@@ -328,7 +340,7 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
 # Families bound through structures the all-family sweeps' own heuristics cannot read yet (the cheat-sheet check in
 # tests/test_widgets_unit.py takes DBRX's norm_attn_norm wrapper for a norm and CTRL's sinusoidal positions for
 # ALiBi): tests/test_families_smoke.py and tests/test_families_wrapped.py run them, every invariant included.
-WRAPPED_FAMILIES: list[str] = ["dbrx", "ctrl"]
+WRAPPED_FAMILIES: list[str] = ["dbrx", "ctrl", "gpt_neox_japanese"]
 FAMILIES: list[str] = [f for f in _SPECS if f not in WRAPPED_FAMILIES]
 
 

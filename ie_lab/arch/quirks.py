@@ -65,6 +65,7 @@ UNGATED_MLP = frozenset(
         "xglm",
         "apertus1p5_text",
         "ctrl",  # nn.Sequential(Linear, ReLU, Linear)
+        "gpt_neox_japanese",
     }
 )
 
@@ -126,7 +127,9 @@ def _transformers_below(major: int, minor: int) -> bool:
 # attention-function registry (the binder measures this per layer as uses_attention_interface): their
 # pre-softmax scores never leave the module, and under sdpa neither do their probabilities. GPT-J did until
 # transformers 5.24 moved it onto the registry.
-ATTENTION_IN_MODULE = frozenset({"bloom", "falcon"} | ({"gptj"} if _transformers_below(5, 24) else set()))
+ATTENTION_IN_MODULE = frozenset(
+    {"bloom", "falcon", "gpt_neox_japanese"} | ({"gptj"} if _transformers_below(5, 24) else set())
+)
 
 # Families whose block structure the binder has measured on a real model (tests/test_arch_facts.py checks the
 # structural entries above against that measurement; tests/test_mappers.py this list and ATTENTION_IN_MODULE).
@@ -176,6 +179,7 @@ STRUCTURE_MEASURED = frozenset(
         # bound through measured wrappers (tests/families.py): DBRX's norm_attn_norm, CTRL's Sequential MLP
         "dbrx",
         "ctrl",
+        "gpt_neox_japanese",
     }
 )
 
