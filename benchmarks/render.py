@@ -69,22 +69,40 @@ def _patch_sweep_batch(r: dict) -> list[str]:
     peak = r.get("peak_rss_growth_mb") or {}
     target = r.get("target_speedup")
     verdict = "" if target is None else ("met" if r["speedup"] >= target else "**missed**")
-    return [
+    out = [
         f"## Batched patch sweep, {r['model_key']} ({r['device']}, {r['threads']} threads, {r['date']})",
         "",
         f"{r['model']}; {r['grid']} ({r['cells']} cells); median of {r['repeats']} interleaved repeats after a "
-        "warm-up; the two grids checked equal to 1e-5 first. Peak memory: the process's RSS growth over its level "
+        "warm-up; the grids checked equal to 1e-5 first. Peak memory: the process's RSS growth over its level "
         "before the variant (one untimed run each).",
         "",
         "| variant | median | peak RSS growth |",
         "| --- | ---: | ---: |",
         f"| one forward per cell (batch_size=1) | {_t(r['per_cell_s'])} | {_mb(peak.get('per_cell'))} |",
         f"| batched ({r['auto_batch_size']} cells per forward) | {_t(r['batched_s'])} | {_mb(peak.get('batched'))} |",
+    ]
+    if "prefix_s" not in r:
+        return out + [
+            "",
+            "| ratio | measured | target | verdict |",
+            "| --- | ---: | --- | --- |",
+            f"| speedup, per-cell over batched | {r['speedup']:.2f}x | {'' if target is None else f'>= {target}x'} | "
+            f"{verdict} |",
+            "",
+        ]
+    # patch_sweep now (the cached prefix skipped, ie_lab/eager/patching.py) beside the two whole-prompt variants
+    return out + [
+        f"| patch_sweep now: batched, the corrupted run's cached prefix skipped ({r['prefix_forwards']} forwards) | "
+        f"{_t(r['prefix_s'])} | {_mb(peak.get('prefix'))} |",
+        "",
+        f"Load average (1, 5, 15 min) before {r['load_average_before']}, after {r['load_average_after']}.",
         "",
         "| ratio | measured | target | verdict |",
         "| --- | ---: | --- | --- |",
-        f"| speedup, per-cell over batched | {r['speedup']:.2f}x | {'' if target is None else f'>= {target}x'} | "
-        f"{verdict} |",
+        f"| speedup, patch_sweep now over one forward per cell | {r['speedup']:.2f}x | "
+        f"{'' if target is None else f'>= {target}x'} | {verdict} |",
+        f"| speedup, previous batched sweep over one forward per cell | {r['batched_speedup']:.2f}x | | |",
+        f"| speedup, patch_sweep now over the previous batched sweep | {r['prefix_over_batched']:.2f}x | | |",
         "",
     ]
 
