@@ -8,6 +8,8 @@ that never load a model.
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,8 @@ class Width(str, enum.Enum):
     Q_LATENT = "q_lora_rank"
     KV_LATENT = "kv_lora_rank"
     K_NOPE = "n_heads*qk_nope_head_dim"
+    # a mixer's final state, one per sequence (no position axis): its shape depends on the mixer's kind (docs)
+    STATE = "mixer state"
 
     @property
     def head_axis(self) -> bool:
@@ -87,6 +91,9 @@ class Needs(str, enum.Enum):
     KV_LATENT = "a compressed key/value latent"  # multi-head latent attention (DeepSeek-V2/V3, MiniCPM 3)
     # keys and values one per token: not a layer whose kernel also attends to compressed blocks (DeepSeek-V4)
     TOKEN_KV = "one key/value entry per token"
+    # a mixer that leaves a state in transformers' cache for the next forward (what a decode step starts from)
+    MIXER_STATE = "a mixer that carries a recurrent state"
+    MIXER_CONV_STATE = "a mixer that carries a convolution state"
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,15 @@ _MHC_VLLM = BackendVerdict(
 )
 _MIXER_VLLM = BackendVerdict(
     Verdict.UNIMPLEMENTED, "No hybrid or state-space family is served by the vLLM backend yet; use backend='eager'."
+)
+_MIXER_STATE_EAGER = BackendVerdict(
+    Verdict.SERVED,
+    "Read from the cache transformers fills for the layer in the same forward (ie_lab.capture runs it with one); "
+    "capture only.",
+)
+_MIXER_STATE_VLLM = BackendVerdict(
+    Verdict.UNIMPLEMENTED,
+    "vLLM keeps mixer states in its own paged state cache, which ie_lab does not read; use backend='eager'.",
 )
 _LATENT_VLLM = BackendVerdict(
     Verdict.UNIMPLEMENTED, "No latent-attention family is served by the vLLM backend yet; use backend='eager'."
@@ -318,6 +334,20 @@ _POINTS: tuple[Point, ...] = (
         _OK, _MIXER_VLLM,
         writable=True,
         needs=(Needs.MIXER,),
+    ),
+    Point(
+        "mixer_state", _L, Width.STATE,
+        "The recurrent state a mixer leaves after the prompt, exactly as it wrote it into transformers' own cache for layer L (the cache's recurrent state; the next decode step starts from it): a selective state space's [batch, d_inner, d_state] (Mamba, Falcon-Mamba, Jamba), a Mamba-2 mixer's [batch, n_heads, head_dim, d_state] (Mamba 2, Bamba, Nemotron-H, Zamba 2), a gated delta net's [batch, n_value_heads, key_head_dim, value_head_dim] (Qwen3-Next, Qwen3.5). One final state per sequence, not one per position.",
+        _MIXER_STATE_EAGER, _MIXER_STATE_VLLM,
+        note="Capture only: no position axis to steer, and writing a state is refused. Absent on attention layers and on mixers that keep no recurrent state in the cache (LFM2's convolution).",
+        needs=(Needs.MIXER, Needs.MIXER_STATE),
+    ),
+    Point(
+        "mixer_conv_state", _L, Width.STATE,
+        "The convolution state a mixer leaves after the prompt, exactly as it wrote it into transformers' own cache for layer L: the last kernel-size inputs of its causal convolution, [batch, channels, kernel_size] (channels: d_inner on Mamba, the convolved x/B/C width on Mamba 2, the convolved q/k/v width on a gated delta net, d_model on LFM2). Final state only, left-padded with zeros where the prompt is shorter than the kernel.",
+        _MIXER_STATE_EAGER, _MIXER_STATE_VLLM,
+        note="Capture only, as mixer_state. Absent on attention layers and on mixers without a causal convolution in the cache.",
+        needs=(Needs.MIXER, Needs.MIXER_CONV_STATE),
     ),
     Point(
         "resid_mid", _L, Width.D_MODEL,
@@ -527,6 +557,10 @@ class Structure:
     # Single-sublayer trunks (Nemotron-H): blocks whose one sublayer is the MLP or MoE, with no token mixer. Such a
     # block is a layer of its own (layer L is the config's block L), so resid_mid exists on no layer of it.
     mlp_only_layers: tuple[int, ...] = ()
+    # Mixer layers whose mixer writes a recurrent / convolution state into transformers' cache (mixer_state,
+    # mixer_conv_state)
+    state_layers: tuple[int, ...] = ()
+    conv_state_layers: tuple[int, ...] = ()
 
     def layer_kind(self, layer: int) -> str:
         if layer in self.mlp_only_layers:
@@ -574,6 +608,9 @@ class Structure:
             if not facts.n_heads
             else tuple(i for i, k in enumerate(getattr(facts, "block_sublayers", ())) if k in ("mixer", "attention")),
             mlp_only_layers=tuple(i for i, k in enumerate(getattr(facts, "block_sublayers", ())) if k == "mlp"),
+            # a config names the kind only: the loaded mixer's own code says for sure (from_binding)
+            state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_RECURRENT_STATE),
+            conv_state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_CONV_STATE),
         )
 
     @classmethod
@@ -598,6 +635,8 @@ class Structure:
             mixer_kinds=tuple(lb.mixer_kind for lb in binding.layers if lb.mixer_kind),
             no_mlp_layers=tuple(lb.index for lb in binding.layers if not lb.has_mlp),
             mlp_only_layers=tuple(lb.index for lb in binding.layers if getattr(lb, "mlp_only", False)),
+            state_layers=tuple(lb.index for lb in binding.layers if "recurrent" in _cache_states(lb)),
+            conv_state_layers=tuple(lb.index for lb in binding.layers if "conv" in _cache_states(lb)),
         )
 
     def has(self, need: Needs, layer: int | None = None) -> bool:
@@ -619,7 +658,33 @@ class Structure:
             Needs.MIXER: layer in self.mixer_layers,
             Needs.MLP: layer not in self.no_mlp_layers,
             Needs.TOKEN_MIXER: layer not in self.mlp_only_layers,
+            Needs.MIXER_STATE: layer in self.state_layers,
+            Needs.MIXER_CONV_STATE: layer in self.conv_state_layers,
         }[need]
+
+
+# Config layer kinds known to keep no such state in transformers' cache: RecurrentGemma and xLSTM keep theirs on the
+# module; a short convolution (LFM2) has no recurrent state.
+_NO_RECURRENT_STATE = frozenset({"recurrent", "mlstm", "conv"})
+_NO_CONV_STATE = frozenset({"recurrent", "mlstm"})
+
+
+def _cache_states(lb: Any) -> tuple[str, ...]:
+    """Which states the layer's mixer writes into transformers' cache ('recurrent', 'conv'), read off the mixer
+    class's own code: the cache calls are the one place it hands a state on to the next forward."""
+    m: Any = getattr(lb, "par_mixer", None)
+    if m is None and lb.mixer_kind:
+        m = lb.attn
+    return () if m is None else _class_cache_states(type(m))  # type: ignore[arg-type]
+
+
+@functools.cache
+def _class_cache_states(cls: type) -> tuple[str, ...]:
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return ()
+    return tuple(k for k, call in (("recurrent", "update_recurrent_state("), ("conv", "update_conv_state(")) if call in src)
 
 
 @dataclass(frozen=True)
@@ -717,6 +782,17 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
         "stream, so there is no {name}.",
         "capture mixer_out.{L}, or resid_post.{L} (the stream after the mixer).",
     ),
+    Needs.MIXER_STATE: (
+        "layer {L}'s mixer ({kind}) hands no recurrent state on through transformers' cache (mixer layers of this "
+        "model: {kinds}): a short convolution has none, and RecurrentGemma's and xLSTM's mixers keep theirs on the "
+        "module.",
+        "capture mixer_conv_state.{L} where the mixer has a convolution, or mixer_out.{L}.",
+    ),
+    Needs.MIXER_CONV_STATE: (
+        "layer {L}'s mixer ({kind}) hands no convolution state on through transformers' cache (mixer layers of this "
+        "model: {kinds}).",
+        "capture mixer_state.{L} where the mixer has a recurrent state, or mixer_out.{L}.",
+    ),
     Needs.TOKEN_MIXER: (
         "layer {L} is an MLP-only block ({kind}: a single-sublayer block with no attention or mixer, whose output "
         "is added straight to the residual stream), so it has no {name} (layer kinds: {kinds}; every other layer "
@@ -741,7 +817,14 @@ def absence(point: "Point | str", structure: Structure, layer: int | None = None
                 why, instead = _SHARED_BLOCK
             fill = dict(L=layer, name=p.name, moe=list(structure.moe_layers) or "none", n_streams=structure.n_streams)
             fill.update(sub="mlp" if p.name.startswith("mlp") else "attn")
-            if need in (Needs.ATTENTION, Needs.MIXER, Needs.MLP, Needs.TOKEN_MIXER):
+            if need in (
+                Needs.ATTENTION,
+                Needs.MIXER,
+                Needs.MLP,
+                Needs.TOKEN_MIXER,
+                Needs.MIXER_STATE,
+                Needs.MIXER_CONV_STATE,
+            ):
                 fill.update(kind=structure.layer_kind(layer or 0), kinds=structure.mixers_text())
             return Absence(need, why.format(**fill), instead.format(**fill))
     return None
@@ -781,6 +864,7 @@ def width_of(width: Width, facts: Any) -> int | str:
         Width.Q_LATENT: getattr(facts, "q_lora_rank", 0),
         Width.KV_LATENT: getattr(facts, "kv_lora_rank", 0),
         Width.K_NOPE: facts.n_heads * getattr(facts, "qk_nope_head_dim", 0),
+        Width.STATE: "per mixer kind (POINTS.md)",
     }[width]
 
 

@@ -173,6 +173,8 @@ class EagerBackend:
             return None
         lm = self.lm
         addrs = parse_addresses(lm, addresses)
+        if any(a.name in ("mixer_state", "mixer_conv_state") for a in addrs):
+            return None  # read from the cache of a forward of its own (eager.mixer_state), not by the batch's hooks
         many = prepare_prompts(lm, tokens_or_text)
         if many is not None:
             prompts: list[tuple[Any, Any]] = [(ids, None) for ids in many]

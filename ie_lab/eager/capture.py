@@ -21,6 +21,7 @@ from ..cache import Cache
 from ..core.addresses import head_count, parse_addresses, slice_head
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..errors import StructureError, check_flag
+from . import mixer_state
 from .model import lm_of
 from .taps import Taps, resolve
 
@@ -211,7 +212,8 @@ def _capture_many(lm: Any, rows: list[torch.Tensor], addrs: list[Address], grad:
     its steering positions), the mask hides the pads, and a causal model's real tokens never read the pads
     that follow them; each prompt's rows (and, for attention matrices, its queries and keys) are cut out.
     With grad each prompt runs alone, so each Cache is one autograd graph of its own."""
-    if grad:
+    # a mixer's final state would take in the pads after a shorter prompt: each prompt runs alone then
+    if grad or any(mixer_state.is_state(a) for a in addrs):
         return [_capture_ids(lm, r, None, addrs, grad) for r in rows]
     lens = [r.shape[1] for r in rows]
     width = max(lens)
@@ -234,11 +236,21 @@ def _capture_many(lm: Any, rows: list[torch.Tensor], addrs: list[Address], grad:
 
 
 def _capture_ids(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None, addrs: list[Address], grad: bool) -> Cache:
+    # mixer states are read from the cache the forward fills, not by a hook (eager.mixer_state)
+    states = [a for a in addrs if mixer_state.is_state(a)]
+    for a in states:
+        mixer_state.check(lm, a)
+        if grad:
+            raise mixer_state.refuse_hooked(a, "capturing with grad=True")
+    addrs_hooked = [a for a in addrs if not mixer_state.is_state(a)]
     with lm.lock:
-        links = _Links(lm, addrs) if grad else None  # refuses absent points before any hook is placed
-        taps = Taps(lm, [a for a in addrs if links is None or not links.serves(a)], grad=grad)
+        links = _Links(lm, addrs_hooked) if grad else None  # refuses absent points before any hook is placed
+        taps = Taps(lm, [a for a in addrs_hooked if links is None or not links.serves(a)], grad=grad)
         taps.shape = (ids.shape[0], ids.shape[1])
         kwargs: dict[str, Any] = {"use_cache": False}
+        state_cache = None
+        if states:
+            kwargs, state_cache = mixer_state.forward_kwargs(lm)
         if taps.needs_output_attentions:
             kwargs["output_attentions"] = True
         ctx = torch.enable_grad() if grad else torch.no_grad()
@@ -248,6 +260,9 @@ def _capture_ids(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None, addrs: l
             lm.hf(input_ids=ids, attention_mask=mask, **kwargs)
     out: dict[Address, torch.Tensor] = {}
     for a in addrs:
+        if mixer_state.is_state(a):
+            out[a] = mixer_state.read(lm, state_cache, a)
+            continue
         linked = links.value(a) if links is not None else None
         if linked is not None:
             if len(linked) != 1:

@@ -116,6 +116,10 @@ def resolve(lm: Any, addr: Address) -> Source:
         return _stream_source(b, addr, structure)
     # the registry says which points this structure lacks, and why (the same words on every backend)
     _points.require_present(p, structure, addr.layer, label=name)
+    if name in ("mixer_state", "mixer_conv_state"):  # read from the forward's cache by capture, never by a hook
+        from .mixer_state import refuse_hooked
+
+        raise refuse_hooked(addr, "reading with a hook (steering, patching, a batched read)")
     if name == "embeddings":
         return Source("post", b.embed, lambda t: t)
     if name == "final_norm":

@@ -78,6 +78,10 @@ class Writers:
         self.shape: tuple[int, int] = (0, 0)
         self.offset = 0  # positions already in the KV cache before the forward in flight
         for addr, _ in edits:
+            if addr.name in ("mixer_state", "mixer_conv_state"):
+                from .mixer_state import refuse_hooked
+
+                raise refuse_hooked(addr, "writing")
             if addr.name not in WRITABLE:
                 raise CapabilityUnsupported(
                     f"writing {addr.name}",
