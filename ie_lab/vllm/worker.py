@@ -161,6 +161,8 @@ class IELabWorker:
             if site.layer is not None:
                 present[site.name].append(site.layer)
         for s in layers:
+            if s.attn_core is None:  # a mixer layer: no attention pattern to rebuild
+                continue
             sinks = getattr(s.attn_core.impl, "sinks", None)
             if sinks is not None:  # this rank's heads: the read-out on rank 0 rebuilds every head (all ranks gather)
                 s.sinks = _gather(sinks.detach().float().reshape(1, -1))[0].cpu()
