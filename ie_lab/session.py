@@ -10,7 +10,8 @@ caller's thread (`_Lease`), which runs the whole operation (a stream: every step
 the lock back: torch's OpenMP pool belongs to the thread that runs an op, and a second pool on the loop thread
 makes libgomp cut its spin-waits once the process holds more pool threads than CPUs, which made every call from
 a notebook (whose main thread has a pool) up to ~1.5x slower on CPU (`benchmarks/session_threads.py`). Awaited
-twins compute on the loop thread, as the caller's loop must stay free.
+twins compute on the loop thread, as the caller's loop must stay free; so that they too compute beside no second
+pool, the caller hands its pool back as it hands them over, and the loop its own once none is left (`_OmpPool`).
 
 Interrupts. While a plain call holds the lock on the main thread, SIGINT (Ctrl-C, the notebook's Interrupt)
 cancels the operation instead of raising wherever the thread is (`_Deferral`): the forward stops at the next
@@ -29,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import ctypes
 import gc
 import html
 import importlib.util
 import inspect
+import os
 import queue
 import signal
 import threading
@@ -67,6 +70,57 @@ _POLL = 0.05  # seconds: how often each side of a hand-off re-reads the other's 
 _SIGINT = signal.SIGINT
 _signal = signal.signal  # builtins: a signal pending at the call is handled after it returns (no Python frame)
 _getsignal = signal.getsignal
+
+
+class _OmpPool:
+    """Hands back the calling thread's OpenMP thread pool (torch's libgomp), so that one thread's pool exists while
+    another computes.
+
+    libgomp keeps a pool of workers for every thread that ran a parallel op, for good, and once the process holds
+    more pool threads than CPUs it shortens every thread's spin-wait to almost nothing: each small op of a decode
+    step then pays a futex wake-up per worker. Awaited twins compute on the session's loop thread while the caller
+    (a notebook's main thread, where the model was loaded) keeps its pool, so on 2 CPUs eight awaited requests ran
+    1.4x (20M Llama) to 3.6x (demo model) slower than the same batch computed on one thread
+    (benchmarks/eager_batch.py). The caller hands its pool back when it hands work to the loop, and the loop hands
+    its own back once no awaited operation is left, so a thread that computes next finds no second pool; it
+    re-creates its own on its next parallel op (a thread start per worker, ~0.1 ms). Linux builds of torch use
+    libgomp (omp_pause_resource_all, OpenMP 5.0); elsewhere (LLVM's libomp on macOS, no OpenMP) this does nothing."""
+
+    fn: Any = None
+    looked = False
+
+    @staticmethod
+    def _find() -> Any:
+        if not torch.backends.openmp.is_available():
+            return None
+        here = os.path.dirname(torch.__file__)
+        try:
+            with open("/proc/self/maps") as f:  # the runtime torch loaded, not one a search would find
+                paths = {ln.split()[-1] for ln in f if "libgomp" in ln.rsplit("/", 1)[-1]}
+        except OSError:
+            return None
+        for path in sorted(paths, key=lambda p: not p.startswith(here)):  # torch's own copy first
+            try:
+                fn = ctypes.CDLL(path).omp_pause_resource_all
+            except (OSError, AttributeError):  # a libgomp older than OpenMP 5.0
+                continue
+            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+            return fn
+        return None
+
+    @classmethod
+    def runtime(cls) -> Any:
+        """libgomp's omp_pause_resource_all, or None where torch's OpenMP runtime is not libgomp (looked up once)."""
+        if not cls.looked:
+            cls.fn, cls.looked = cls._find(), True
+        return cls.fn
+
+    @classmethod
+    def release(cls) -> None:
+        """Free this thread's pool (if it has one); never inside a parallel region (libgomp refuses there)."""
+        fn = cls.runtime()
+        if fn is not None:
+            fn(1)  # omp_pause_soft
 
 
 def _leases() -> list:
@@ -392,6 +446,7 @@ class Session:
         # now, not lazily: plain calls reach it from any thread. A backend on the loop takes no operation lock.
         self._op_lock: asyncio.Lock | None = None if self._backend.on_loop else asyncio.Lock()
         self._tokens: set[_CancelToken] = set()
+        self._loop_work = 0  # awaited operations on the loop thread, queued or computing (read on the loop only)
         self._name = (
             str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else type(model).__name__
         )
@@ -540,10 +595,23 @@ class Session:
             _forget(lease)
             guard.end()  # SIGINT back to its handler; KeyboardInterrupt now if one arrived
 
+    def _loop_work_done(self) -> None:
+        """An awaited operation on the loop thread has ended; with none left, the loop hands its OpenMP pool back
+        (`_OmpPool`), so the next plain call computes beside no second pool."""
+        self._loop_work -= 1
+        if not self._loop_work:
+            _OmpPool.release()
+
     async def _run(self, fn: Callable[[], Any], token: _CancelToken | None = None) -> Any:
         """An awaited operation on the loop thread, queued behind the session's lock, cancellable between layers."""
         self._check_open()
-        token = token or _CancelToken()
+        self._loop_work += 1
+        try:
+            return await self._run_locked(fn, token or _CancelToken())
+        finally:
+            self._loop_work_done()
+
+    async def _run_locked(self, fn: Callable[[], Any], token: _CancelToken) -> Any:
         async with self._lock():
             if token.cancelled:
                 raise OperationCancelled("cancelled before it started")
@@ -571,6 +639,7 @@ class Session:
             except asyncio.CancelledError:
                 token.cancelled = True  # a request already in the eager batch leaves it
                 raise
+        _OmpPool.release()  # this thread waits while the loop computes: no second pool beside the loop's
         return await self._await_on_loop(self._run(fn, token), token)
 
     async def _await_on_loop(self, coro: Any, token: _CancelToken) -> Any:
@@ -747,7 +816,17 @@ class Session:
         """The stream on the session loop (awaited twins and the pumped plain stream)."""
         if self._backend.on_loop:
             return self._backend.astream(token, prompt, max_new_tokens, kwargs)
-        return self._locked_stream(token, prompt, max_new_tokens, kwargs)
+        return self._loop_stream(self._locked_stream(token, prompt, max_new_tokens, kwargs))
+
+    async def _loop_stream(self, steps: AsyncGenerator) -> AsyncGenerator:
+        """An eager stream on the loop thread counts as awaited work there until it is closed (`_loop_work_done`)."""
+        self._loop_work += 1
+        try:
+            async with contextlib.aclosing(steps):
+                async for step in steps:
+                    yield step
+        finally:
+            self._loop_work_done()
 
     async def _locked_stream(
         self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict
@@ -855,6 +934,7 @@ class Session:
             return
         q: asyncio.Queue = asyncio.Queue()
         caller = asyncio.get_running_loop()
+        _OmpPool.release()  # this thread waits while the loop computes: no second pool beside the loop's
         fut = asyncio.run_coroutine_threadsafe(
             self._pump(
                 token, prompt, max_new_tokens, kwargs, lambda item: caller.call_soon_threadsafe(q.put_nowait, item)
@@ -1024,10 +1104,13 @@ class Session:
             )
         try:
             self._check_open()
-            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         except (SessionClosed, RuntimeError):  # closed, or its loop closed between the check and the call
             coro.close()  # never awaited: no "coroutine was never awaited" warning later
             raise SessionClosed("this Session is closed; create a new one: Session(...).") from None
+        if not self._on_loop_thread():
+            _OmpPool.release()  # the work computes on the loop (awaited twins): no second pool on this thread
+        return fut
 
     # ---- notebook panels (ie_lab/widgets; JS/CSS in widgets/) ----------------------------------------
     # Each panel's module is imported when one is opened: it loads anywidget and the bundled JS, which a script
