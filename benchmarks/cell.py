@@ -316,17 +316,15 @@ class IEEager:
         import ie_lab
 
         self.ie, self.spec, self.x, self.shape = ie_lab, spec, x, shape
-        if spec["workload"] == "generate_x8":  # 8 concurrent requests: the Session's protocol, as vLLM's cell
+        if spec["workload"] == "generate_x8":  # 8 prompts: what a user holding a Session writes, one call
             self.sess = ie_lab.Session(
                 spec["model_dir"], backend="eager", dtype=spec.get("dtype", "float32"), progress=False, replace=False
             )
             _no_eos_ie(self.sess)
-            # Awaited requests compute on the session's loop thread, while Session() loaded the model on this
-            # thread, which keeps its own OpenMP pool: two pools hold more threads than CPUs, libgomp then shortens
-            # its spin-waits and every small op pays a wake-up. That costs most on the tiny demo model and is what
-            # a notebook that loads a Session and then awaits it gets, so it counts against the engine here (with
-            # one OpenMP thread everywhere, so one pool, the same requests run at 1.04x bare on the demo model).
-            self.own_thread = True
+            # The peers' cells pass the 8 prompts in one batched call, so this one does too: a plain call computes
+            # on this thread, as bare transformers does, and gets an in-process baseline. Eight concurrent
+            # `agenerate` calls (computed on the session's loop thread) are measured across processes by
+            # benchmarks/eager_batch.py (`cross_process`), with and without the Session's OpenMP pool hand-back.
         else:
             self.lm = ie_lab.load(_load_hf(spec, eager_attn=spec["workload"] == "attention"), tokenizer=_tok(spec))
             _no_eos_ie(self.lm)
@@ -354,7 +352,8 @@ class IEEager:
                 "tokens": ie.generate(self.lm, x["prompt"], s["new_tokens"], keep_logits=False, ignore_eos=True).ids
             }
         if w == "generate_x8":
-            return {"tokens": _session_x8(self.sess, x["prompts8"], s["new_tokens"])}
+            rs = self.sess.generate(x["prompts8"], s["new_tokens"], ignore_eos=True, keep_logits=False)
+            return {"tokens": [r.ids for r in rs]}
         if w == "capture_gen":
             r = ie.generate(self.lm, x["prompt"], s["short_new"], capture=all_res, keep_logits=False, ignore_eos=True)
             return {"tokens": r.ids, **{a: r.cache[a][0] for a in all_res}}
@@ -827,11 +826,10 @@ BASELINES = {"capture_mid": ["capture_mid", "forward_512"], "capture_all": ["cap
 def _baseline(spec, x, shape, eng):
     """(bare engine, workloads) to time beside the engine in this process, or None: for bare itself; on GPUs (a
     second copy of the model would compete with vLLM's preallocated memory); and for engines that compute on a
-    thread of their own (`eng.own_thread`: vLLM's engine loop, the eager Session's awaited requests). torch's
-    OpenMP pool belongs to a thread, and two pools in one process slow each other (libgomp shortens its
-    spin-waits once a process holds more pool threads than CPUs), so a baseline beside such an engine would be
-    slowed by the engine's own thread layout, which must count against the engine: those cells are compared
-    across processes."""
+    thread of their own (`eng.own_thread`: vLLM's engine loop). torch's OpenMP pool belongs to a thread, and two
+    pools in one process slow each other (libgomp shortens its spin-waits once a process holds more pool threads
+    than CPUs), so a baseline beside such an engine would be slowed by the engine's own thread layout, which must
+    count against the engine: those cells are compared across processes."""
     if spec["engine"] == "bare" or spec.get("device", "cpu") != "cpu" or not spec.get("baseline", True):
         return None
     if not spec.get("model_dir") or getattr(eng, "own_thread", False):

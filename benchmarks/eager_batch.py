@@ -14,18 +14,36 @@ and the same eight each steered differently (`session_steer_x8`: seven methods, 
 one unsteered). Before timing, every prompt's tokens must equal HF's and its solo run's (a steered request's:
 its solo steered run), or the script reports nothing.
 After timing, each variant runs once more for its peak memory (`peak_rss_growth_mb`, see peak_rss_growth).
+
+Across processes (`cross_process`, `--cross-rounds 3`; 0 skips it): the same 8 prompts, each variant in a process
+of its own, as a user's script or the side-by-side cell runs it (the model loaded on the main thread, then one
+warm-up and `--repeats` timed runs), the processes alternating for `--cross-rounds` rounds:
+`hf_batched_generate` (the baseline), `session_generate_list` (a Session's plain `s.generate(prompts)`: one batch
+computed on the caller's thread), `session_generate_x8` (eight concurrent `await s.agenerate(p)`, computed on the
+session's loop thread) and `session_generate_x8_two_pools` (the same with the Session's OpenMP pool hand-back
+switched off). Why the last one: torch's OpenMP runtime (libgomp on Linux) keeps a pool of workers per thread that
+ran a parallel op; the load leaves one on the main thread, the awaited requests make a second on the loop thread,
+and with more pool threads than CPUs libgomp cuts its spin-waits short, so every small op of a decode step pays a
+futex wake-up (measured before the hand-back: 1.39x bare on bench20m, 3.56x on the demo model, 2 threads on 2 CPUs;
+1.06x / 1.11x at one thread). The Session now hands the caller's pool back when it hands work to its loop, and the
+loop's back once no awaited operation is left (ie_lab/session.py, `_OmpPool`); the two-pools row keeps that cost
+visible. In one process the pools outlive a variant, which is why these rows need processes of their own.
+
 Writes benchmarks/results/eager_batch-cpu.json (bench20m; the name the README cites) or
 eager_batch-<model>-cpu.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import ctypes
 import gc
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -95,39 +113,129 @@ def peak_rss_growth(fn) -> float | None:
     return round(max(0, _rss_kb("VmHWM") - before) / 1024, 1)
 
 
-def main() -> int:
-    ap = parser(repeats=5)
-    ap.add_argument("--model", choices=MODELS, default="bench20m")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-
-    import ie_lab
-
-    model, model_desc = load_model(args.model)
-    lm = ie_lab.load(model)
+def prompt_batch(vocab: int) -> tuple[list[list[int]], torch.Tensor, torch.Tensor, torch.Generator]:
+    """The 8 ragged prompts (8 .. 64 tokens), their left-padded batch and its mask, and the generator they were
+    drawn from (the in-process variants draw their steering vector from it next)."""
     g = torch.Generator().manual_seed(0)
-    lens = [8 + (56 * i) // (N_PROMPTS - 1) for i in range(N_PROMPTS)]  # 8 .. 64 tokens
-    prompts = [torch.randint(4, lm.facts.vocab_size, (n,), generator=g).tolist() for n in lens]
+    lens = [8 + (56 * i) // (N_PROMPTS - 1) for i in range(N_PROMPTS)]
+    prompts = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lens]
     width = max(lens)
     ids = torch.zeros(N_PROMPTS, width, dtype=torch.long)
     mask = torch.zeros(N_PROMPTS, width, dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
+    return prompts, ids, mask, g
+
+
+def hf_batched_generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Bare transformers' batched generate on the left-padded batch: the baseline of every ratio here."""
+    with torch.no_grad():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=NEW,
+            min_new_tokens=NEW,
+            do_sample=False,
+            pad_token_id=0,
+        )
+
+
+CROSS = ("hf_batched_generate", "session_generate_list", "session_generate_x8", "session_generate_x8_two_pools")
+
+
+def child(model_key: str, variant: str, repeats: int) -> dict:
+    """One cross-process variant in this fresh process: load on the main thread, warm up, time `repeats` runs."""
+    model, _ = load_model(model_key)
+    vocab = model.config.vocab_size
+    prompts, ids, mask, _ = prompt_batch(vocab)
+    width = ids.shape[1]
+    if variant == "hf_batched_generate":
+
+        def run() -> list:
+            return hf_batched_generate(model, ids, mask)[:, width:].tolist()
+
+    else:
+        import ie_lab
+        from ie_lab import session as session_module
+
+        if variant == "session_generate_x8_two_pools":  # the Session as it was: no pool handed back
+            session_module._OmpPool.release = classmethod(lambda cls: None)  # type: ignore[method-assign]
+        s = ie_lab.Session(model, progress=False)
+
+        if variant == "session_generate_list":
+
+            def run() -> list:
+                return [r.ids for r in s.generate(prompts, NEW, ignore_eos=True, keep_logits=False)]
+
+        else:
+
+            async def eight() -> list:
+                return await asyncio.gather(*(s.agenerate(p, NEW, ignore_eos=True, keep_logits=False) for p in prompts))
+
+            def run() -> list:
+                return [r.ids for r in asyncio.run(eight())]
+
+    tokens = run()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return {"variant": variant, "times_s": times, "tokens": tokens, "peak_rss_mb": _rss_kb("VmHWM") / 1024}
+
+
+def cross_process(model_key: str, threads: int, repeats: int, rounds: int, ref: list) -> dict:
+    """Each CROSS variant in processes of its own, alternating for `rounds` rounds; tokens checked against ref."""
+    times: dict[str, list[float]] = {k: [] for k in CROSS}
+    peak: dict[str, list[float]] = {k: [] for k in CROSS}
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    for _ in range(rounds):
+        for variant in CROSS:
+            cmd = [sys.executable, os.path.abspath(__file__), "--model", model_key, "--threads", str(threads)]
+            cmd += ["--repeats", str(repeats), "--child", variant]
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+            if r.returncode != 0:
+                raise RuntimeError(f"cross-process {variant} failed:\n{r.stderr[-2000:]}")
+            got = json.loads(r.stdout.strip().splitlines()[-1])
+            if got["tokens"] != ref:
+                raise RuntimeError(f"cross-process {variant}: tokens differ from HF batched generate")
+            times[variant] += got["times_s"]
+            peak[variant].append(got["peak_rss_mb"])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "rounds": rounds,
+        "repeats_per_process": repeats,
+        "median_s": med,
+        "ratio_vs_hf_batched": {k: med[k] / med["hf_batched_generate"] for k in med},
+        "process_peak_rss_mb": {k: round(statistics.median(v), 1) for k, v in peak.items()},
+        "times_s": times,
+    }
+
+
+def main() -> int:
+    ap = parser(repeats=5)
+    ap.add_argument("--model", choices=MODELS, default="bench20m")
+    ap.add_argument("--cross-rounds", type=int, default=3, help="rounds of the cross-process variants (0: skip)")
+    ap.add_argument("--child", choices=CROSS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.child:
+        print(json.dumps(child(args.model, args.child, args.repeats)))
+        return 0
+
+    import ie_lab
+
+    model, model_desc = load_model(args.model)
+    lm = ie_lab.load(model)
+    prompts, ids, mask, g = prompt_batch(lm.facts.vocab_size)
+    width = ids.shape[1]
     mid = lm.facts.n_layers // 2
     v = torch.randn(lm.facts.d_model, generator=g)
     spec = ie_lab.steer(lm, f"resid_post.{mid}", v, scale=2.0)
 
     def hf_batched():
-        with torch.no_grad():
-            return model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=NEW,
-                min_new_tokens=NEW,
-                do_sample=False,
-                pad_token_id=0,
-            )
+        return hf_batched_generate(model, ids, mask)
 
     def ie_batched():
         return ie_lab.generate(lm, prompts, NEW, ignore_eos=True, keep_logits=False)
@@ -213,7 +321,8 @@ def main() -> int:
         "benchmark": "eager_batch",
         "model": model_desc,
         "model_key": args.model,
-        "prompts": f"{N_PROMPTS} prompts of {min(lens)}-{max(lens)} tokens, {NEW} new greedy tokens each",
+        "prompts": f"{N_PROMPTS} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, {NEW} new "
+        "greedy tokens each",
         "threads": args.threads,
         "repeats": args.repeats,
         "device": "cpu",
@@ -234,6 +343,9 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
     }
     session.close()
+    if args.cross_rounds:
+        result["cross_process"] = cross_process(args.model, args.threads, args.repeats, args.cross_rounds, ref)
+        result["target"]["cross_process session_generate_x8"] = 1.25
     return write_result(
         args.out,
         "eager_batch-cpu" if args.model == "bench20m" else f"eager_batch-{args.model}-cpu",
@@ -243,6 +355,9 @@ def main() -> int:
             "median": result["ratio_vs_hf_batched"],
             "best": result["best_ratio_vs_hf_batched"],
             "peak_rss_growth_mb": peak,
+            "cross_process": {k: result["cross_process"][k] for k in ("ratio_vs_hf_batched", "process_peak_rss_mb")}
+            if args.cross_rounds
+            else None,
         },
     )
 
