@@ -339,7 +339,7 @@ _POINTS: tuple[Point, ...] = (
     ),
     Point(
         "mixer_state", _L, Width.STATE,
-        "The recurrent state a mixer leaves after the prompt, exactly as it wrote it into transformers' own cache for layer L (the cache's recurrent state; the next decode step starts from it): a selective state space's [batch, d_inner, d_state] (Mamba, Falcon-Mamba, Jamba), a Mamba-2 mixer's [batch, n_heads, head_dim, d_state] (Mamba 2, Bamba, Nemotron-H, Zamba 2), a gated delta net's [batch, n_value_heads, key_head_dim, value_head_dim] (Qwen3-Next, Qwen3.5). One final state per sequence, not one per position.",
+        "The recurrent state a mixer leaves after the prompt, exactly as it wrote it into transformers' own cache for layer L (the cache's recurrent state; the next decode step starts from it): a selective state space's [batch, d_inner, d_state] (Mamba, Falcon-Mamba, Jamba), a Mamba-2 mixer's [batch, n_heads, head_dim, d_state] (Mamba 2, Bamba, Nemotron-H, Zamba 2), a gated delta net's [batch, n_value_heads, key_head_dim, value_head_dim] (Qwen3-Next, Qwen3.5, OLMo hybrid, Kimi-linear), Zamba's multi-head selective state space [batch, n_mamba_heads, d_inner / n_mamba_heads, d_state]. One final state per sequence, not one per position.",
         _MIXER_STATE_EAGER, _MIXER_STATE_VLLM,
         note="Capture only: no position axis to steer, and writing a state is refused. Absent on attention layers and on mixers that keep no recurrent state in the cache (LFM2's convolution).",
         needs=(Needs.MIXER, Needs.MIXER_STATE),
