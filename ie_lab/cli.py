@@ -216,10 +216,15 @@ def _shape(p: _points.Point, f: Any) -> str:
     if p.width is _points.Width.ATTN:
         return f"[batch, {f.n_heads}, seq, seq]"
     w = width_of(p.width, f)
-    if p.width is _points.Width.HEADS:
-        return f"[batch, seq, {w} = {f.n_heads} x {f.head_dim}]"
-    if p.width is _points.Width.KV_HEADS:
-        return f"[batch, seq, {w} = {f.n_kv_heads} x {f.head_dim}]"
+    if p.width in (_points.Width.HEADS, _points.Width.KV_HEADS):  # a value head: wider on latent attention
+        n = f.n_heads if p.width is _points.Width.HEADS else f.n_kv_heads
+        return f"[batch, seq, {w} = {n} x {f.value_head_dim}]"
+    if p.width is _points.Width.K_NOPE:
+        return f"[batch, seq, {w} = {f.n_heads} x {f.qk_nope_head_dim}]"
+    if p.width is _points.Width.STREAMS and p.name == "resid_streams":  # the stack: one d_model row per stream
+        return f"[batch, seq, {w}, {f.d_model}]"
+    if p.width is _points.Width.STREAMS and p.name.endswith("_mix"):  # stream i's weight in stream j
+        return f"[batch, seq, {w}, {w}]"
     return f"[batch, seq, {w}]"
 
 
