@@ -410,8 +410,9 @@ def _two_sublayer_identities(lm, x, lb, sub: str, tol: _Tol) -> None:
     from .eager.capture import capture_batch
 
     L = lb.index
+    beside = getattr(lb, "par_mixer", None) is not None  # a mixer beside attention adds to resid_mid too (Falcon-H1)
     names = ["resid_pre", sub, "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
-    c = capture_batch(lm, x, [f"{n}.{L}" for n in names])
+    c = capture_batch(lm, x, [f"{n}.{L}" for n in names] + ([f"mixer_out_post.{L}"] if beside else []))
     if lb.parallel:
         torch.testing.assert_close(
             c[f"resid_pre.{L}"] + c[f"{sub}.{L}"] + c[f"mlp_out_post.{L}"],
@@ -421,10 +422,10 @@ def _two_sublayer_identities(lm, x, lb, sub: str, tol: _Tol) -> None:
         )
     else:
         torch.testing.assert_close(
-            c[f"resid_pre.{L}"] + c[f"{sub}.{L}"],
+            c[f"resid_pre.{L}"] + c[f"{sub}.{L}"] + (c[f"mixer_out_post.{L}"] if beside else 0),
             c[f"resid_mid.{L}"],
             **tol,
-            msg=f"resid_pre + {sub} = resid_mid, layer {L}",
+            msg=f"resid_pre + {sub}{' + mixer_out_post' if beside else ''} = resid_mid, layer {L}",
         )
         torch.testing.assert_close(
             c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"],

@@ -560,6 +560,9 @@ class Structure:
     # Single-sublayer trunks (Nemotron-H): blocks whose one sublayer is the MLP or MoE, with no token mixer. Such a
     # block is a layer of its own (layer L is the config's block L), so resid_mid exists on no layer of it.
     mlp_only_layers: tuple[int, ...] = ()
+    # Layers whose mixer runs beside attention, both added to the stream (Falcon-H1): among mixer_layers, and
+    # attention layers too, so both kinds of point exist there.
+    parallel_mixer_layers: tuple[int, ...] = ()
     # Mixer layers whose mixer writes a recurrent / convolution state into transformers' cache (mixer_state,
     # mixer_conv_state)
     state_layers: tuple[int, ...] = ()
@@ -634,8 +637,11 @@ class Structure:
             q_latent=any(getattr(lb, "q_latent", None) is not None for lb in binding.layers),
             kv_latent=any(getattr(lb, "kv_latent", None) is not None for lb in binding.layers),
             kv_compressed_layers=tuple(lb.index for lb in binding.layers if getattr(lb, "kv_compressor", "")),
-            mixer_layers=tuple(lb.index for lb in binding.layers if lb.mixer_kind),
-            mixer_kinds=tuple(lb.mixer_kind for lb in binding.layers if lb.mixer_kind),
+            mixer_layers=tuple(lb.index for lb in binding.layers if lb.mixer_kind or _par_mixer(lb)),
+            mixer_kinds=tuple(
+                lb.mixer_kind or _par_mixer(lb) for lb in binding.layers if lb.mixer_kind or _par_mixer(lb)
+            ),
+            parallel_mixer_layers=tuple(lb.index for lb in binding.layers if _par_mixer(lb)),
             no_mlp_layers=tuple(lb.index for lb in binding.layers if not lb.has_mlp),
             mlp_only_layers=tuple(lb.index for lb in binding.layers if getattr(lb, "mlp_only", False)),
             state_layers=tuple(lb.index for lb in binding.layers if "recurrent" in _cache_states(lb)),
@@ -657,7 +663,8 @@ class Structure:
             Needs.DENSE_MLP: layer not in self.moe_layers,
             Needs.GATED_MLP: self.gated_mlp,
             Needs.MOE: layer in self.moe_layers,
-            Needs.ATTENTION: layer not in self.mixer_layers and layer not in self.mlp_only_layers,
+            Needs.ATTENTION: (layer not in self.mixer_layers or layer in self.parallel_mixer_layers)
+            and layer not in self.mlp_only_layers,
             Needs.MIXER: layer in self.mixer_layers,
             Needs.MLP: layer not in self.no_mlp_layers,
             Needs.TOKEN_MIXER: layer not in self.mlp_only_layers,
@@ -688,6 +695,11 @@ def _class_cache_states(cls: type) -> tuple[str, ...]:
     except (OSError, TypeError):
         return ()
     return tuple(k for k, call in (("recurrent", "update_recurrent_state("), ("conv", "update_conv_state(")) if call in src)
+
+
+def _par_mixer(lb: Any) -> str:
+    """'mamba beside attention' on a layer whose mixer runs in parallel with attention (arch.binder), else ''."""
+    return f"{lb.names.get('mixer', 'mixer')} beside attention" if getattr(lb, "par_mixer", None) is not None else ""
 
 
 @dataclass(frozen=True)

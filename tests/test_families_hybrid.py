@@ -28,6 +28,7 @@ HYBRIDS = {
     "bamba": ("linear_attention", None),  # Mamba 2 mixer, then attention
     "lfm2": ("conv", None),  # short convolution, then attention
     "recurrent_gemma": ("recurrent", None),  # RG-LRU recurrence (transformers 5.24 names it linear_attention)
+    "granitemoehybrid": ("linear_attention", None),  # Mamba 2 mixer, then attention; a shared expert beside each MoE
     "xlstm": ("mlstm", "mlstm"),  # every block: mLSTM recurrence, then a gated MLP (no config key names the mixer)
 }
 

@@ -36,7 +36,8 @@ MIXER_NAMES = (
     "token_mixer",
     "mlstm_layer",  # xLSTM
 )
-MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlp_block")
+# shared_mlp last: a dense Granite hybrid (no experts) keeps its one MLP there; beside a MoE it is a side MLP
+MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlp_block", "shared_mlp")
 Q_NAMES = ("q_proj", "query", "wq")
 K_NAMES = ("k_proj", "key", "wk")
 V_NAMES = ("v_proj", "value", "wv")
@@ -47,11 +48,14 @@ Q_NORM_NAMES = ("q_norm", "q_layernorm", "query_layernorm")
 K_NORM_NAMES = ("k_norm", "k_layernorm", "key_layernorm")
 GATE_NAMES = ("gate_proj", "w1", "proj_up_gate")
 UP_NAMES = ("up_proj", "w3", "c_fc", "fc_in", "fc1", "dense_h_to_4h", "proj_up")
-DOWN_NAMES = ("down_proj", "w2", "c_proj", "fc_out", "fc2", "dense_4h_to_h", "proj_down")
-FUSED_GATE_UP_NAMES = ("gate_up_proj",)
+DOWN_NAMES = ("down_proj", "w2", "c_proj", "fc_out", "fc2", "dense_4h_to_h", "proj_down", "output_linear")
+FUSED_GATE_UP_NAMES = ("gate_up_proj", "input_linear")  # Granite's shared MLP: input_linear's halves, measured
 ACT_NAMES = ("act_fn", "act", "activation_fn", "gelu_impl", "activation")
 ROUTER_NAMES = ("gate", "router")
 EXPERTS_NAMES = ("experts",)
+# A second MLP the layer runs on the MLP's input and sums with the MLP's output before the residual add, outside
+# any module (GraniteMoE-shared's and Granite-hybrid's shared expert beside the MoE block): mlp_out is that sum.
+SIDE_MLP_NAMES = ("shared_mlp",)
 # Hyper-connection trunks (several residual streams): the modules that collapse the stream stack into each
 # sublayer's input and return the weights that write its output back (DeepSeek-V4, HY-V4). The probe measures
 # which of their outputs is the collapse, the write weights and the mixing matrix.
@@ -208,6 +212,16 @@ class LayerBinding:
     mixer_kind: str = ""
     # A mixer-only block (pure state-space trunks): no MLP, so resid_post = resid_pre + mixer_out_post.
     has_mlp: bool = True
+    # A side MLP summed with the MLP's output by the layer itself (SIDE_MLP_NAMES), or None; mlp_out is the sum of
+    # the two outputs, written through the one that runs last (measured: mlp_side_last).
+    mlp_side: nn.Module | None = None
+    mlp_side_last: bool = True
+    # A token mixer beside attention on the same layer, both added to the residual stream (Falcon-H1's Mamba), with
+    # the factor the layer scales its output by (measured with attention's, by least squares, then verified), and
+    # whether it runs before attention. The mixer points are read there; resid_mid = resid_pre + both.
+    par_mixer: nn.Module | None = None
+    par_mixer_multiplier: float | None = None
+    par_mixer_first: bool = True
     # An MLP-only block (single-sublayer trunks, Nemotron-H): no token mixer, so resid_post = resid_pre +
     # mlp_out_post; `attn` and `o_proj` are then the MLP module too, never read (the registry refuses them there).
     mlp_only: bool = False
@@ -583,6 +597,7 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
             names=names,
             wrapper=wrapper,
         )
+        _find_side_mlp(lb)
         experts = _child(host, EXPERTS_NAMES)
         sub = facts.block_sublayers[i] if i < len(facts.block_sublayers) else ""
         if sub == "attention" and mlp_found is None:
@@ -711,6 +726,7 @@ def _mixer_layer(
         mixer_kind=declared or name,
         value_source="none",
     )
+    _find_side_mlp(lb)
     experts = _child(mlp, EXPERTS_NAMES)
     if experts is not None:
         lb.sparse_moe, lb.experts = True, experts[1]
@@ -790,6 +806,93 @@ def _bind_mlp_parts(lb: LayerBinding, mlp: nn.Module, family: str) -> None:
         lb.up_proj = up[1] if up else None
 
 
+def _refuse_unbound_branch(
+    lb: LayerBinding, rec: _Recorder, X: torch.Tensor, R: torch.Tensor, Y: torch.Tensor, where: str
+) -> None:
+    """Name what the layer does beyond its bound sublayers when that is why the residual identities fail: a module
+    it runs outside its attention (or mixer) and MLP (Gemma 4's per-layer input branch; a mixer beside attention
+    whose share _parallel_mixer could not fit), a learned scale on the residual stream itself (Doge's per-channel
+    vectors, Gemma 4's layer_scalar), or a residual that is the input norm's output (MiniMax's alpha/beta factors)."""
+    A_in, A_out = rec.inp(lb.attn), rec.out(lb.o_proj)
+    attn_c = rec.out(lb.post_attn_norm) if lb.post_attn_norm is not None else A_out
+    mlp_c = rec.out(lb.post_mlp_norm) if lb.post_mlp_norm is not None else rec.out(lb.mlp_out_module)
+    roles = (lb.attn, lb.o_proj, lb.mlp, lb.mlp_side, lb.par_mixer, lb.wrapper, lb.input_norm, lb.post_attn_norm)
+    bound = {id(m) for m in (*roles, lb.pre_mlp_norm, lb.post_mlp_norm) if m is not None}
+    ran = [
+        (name, m)
+        for name, m in lb.layer.named_children()
+        if id(m) not in bound and id(m) in rec.outputs and name not in ACT_NAMES
+    ]
+    sub = "mixer" if lb.mixer_kind else "attention"
+    if ran:
+        names = ", ".join(f"{n} ({type(m).__name__})" for n, m in ran)
+        raise StructureError(
+            f"{where}: the layer also runs {names} outside its {sub} and MLP, a further branch whose output joins the "
+            "residual stream outside any module ie_lab binds, so the sublayer points would not add up to resid_post; "
+            "such branches are not bound yet."
+        )
+    own = [*lb.layer.named_parameters(recurse=False), *lb.layer.named_buffers(recurse=False)]
+    for name, p in own:
+        p = p.detach()
+        if p.numel() == X.shape[-1] and (
+            (attn_c is not None and _close(p * X + attn_c, R, 1e-4))
+            or (mlp_c is not None and _close(p * R + mlp_c, Y, 1e-4))
+        ):
+            raise StructureError(
+                f"{where}: the layer scales the residual stream per channel by its learned vector {name} before a "
+                f"sublayer's output is added (resid_mid = {name} * resid_pre + attn_out_post), so no sublayer output "
+                "is what the layer adds to resid_pre; a learned scale on the residual stream is not bound yet."
+            )
+        if p.numel() == 1 and mlp_c is not None and _close(p * (R + mlp_c), Y, 1e-4):
+            raise StructureError(
+                f"{where}: the layer multiplies its whole output by {name} ({float(p):.4g}): resid_post = {name} * "
+                "(resid_mid + mlp_out_post), so the stream itself is rescaled, not a sublayer output; a scale on the "
+                "residual stream is not bound yet."
+            )
+    if A_in is not None and attn_c is not None and A_in.shape == attn_c.shape == R.shape:
+        basis = torch.stack([A_in.double().flatten(), attn_c.double().flatten()], dim=1)
+        coef = torch.linalg.lstsq(basis, R.double().flatten().unsqueeze(1)).solution.flatten()
+        alpha, beta = float(coef[0]), float(coef[1])
+        if _close(alpha * A_in.double() + beta * attn_c.double(), R.double(), 1e-4):
+            raise StructureError(
+                f"{where}: the residual the {sub} output is added to is the input norm's output, not resid_pre "
+                f"(resid_mid = {alpha:.4g} * input_norm(resid_pre) + {beta:.4g} * {sub} output, as MiniMax's "
+                "alpha/beta residual factors have it): the norm sits on the residual path, so no sublayer output "
+                "makes resid_pre + attn_out_post = resid_mid hold; such blocks are not bound yet."
+            )
+
+
+def _parallel_mixer(
+    lb: LayerBinding, rec: _Recorder, X: torch.Tensor, R: torch.Tensor, attn_c: torch.Tensor
+) -> tuple[float, float, torch.Tensor] | None:
+    """A token mixer (MIXER_NAMES) on an attention layer that ran in the probe and whose output, with attention's,
+    explains resid_mid - resid_pre as a*attn + b*mixer (least squares, then checked exactly): bound beside attention
+    (Falcon-H1). Returns (a, b, the mixer's output); None where there is none or it does not add up."""
+    if lb.mixer_kind:
+        return None
+    for name, m in lb.layer.named_children():
+        P = rec.out(m)
+        if name not in MIXER_NAMES or m is lb.attn or P is None or P.shape != X.shape:
+            continue
+        basis = torch.stack([attn_c.double().flatten(), P.double().flatten()], dim=1)
+        a, b = (float(c) for c in torch.linalg.lstsq(basis, (R - X).double().flatten().unsqueeze(1)).solution)
+        if not _close(X.double() + a * attn_c.double() + b * P.double(), R.double(), 1e-4):
+            continue
+        order = list(rec.outputs)
+        lb.par_mixer, lb.par_mixer_first = m, order.index(id(m)) < order.index(id(lb.o_proj))
+        lb.names["mixer"] = name
+        return a, b, P
+    return None
+
+
+def _find_side_mlp(lb: LayerBinding) -> None:
+    """Nominate a side MLP on the layer (SIDE_MLP_NAMES); the probe keeps it only where it reads the MLP's input."""
+    side = _child(lb.layer, SIDE_MLP_NAMES)
+    if side is not None and lb.mlp is not None and side[1] is not lb.mlp:
+        lb.mlp_side = side[1]
+        lb.names["mlp_side"] = side[0]
+
+
 def _norm_children(lb: LayerBinding) -> list[nn.Module]:
     """The norms on the layer, and on the wrapper around its attention where it has one (measured like the rest)."""
     hosts = (lb.layer,) if lb.wrapper is None else (lb.layer, lb.wrapper)
@@ -850,6 +953,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             lb.experts,
             lb.v_proj,
             lb.fused_qkv,
+            lb.mlp_side,
+            *lb.layer.children(),  # what else the layer runs: named when the residual identities fail
             lb.attn_hc,
             lb.mlp_hc,
             *_norm_children(lb),
@@ -1126,6 +1231,17 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
             # A module output that is not its down projection's is either residual-added or post-processed.
             lb.mlp_out_module = lb.down_proj
             M_out = D_out
+    if lb.mlp_side is not None:
+        S_out = rec.out(lb.mlp_side)
+        S = _match_shape(S_out, M_out) if S_out is not None and _same(rec.inp(lb.mlp_side), M_in) else None
+        if S is not None:
+            # a side MLP reading the MLP's input: what the layer adds is the sum (the identities below verify it)
+            order = list(rec.outputs)
+            lb.mlp_side_last = order.index(id(lb.mlp_side)) > order.index(id(lb.mlp_out_module))
+            M_out = M_out + S
+        else:
+            lb.mlp_side = None
+            lb.names.pop("mlp_side", None)
 
     norms = _norm_children(lb)
     for n in norms:
@@ -1179,10 +1295,16 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
                 attn_c = attn_c + lb.o_bias.detach()
         m_attn = ratio(R - X, attn_c)
         m_mlp = ratio(Y - R, mlp_c)
+        par = _parallel_mixer(lb, rec, X, R, attn_c)
+        if par is not None:
+            m_attn, m_par, P = par
+            lb.par_mixer_multiplier = mult(m_par)
+            X = X + P * (lb.par_mixer_multiplier or 1.0)  # what attention's output is added to, beside the mixer's
         lb.attn_multiplier, lb.mlp_multiplier = mult(m_attn), mult(m_mlp)
         a_eff = attn_c * (lb.attn_multiplier or 1.0)
         m_eff = mlp_c * (lb.mlp_multiplier or 1.0)
         if not (_close(X + a_eff, R, 1e-4) and _close(R + m_eff, Y, 1e-4)):
+            _refuse_unbound_branch(lb, rec, X, R, Y, where)
             _refuse_post_norm(lb, rec, X, attn_c, mlp_c, where)  # exact tensor identities first, then the
             _refuse_unbound_residual_step(lb, rec, X, A_out, R, where)  # broader "what else ran" of the branch check
             _refuse_scaled_residual(X, attn_c, R, where)

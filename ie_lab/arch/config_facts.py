@@ -342,7 +342,7 @@ class ArchFacts:
             final_logit_softcap=_first(d, "final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap"),
             residual_multiplier=_first(d, "residual_multiplier"),
             embedding_multiplier=_first(d, "embedding_multiplier"),
-            logit_multiplier=_first(d, "logit_scale"),
+            logit_multiplier=_first(d, "logit_scale", "lm_head_multiplier"),  # Cohere; Falcon-H1's logits = head * m
             logit_divisor=_first(d, "logits_scaling", "logits_mup_width_multiplier"),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             raw=d,

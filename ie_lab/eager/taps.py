@@ -25,7 +25,8 @@ from ..arch.binder import LayerBinding, first_tensor, gate_values, hidden_arg, s
 from ..errors import CapabilityUnsupported, PointAbsent
 from ..ops.attention import scores_and_probs
 
-# kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output),
+# kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output; "post_sum"
+# its first output plus the partner module's, which ran earlier in the same forward),
 # "attn" an attention-interface
 # call, "attn_out_full" the attention module's full output tuple (legacy families' probs), "moe_args"
 # the experts module's routing arguments.
@@ -38,6 +39,15 @@ class Source:
     module: nn.Module
     transform: Callable[..., torch.Tensor]
     needs_output_attentions: bool = False
+    partner: nn.Module | None = None  # "post_sum": the module whose output the layer adds to this one's
+
+
+def _summed(lb: LayerBinding, transform: Callable[[torch.Tensor], torch.Tensor]) -> Source:
+    """mlp_out beside a side MLP (a shared expert the layer sums with the MoE outside any module): read where the
+    later of the two returns, plus the earlier one's output from the same forward (the order is measured)."""
+    side, main = _bound(lb.mlp_side), lb.mlp_out_module
+    later, earlier = (side, main) if lb.mlp_side_last else (main, side)
+    return Source("post_sum", later, transform, partner=earlier)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -128,6 +138,10 @@ def resolve(lm: Any, addr: Address) -> Source:
         return Source("post", b.lm_head, lambda t: t)  # the model's own head output (after any input scale)
 
     lb: LayerBinding = b.layers[addr.layer]
+    if lb.par_mixer is not None and name in _MIXER_AS_SUBLAYER:  # a mixer beside attention (Falcon-H1): its own
+        if name == "mixer_in":
+            return Source("pre", lb.par_mixer, lambda t: t)
+        return Source("post", lb.par_mixer, _scaled(lb.par_mixer_multiplier if name == "mixer_out_post" else None))
     # A mixer layer binds its mixer where attention would sit (arch.binder): the same boundaries, its own names.
     name = _MIXER_AS_SUBLAYER.get(name, name)
     if name == "resid_pre":
@@ -240,10 +254,14 @@ def resolve(lm: Any, addr: Address) -> Source:
             )
         return Source("moe_args", _bound(lb.experts), _dense_weights if name == "expert_weights" else _dense_indices)
     if name == "mlp_out":
+        if lb.mlp_side is not None:
+            return _summed(lb, lambda t: t)
         return Source("post", lb.mlp_out_module, lambda t: t)
     if name == "mlp_out_post":
         if lb.post_mlp_norm is not None:
             return Source("post", lb.post_mlp_norm, _scaled(lb.mlp_multiplier))
+        if lb.mlp_side is not None:
+            return _summed(lb, _scaled(lb.mlp_multiplier))
         return Source("post", lb.mlp_out_module, _scaled(lb.mlp_multiplier))
     raise CapabilityUnsupported(name, "the eager backend has no binding for this point yet.", "see ie_lab.points.")
 
@@ -438,6 +456,24 @@ class Taps:
                                 self._keep(base, src.transform(out, self.shape))
 
                     self._handles.append(module.register_forward_hook(post, with_kwargs=True))
+                elif kind == "post_sum":
+                    earlier: dict[int, torch.Tensor] = {}  # per thread: the partner's output in the forward in flight
+                    partner = _bound(items[0][1].partner)
+
+                    def keep_partner(mod, args, kwargs, out, earlier=earlier):
+                        if self._mine():
+                            earlier[threading.get_ident()] = first_tensor(out)
+
+                    def post_sum(mod, args, kwargs, out, items=items, earlier=earlier):
+                        if not self._mine():
+                            return
+                        t = first_tensor(out)
+                        total = t + earlier.pop(threading.get_ident()).reshape(t.shape)
+                        for base, src in items:
+                            self._keep(base, src.transform(total))
+
+                    self._handles.append(partner.register_forward_hook(keep_partner, with_kwargs=True))
+                    self._handles.append(module.register_forward_hook(post_sum, with_kwargs=True))
                 elif kind == "attn":
 
                     def listen(mod, call, items=items):

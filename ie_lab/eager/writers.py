@@ -18,7 +18,7 @@ import torch
 
 from .. import points as _points
 from ..address import Address
-from ..arch.binder import LayerBinding, hidden_arg
+from ..arch.binder import LayerBinding, first_tensor, hidden_arg
 from ..errors import CapabilityUnsupported
 
 Edit = Callable[[torch.Tensor, int], torch.Tensor]
@@ -117,6 +117,44 @@ class Writers:
 
         self._handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
 
+    def _beside_attention(self, lb: LayerBinding, addr: Address) -> Callable[[], torch.Tensor] | None:
+        """What a mixer beside attention (Falcon-H1) adds to resid_mid in the forward in flight, for writing resid_mid
+        through attention's output; None on layers without one."""
+        if lb.par_mixer is None:
+            return None
+        if not lb.par_mixer_first:
+            raise CapabilityUnsupported(
+                f"writing {addr}",
+                "the mixer beside attention on this layer runs after attention, so its share of resid_mid is not known "
+                "when attention's output is written.",
+                f"write attn_out_post.{addr.layer} or mixer_out_post.{addr.layer}.",
+            )
+        got: dict[int, torch.Tensor] = {}
+        pm = lb.par_mixer_multiplier or 1.0
+
+        def keep(mod, args, kwargs, out):
+            got[threading.get_ident()] = first_tensor(out)
+
+        self._handles.append(lb.par_mixer.register_forward_hook(keep, with_kwargs=True))
+        return lambda: pm * _as3d(got[threading.get_ident()], self.shape)[0]
+
+    def _post_sum(self, lb: LayerBinding, edit: Edit, mult: float) -> None:
+        """Write mlp_out beside a side MLP, a sum the layer forms itself: the earlier module's output is remembered
+        and the later one's is handed on so that the two add up to the edited value (times mult: mlp_out_post)."""
+        assert lb.mlp_side is not None  # only called on such layers
+        later, earlier = (lb.mlp_side, lb.mlp_out_module) if lb.mlp_side_last else (lb.mlp_out_module, lb.mlp_side)
+        seen: dict[int, torch.Tensor] = {}  # per thread: two threads' forwards may pass this layer at once
+
+        def keep(mod, args, kwargs, out):
+            seen[threading.get_ident()] = first_tensor(out)
+
+        def via_later(t: torch.Tensor, off: int) -> torch.Tensor:
+            e = seen[threading.get_ident()].reshape(t.shape)
+            return edit((t + e) * mult, off) / mult - e
+
+        self._handles.append(earlier.register_forward_hook(keep, with_kwargs=True))
+        self._post(later, via_later)
+
     def _place(self, addr: Address, edit: Edit) -> None:
         from .taps import _MIXER_AS_SUBLAYER, resolve
 
@@ -127,6 +165,11 @@ class Writers:
         if addr.name == "final_norm":
             return self._post(b.final_norm, edit)
         lb: LayerBinding = b.layers[addr.layer]
+        if lb.par_mixer is not None and addr.name in _MIXER_AS_SUBLAYER:  # a mixer beside attention: its own
+            if addr.name == "mixer_in":
+                return self._pre(lb.par_mixer, edit)
+            pm = (lb.par_mixer_multiplier or 1.0) if addr.name == "mixer_out_post" else 1.0
+            return self._post(lb.par_mixer, lambda t, off: edit(t * pm, off) / pm)
         n = _MIXER_AS_SUBLAYER.get(addr.name, addr.name)  # a mixer layer's mixer sits where attention would
         if addr.stream is not None:
             return self._place_stream(lb, addr, edit)
@@ -165,6 +208,9 @@ class Writers:
             return self._post(lb.o_proj, lambda t, off: edit(t + ob, off) - ob)
         if n == "attn_out":
             return self._post(lb.o_proj, edit)
+        if n == "mlp_out" or (n == "mlp_out_post" and lb.post_mlp_norm is None):
+            if lb.mlp_side is not None:
+                return self._post_sum(lb, edit, (lb.mlp_multiplier or 1.0) if n == "mlp_out_post" else 1.0)
         if n in ("attn_out_post", "mlp_out_post"):
             attn = n.startswith("attn")
             norm = lb.post_attn_norm if attn else lb.post_mlp_norm
@@ -185,6 +231,7 @@ class Writers:
             )
             mult = lb.attn_multiplier or 1.0
             module = lb.post_attn_norm if lb.post_attn_norm is not None else lb.o_proj
+            beside = self._beside_attention(lb, addr)
             # the bias the layer adds to o_proj's output (skip-bias-add, measured), where o_proj is written
             ob = lb.o_bias.detach() if lb.o_bias is not None and module is lb.o_proj else torch.zeros(())
 
@@ -192,6 +239,7 @@ class Writers:
                 h = seen[threading.get_ident()]
                 assert h is not None  # a decoder layer is always called with its hidden states
                 x, _ = _as3d(h, self.shape)
+                x = x + beside() if beside is not None else x
                 r = x + mult * (c + ob)
                 return (edit(r, off) - x) / mult - ob
 
