@@ -17,7 +17,7 @@ After timing, each variant runs once more for its peak memory (`peak_rss_growth_
 
 Across processes (`cross_process`, `--cross-rounds 3`; 0 skips it): the same 8 prompts, each variant in a process
 of its own, as a user's script or the side-by-side cell runs it (the model loaded on the main thread, then one
-warm-up and `--repeats` timed runs), the processes alternating for `--cross-rounds` rounds:
+warm-up and `--cross-repeats` timed runs), the processes alternating for `--cross-rounds` rounds:
 `hf_batched_generate` (the baseline), `session_generate_list` (a Session's plain `s.generate(prompts)`: one batch
 computed on the caller's thread), `session_generate_x8` (eight concurrent `await s.agenerate(p)`, computed on the
 session's loop thread) and `session_generate_x8_two_pools` (the same with the Session's OpenMP pool hand-back
@@ -217,6 +217,7 @@ def main() -> int:
     ap = parser(repeats=5)
     ap.add_argument("--model", choices=MODELS, default="bench20m")
     ap.add_argument("--cross-rounds", type=int, default=3, help="rounds of the cross-process variants (0: skip)")
+    ap.add_argument("--cross-repeats", type=int, default=3, help="timed runs in each cross-process variant's process")
     ap.add_argument("--child", choices=CROSS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -344,7 +345,7 @@ def main() -> int:
     }
     session.close()
     if args.cross_rounds:
-        result["cross_process"] = cross_process(args.model, args.threads, args.repeats, args.cross_rounds, ref)
+        result["cross_process"] = cross_process(args.model, args.threads, args.cross_repeats, args.cross_rounds, ref)
         result["target"]["cross_process session_generate_x8"] = 1.25
     return write_result(
         args.out,
