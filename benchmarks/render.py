@@ -433,7 +433,7 @@ def render_sidebyside(cells: list[dict], device: str, headline: bool = False) ->
         "(Nx) is the cell's time over bare transformers' time for the same workload, timed in the cell's own process, "
         "interleaved with it (the two sides share every slow spell of the machine); (Nx\u2020) compares with the bare "
         "cell's separate process instead (noisier, about \u00b115% here): engines that compute on a thread of "
-        "their own (vLLM's engine loop, ie_lab eager's awaited requests in generate_x8) are measured that way, "
+        "their own (vLLM's engine loop) are measured that way, "
         "since a second OpenMP pool in one process would slow the baseline beside them too. Targets compare "
         "engines through in-process ratios where both cells have one. [n] points to the notes.",
         "",
