@@ -1304,10 +1304,10 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         a_eff = attn_c * (lb.attn_multiplier or 1.0)
         m_eff = mlp_c * (lb.mlp_multiplier or 1.0)
         if not (_close(X + a_eff, R, 1e-4) and _close(R + m_eff, Y, 1e-4)):
-            _refuse_unbound_branch(lb, rec, X, R, Y, where)
             _refuse_post_norm(lb, rec, X, attn_c, mlp_c, where)  # exact tensor identities first, then the
             _refuse_unbound_residual_step(lb, rec, X, A_out, R, where)  # broader "what else ran" of the branch check
             _refuse_scaled_residual(X, attn_c, R, where)
+            _refuse_unbound_branch(lb, rec, X, R, Y, where)
             raise StructureError(
                 f"{where}: the residual identities resid_pre + {'mixer' if lb.mixer_kind else 'attn'}_out_post = "
                 "resid_mid and resid_mid + "
