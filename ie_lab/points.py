@@ -694,7 +694,9 @@ def _class_cache_states(cls: type) -> tuple[str, ...]:
         src = inspect.getsource(cls)
     except (OSError, TypeError):
         return ()
-    return tuple(k for k, call in (("recurrent", "update_recurrent_state("), ("conv", "update_conv_state(")) if call in src)
+    return tuple(
+        k for k, call in (("recurrent", "update_recurrent_state("), ("conv", "update_conv_state(")) if call in src
+    )
 
 
 def _par_mixer(lb: Any) -> str:
@@ -737,8 +739,7 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
     Needs.SINGLE_STREAM: (
         "this trunk carries {n_streams} residual streams (hyper-connections): the sublayer's output enters each "
         "stream with a weight of its own, so no single tensor is what it adds to the residual.",
-        "capture {sub}_out.{L} and {sub}_stream_write.{L}: stream S receives {sub}_stream_write[..., S] * "
-        "{sub}_out.",
+        "capture {sub}_out.{L} and {sub}_stream_write.{L}: stream S receives {sub}_stream_write[..., S] * {sub}_out.",
     ),
     Needs.Q_LATENT: (
         "this family's attention projects queries straight from the residual (no compressed query latent).",
