@@ -585,6 +585,9 @@ class Structure:
         """From a config's ArchFacts (no weights). Configs do not say whether the trunk ends in a norm: a backend
         that found out passes it."""
         raw = facts.raw or {}
+        # every layer runs this mixer beside its attention (Falcon-H1; arch.quirks.PARALLEL_MIXER): both kinds there
+        beside = getattr(facts, "parallel_mixer", "")
+        parallel = tuple(range(facts.n_layers)) if beside else ()
         return cls(
             facts.model_type,
             qk_norm=bool(facts.qk_norm),
@@ -607,16 +610,19 @@ class Structure:
             kv_compressed_layers=tuple(
                 i for i, t in enumerate(raw.get("layer_types") or ()) if "compressed" in str(t) and i < facts.n_layers
             ),
-            mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k),
-            mixer_kinds=tuple(k for k in facts.mixer_kinds if k),
+            mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k) or parallel,
+            mixer_kinds=tuple(k for k in facts.mixer_kinds if k) or (f"{beside} beside attention",) * len(parallel),
+            parallel_mixer_layers=parallel,
             # a config that has no attention heads at all is a pure state-space trunk: mixer-only blocks
             no_mlp_layers=tuple(range(facts.n_layers))
             if not facts.n_heads
             else tuple(i for i, k in enumerate(getattr(facts, "block_sublayers", ())) if k in ("mixer", "attention")),
             mlp_only_layers=tuple(i for i, k in enumerate(getattr(facts, "block_sublayers", ())) if k == "mlp"),
             # a config names the kind only: the loaded mixer's own code says for sure (from_binding)
-            state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_RECURRENT_STATE),
-            conv_state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_CONV_STATE),
+            state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_RECURRENT_STATE)
+            or parallel,
+            conv_state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_CONV_STATE)
+            or parallel,
         )
 
     @classmethod

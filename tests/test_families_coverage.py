@@ -170,6 +170,9 @@ _CONFIG_STRUCTURE_GAPS = {
     # so the live model refuses q_norm_in / k_norm_in although the config states use_qk_norm.
     "llama4": "qk_norm",
     "llama4_text": "qk_norm",
+    # AXK2 states q_lora_rank, but no query up-projection reads its compressed query (it feeds the sparse indexer
+    # and the query gate), so the binder measures no q_latent point (the norm whose output q_b_proj reads).
+    "axk2": "q_latent",
 }
 
 

@@ -187,6 +187,8 @@ class ArchFacts:
     # per layer on single-sublayer trunks (quirks.SINGLE_SUBLAYER_BLOCKS): the block's one sublayer, "mixer" |
     # "attention" | "mlp"; empty where every block holds a token mixer and an MLP
     block_sublayers: tuple[str, ...] = ()
+    # the mixer module every layer runs beside its attention (quirks.PARALLEL_MIXER), "" elsewhere
+    parallel_mixer: str = ""
     sliding_window: int | None = None
     parallel_block: bool = False
     sandwich_norms: bool = False  # a norm on each sublayer's output before the residual add
@@ -327,6 +329,7 @@ class ArchFacts:
             if mt in quirks.RECURRENT_MIXERS
             else _mixer_kinds(d, int(n_layers)),
             block_sublayers=sublayers,
+            parallel_mixer=quirks.PARALLEL_MIXER.get(mt, ""),
             sliding_window=window,
             parallel_block=parallel,
             sandwich_norms=structure in ("sandwich", "post"),

@@ -215,6 +215,12 @@ RECURRENT_MIXERS = {"xlstm": "mlstm"}
 # layer under the key given here (types not listed are not single-sublayer). Configs never say a block lacks an MLP,
 # so this maps the config's type names to the sublayer ("mixer", "attention", "mlp"); the binder measures each block
 # (resid_pre + its one sublayer's output = resid_post) and refuses a block that does not add up.
+# Trunks whose every layer runs a token mixer beside attention, both added to the residual stream, though the
+# config names no per-layer types (Falcon-H1: its mamba_* keys size the mixer). The value is the mixer module's
+# name, as the binder's measured kind reads ("mamba beside attention"): the config-only cheat sheet and vLLM's
+# point table then draw both kinds on every layer, as the live binding does.
+PARALLEL_MIXER = {"falcon_h1": "mamba"}
+
 SINGLE_SUBLAYER_BLOCKS = {
     "nemotron_h": (
         "layers_block_type",
