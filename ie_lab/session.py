@@ -266,6 +266,43 @@ async def _hold(lock: asyncio.Lock, tokens: set, lease: _Lease) -> None:
         lease.event.set()
 
 
+class _Handoff:
+    """An awaited eager stream made and bound on its caller's side: the caller hands out the steps another driver
+    produces for it (`poll`, under `guard`) until the loop side holds the lock and takes it over (`take`, under
+    `guard`), so exactly one side reads the stream at any time and its steps stay in order."""
+
+    def __init__(self, it: Any, caller: asyncio.AbstractEventLoop) -> None:
+        self.it = it
+        self.caller = caller
+        self.guard = threading.Lock()
+        self.taken = False
+        self.left = False
+        self.ended = False  # every step handed out before the loop side took it over
+        self.wake = asyncio.Event()  # on the caller's loop
+
+    def woken(self) -> None:  # on the driver's thread, and on the loop's once it takes over
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting any more
+            self.caller.call_soon_threadsafe(self.wake.set)
+
+    def take(self) -> bool:
+        """The loop side holds the lock: the stream is its own from now; False if the caller has left it."""
+        with self.guard:
+            if self.left:
+                return False
+            self.taken = True
+        self.woken()
+        return True
+
+    def leave(self) -> bool:
+        """The caller is done with a stream the loop side has not taken over: nothing of the model is held for it
+        (its row leaves the batch at the driver's next step), so the caller need not wait for the busy loop."""
+        with self.guard:
+            if self.taken:
+                return False
+            self.left = True
+            return True
+
+
 class _Deferral:
     """SIGINT on the main thread becomes a cancellation while a plain call holds the model.
 
@@ -812,11 +849,13 @@ class Session:
             ids, [s.token_id for s in steps], text, steps, "streamed", steps[-1].cache if steps else None
         )  # with capture=, the last step holds it all
 
-    def _astream(self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncGenerator:
+    def _astream(
+        self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict, early: "_Handoff | None" = None
+    ) -> AsyncGenerator:
         """The stream on the session loop (awaited twins and the pumped plain stream)."""
         if self._backend.on_loop:
             return self._backend.astream(token, prompt, max_new_tokens, kwargs)
-        return self._loop_stream(self._locked_stream(token, prompt, max_new_tokens, kwargs))
+        return self._loop_stream(self._locked_stream(token, prompt, max_new_tokens, kwargs, early))
 
     async def _loop_stream(self, steps: AsyncGenerator) -> AsyncGenerator:
         """An eager stream on the loop thread counts as awaited work there until it is closed (`_loop_work_done`)."""
@@ -829,22 +868,32 @@ class Session:
             self._loop_work_done()
 
     async def _locked_stream(
-        self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict
+        self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict, early: "_Handoff | None" = None
     ) -> AsyncGenerator:
         """An eager stream on the session loop: the model-side generator is created, advanced and closed on this
         one thread, as it holds the model's lock between steps. A batched stream (its prompt refused here, before
         anything is queued) joins the eager batch at once: while another operation holds the lock, the steps the
-        batch's driver produces for it are handed out as they come (`_steps_before_the_lock`)."""
+        batch's driver produces for it are handed out as they come (`_steps_before_the_lock`).
+
+        With `early`, an awaited stream's batched stream was made and bound by its caller, who hands out the
+        steps produced before the lock is this one's; once it is, this side takes the stream over (`_Handoff`)."""
+        if early is not None and self._closed:
+            early.it.close()
         self._check_open()
         lock = self._lock()
-        it: Any = self._backend.stream(prompt, max_new_tokens, **kwargs)  # a generator: closed below
+        it: Any = early.it if early is not None else self._backend.stream(prompt, max_new_tokens, **kwargs)
         held = False
         ended = [False]
         try:
-            if getattr(it, "ready", None) is not None:
+            if early is not None:
+                await lock.acquire()
+                held = True
+                if not early.take():
+                    return  # the caller has left it: closed below, under the lock
+            elif getattr(it, "ready", None) is not None:
                 _bind(it, token)
-                async with contextlib.aclosing(self._steps_before_the_lock(it, lock, token, ended)) as early:
-                    async for step in early:
+                async with contextlib.aclosing(self._steps_before_the_lock(it, lock, token, ended)) as before:
+                    async for step in before:
                         yield step
                 held = not ended[0]  # the helper returns holding the lock unless the stream ended first
             if ended[0]:
@@ -917,6 +966,29 @@ class Session:
                 else:
                     acq.cancel()
 
+    async def _steps_from_the_caller(self, early: "_Handoff", token: _CancelToken, q: asyncio.Queue) -> AsyncGenerator:
+        """An awaited stream's steps that another request's driver produces before the lock is its own, read on the
+        caller's loop as they come: the session loop may be busy computing that very request. Returns once the
+        loop side has taken the stream over (its steps then come through q), or the stream is over (ended)."""
+        while not token.cancelled and q.empty():
+            early.wake.clear()
+            with early.guard:
+                if early.taken:
+                    return
+                try:
+                    step = early.it.poll()  # the request's error, or StopIteration, once it is over
+                except StopIteration:
+                    early.ended = True
+                    return
+            if step is not None:
+                yield step
+                continue
+            waiter = asyncio.ensure_future(early.wake.wait())
+            try:  # not wait_for: on 3.11 it can swallow a cancel that lands as the wait ends (asyncio.run's one)
+                await asyncio.wait({waiter}, timeout=_POLL)
+            finally:
+                waiter.cancel()
+
     def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
         """Async iterator of GenStep objects, from any event loop; cancelling the consumer stops the stream."""
         kwargs["steer"] = self._issued(kwargs.get("steer"))  # fixed here, in the caller's context
@@ -934,16 +1006,45 @@ class Session:
             return
         q: asyncio.Queue = asyncio.Queue()
         caller = asyncio.get_running_loop()
+        early = None
+        if not self._backend.on_loop:
+            it: Any = self._backend.stream(prompt, max_new_tokens, **kwargs)  # a bad prompt is refused here
+            early = _Handoff(it, caller)
+            if getattr(it, "ready", None) is not None:
+                # a batched stream joins now, from this side, as an awaited generate does: the loop may be busy
+                # computing the request that drives the batch, and this stream's steps come from that driver
+                _bind(it, token)
+                it.watch(early.woken)
+            else:
+                early.taken = True  # nothing to hand out before the lock
         _OmpPool.release()  # this thread waits while the loop computes: no second pool beside the loop's
-        fut = asyncio.run_coroutine_threadsafe(
-            self._pump(
-                token, prompt, max_new_tokens, kwargs, lambda item: caller.call_soon_threadsafe(q.put_nowait, item)
-            ),
-            self._loop,
-        )
+        try:
+            fut = asyncio.run_coroutine_threadsafe(
+                self._pump(
+                    token,
+                    prompt,
+                    max_new_tokens,
+                    kwargs,
+                    lambda item: caller.call_soon_threadsafe(q.put_nowait, item),
+                    early,
+                ),
+                self._loop,
+            )
+        except RuntimeError:  # the loop is closed
+            if early is not None:
+                early.it.close()
+            raise SessionClosed("this Session is closed; create a new one: Session(...).") from None
         waiter = asyncio.wrap_future(fut)
         watched = _AwaitedInterrupts.add(token)
         try:
+            if early is not None:
+                async with contextlib.aclosing(self._steps_from_the_caller(early, token, q)) as steps:
+                    async for step in steps:
+                        yield step
+                if early.ended:
+                    return  # over before the lock was its own
+                if token.cancelled and not early.taken and getattr(token, "interrupted", False):
+                    raise asyncio.CancelledError("interrupted")  # as below, without waiting for the busy loop
             while True:
                 kind, item = await q.get()
                 if kind == "step":
@@ -961,12 +1062,15 @@ class Session:
         finally:
             token.cancelled = True  # read by the loop at its next layer, even while it is busy computing
             try:
-                await _until_done(waiter)  # back once the stream has given everything back
+                if early is None or not early.leave():
+                    await _until_done(waiter)  # back once the stream has given everything back
             finally:
                 if watched:
                     _AwaitedInterrupts.remove(token)
 
-    async def _pump(self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], Any]) -> None:
+    async def _pump(
+        self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], Any], early: "_Handoff | None" = None
+    ) -> None:
         def send(msg: tuple) -> bool:
             try:
                 put(msg)
@@ -976,7 +1080,7 @@ class Session:
                 return False
 
         try:
-            async with contextlib.aclosing(self._astream(token, prompt, max_new_tokens, kwargs)) as steps:
+            async with contextlib.aclosing(self._astream(token, prompt, max_new_tokens, kwargs, early)) as steps:
                 async for step in steps:
                     if not send(("step", step)):
                         return

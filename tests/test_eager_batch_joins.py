@@ -9,6 +9,7 @@ neighbour's row (a shape-correct wrong answer) is caught too.
 """
 
 import asyncio
+import concurrent.futures
 import threading
 
 import pytest
@@ -560,3 +561,108 @@ def test_a_list_joining_mid_batch_equals_its_solo_runs_on_other_families(fam):
             assert (4, 1) in seen.shapes  # decoded with the stream
         assert not batcher.rows and not batcher.pending
         assert_clean(s._lm)
+
+
+def _awaited_from_another_loop(s, coros):
+    """Await the generates on another thread's event loop, as a notebook's `await` does: each joins the batch as
+    it is issued there and computes on the session's loop thread. Returns once they all drive the batch."""
+    batcher = s._backend._batcher
+    go, holder = _hold(s)
+    fut = concurrent.futures.Future()
+
+    def main():
+        async def gathered():
+            return await asyncio.gather(*coros)
+
+        try:
+            fut.set_result(asyncio.run(gathered()))
+        except BaseException as e:  # noqa: BLE001 - raised by fut.result() in the test
+            fut.set_exception(e)
+
+    threading.Thread(target=main).start()
+    try:
+        _wait_for(lambda: len(batcher.pending) == len(coros), "the generates to be queued")
+    finally:
+        go.set()
+        holder.join()
+    _wait_for(lambda: len(batcher.rows) == len(coros), "the generates to be driving the batch")
+    return fut
+
+
+def test_an_awaited_stream_joins_a_batch_awaited_generates_drive_on_the_busy_loop(s):
+    # awaited generates compute on the session's loop thread and block it: the awaited stream joins from its
+    # caller's side, gets its steps from their driver as they come, and drives the rest itself once its turn comes
+    steers = _steers(s)
+    others = [_prompt(i, 4 + 3 * i) for i in range(8)]
+    mine = _prompt(9, 11)
+    solo_others = [_solo(s, p, steers[i % 4], n=24) for i, p in enumerate(others)]
+    solo = _solo(s, mine, steers[2], n=30)
+    batcher = s._backend._batcher
+    seen = _Forwards(s)
+    received = []
+
+    fut = _awaited_from_another_loop(
+        s, [s.agenerate(p, 24, steer=steers[i % 4], ignore_eos=True, capture=CAPTURE) for i, p in enumerate(others)]
+    )  # they compute on the session's loop thread: it is busy until they are done
+    pace = _Pace(s, received)
+
+    async def consume():
+        async for st in s.agenerate_stream(mine, 30, steer=steers[2], ignore_eos=True, capture=CAPTURE):
+            received.append((st, fut.done()))
+
+    try:
+        asyncio.run(consume())
+        got_others = fut.result(timeout=120)
+    finally:
+        pace.remove()
+        seen.remove()
+    assert not pace.stalled
+    assert not received[0][1]  # its first step came while the generates still ran
+    assert any(done for _, done in received)  # and it drove its last steps itself
+    assert (1, 11) in seen.shapes and (9, 1) in seen.shapes  # its prefill joined, then decoded in the shared batch
+    steps = [st for st, _ in received]
+    assert [st.token_id for st in steps] == solo.ids
+    for x, y in zip(solo.steps, steps):
+        torch.testing.assert_close(y.logits, x.logits, atol=1e-4, rtol=0)
+    for k in solo.cache.keys():
+        torch.testing.assert_close(steps[-1].cache[k], solo.cache[k], atol=1e-5, rtol=0)
+    for want, got in zip(solo_others, got_others):
+        _same(want, got)
+    assert not batcher.rows and not batcher.pending
+    assert_clean(s._lm)
+
+
+def test_an_awaited_stream_cancelled_while_it_rides_on_a_busy_loop_leaves_the_others_correct(s):
+    others = [_prompt(i, 5 + 2 * i) for i in range(3)]
+    mine = _prompt(7, 10)
+    solo_others = [_solo(s, p, None, n=24) for p in others]
+    want = _solo(s, mine, None, n=3)
+    batcher = s._backend._batcher
+    seen = _Forwards(s)
+    received = []
+
+    fut = _awaited_from_another_loop(s, [s.agenerate(p, 24, ignore_eos=True, capture=CAPTURE) for p in others])
+
+    async def consume():
+        async for st in s.agenerate_stream(mine, 20, ignore_eos=True):
+            received.append((st, fut.done()))
+            if len(received) == 3:
+                raise asyncio.CancelledError  # the consumer's task is cancelled mid-way: the stream closes
+
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(consume())
+        left_early = not fut.done()  # the cancel did not wait for the busy loop
+        got_others = fut.result(timeout=120)
+    finally:
+        seen.remove()
+    assert left_early
+    assert not any(done for _, done in received)
+    assert [st.token_id for st, _ in received] == want.ids
+    for x, (y, _) in zip(want.steps, received):
+        torch.testing.assert_close(y.logits, x.logits, atol=1e-4, rtol=0)
+    assert (4, 1) in seen.shapes and seen.shapes.count((4, 1)) < 20  # rode along, then its row left
+    for w, g in zip(solo_others, got_others):
+        _same(w, g)
+    _wait_for(lambda: not batcher.rows and not batcher.pending, "the batch to empty")
+    assert_clean(s._lm)
