@@ -24,6 +24,30 @@ pytestmark = pytest.mark.skipif(
     reason="torch's OpenMP runtime here is not libgomp (or /proc is absent): nothing is handed back",
 )
 
+# The pools are read off this process's threads, so the tests run in a process of their own: once a vLLM engine
+# has run in a process (the suite's vLLM tests share pytest workers with these), a parallel op there no longer
+# starts a pool worker (measured: "no pool worker appeared"), and every check below would read nothing.
+_CHILD = "IE_LAB_OMP_POOL_CHILD"
+_in_child = pytest.mark.skipif(
+    os.environ.get(_CHILD) != "1", reason="runs in a fresh process (test_the_pool_tests_in_a_fresh_process)"
+)
+
+
+@pytest.mark.skipif(os.environ.get(_CHILD) == "1", reason="this is the fresh process")
+def test_the_pool_tests_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    env = {**os.environ, _CHILD: "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-p", "no:randomly", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0 and "4 passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
+
 
 def _tids() -> set:
     return set(os.listdir("/proc/self/task"))
@@ -84,6 +108,7 @@ def _in_fresh_thread(fn):
     return box["out"]
 
 
+@_in_child
 def test_an_awaited_call_computes_on_the_loop_beside_no_other_pool(s):
     def caller(own):
         seen = {}
@@ -108,6 +133,7 @@ def test_an_awaited_call_computes_on_the_loop_beside_no_other_pool(s):
     assert _gone(seen["loop_pool"]), "the loop thread kept its pool after the awaited call ended"
 
 
+@_in_child
 def test_plain_calls_keep_their_pool_and_compute_on_the_caller(s):
     def caller(own):
         r = s.run(lambda lm: (threading.current_thread(), _tids() & own))
@@ -118,6 +144,7 @@ def test_plain_calls_keep_their_pool_and_compute_on_the_caller(s):
     assert thread is not s._thread and during and after  # computed here, with this thread's own pool kept
 
 
+@_in_child
 def test_concurrent_awaited_generations_and_a_stream_hand_the_loop_pool_back(s):
     prompts = ["Mary went to", "When John and Mary", "The park", "A"]
     alone = [s.generate(p, 4, keep_logits=False).ids for p in prompts]
@@ -141,6 +168,7 @@ def test_concurrent_awaited_generations_and_a_stream_hand_the_loop_pool_back(s):
     assert _gone(loop_pool), "the loop thread kept its pool after the generations and the stream"
 
 
+@_in_child
 def test_a_cancelled_awaited_call_still_hands_the_pool_back(s):
     def caller(own):
         started = threading.Event()
