@@ -727,23 +727,7 @@ def _mixer_layer(
         value_source="none",
     )
     _find_side_mlp(lb)
-    experts = _child(mlp, EXPERTS_NAMES)
-    if experts is not None:
-        lb.sparse_moe, lb.experts = True, experts[1]
-        r = _child(mlp, ROUTER_NAMES)
-        lb.router = r[1] if r else None
-        return lb
-    down = _child(mlp, DOWN_NAMES)
-    if down is None:
-        raise StructureError(f"{family} layer {i}: MLP has no down projection among {DOWN_NAMES}.")
-    lb.down_proj = down[1]
-    fgu = _child(mlp, FUSED_GATE_UP_NAMES)
-    if fgu is not None:
-        lb.fused_gate_up = fgu[1]
-    else:
-        gate, up = _child(mlp, GATE_NAMES), _child(mlp, UP_NAMES)
-        lb.gate_proj = gate[1] if gate else None
-        lb.up_proj = up[1] if up else None
+    _bind_mlp_parts(lb, mlp, family)
     return lb
 
 

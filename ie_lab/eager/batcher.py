@@ -334,17 +334,25 @@ class Batcher:
         assert req.result is not None
         return req.result
 
-    def _read_group(self, group: list[CaptureRequest]) -> None:
-        lm = self.lm
-        lens = [int(c.ids.shape[1]) for c in group]
+    def _right_padded(self, group: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+        """One-prompt requests as one right-padded frame: ids, the attention mask (a lone request keeps its own,
+        exactly as capture() would; right padding is masked, and real tokens never read the pads after them) and
+        each row's real length."""
+        lens = [int(r.ids.shape[1]) for r in group]
         width = max(lens)
         device = group[0].ids.device
         ids = torch.full((len(group), width), self._pad_id, dtype=torch.long, device=device)
-        for i, c in enumerate(group):
-            ids[i, : lens[i]] = c.ids[0]
-        mask: torch.Tensor | None = group[0].mask if len(group) == 1 else None  # alone: exactly as capture()
-        if min(lens) < width:  # right padding: real tokens never read the pads after them, the mask hides them
+        for i, r in enumerate(group):
+            ids[i, : lens[i]] = r.ids[0]
+        mask: torch.Tensor | None = group[0].mask if len(group) == 1 else None
+        if min(lens) < width:
             mask = (torch.arange(width, device=device)[None] < torch.tensor(lens, device=device)[:, None]).long()
+        return ids, mask, lens
+
+    def _read_group(self, group: list[CaptureRequest]) -> None:
+        lm = self.lm
+        ids, mask, lens = self._right_padded(group)
+        width = ids.shape[1]
         for i, c in enumerate(group):
             c.state.ids, c.state.offset, c.state.prompt_len, c.state.pad = ids[i : i + 1], 0, None, None
         bases = list(dict.fromkeys(a.without_head() for c in group for a in c.addrs))
@@ -397,15 +405,8 @@ class Batcher:
         backward of the sum of the metrics gives each leaf row the derivative of its own request's metric alone,
         since no row reads another. Each request is handed its own row of each leaf's gradient, pads cut."""
         lm = self.lm
-        lens = [int(g.ids.shape[1]) for g in group]
-        width = max(lens)
-        device = group[0].ids.device
-        ids = torch.full((len(group), width), self._pad_id, dtype=torch.long, device=device)
-        for i, g in enumerate(group):
-            ids[i, : lens[i]] = g.ids[0]
-        mask: torch.Tensor | None = group[0].mask if len(group) == 1 else None
-        if min(lens) < width:
-            mask = (torch.arange(width, device=device)[None] < torch.tensor(lens, device=device)[:, None]).long()
+        ids, mask, lens = self._right_padded(group)
+        width = ids.shape[1]
         addrs = list(dict.fromkeys(a for g in group for a in g.addrs))
         measured = list(dict.fromkeys(m for g in group for m in g.measured))
         leaves: dict[Address, torch.Tensor] = {}
