@@ -178,3 +178,31 @@ def test_in_jupyterlab_the_strip_labels_the_mixer_layer_and_draws_its_mixer():
         srv.close_page(page)
     finally:
         srv.close()
+
+
+def test_the_diagram_draws_a_mixers_states_on_the_layers_that_leave_them(hybrid):
+    family, lm = hybrid
+    spec = cheatsheet(lm).spec
+    from ie_lab.points import Structure
+
+    st = Structure.from_binding(lm.binding)
+    states, convs = set(st.state_layers), set(st.conv_state_layers)
+    drawn = _drawn(spec, [0, 1])
+    for layer in (0, 1):
+        assert ("mixer_state" in drawn[layer]["points"]) == (layer in states), (family, layer)
+        assert ("mixer_conv_state" in drawn[layer]["points"]) == (layer in convs), (family, layer)
+    assert states or convs, family
+    # a state has no position axis: its card must not claim [batch, seq, ...]
+    card = next(p for p in spec["points"] if p["name"] == ("mixer_state" if states else "mixer_conv_state"))
+    assert "seq" not in card["shape"].split("(")[0], card["shape"]
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "minicpm3"])
+def test_the_diagram_draws_latent_attentions_latents(family):
+    lm = ie_lab.load(build_tiny(family), tokenizer=tokenizer())
+    drawn = _drawn(cheatsheet(lm).spec, [0])[0]["points"]
+    assert {"kv_latent", "k_nope"} <= set(drawn)
+    assert ("q_latent" in drawn) == any(getattr(lb, "q_latent", None) is not None for lb in lm.binding.layers)
+    assert drawn.index("kv_latent") < drawn.index("k_nope") < drawn.index("attn_scores")
+    plain = _drawn(cheatsheet("llama").spec, [0])[0]["points"]
+    assert not {"q_latent", "kv_latent", "k_nope"} & set(plain)

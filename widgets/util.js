@@ -184,7 +184,13 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
     if (multi) p("attn_stream_collapse");
     if (branchNorms) m(st.parallel_block ? "input norm (attention branch)" : "input norm", "norm");
     p("attn_in");
-    if (st.qk_norm) {
+    if (st.q_latent || st.kv_latent) {
+      // latent attention: queries and keys/values come out of compressed latents, up-projected per head
+      if (st.q_latent) { m("q_a_proj (down) · norm", "linear"); p("q_latent"); }
+      if (st.kv_latent) { m("kv_a_proj (down) · norm", "linear"); p("kv_latent"); }
+      m(st.kv_latent ? "q_b_proj · kv_b_proj (up, per head)" : "q_b_proj (up, per head)", "linear");
+      if (st.kv_latent) p("k_nope");
+    } else if (st.qk_norm) {
       m("q_proj · k_proj", "linear");
       p("q_norm_in"); p("k_norm_in");
       m("q_norm · k_norm", "norm");
@@ -211,6 +217,9 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
     if (branchNorms) m("input norm", "norm");
     p("mixer_in");
     m(`${mixerKind} mixer`, "mixer");
+    // the state the mixer leaves for the next forward (read from where the model keeps it, after the prompt)
+    if ((st.state_layers || []).includes(layer)) p("mixer_state");
+    if ((st.conv_state_layers || []).includes(layer)) p("mixer_conv_state");
     p("mixer_out");
     if (st.sandwich_norms) m("post-mixer norm", "norm");
     p("mixer_out_post");

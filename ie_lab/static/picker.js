@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e9ce03dfffc3cb8c); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources c09d7b2ebfa85cce); edit those, not this file
 
 // widgets/util.js
 function fillLayer(template, layer) {
@@ -62,7 +62,18 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
     if (multi) p("attn_stream_collapse");
     if (branchNorms) m(st.parallel_block ? "input norm (attention branch)" : "input norm", "norm");
     p("attn_in");
-    if (st.qk_norm) {
+    if (st.q_latent || st.kv_latent) {
+      if (st.q_latent) {
+        m("q_a_proj (down) · norm", "linear");
+        p("q_latent");
+      }
+      if (st.kv_latent) {
+        m("kv_a_proj (down) · norm", "linear");
+        p("kv_latent");
+      }
+      m(st.kv_latent ? "q_b_proj · kv_b_proj (up, per head)" : "q_b_proj (up, per head)", "linear");
+      if (st.kv_latent) p("k_nope");
+    } else if (st.qk_norm) {
       m("q_proj · k_proj", "linear");
       p("q_norm_in");
       p("k_norm_in");
@@ -103,6 +114,8 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
     if (branchNorms) m("input norm", "norm");
     p("mixer_in");
     m(`${mixerKind} mixer`, "mixer");
+    if ((st.state_layers || []).includes(layer)) p("mixer_state");
+    if ((st.conv_state_layers || []).includes(layer)) p("mixer_conv_state");
     p("mixer_out");
     if (st.sandwich_norms) m("post-mixer norm", "norm");
     p("mixer_out_post");

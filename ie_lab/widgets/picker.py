@@ -34,6 +34,8 @@ def _width(p: _points.Point, f: ArchFacts) -> tuple[str, str]:
     w = p.width
     if w is Width.ATTN:
         return f"n_heads × q × k = {f.n_heads} × q × k", f"[batch, {f.n_heads}, q, k]"
+    if w is Width.STATE:  # one final state per sequence: no position axis, its layout set by the mixer's kind
+        return "per mixer kind (see the definition)", "[batch, …] (one final state per sequence, no seq axis)"
     n = width_of(w, f)
     formula = {
         Width.HEADS: f"n_heads × head_dim = {f.n_heads} × {f.value_head_dim} = {n}",
@@ -145,6 +147,8 @@ def _mixers(st: dict[str, Any], s: _points.Structure) -> None:
     # hyper-connections that mix the streams by a matrix, and latent attention's compressed latents
     st["stream_mix"], st["q_latent"], st["kv_latent"] = s.stream_mix, s.q_latent, s.kv_latent
     st["kv_compressed_layers"] = list(s.kv_compressed_layers)
+    # the mixer layers that leave a recurrent / convolution state (mixer_state, mixer_conv_state)
+    st["state_layers"], st["conv_state_layers"] = list(s.state_layers), list(s.conv_state_layers)
 
 
 def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend: str, family: str) -> tuple[bool, str]:

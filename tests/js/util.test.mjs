@@ -78,6 +78,26 @@ test("layout: sandwich norms, QK-norm, MoE, gate and streams appear when the str
   assert.deepEqual(pointOrder(layoutBlock(PLAIN, false, known)), ["resid_pre", "resid_post"]);
 });
 
+test("layout: latent attention draws its latents and k_nope; plain attention does not", () => {
+  const names = pointOrder(layoutBlock({ ...PLAIN, q_latent: true, kv_latent: true }));
+  for (const n of ["q_latent", "kv_latent", "k_nope"]) assert.ok(names.includes(n), n);
+  assert.ok(names.indexOf("kv_latent") < names.indexOf("k_nope") && names.indexOf("k_nope") < names.indexOf("attn_scores"));
+  const kvOnly = pointOrder(layoutBlock({ ...PLAIN, kv_latent: true }));
+  assert.ok(!kvOnly.includes("q_latent") && kvOnly.includes("kv_latent"));
+  const plain = pointOrder(layoutBlock(PLAIN));
+  for (const n of ["q_latent", "kv_latent", "k_nope"]) assert.ok(!plain.includes(n), n);
+});
+
+test("layout: a mixer layer draws the states it leaves, only on the layers that have them", () => {
+  const st = { ...PLAIN, mixer_layers: [0, 1], mixer_kinds: ["mamba", "mlstm"], state_layers: [0, 1], conv_state_layers: [0] };
+  const l0 = pointOrder(layoutBlock(st, false, null, 0));
+  assert.ok(l0.includes("mixer_state") && l0.includes("mixer_conv_state") && l0.includes("mixer_out"));
+  const l1 = pointOrder(layoutBlock(st, false, null, 1));
+  assert.ok(l1.includes("mixer_state") && !l1.includes("mixer_conv_state"));
+  const attnLayer = pointOrder(layoutBlock(st, false, null, 2));
+  assert.ok(!attnLayer.includes("mixer_state") && attnLayer.includes("attn_probs"));
+});
+
 test("cards: addresses, served flags, names and snippets", () => {
   const p = { name: "mlp_out", scope: "layer", served: "01", why: { 0: "absent here" }, shape: "[batch, seq, 64]" };
   assert.equal(addressOf(p, 3), "mlp_out.3");
