@@ -177,10 +177,17 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
   if (multi) spine("resid_streams");
   spine("resid_pre");
 
-  const attn = (col, y0) => {
+  // A branch column drawn top-down from y0: p adds a point (when the model has it), m a module; end() is the y after.
+  const column = (col, y0) => {
     let yy = y0;
-    const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
-    const m = (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; };
+    return {
+      p: (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } },
+      m: (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; },
+      end: () => yy,
+    };
+  };
+  const attn = (col, y0) => {
+    const { p, m, end } = column(col, y0);
     if (multi) p("attn_stream_collapse");
     if (branchNorms) m(st.parallel_block ? "input norm (attention branch)" : "input norm", "norm");
     p("attn_in");
@@ -207,13 +214,11 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
     if (st.sandwich_norms) m("post-attention norm", "norm");
     p("attn_out_post");
     if (multi) { p("attn_stream_write"); p("attn_stream_mix"); }
-    return yy;
+    return end();
   };
   // A hybrid or state-space trunk's mixer layer: its mixer block, labelled with the kind the model's facts name.
   const mixer = (col, y0) => {
-    let yy = y0;
-    const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
-    const m = (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; };
+    const { p, m, end } = column(col, y0);
     if (branchNorms) m("input norm", "norm");
     p("mixer_in");
     m(`${mixerKind} mixer`, "mixer");
@@ -223,12 +228,10 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
     p("mixer_out");
     if (st.sandwich_norms) m("post-mixer norm", "norm");
     p("mixer_out_post");
-    return yy;
+    return end();
   };
   const mlp = (col, y0) => {
-    let yy = y0;
-    const p = (name) => { if (has(name)) { push({ kind: "point", name, col, y: yy }); yy += ROW; } };
-    const m = (label, role) => { push({ kind: "module", label, role, col, y: yy }); yy += ROW; };
+    const { p, m, end } = column(col, y0);
     if (multi) p("mlp_stream_collapse");
     if (branchNorms) m(st.parallel_block ? "input norm (MLP branch)" : "pre-MLP norm", "norm");
     p("mlp_in");
@@ -253,7 +256,7 @@ export function layoutBlock(st, moe = false, names = null, layer = 0) {
     if (st.sandwich_norms) m("post-MLP norm", "norm");
     p("mlp_out_post");
     if (multi) { p("mlp_stream_write"); p("mlp_stream_mix"); }
-    return yy;
+    return end();
   };
 
   if (st.parallel_block) {

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources c09d7b2ebfa85cce); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
 
 // widgets/util.js
 function fillLayer(template, layer) {
@@ -47,18 +47,24 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
   const blockTop = y - 8;
   if (multi) spine("resid_streams");
   spine("resid_pre");
-  const attn = (col, y0) => {
+  const column = (col, y0) => {
     let yy = y0;
-    const p = (name) => {
-      if (has(name)) {
-        push({ kind: "point", name, col, y: yy });
+    return {
+      p: (name) => {
+        if (has(name)) {
+          push({ kind: "point", name, col, y: yy });
+          yy += ROW;
+        }
+      },
+      m: (label, role) => {
+        push({ kind: "module", label, role, col, y: yy });
         yy += ROW;
-      }
+      },
+      end: () => yy
     };
-    const m = (label, role) => {
-      push({ kind: "module", label, role, col, y: yy });
-      yy += ROW;
-    };
+  };
+  const attn = (col, y0) => {
+    const { p, m, end } = column(col, y0);
     if (multi) p("attn_stream_collapse");
     if (branchNorms) m(st.parallel_block ? "input norm (attention branch)" : "input norm", "norm");
     p("attn_in");
@@ -97,20 +103,10 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
       p("attn_stream_write");
       p("attn_stream_mix");
     }
-    return yy;
+    return end();
   };
   const mixer = (col, y0) => {
-    let yy = y0;
-    const p = (name) => {
-      if (has(name)) {
-        push({ kind: "point", name, col, y: yy });
-        yy += ROW;
-      }
-    };
-    const m = (label, role) => {
-      push({ kind: "module", label, role, col, y: yy });
-      yy += ROW;
-    };
+    const { p, m, end } = column(col, y0);
     if (branchNorms) m("input norm", "norm");
     p("mixer_in");
     m(`${mixerKind} mixer`, "mixer");
@@ -119,20 +115,10 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
     p("mixer_out");
     if (st.sandwich_norms) m("post-mixer norm", "norm");
     p("mixer_out_post");
-    return yy;
+    return end();
   };
   const mlp = (col, y0) => {
-    let yy = y0;
-    const p = (name) => {
-      if (has(name)) {
-        push({ kind: "point", name, col, y: yy });
-        yy += ROW;
-      }
-    };
-    const m = (label, role) => {
-      push({ kind: "module", label, role, col, y: yy });
-      yy += ROW;
-    };
+    const { p, m, end } = column(col, y0);
     if (multi) p("mlp_stream_collapse");
     if (branchNorms) m(st.parallel_block ? "input norm (MLP branch)" : "pre-MLP norm", "norm");
     p("mlp_in");
@@ -163,7 +149,7 @@ function layoutBlock(st, moe = false, names = null, layer = 0) {
       p("mlp_stream_write");
       p("mlp_stream_mix");
     }
-    return yy;
+    return end();
   };
   if (st.parallel_block) {
     push({ kind: "fork", col: 1, y: y - 10, to: noMlp ? [1] : [1, 2] });

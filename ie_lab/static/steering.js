@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources c09d7b2ebfa85cce); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
