@@ -249,11 +249,15 @@ def tiny_config(model_type: str):
 MAX_PARAMS = 6_000_000
 
 
-def build_tiny(model_type: str):
+def build_tiny(model_type: str, **config_keys):
+    """The survey's tiny random instance of model_type; config_keys set on its config first (a test's multipliers
+    away from 1, say), with the same random norm gains and biases."""
     import torch
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(model_type)
+    for k, v in config_keys.items():
+        setattr(config, k, v)
     with warnings.catch_warnings(), torch.device("meta"):
         warnings.simplefilter("ignore")
         n = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())

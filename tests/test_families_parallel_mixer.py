@@ -33,21 +33,8 @@ MULTIPLIERS = dict(
 
 @pytest.fixture(scope="module")
 def lm():
-    from transformers import AutoModelForCausalLM
-
     torch.set_num_threads(1)
-    config = coverage.tiny_config("falcon_h1")
-    for k, v in MULTIPLIERS.items():
-        setattr(config, k, v)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1 and p.is_floating_point():  # norm gains away from 1, biases away from 0
-                r = torch.rand(p.shape, generator=gen)
-                p.copy_(0.5 + r if name.endswith("weight") else 0.1 * (2 * r - 1))
-    return ie_lab.load(model.eval(), coverage._tokenizer(), quiet=True)
+    return ie_lab.load(coverage.build_tiny("falcon_h1", **MULTIPLIERS), coverage._tokenizer(), quiet=True)
 
 
 def test_the_mixer_beside_attention_and_its_factors_are_measured(lm):

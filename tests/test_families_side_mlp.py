@@ -24,21 +24,7 @@ SIDE_MLP_FAMILIES = ["granitemoeshared", "granitemoe_swa", "granitemoehybrid"]
 def _tiny(family: str, residual_multiplier: float, **config_keys):
     """The coverage survey's tiny instance, with Granite's residual multiplier away from 1 (released checkpoints
     scale both branches by about 0.2), so the measured multiplier is exercised on the summed branch too."""
-    from transformers import AutoModelForCausalLM
-
-    config = coverage.tiny_config(family)
-    config.residual_multiplier = residual_multiplier
-    for k, v in config_keys.items():
-        setattr(config, k, v)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1 and p.is_floating_point():  # norm gains away from 1, biases away from 0
-                r = torch.rand(p.shape, generator=gen)
-                p.copy_(0.5 + r if name.endswith("weight") else 0.1 * (2 * r - 1))
-    return model.eval()
+    return coverage.build_tiny(family, residual_multiplier=residual_multiplier, **config_keys)
 
 
 @pytest.fixture(scope="module", params=SIDE_MLP_FAMILIES)
