@@ -335,6 +335,21 @@ def to_engine(address: AddressLike, model: Any, engine: str = "transformerlens")
             "with its post-sublayer norms, TransformerBridge's hook_attn_out / hook_mlp_out and attn / mlp.hook_out "
             "hold other tensors than the raw or normed sublayer output (measured by validator/)."
         )
+    if fq.get("z_sub_normed") and name == "z" and engine.startswith("transformerlens"):
+        raise differs(
+            "it normalises the heads' output (attn_sub_norm) before the output projection, and hook_z / o.hook_in "
+            "are taken after that norm; z is the kernel's output, attn_probs @ value."
+        )
+    if fq.get("nnterp_attention_is_wrapper") and name in ("attn_in", "attn_out") and engine == "nnterp":
+        raise differs(
+            "nnterp's attention accessors sit on the norm_attn_norm wrapper (input norm, attention and the norm "
+            "after it), so they hold the wrapper's input and output, not the attention module's."
+        )
+    if fq.get("mlp_module_partial") and name in ("mlp_out", "mlp_out_post") and engine != "transformerlens":
+        raise differs(
+            "the layer adds a shared MLP beside its MoE block, so the other engine's MLP module-output name holds "
+            "the MoE part alone; ie_lab's mlp_out is their sum."
+        )
     if fq.get("no_v_module") and name == "value" and engine == "transformerlens_bridge":
         raise differs("latent attention has no value projection module for attn.v.hook_out to sit on.")
     if fq.get("no_gate_router") and name == "router_logits" and engine == "transformerlens_bridge":
@@ -449,6 +464,21 @@ def _from_engine(name: str, model: Any, engine: str) -> Address:
         raise AddressError(
             f"{text} on {s.family} holds another tensor than the raw or normed sublayer output (its post-sublayer "
             "norms; measured by validator/): capture attn_out / mlp_out (or their _post) instead."
+        )
+    if fq.get("z_sub_normed") and re.fullmatch(r"blocks\.[0-9]+\.attn\.(hook_z|o\.hook_in)", text):
+        raise AddressError(
+            f"{text} on {s.family} is taken after the heads' sub-norm (attn_sub_norm): no ie_lab point holds it; z "
+            "is the kernel's output before that norm."
+        )
+    if fq.get("nnterp_attention_is_wrapper") and re.fullmatch(r"attentions_(input|output)\[[0-9]+\]", text):
+        raise AddressError(
+            f"{text} on {s.family} sits on the norm_attn_norm wrapper (input norm, attention, post-attention norm): "
+            "capture attn_in / attn_out (the attention module's own input and output) instead."
+        )
+    if fq.get("mlp_module_partial") and re.fullmatch(r"blocks\.[0-9]+\.mlp\.hook_out|mlps_output\[[0-9]+\]", text):
+        raise AddressError(
+            f"{text} on {s.family} is the MoE block's output alone; the layer adds a shared MLP beside it, and "
+            "mlp_out is their sum: no ie_lab point holds the MoE part."
         )
     if fq.get("tl_scores_are_pattern") and re.fullmatch(r"blocks\.[0-9]+\.attn\.hook_attn_scores", text):
         raise AddressError(f"{text} on {s.family} holds the post-softmax pattern in TransformerLens: use attn_probs.")

@@ -27,6 +27,13 @@ def _attn_layer(lm) -> int:
     "family,point,engine,fragment",
     [
         ("mpt", "mlp_out", "transformerlens_bridge", "adds the residual"),
+        ("bitnet", "z", "transformerlens", "attn_sub_norm"),
+        ("bitnet", "z", "transformerlens_bridge", "attn_sub_norm"),
+        ("dbrx", "attn_in", "nnterp", "norm_attn_norm wrapper"),
+        ("dbrx", "attn_out", "nnterp", "norm_attn_norm wrapper"),
+        ("granitemoeshared", "mlp_out", "nnterp", "shared MLP beside its MoE block"),
+        ("granitemoe_swa", "mlp_out", "transformerlens_bridge", "shared MLP beside its MoE block"),
+        ("granitemoehybrid", "mlp_out_post", "nnterp", "shared MLP beside its MoE block"),
         ("mpt", "mlp_out_post", "transformerlens_bridge", "adds the residual"),
         ("mpt", "mlp_out", "nnterp", "adds the residual"),
         ("nanochat", "q_norm_in", "transformerlens", "after RoPE"),
@@ -56,6 +63,9 @@ def test_surveyed_findings_are_refused(family, point, engine, fragment):
         ("gemma4_unified_text", "blocks.{L}.attn.hook_v", "transformerlens", "v_norm"),
         ("gemma4_unified_text", "blocks.{L}.attn.v.hook_out", "transformerlens_bridge", "v_norm"),
         ("olmo_hybrid", "blocks.{L}.hook_attn_out", "transformerlens", "another tensor"),
+        ("bitnet", "blocks.{L}.attn.hook_z", "transformerlens", "attn_sub_norm"),
+        ("dbrx", "attentions_output[{L}]", "nnterp", "norm_attn_norm wrapper"),
+        ("granitemoeshared", "mlps_output[{L}]", "nnterp", "shared MLP beside it"),
         ("olmo_hybrid", "blocks.{L}.mlp.hook_out", "transformerlens_bridge", "another tensor"),
     ],
 )

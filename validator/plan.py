@@ -108,6 +108,13 @@ def module_spec(lm: Any, address: str, tokens: int = 22) -> tuple[dict | None, s
     if name in ("attn_scores", "attn_probs"):
         return None, "computed inside the attention function, not a module boundary"
     if name == "z":
+        # z is the kernel's output, attn_probs @ value: where a sub-norm sits between it and the output projection
+        # that norm's input is the module boundary holding it; where the module itself reshapes it on the way (a
+        # rotation, a grouped low-rank projection) no boundary holds it
+        if getattr(lb, "z_sub_norm", None) is not None:
+            return inp(lb.z_sub_norm)
+        if getattr(lb, "z_at_kernel_why", ""):
+            return None, f"no module boundary holds z: {lb.z_at_kernel_why}"
         return inp(lb.o_proj)
     if name == "attn_out":
         return out(lb.attn)

@@ -27,6 +27,16 @@ def load_snapshot(results_dir: str = RESULTS) -> dict | None:
         return json.load(f)
 
 
+def load_snapshots(results_dir: str = RESULTS) -> list[dict]:
+    """The pinned line's snapshot first, then each other transformers line's (survey_bound-<line>.json), oldest
+    first: one coverage section each."""
+    out = []
+    for path in glob.glob(os.path.join(results_dir, SURVEY_SNAPSHOT.replace(".json", "*.json"))):
+        with open(path) as f:
+            out.append(json.load(f))
+    return sorted(out, key=lambda s: tuple(int(p) for p in s["transformers"].split(".")[:2]))
+
+
 def load(results_dir: str = RESULTS) -> list[dict]:
     docs = []
     for path in sorted(glob.glob(os.path.join(results_dir, "*__*.json"))):
@@ -143,27 +153,30 @@ def coverage_section(docs: list[dict], snapshot: dict | None) -> str:
     """Every family the coverage survey binds, and the row(s) that validate it (a fixture or its survey instance)."""
     if snapshot is None:
         return ""
+    line = ".".join(snapshot["transformers"].split(".")[:2])
     rows_of: dict[str, list[str]] = {}
     for m in _models(docs):
         d = next(d for d in docs if d["model"] == m)
         # a survey row is its surveyed type (a wrapper loads as its text model: gemma3 -> gemma3_text); a fixture's
         # is the type it was built from
         key = d["family"] if m.startswith("surveyed-") else d.get("model_type") or d["family"]
-        rows_of.setdefault(key, []).append(m)
+        ran_on = ".".join(d.get("versions", {}).get("transformers", line).split(".")[:2])
+        rows_of.setdefault(key, []).append(f"`{m}`" + ("" if ran_on == line else f" (transformers {ran_on})"))
     bound = snapshot["bound"]
     missing = [t for t in bound if t not in rows_of]
     lines = [f"### Bound families of the coverage survey ({len(bound)}, transformers {snapshot['transformers']})\n"]
     lines.append(
         f"Each model type `ie_lab/coverage_data` recorded as bound when this sweep ran, and its row(s): a fixture "
-        f"family of `tests/families.py` (`tiny-*`), else the survey's own tiny instance (`surveyed-*`). "
-        f"{len(bound) - len(missing)} have a row; "
+        f"family of `tests/families.py` (`tiny-*`), else the survey's own tiny instance (`surveyed-*`; "
+        f"`surveyed-tf<line>-*` when swept on that transformers line, every engine in environments built for it). "
+        f"A row swept on another transformers line says which. {len(bound) - len(missing)} have a row; "
         + ("none is missing." if not missing else f"no row yet: {', '.join(f'`{t}`' for t in missing)}.")
         + "\n"
     )
     lines.append("| model type | rows |")
     lines.append("| --- | --- |")
     for t in bound:
-        lines.append(f"| `{t}` | " + (", ".join(f"`{m}`" for m in rows_of.get(t, [])) or "—") + " |")
+        lines.append(f"| `{t}` | " + (", ".join(rows_of.get(t, [])) or "—") + " |")
     lines.append("")
     return "\n".join(lines)
 
@@ -176,12 +189,14 @@ def summary_text(docs: list[dict]) -> str:
     return "\n".join(out)
 
 
-def readme_with(text: str, docs: list[dict], snapshot: dict | None = None) -> str:
+def readme_with(text: str, docs: list[dict], snapshot: dict | list[dict] | None = None) -> str:
+    """snapshot: one survey snapshot, or a list (one coverage section per transformers line)."""
     if START not in text or END not in text:
         raise ValueError(f"{README} lacks the generated-section markers")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    cov = coverage_section(docs, snapshot)
+    snaps = [snapshot] if isinstance(snapshot, dict) else list(snapshot or [])
+    cov = "\n".join(c for c in (coverage_section(docs, snap) for snap in snaps) if c)
     return head + START + "\n\n" + table(docs) + "\n" + (cov + "\n" if cov else "") + END + tail
 
 
@@ -249,7 +264,7 @@ def write_all(results_dir: str = RESULTS, readme: str = README) -> None:
     docs = load(results_dir)
     with open(readme) as f:
         text = f.read()
-    new = readme_with(text, docs, load_snapshot(results_dir))
+    new = readme_with(text, docs, load_snapshots(results_dir))
     if new != text:
         with open(readme, "w") as f:
             f.write(new)

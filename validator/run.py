@@ -77,6 +77,36 @@ def tiny_models(families, models_dir: str) -> list[Model]:
 SURVEYED_PREFIX = "surveyed-"
 
 
+def _line(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def pinned_line() -> str:
+    """The transformers line the engine environments pin: the oldest committed survey (ie_lab's CI line)."""
+    from ie_lab import coverage
+
+    return _line(coverage.load_surveys()[0]["transformers"])
+
+
+def surveyed_prefix() -> str:
+    """``surveyed-`` on the pinned transformers line; ``surveyed-tf<line>-`` on another (the newest-line sweep, run
+    from that line's environment with engine environments built for it), so both lines' rows sit side by side."""
+    from ie_lab import coverage
+
+    line = _line(coverage.installed_version())
+    return SURVEYED_PREFIX if line == pinned_line() else f"{SURVEYED_PREFIX}tf{line}-"
+
+
+def snapshot_name(line: str | None = None) -> str:
+    """survey_bound.json for the pinned line, survey_bound-<line>.json for another."""
+    from ie_lab import coverage
+
+    from .render import SURVEY_SNAPSHOT
+
+    line = line or _line(coverage.installed_version())
+    return SURVEY_SNAPSHOT if line == pinned_line() else SURVEY_SNAPSHOT.replace(".json", f"-{line}.json")
+
+
 def survey_path() -> str:
     """The committed coverage survey for the installed transformers (ie_lab/coverage_data/)."""
     from ie_lab import coverage
@@ -101,8 +131,6 @@ def surveyed_types(include_fixtured: bool = False) -> list[str]:
 
 def write_survey_snapshot(out_dir: str) -> str:
     """What the survey recorded as bound for this sweep (render reads it instead of the live, changing survey)."""
-    from .render import SURVEY_SNAPSHOT
-
     with open(survey_path(), encoding="utf-8") as f:
         survey = json.load(f)
     doc = {
@@ -112,7 +140,7 @@ def write_survey_snapshot(out_dir: str) -> str:
         "fixture_model_types": fixture_model_types(),
     }
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, SURVEY_SNAPSHOT)
+    path = os.path.join(out_dir, snapshot_name())
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
@@ -167,7 +195,8 @@ def surveyed_models(model_types) -> list[Model]:
 
     classes = coverage.causal_lm_types()
     # the folder is saved when the run reaches it
-    return [Model(f"{SURVEYED_PREFIX}{t}", t, t, False, classes.get(t, "")) for t in model_types]
+    prefix = surveyed_prefix()
+    return [Model(f"{prefix}{t}", t, t, False, classes.get(t, "")) for t in model_types]
 
 
 def real_models(ids) -> list[Model]:
@@ -266,7 +295,7 @@ def run(
         models_dir = models_dir or default_models_dir()
         todo = tiny_models(families, models_dir) + surveyed_models(surveyed) + real_models(models)
         surveyed_dir = surveyed_models_dir() if surveyed else ""
-        surveyed_slugs = {f"{SURVEYED_PREFIX}{t}" for t in surveyed}
+        surveyed_slugs = {f"{surveyed_prefix()}{t}" for t in surveyed}
         if setup:
             for e in engines:
                 setup_env(e)

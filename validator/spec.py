@@ -249,18 +249,62 @@ KNOWN.update(
         **{
             (t, "attn_gate", "interp"): "interp-engine's attn_gate is another tensor (pre-sigmoid, or per head, or "
             "the gate projection's raw width); no module boundary lets plain hooks adjudicate. Open."
-            for t in ("afmoe", "laguna", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")
+            for t in (
+                "afmoe",
+                "hy_v4",
+                "laguna",
+                "qwen3_5",
+                "qwen3_5_moe",
+                "qwen3_5_moe_text",
+                "qwen3_5_text",
+                "qwen3_next",
+            )
         },
     }
 )
 KNOWN.update(
     {
-        ("granite_swa", "attn_probs", e): "Granite SWA's eager kernel scales its output by sigmoid(logsumexp(scores) "
+        (t, "attn_probs", e): "Granite SWA's eager kernel scales its output by sigmoid(logsumexp(scores) "
         "- sink) after the softmax (a per-head sink logit in the denominator), so the weights it returns, which "
         "plain hooks and interp-engine read, mixed with the values do not give its output. ie_lab's attn_probs is "
         "deliberately the pattern rebuilt with the sink (the returned weights times that factor, rows summing below "
         "1), so attn_probs @ value = z (tests/test_sink_scaled_kernel.py): a deliberate ie_lab choice, not a bug."
+        for t in ("granite_swa", "granitemoe_swa")
         for e in ("hf", "interp", "nnsight")
+    }
+)
+_SHARED_MLP = (
+    "this Granite variant adds a shared MLP beside its MoE block (the layer sums them); ie_lab's mlp_out is the "
+    "measured sum, the block_sparse_moe module's output is the MoE part alone. "
+)
+KNOWN.update(
+    {
+        **{
+            (t, p, e): _SHARED_MLP
+            + (
+                "interp-engine reads the MoE part alone (its difference)."
+                if e == "interp"
+                else "Validator's outer-module choice; not an ie_lab bug."
+            )
+            for t in ("granitemoeshared", "granitemoe_swa", "granitemoehybrid")
+            for p in ("mlp_out", "mlp_out_post")
+            for e in ("hf", "nnsight", "interp")
+        },
+        **{
+            ("gpt_neox_japanese", p, e): "GPT-NeoX-Japanese's last layer returns its attention dense bias beside the "
+            "output and adds it with the residual (bias_dropout_add); ie_lab's attn_out includes it (the contribution "
+            "as added). Validator's outer-module choice; not an ie_lab bug."
+            for p in ("attn_out", "attn_out_post")
+            for e in ("hf", "nnsight")
+        },
+        ("bitnet", "z", "interp"): "BitNet normalises the heads' output (attn_sub_norm) before o_proj; ie_lab's z is "
+        "the kernel's output, attn_probs @ value (tested; the hf / nnsight rows read attn_sub_norm's input and agree), "
+        "interp-engine reads o_proj's input, after the norm (its difference).",
+        ("hy_v4", "attn_scores", "interp"): "HY-V4 (compressed-KV attention with sinks): interp-engine and ie_lab mask "
+        "different score entries; no module boundary lets plain hooks adjudicate. Open.",
+        ("deepseek_v4", "z", "interp"): "DeepSeek-V4 rotates each head's output back (RoPE with -sin, K = V) before "
+        "its grouped output projection; ie_lab's z is the kernel's output, attn_probs @ value (tested), interp-engine "
+        "reads it after the rotation. No module boundary lets plain hooks adjudicate; a convention difference.",
     }
 )
 

@@ -30,6 +30,12 @@ NORM_PLACEMENT = {
 # added to the token embedding, or ALiBi's per-head bias on the scores. Every other family applies RoPE to q and k.
 LEARNED_POSITIONS = frozenset({"gpt2", "opt", "gpt_bigcode", "gpt_neo", "biogpt"})
 ALIBI_POSITIONS = frozenset({"bloom", "mpt"})
+# Fixed sinusoidal positions added to the token embedding (a buffer or a module computing them, not a learned table).
+SINUSOIDAL_POSITIONS = frozenset({"ctrl", "xglm"})
+# Config keys that switch RoPE off on a family whose config also carries rope_parameters: (key, the value meaning
+# RoPE is on). Granite-MoE-hybrid builds its rotary embedding only for position_embedding_type "rope", Zamba 2 only
+# with use_mem_rope; elsewhere a family without rope_parameters has no rotary embedding (Jamba, Nemotron-H, Zamba).
+ROPE_SWITCH = {"granitemoehybrid": ("position_embedding_type", "rope"), "zamba2": ("use_mem_rope", True)}
 
 # Parallel blocks with one norm per branch, both reading the layer input (GPT-NeoX's input_layernorm and
 # post_attention_layernorm; Falcon's new_decoder_architecture says so in its config). Other parallel blocks
@@ -278,6 +284,13 @@ FOREIGN_ENGINE_CONVENTIONS = {
     # OLMo-hybrid's post-sublayer norms: TransformerBridge's block-level and sublayer-module output hooks hold other
     # tensors than the raw or normed sublayer outputs (norm ratios ~1000 and ~0.001 against both).
     "olmo_hybrid": {"tl_sublayer_outputs_differ": True},
+    # BitNet normalises the heads' output (attn_sub_norm) before o_proj: hook_z and o.hook_in are after that norm.
+    "bitnet": {"z_sub_normed": True},
+    # DBRX wraps input norm, attention and post-attention norm in one norm_attn_norm module, which is what nnterp's
+    # attention accessors sit on: attentions_input / attentions_output hold the wrapper's input and output.
+    "dbrx": {"nnterp_attention_is_wrapper": True},
+    # A shared MLP beside the MoE block, added by the layer: the MoE module's output is only part of mlp_out.
+    **{t: {"mlp_module_partial": True} for t in ("granitemoeshared", "granitemoe_swa", "granitemoehybrid")},
 }
 
 

@@ -51,13 +51,21 @@ def _template(name: str, layer: int | None) -> str:
 
 
 def _positions(f: ArchFacts) -> list[str]:
-    """Per layer: "learned", "alibi", "none" (a NoPE layer) or "rope" / "rope:<rotary dims>" (partial)."""
+    """Per layer: "learned", "sinusoidal", "alibi", "none" (a NoPE layer) or "rope" / "rope:<rotary dims>"
+    (partial)."""
     raw = f.raw or {}
     mt = f.model_type
     if mt in quirks.LEARNED_POSITIONS:
         return ["learned"] * f.n_layers
     if mt in quirks.ALIBI_POSITIONS or (mt == "falcon" and raw.get("alibi")):
         return ["alibi"] * f.n_layers
+    if mt in quirks.SINUSOIDAL_POSITIONS:
+        return ["sinusoidal"] * f.n_layers
+    switch = quirks.ROPE_SWITCH.get(mt)
+    if (switch and raw.get(switch[0]) != switch[1]) or not (
+        raw.get("rope_parameters") or raw.get("rope_theta") or raw.get("rotary_dim") or raw.get("rotary_pct")
+    ):
+        return ["none"] * f.n_layers  # no rotary embedding is built: the attention layers see no positions
     rope = raw.get("rope_parameters")
     if not isinstance(rope, dict):
         rope = {}
@@ -75,7 +83,7 @@ def _positions(f: ArchFacts) -> list[str]:
 
 def attention_label(position: str, head_dim: int) -> str:
     """The attention module's label in the diagram, from how this layer encodes positions."""
-    if position == "learned":
+    if position in ("learned", "sinusoidal"):  # positions were added to the embedding, not inside attention
         return "attention (q·kᵀ, softmax)"
     if position == "alibi":
         return "attention (ALiBi, q·kᵀ, softmax)"
@@ -91,7 +99,9 @@ def _labels(f: ArchFacts, st: dict[str, Any]) -> None:
     pos = _positions(f)
     st["positions"] = pos
     st["attn_labels"] = [attention_label(p, f.head_dim) for p in pos]
-    st["embed_label"] = "token + position embedding" if pos and pos[0] == "learned" else "token embedding"
+    st["embed_label"] = {"learned": "token + position embedding", "sinusoidal": "token + sinusoidal positions"}.get(
+        pos[0] if pos else "", "token embedding"
+    )
 
 
 def _structure_from_facts(f: ArchFacts) -> dict[str, Any]:
