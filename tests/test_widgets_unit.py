@@ -500,18 +500,27 @@ def _truth(family: str) -> dict:
     layers = next(
         m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == model.config.num_hidden_layers
     )
+    sinusoidal = any("Sinusoidal" in type(m).__name__ or hasattr(m, "pos_encoding") for m in model.modules())
     positions = []
     for layer in layers:
         attn = next((m for n, m in layer.named_children() if "attn" in n or "attention" in n), None)
         if learned:
             positions.append("learned")
+        elif sinusoidal:  # CTRL: fixed sin/cos positions added to the embedding
+            positions.append("sinusoidal")
         elif not rotary:
             positions.append("alibi")
         elif attn is not None and not getattr(attn, "use_rope", True):  # SmolLM3's NoPE layers
             positions.append("none")
         else:
             positions.append("rope")
-    norms = [n for n, m in layers[0].named_children() if is_norm_module(m)]  # the block's own (not q/k norms)
+    # the block's own norms (not q/k norms); a child that holds the attention is a wrapper around it and its norms
+    # (DBRX's norm_attn_norm), not a norm itself
+    norms = []
+    for n, m in layers[0].named_children():
+        holds_attn = any("attn" in c or "attention" in c for c, _ in m.named_children())
+        norms += [f"{n}.{c}" for c, cm in m.named_children() if is_norm_module(cm)] if holds_attn else []
+        norms += [n] if is_norm_module(m) and not holds_attn else []
     return {"positions": positions, "norms": norms}
 
 
@@ -545,9 +554,10 @@ def test_cheatsheet_labels_are_the_models_own_facts_for_every_family():
                 "rope": "RoPE" in attn[0] and "NoPE" not in attn[0],
                 "learned": "RoPE" not in attn[0] and "ALiBi" not in attn[0] and "position" in emb,
                 "alibi": "ALiBi" in attn[0],
+                "sinusoidal": "RoPE" not in attn[0] and "ALiBi" not in attn[0] and "sinusoidal" in emb,
                 "none": "NoPE" in attn[0],
             }[pos]
-            and (pos == "learned") == ("position" in emb)
+            and (pos in ("learned", "sinusoidal")) == ("position" in emb)
         )
         # the block's own norms: not the final norm, nor the attention-internal ones (QK-norm, a latent's norm)
         block_norms = [
