@@ -302,6 +302,15 @@ KNOWN.update(
         "interp-engine reads o_proj's input, after the norm (its difference).",
         ("hy_v4", "attn_scores", "interp"): "HY-V4 (compressed-KV attention with sinks): interp-engine and ie_lab mask "
         "different score entries; no module boundary lets plain hooks adjudicate. Open.",
+        **{
+            (t, "attn_gate", "interp"): "a gate of one scalar per head (g_proj has n_heads outputs): ie_lab serves "
+            "the factor z is multiplied by, each head's scalar repeated over its channels (attn_gate's registry width, "
+            "n_heads x head_dim); interp-engine the n_heads scalars. A layout convention: the same numbers."
+            for t in ("lfm3", "bailing_hybrid")
+        },
+        ("lfm3", "attn_out_post", "interp"): "LFM3 normalises attention's output (post_operator_norm) before the "
+        "residual add: ie_lab's attn_out_post is that norm's output, which the hf and nnsight rows read at the module "
+        "and agree with; interp-engine returns another tensor (its difference).",
         ("deepseek_v4", "z", "interp"): "DeepSeek-V4 rotates each head's output back (RoPE with -sin, K = V) before "
         "its grouped output projection; ie_lab's z is the kernel's output, attn_probs @ value (tested), interp-engine "
         "reads it after the rotation. No module boundary lets plain hooks adjudicate; a convention difference.",
