@@ -148,6 +148,23 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # transformers 5.24's recurrent decode step checks the mLSTM state against query/key heads as wide as the value
     # heads (its own generate fails otherwise): keep them equal, so generation runs on both versions
     "xlstm": {"qk_dim_factor": 1.0},
+    # RWKV halves the stream every rescale_every layers in eval mode: four layers halved after layers 1 and 3 (the
+    # last, before the final norm), so both a plain and a halved hand-over between layers are checked
+    "rwkv": {"num_hidden_layers": 4, "rescale_every": 2},
+    # a residual taken after each input norm: factors away from 1 and distinct per pair, so that swapping alpha and
+    # beta, one layer kind's pair for the other's, or dropping one shows; blocks of 4 tokens, so the lightning
+    # attention carries its state across blocks on the 7-9 token probes; the lightning layer first, since the last
+    # layer's decay is all but zero (MiniMax scales it by 1 - layer / (layers - 1))
+    "minimax": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "full_attn_alpha_factor": 0.75,
+        "full_attn_beta_factor": 1.25,
+        "linear_attn_alpha_factor": 0.6,
+        "linear_attn_beta_factor": 1.5,
+        "mlp_alpha_factor": 0.9,
+        "mlp_beta_factor": 1.35,
+        "block_size": 4,
+    },
     "laguna": {"num_attention_heads_per_layer": [4, 4]},  # per-layer head counts the generic sizes do not shrink
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # one layer of each attention kind: sliding only, then the two with a KV compressor
@@ -302,6 +319,7 @@ def check_invariants(lm) -> None:
 
     Raises AssertionError naming the first identity that fails."""
     import torch
+    import torch.nn.functional as F
 
     from .eager.capture import capture_batch  # x below is one [2, 9] id tensor: one Cache per call
 
@@ -324,13 +342,24 @@ def check_invariants(lm) -> None:
         else:
             _two_sublayer_identities(lm, x, lb, sub, tol)
         if lb.has_mlp and not lb.sparse_moe:
-            c = capture_batch(lm, x, [f"mlp_act.{L}", f"mlp_out.{L}"])
+            gates: list[torch.Tensor] = []  # a gate after the down projection (RWKV's receptance): its output
+            gate = getattr(lb, "mlp_out_gate", None)
+            h = gate.register_forward_hook(lambda m, a, o, g=gates: g.append(o.detach())) if gate is not None else None
+            try:
+                c = capture_batch(lm, x, [f"mlp_act.{L}", f"mlp_out.{L}"])
+            finally:
+                if h is not None:
+                    h.remove()
             with torch.no_grad():
+                down = lb.down_proj(c[f"mlp_act.{L}"])
+                if gates:
+                    pre = gates[0]
+                    down = down * (torch.sigmoid(pre) if lb.mlp_out_gate_fn == "sigmoid" else F.softplus(pre))
                 torch.testing.assert_close(
-                    lb.down_proj(c[f"mlp_act.{L}"]),
+                    down,
                     c[f"mlp_out.{L}"],
                     **tol,
-                    msg=f"down_proj(mlp_act) = mlp_out, layer {L}",
+                    msg=f"down_proj(mlp_act){' * mlp_out_gate' if gates else ''} = mlp_out, layer {L}",
                 )
         # compressed entries have no per-token value there; differential attention no single pattern
         if lb.uses_attention_interface and not lb.kv_compressor and lb.kernel_calls == 1:
@@ -355,7 +384,33 @@ def check_invariants(lm) -> None:
                 torch.testing.assert_close(
                     part.flatten(2), c[f"{name}.{L}"], **tol, msg=f"kv_up(kv_latent) per head = {name}, layer {L}"
                 )
+    _between_layers(lm, x, tol)
     _routing_and_head(lm, x, tol)
+
+
+def _between_layers(lm, x, tol: _Tol) -> None:
+    """What a layer hands on is what the next reads: resid_pre.{L+1} = resid_post.L, times the factor the binder
+    measured where the trunk rescales the stream between them (RWKV halves it every rescale_every layers), and after
+    the last layer the final norm reads it so scaled. (Several streams: _stream_identities checks them.)"""
+    import torch
+
+    from .eager.capture import capture_batch
+
+    if lm.facts.n_streams > 1:
+        return
+    n = lm.facts.n_layers
+    layers = lm.binding.layers
+    c = capture_batch(lm, x, [f"{p}.{L}" for L in range(n) for p in ("resid_pre", "resid_post")])
+    for L in range(n - 1):
+        s = layers[L].stream_scale or 1.0
+        msg = f"resid_pre.{L + 1} = {s:g} * resid_post.{L}"
+        torch.testing.assert_close(c[f"resid_post.{L}"] * s, c[f"resid_pre.{L + 1}"], **tol, msg=msg)
+    norm = lm.binding.final_norm
+    if layers[-1].stream_scale is not None and norm is not None and lm.binding.stream_head is None:
+        with torch.no_grad():
+            normed = norm(c[f"resid_post.{n - 1}"] * layers[-1].stream_scale)
+        msg = f"final_norm = norm({layers[-1].stream_scale:g} * resid_post.{n - 1})"
+        torch.testing.assert_close(normed, capture_batch(lm, x, ["final_norm"])["final_norm"], **tol, msg=msg)
 
 
 def _stream_identities(lm, x, lb, tol: _Tol) -> None:
@@ -408,12 +463,34 @@ def _stream_identities(lm, x, lb, tol: _Tol) -> None:
 
 
 def _two_sublayer_identities(lm, x, lb, sub: str, tol: _Tol) -> None:
-    """resid_pre + sub = resid_mid and resid_mid + mlp_out_post = resid_post (or their parallel sum)."""
+    """resid_pre + sub = resid_mid and resid_mid + mlp_out_post = resid_post (or their parallel sum; or, where the
+    residual is taken after the input norms, alpha * the sublayer's input + sub)."""
     import torch
 
     from .eager.capture import capture_batch
 
     L = lb.index
+    if getattr(lb, "attn_alpha", None) is not None:
+        # the residual is each sublayer's input norm's output times alpha (MiniMax): resid_mid = alpha * attn_in +
+        # attn_out_post, resid_post = mlp_alpha * mlp_in + mlp_out_post
+        sub_in = "mixer_in" if sub.startswith("mixer") else "attn_in"
+        names = ["resid_pre", sub_in, sub, "resid_mid", "mlp_in", "mlp_out_post", "resid_post"]
+        c = capture_batch(lm, x, [f"{n}.{L}" for n in names])
+        for normed, norm, base, alpha, out, step in (
+            ("resid_pre", lb.input_norm, sub_in, lb.attn_alpha, "resid_mid", sub),
+            ("resid_mid", lb.pre_mlp_norm, "mlp_in", lb.mlp_alpha, "resid_post", "mlp_out_post"),
+        ):
+            with torch.no_grad():
+                torch.testing.assert_close(
+                    norm(c[f"{normed}.{L}"]), c[f"{base}.{L}"], **tol, msg=f"norm({normed}) = {base}, layer {L}"
+                )
+            torch.testing.assert_close(
+                alpha * c[f"{base}.{L}"] + c[f"{step}.{L}"],
+                c[f"{out}.{L}"],
+                **tol,
+                msg=f"{alpha:g} * {base} + {step} = {out}, layer {L}",
+            )
+        return
     beside = getattr(lb, "par_mixer", None) is not None  # a mixer beside attention adds to resid_mid too (Falcon-H1)
     names = ["resid_pre", sub, "mlp_out_post", "resid_post"] + ([] if lb.parallel else ["resid_mid"])
     c = capture_batch(lm, x, [f"{n}.{L}" for n in names] + ([f"mixer_out_post.{L}"] if beside else []))
@@ -425,11 +502,15 @@ def _two_sublayer_identities(lm, x, lb, sub: str, tol: _Tol) -> None:
             msg=f"parallel residual sum, layer {L}",
         )
     else:
+        stream, what = c[f"resid_pre.{L}"], "resid_pre"
+        if getattr(lb, "stream_norm", None) is not None:  # the layer normalises the stream first (RWKV's pre_ln)
+            with torch.no_grad():
+                stream, what = lb.stream_norm(stream), f"{lb.names.get('stream_norm', 'stream_norm')}(resid_pre)"
         torch.testing.assert_close(
-            c[f"resid_pre.{L}"] + c[f"{sub}.{L}"] + (c[f"mixer_out_post.{L}"] if beside else 0),
+            stream + c[f"{sub}.{L}"] + (c[f"mixer_out_post.{L}"] if beside else 0),
             c[f"resid_mid.{L}"],
             **tol,
-            msg=f"resid_pre + {sub}{' + mixer_out_post' if beside else ''} = resid_mid, layer {L}",
+            msg=f"{what} + {sub}{' + mixer_out_post' if beside else ''} = resid_mid, layer {L}",
         )
         torch.testing.assert_close(
             c[f"resid_mid.{L}"] + c[f"mlp_out_post.{L}"],

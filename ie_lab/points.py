@@ -8,8 +8,6 @@ that never load a model.
 from __future__ import annotations
 
 import enum
-import functools
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +89,7 @@ class Needs(str, enum.Enum):
     KV_LATENT = "a compressed key/value latent"  # multi-head latent attention (DeepSeek-V2/V3, MiniCPM 3)
     # keys and values one per token: not a layer whose kernel also attends to compressed blocks (DeepSeek-V4)
     TOKEN_KV = "one key/value entry per token"
-    # a mixer that leaves a state in transformers' cache for the next forward (what a decode step starts from)
+    # a mixer that leaves a state for the next forward (what a decode step starts from), in a cache or on itself
     MIXER_STATE = "a mixer that carries a recurrent state"
     MIXER_CONV_STATE = "a mixer that carries a convolution state"
 
@@ -164,13 +162,14 @@ _MHC_VLLM = BackendVerdict(
 _MIXER_VLLM = BackendVerdict(
     Verdict.SERVED,
     "The mixer module's input and output on vLLM's layer, on the hybrid and state-space families vLLM runs on CPU "
-    "and ie_lab has checked against eager (Mamba 2, Granite-MoE-hybrid); others are refused at load with vLLM's "
-    "own reason.",
+    "and ie_lab has checked against eager (Mamba 2, Granite-MoE-hybrid, Falcon-H1's Mamba beside attention, "
+    "LFM2-MoE's short convolutions); others are refused at load with vLLM's own reason.",
 )
 _MIXER_STATE_EAGER = BackendVerdict(
     Verdict.SERVED,
-    "Read from the cache transformers fills for the layer in the same forward (ie_lab.capture runs it with one); "
-    "capture only.",
+    "Read after the forward from where the mixer leaves it, as the binder measured at load: the cache transformers "
+    "fills for the layer (ie_lab.capture runs the forward with one), the cache the model returns (xLSTM), or the mixer "
+    "module itself (RecurrentGemma, put back as it was after); capture only.",
 )
 _MIXER_STATE_VLLM = BackendVerdict(
     Verdict.UNIMPLEMENTED,
@@ -340,16 +339,16 @@ _POINTS: tuple[Point, ...] = (
     ),
     Point(
         "mixer_state", _L, Width.STATE,
-        "The recurrent state a mixer leaves after the prompt, exactly as it wrote it into transformers' own cache for layer L (the cache's recurrent state; the next decode step starts from it): a selective state space's [batch, d_inner, d_state] (Mamba, Falcon-Mamba, Jamba), a Mamba-2 mixer's [batch, n_heads, head_dim, d_state] (Mamba 2, Bamba, Nemotron-H, Zamba 2), a gated delta net's [batch, n_value_heads, key_head_dim, value_head_dim] (Qwen3-Next, Qwen3.5, OLMo hybrid, Kimi-linear), Zamba's multi-head selective state space [batch, n_mamba_heads, d_inner / n_mamba_heads, d_state]. One final state per sequence, not one per position.",
+        "The recurrent state a mixer leaves after the prompt, exactly as the model holds it for layer L (what the next decode step starts from): in transformers' own cache, a selective state space's [batch, d_inner, d_state] (Mamba, Falcon-Mamba, Jamba), a Mamba-2 mixer's [batch, n_heads, head_dim, d_state] (Mamba 2, Bamba, Nemotron-H, Zamba 2), a gated delta net's [batch, n_value_heads, key_head_dim, value_head_dim] (Qwen3-Next, Qwen3.5, OLMo hybrid, Kimi-linear), Zamba's multi-head selective state space [batch, n_mamba_heads, d_inner / n_mamba_heads, d_state]; in xLSTM's own cache, the mLSTM's matrix memory C [batch, n_heads, qk_head_dim, v_head_dim]; on RecurrentGemma's module, the RG-LRU's state [batch, lru_width] (float32, as the model keeps it); in the state list RWKV's forward returns, the time mix's WKV numerator, denominator and running maximum [batch, attention_hidden_size, 3] (float32). One final state per sequence, not one per position.",
         _MIXER_STATE_EAGER, _MIXER_STATE_VLLM,
-        note="Capture only: no position axis to steer, and writing a state is refused. Absent on attention layers and on mixers that keep no recurrent state in the cache (LFM2's convolution).",
+        note="Capture only: no position axis to steer, and writing a state is refused. Absent on attention layers and on mixers that keep no recurrent state (LFM2's convolution). xLSTM's normaliser n and stabiliser m, carried beside C, are not served.",
         needs=(Needs.MIXER, Needs.MIXER_STATE),
     ),
     Point(
         "mixer_conv_state", _L, Width.STATE,
-        "The convolution state a mixer leaves after the prompt, exactly as it wrote it into transformers' own cache for layer L: the last kernel-size inputs of its causal convolution, [batch, channels, kernel_size] (channels: d_inner on Mamba, the convolved x/B/C width on Mamba 2, the convolved q/k/v width on a gated delta net, d_model on LFM2). Final state only, left-padded with zeros where the prompt is shorter than the kernel.",
+        "The convolution state a mixer leaves after the prompt, exactly as the model holds it for layer L: the last inputs of its causal convolution, [batch, channels, kernel_size] in transformers' cache (channels: d_inner on Mamba, the convolved x/B/C width on Mamba 2, the convolved q/k/v width on a gated delta net, d_model on LFM2), [batch, lru_width, conv1d_width - 1] on RecurrentGemma's module, [batch, d_model, 1] in RWKV's returned state (its time mix's token shift mixes each input with the one before: the last input, mixer_in.L at the last position). Final state only, left-padded with zeros where the prompt is shorter than the kernel.",
         _MIXER_STATE_EAGER, _MIXER_STATE_VLLM,
-        note="Capture only, as mixer_state. Absent on attention layers and on mixers without a causal convolution in the cache.",
+        note="Capture only, as mixer_state. Absent on attention layers and on mixers without a causal convolution (xLSTM's mLSTM).",
         needs=(Needs.MIXER, Needs.MIXER_CONV_STATE),
     ),
     Point(
@@ -563,8 +562,8 @@ class Structure:
     # Layers whose mixer runs beside attention, both added to the stream (Falcon-H1): among mixer_layers, and
     # attention layers too, so both kinds of point exist there.
     parallel_mixer_layers: tuple[int, ...] = ()
-    # Mixer layers whose mixer writes a recurrent / convolution state into transformers' cache (mixer_state,
-    # mixer_conv_state)
+    # Mixer layers whose mixer leaves a recurrent / convolution state for the next forward (mixer_state,
+    # mixer_conv_state), wherever it keeps it (arch.mixer_states)
     state_layers: tuple[int, ...] = ()
     conv_state_layers: tuple[int, ...] = ()
 
@@ -613,12 +612,13 @@ class Structure:
             mixer_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k) or parallel,
             mixer_kinds=tuple(k for k in facts.mixer_kinds if k) or (f"{beside} beside attention",) * len(parallel),
             parallel_mixer_layers=parallel,
-            # a config that has no attention heads at all is a pure state-space trunk: mixer-only blocks
+            # a config that states an SSM and no attention heads is a pure state-space trunk: mixer-only blocks (not
+            # RWKV's, headless too: each of its blocks runs its time mix, then a channel mix)
             no_mlp_layers=tuple(range(facts.n_layers))
-            if not facts.n_heads
+            if not facts.n_heads and set(facts.mixer_kinds) == {"state_space"}
             else tuple(i for i, k in enumerate(getattr(facts, "block_sublayers", ())) if k in ("mixer", "attention")),
             mlp_only_layers=tuple(i for i, k in enumerate(getattr(facts, "block_sublayers", ())) if k == "mlp"),
-            # a config names the kind only: the loaded mixer's own code says for sure (from_binding)
+            # a config names the kind only: a cached forward of the loaded model says for sure (from_binding)
             state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_RECURRENT_STATE)
             or parallel,
             conv_state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_CONV_STATE)
@@ -679,30 +679,16 @@ class Structure:
         }[need]
 
 
-# Config layer kinds known to keep no such state in transformers' cache: RecurrentGemma and xLSTM keep theirs on the
-# module; a short convolution (LFM2) has no recurrent state.
-_NO_RECURRENT_STATE = frozenset({"recurrent", "mlstm", "conv"})
-_NO_CONV_STATE = frozenset({"recurrent", "mlstm"})
+# Config layer kinds known to carry no such state: a short convolution (LFM2) has no recurrent state, an mLSTM
+# (xLSTM) no convolution.
+_NO_RECURRENT_STATE = frozenset({"conv"})
+_NO_CONV_STATE = frozenset({"mlstm"})
 
 
 def _cache_states(lb: Any) -> tuple[str, ...]:
-    """Which states the layer's mixer writes into transformers' cache ('recurrent', 'conv'), read off the mixer
-    class's own code: the cache calls are the one place it hands a state on to the next forward."""
-    m: Any = getattr(lb, "par_mixer", None)
-    if m is None and lb.mixer_kind:
-        m = lb.attn
-    return () if m is None else _class_cache_states(type(m))  # type: ignore[arg-type]
-
-
-@functools.cache
-def _class_cache_states(cls: type) -> tuple[str, ...]:
-    try:
-        src = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return ()
-    return tuple(
-        k for k, call in (("recurrent", "update_recurrent_state("), ("conv", "update_conv_state(")) if call in src
-    )
+    """Which final states the layer's mixer leaves after a forward ('recurrent', 'conv'), as the binder measured
+    them with a cached probe forward (arch.mixer_states)."""
+    return tuple(getattr(lb, "mixer_states", None) or ())
 
 
 def _par_mixer(lb: Any) -> str:
@@ -805,14 +791,14 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
         "capture mixer_out.{L}, or resid_post.{L} (the stream after the mixer).",
     ),
     Needs.MIXER_STATE: (
-        "layer {L}'s mixer ({kind}) hands no recurrent state on through transformers' cache (mixer layers of this "
-        "model: {kinds}): a short convolution has none, and RecurrentGemma's and xLSTM's mixers keep theirs on the "
-        "module.",
+        "layer {L}'s mixer ({kind}) hands no recurrent state on to the next forward (measured at load: a cached "
+        "forward left none for this layer in the cache or on the mixer; mixer layers of this model: {kinds}): a "
+        "short convolution has none.",
         "capture mixer_conv_state.{L} where the mixer has a convolution, or mixer_out.{L}.",
     ),
     Needs.MIXER_CONV_STATE: (
-        "layer {L}'s mixer ({kind}) hands no convolution state on through transformers' cache (mixer layers of this "
-        "model: {kinds}).",
+        "layer {L}'s mixer ({kind}) hands no convolution state on to the next forward (measured at load: a cached "
+        "forward left none for this layer in the cache or on the mixer; mixer layers of this model: {kinds}).",
         "capture mixer_state.{L} where the mixer has a recurrent state, or mixer_out.{L}.",
     ),
     Needs.TOKEN_MIXER: (

@@ -223,14 +223,6 @@ def test_steering_a_state_space_mixer_moves_resid_post(ssm):
     assert_clean(lm)
 
 
-@pytest.mark.parametrize("family", ["rwkv"])
-def test_unbound_recurrent_trunks_are_refused_naming_the_structure(family):
-    """RWKV's channel-mix reads the previous token (not an MLP ie_lab can stand behind) and its layer 0 normalises
-    the stream inside the block: load refuses it with an IELabError naming that structure."""
-    with pytest.raises(IELabError, match="recurrence.*channel-mix reads the previous token"):
-        _load(family)
-
-
 def test_generation_runs_or_is_refused_before_any_forward(hybrid):
     """Generating on a hybrid either decodes (its cache carries both kinds of layer) or, where the forward hands no
     KV cache back (RecurrentGemma), is refused with an IELabError before the first forward: it crashed with an

@@ -13,8 +13,6 @@ from ie_lab import coverage
 from ie_lab.errors import StructureError
 
 REFUSED = {
-    # the residual is the input norm's output times alpha, the branch times beta
-    "minimax": r"input norm's output, not resid_pre \(resid_mid = 1 \* input_norm\(resid_pre\) \+ 1 \* attention",
     # learned per-channel vectors scale the residual before each add
     "doge": r"per channel by its learned vector input_residual",
     # the per-layer-input branch after the MLP

@@ -215,9 +215,11 @@ def test_training_mode_is_restored_at_session_close():
 _S = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 _UNBOUND = {
     # config class name -> (kwargs, a word the refusal must name)
-    "RwkvConfig": (
-        dict(hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128, context_length=64),
-        "recurrence",
+    # (RWKV was the example here until its recurrent blocks bound: tests/test_families_rwkv.py)
+    "OpenAIGPTConfig": (dict(n_embd=64, n_layer=2, n_head=4, n_positions=64), "post-norm"),
+    "BartConfig": (
+        dict(d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4),
+        "encoder-decoder",
     ),
 }
 
@@ -279,12 +281,13 @@ def test_nemotron_h_binds_from_the_legacy_pattern_names():
 
 
 def test_unbound_folder_is_refused_before_weights_are_read(tmp_path):
-    # (Mamba was the example here until state-space trunks bound: tests/test_families_hybrid.py.)
-    path = str(tmp_path / "rwkv")
-    _unbound_model("RwkvConfig").save_pretrained(path)
+    # (Mamba, then RWKV, were the example here until their trunks bound: tests/test_families_hybrid.py and
+    # tests/test_families_rwkv.py; an encoder-decoder's decoder stack is refused from its config alone.)
+    path = str(tmp_path / "bart")
+    _unbound_model("BartConfig").save_pretrained(path)
     with open(os.path.join(path, "model.safetensors"), "wb") as f:
         f.write(b"not weights")  # reading them would fail differently
-    with pytest.raises(ie_lab.ArchitectureUnsupported, match="recurrence.* Instead:"):
+    with pytest.raises(ie_lab.ArchitectureUnsupported, match="encoder-decoder.* Instead:"):
         ie_lab.load(path, quiet=True)
 
 

@@ -10,6 +10,7 @@ the model is refused with a StructureError rather than served with plausible-but
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import ArchitectureUnsupported, StructureError
-from . import attention_tap
+from . import attention_tap, mixer_states
 from .config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
 
 ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer", "multi_head_attention")
@@ -56,6 +57,13 @@ EXPERTS_NAMES = ("experts",)
 # A second MLP the layer runs on the MLP's input and sums with the MLP's output before the residual add, outside
 # any module (GraniteMoE-shared's and Granite-hybrid's shared expert beside the MoE block): mlp_out is that sum.
 SIDE_MLP_NAMES = ("shared_mlp",)
+# A channel mix (RWKV's feed_forward): key -> squared ReLU -> value, the value projection's output multiplied by an
+# activated gate (receptance) the module computes from its own input, both linears reading that input mixed with the
+# previous token's. Nominated only on an MLP with none of DOWN_NAMES; the probe checks the module's output is the
+# down projection's output times the activated gate (_mlp_out_gate), or the layer is refused as before.
+CHANNEL_MIX_UP_NAMES = ("key",)
+CHANNEL_MIX_DOWN_NAMES = ("value",)
+MLP_OUT_GATE_NAMES = ("receptance",)
 # Hyper-connection trunks (several residual streams): the modules that collapse the stream stack into each
 # sublayer's input and return the weights that write its output back (DeepSeek-V4, HY-V4). The probe measures
 # which of their outputs is the collapse, the write weights and the mixing matrix.
@@ -80,6 +88,7 @@ FINAL_NORM_NAMES = (
     "ln_final",
     "layernorm",
     "out_norm",  # xLSTM
+    "ln_out",  # RWKV
 )
 
 PROBE_LEN = 7  # distinct from every head count we meet, so [.., heads, seq, ..] layouts are unambiguous
@@ -175,6 +184,11 @@ class LayerBinding:
     parallel: bool = False
     attn_multiplier: float | None = None
     mlp_multiplier: float | None = None
+    # A residual taken after each sublayer's input norm (MiniMax's alpha/beta factors): resid_mid = attn_alpha *
+    # attn_in + attn_out_post and resid_post = mlp_alpha * mlp_in + mlp_out_post, the betas being attn_multiplier and
+    # mlp_multiplier. Measured, and bound only with the factors the config states (_norm_residual); None elsewhere.
+    attn_alpha: float | None = None
+    mlp_alpha: float | None = None
     q_norm: nn.Module | None = None
     k_norm: nn.Module | None = None
     qk_norm_layout: str = "flat"  # "flat" [b,s,h*d] | "bshd" | "bhsd"
@@ -210,6 +224,9 @@ class LayerBinding:
     # A mixer layer (hybrid and state-space trunks): what its token mixer is, "" on an attention layer. There
     # `attn` and `o_proj` are both the mixer module, so its input and output are the sublayer's in and out.
     mixer_kind: str = ""
+    # Where the mixer's final states are after a forward, measured (arch.mixer_states): 'recurrent' / 'conv' ->
+    # 'cache:recurrent_states', 'rnn_state:0', 'module:rg_lru.recurrent_states', ...; empty where it keeps none.
+    mixer_states: dict[str, str] = field(default_factory=dict)
     # A mixer-only block (pure state-space trunks): no MLP, so resid_post = resid_pre + mixer_out_post.
     has_mlp: bool = True
     # A side MLP summed with the MLP's output by the layer itself (SIDE_MLP_NAMES), or None; mlp_out is the sum of
@@ -249,6 +266,22 @@ class LayerBinding:
     kv_up: nn.Module | None = None
     # The layer's child that wraps its attention and the norms around it (DBRX's norm_attn_norm), or None.
     wrapper: nn.Module | None = None
+    # A gate multiplied into the MLP's output after its down projection (RWKV's channel-mix receptance): the linear
+    # whose activated output (mlp_out_gate_fn) times the down projection's output is the MLP module's output, so
+    # mlp_out is that gated product and mlp_act still the down projection's input. Measured; None elsewhere.
+    mlp_out_gate: nn.Module | None = None
+    mlp_out_gate_fn: str = "sigmoid"
+    # The MLP reads the previous token too (RWKV's token shift), measured: its output at a position changes when
+    # only the previous position of mlp_in does, so mlp_pre / mlp_act / mlp_out at t depend on mlp_in at t-1 and t.
+    mlp_token_shift: bool = False
+    # A norm the layer applies to the residual stream itself before its first sublayer, so the first residual add
+    # reads stream_norm(resid_pre) (RWKV's pre_ln, on layer 0 only): resid_mid = stream_norm(resid_pre) +
+    # mixer_out_post. resid_pre stays the layer's input (what steering and patching there change). Measured.
+    stream_norm: nn.Module | None = None
+    # The factor the trunk multiplies this layer's output by, outside any module, before the next layer (or the
+    # final norm) reads it: resid_pre.{L+1} = stream_scale * resid_post.L (RWKV halves the stream every
+    # rescale_every layers in eval mode). Measured on the probe forward; None where the next reader reads it as is.
+    stream_scale: float | None = None
     names: dict[str, str] = field(default_factory=dict)  # role -> dotted path, for docs and the diagram
 
     @property
@@ -265,6 +298,12 @@ class LayerBinding:
     @property
     def has_resid_mid(self) -> bool:
         return not self.parallel
+
+    @property
+    def norm_residual(self) -> bool:
+        """Each sublayer's output is added to its input norm's output (times alpha), not to the stream it read: the
+        norms' outputs are attn_in / mlp_in, and nothing but the norm reads resid_pre or resid_mid."""
+        return self.attn_alpha is not None
 
 
 @dataclass
@@ -678,6 +717,7 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
         found = _child(model.get_submodule(trunk_path) if trunk_path else model, STREAM_HEAD_NAMES)
         binding.stream_head = found[1] if found else None
     _measure(model, binding)
+    mixer_states.measure(model, binding)
     return binding
 
 
@@ -778,6 +818,14 @@ def _bind_mlp_parts(lb: LayerBinding, mlp: nn.Module, family: str) -> None:
         lb.router = r[1] if r else None
         return
     down = _child(mlp, DOWN_NAMES)
+    gate_after = _child(mlp, MLP_OUT_GATE_NAMES)
+    if down is None and gate_after is not None and _child(mlp, CHANNEL_MIX_DOWN_NAMES) is not None:
+        # a channel mix (RWKV): its value projection is the down projection, its key the up projection, and its
+        # receptance a gate after the down projection (the probe keeps it only where it explains the output)
+        down, up = _child(mlp, CHANNEL_MIX_DOWN_NAMES), _child(mlp, CHANNEL_MIX_UP_NAMES)
+        assert down is not None
+        lb.down_proj, lb.up_proj, lb.mlp_out_gate = down[1], up[1] if up else None, gate_after[1]
+        return
     if down is None:
         raise StructureError(f"{family} layer {lb.index}: MLP has no down projection among {DOWN_NAMES}.")
     lb.down_proj = down[1]
@@ -796,7 +844,8 @@ def _refuse_unbound_branch(
     """Name what the layer does beyond its bound sublayers when that is why the residual identities fail: a module
     it runs outside its attention (or mixer) and MLP (Gemma 4's per-layer input branch; a mixer beside attention
     whose share _parallel_mixer could not fit), a learned scale on the residual stream itself (Doge's per-channel
-    vectors, Gemma 4's layer_scalar), or a residual that is the input norm's output (MiniMax's alpha/beta factors)."""
+    vectors, Gemma 4's layer_scalar), or a residual that is the input norm's output with factors no config states
+    (MiniMax's alpha/beta residual, bound by _norm_residual where its config states them)."""
     A_in, A_out = rec.inp(lb.attn), rec.out(lb.o_proj)
     attn_c = rec.out(lb.post_attn_norm) if lb.post_attn_norm is not None else A_out
     mlp_c = rec.out(lb.post_mlp_norm) if lb.post_mlp_norm is not None else rec.out(lb.mlp_out_module)
@@ -842,7 +891,9 @@ def _refuse_unbound_branch(
                 f"{where}: the residual the {sub} output is added to is the input norm's output, not resid_pre "
                 f"(resid_mid = {alpha:.4g} * input_norm(resid_pre) + {beta:.4g} * {sub} output, as MiniMax's "
                 "alpha/beta residual factors have it): the norm sits on the residual path, so no sublayer output "
-                "makes resid_pre + attn_out_post = resid_mid hold; such blocks are not bound yet."
+                "makes resid_pre + attn_out_post = resid_mid hold, and ie_lab binds such a residual only with the "
+                "factors a config states (full_attn_/linear_attn_/mlp_alpha_factor and _beta_factor), which this one "
+                "does not."
             )
 
 
@@ -938,6 +989,7 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             lb.v_proj,
             lb.fused_qkv,
             lb.mlp_side,
+            lb.mlp_out_gate,
             *lb.layer.children(),  # what else the layer runs: named when the residual identities fail
             lb.attn_hc,
             lb.mlp_hc,
@@ -952,10 +1004,10 @@ def _measure(model: nn.Module, binding: Binding) -> None:
     handles = []
     if binding.stream_head is not None and binding.final_norm is not None:
         rec.watch(binding.stream_head)
+    if binding.final_norm is not None:
         handles.append(
             binding.final_norm.register_forward_pre_hook(lambda m, a: last.__setitem__("norm_in", _detached(a)))
         )
-    if binding.final_norm is not None:
         handles.append(binding.final_norm.register_forward_hook(lambda m, a, o: last.__setitem__("norm", _detached(o))))
         handles.append(binding.lm_head.register_forward_pre_hook(lambda m, a: last.__setitem__("head", _detached(a))))
     try:
@@ -1021,6 +1073,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             _measure_latents(lb, rec, binding.facts)
         if lb.mixer_kind:
             lb.q_norm = lb.k_norm = None
+    _measure_stream_scales(binding, rec, last.get("norm_in"))
+    binding.notes += _measured_quirks(binding)
     if legacy:
         # Fused QKV outside the attention interface: learn the value slice from a forward that returns probs.
         rec2 = _Recorder()
@@ -1040,6 +1094,75 @@ def _measure(model: nn.Module, binding: Binding) -> None:
                     "value (its q/k/v layout is none of those ie_lab knows: contiguous, per head, grouped)."
                 )
             lb.fused_qkv_layout = layout
+
+
+def _measure_stream_scales(binding: Binding, rec: _Recorder, norm_in: torch.Tensor | None) -> None:
+    """The factor the trunk multiplies each layer's output by before the next layer (the final norm, after the last)
+    reads it, outside any module: RWKV halves the stream every rescale_every layers in eval mode. Set only where the
+    reader's input is that scalar (not 1) times the layer's output; a power of two is taken as exact."""
+    readers = [rec.inp(nxt.layer) for nxt in binding.layers[1:]]
+    readers.append(norm_in if binding.stream_head is None else None)  # a stream head collapses the stack: not this
+    for lb, seen in zip(binding.layers, readers):
+        out = rec.out(lb.layer)
+        if out is None or seen is None or out.shape != seen.shape or _same(out, seen):
+            continue
+        o, r = out.double(), seen.double()
+        s = float((o * r).sum() / (o * o).sum().clamp_min(1e-30))
+        p2 = 2.0 ** round(math.log2(s)) if s > 0 else 0.0
+        s = p2 if p2 and abs(s / p2 - 1.0) < 1e-6 else s
+        if abs(s - 1.0) > 1e-6 and _close(out * s, seen, 1e-5):
+            lb.stream_scale = s
+
+
+def _layers_text(layers: list[int], n: int) -> str:
+    return (
+        "every layer"
+        if len(layers) == n
+        else ("layer " if len(layers) == 1 else "layers ") + ", ".join(str(i) for i in layers)
+    )
+
+
+def _measured_quirks(binding: Binding) -> list[str]:
+    """One sentence per measured structure a user reading the points should know of, where the binder found one: a
+    norm on the stream itself, a stream rescaled between layers, an MLP gated after its down projection or reading
+    the previous token (RWKV has all four)."""
+    notes, n = [], len(binding.layers)
+    for lb in binding.layers:
+        if lb.stream_norm is not None:
+            name, sub = lb.names.get("stream_norm", "a norm"), "mixer" if lb.mixer_kind else "attn"
+            notes.append(
+                f"layer {lb.index} normalises the residual stream itself ({name}) before its first sublayer: "
+                f"resid_mid.{lb.index} = {name}(resid_pre.{lb.index}) + {sub}_out_post.{lb.index}, and resid_pre."
+                f"{lb.index} is the layer's input."
+            )
+    scales: dict[float, list[int]] = {}
+    for lb in binding.layers:
+        if lb.stream_scale is not None:
+            scales.setdefault(lb.stream_scale, []).append(lb.index)
+    for s, layers in scales.items():
+        last = layers[-1] == n - 1
+        notes.append(
+            f"the trunk multiplies the stream by {s:g} after {_layers_text(layers, n)}, outside any module: "
+            f"resid_pre.{{L+1}} = {s:g} * resid_post.L there"
+            + (", and the final norm (and the logit lens) reads the last layer's output so scaled" if last else "")
+            + " (RWKV in eval mode: every rescale_every layers)."
+        )
+    gated = [lb.index for lb in binding.layers if lb.mlp_out_gate is not None]
+    if gated:
+        lb = binding.layers[gated[0]]
+        notes.append(
+            f"the MLP on {_layers_text(gated, n)} multiplies its down projection's output by "
+            f"{lb.mlp_out_gate_fn}({lb.names.get('mlp_out_gate', 'a gate')}): mlp_out is that gated product, "
+            "mlp_act the down projection's input (no gated branch before it: mlp_pre_linear is absent)."
+        )
+    shifted = [lb.index for lb in binding.layers if lb.mlp_token_shift]
+    if shifted:
+        notes.append(
+            f"the MLP on {_layers_text(shifted, n)} mixes each position's input with the previous position's before "
+            "its projections (a token shift): mlp_pre, mlp_act and mlp_out at position t depend on mlp_in at t-1 "
+            "and t, so writing mlp_in at t also moves the MLP at t+1."
+        )
+    return notes
 
 
 def _input_scale(binding: Binding, norm_out: torch.Tensor, head_in: torch.Tensor) -> float | None:
@@ -1209,10 +1332,15 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
 
     # Some families' MLP module adds the residual itself (Bloom): then mlp_out is its down projection's output.
     M_out = M_out_module
+    if lb.mlp_out_gate is not None and not _mlp_out_gate(lb, rec, rec.out(lb.down_proj), M_out_module):
+        lb.mlp_out_gate = None  # nominated, but its activated output does not gate the down projection's into it
+    if lb.mlp_out_gate is not None and lb.mlp is not None:
+        lb.mlp_token_shift = _reads_previous_token(lb.mlp, M_in, M_out_module)
     if lb.down_proj is not None and lb.mlp is not None:
         D_out = rec.out(lb.down_proj)
-        if D_out is not None and not _same(M_out_module, D_out):
-            # A module output that is not its down projection's is either residual-added or post-processed.
+        if D_out is not None and not _same(M_out_module, D_out) and lb.mlp_out_gate is None:
+            # A module output that is not its down projection's (nor its gated product) is either residual-added or
+            # post-processed.
             lb.mlp_out_module = lb.down_proj
             M_out = D_out
     if lb.mlp_side is not None:
@@ -1273,6 +1401,12 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
     else:
         R = rec.inp(lb.pre_mlp_norm) if lb.pre_mlp_norm is not None else M_in
         assert R is not None  # likewise
+        if not _close(X + attn_c, R, 1e-4):
+            sn = _stream_norm(lb, rec, X, attn_c, R)
+            normed = rec.out(sn) if sn is not None else None
+            if sn is not None and normed is not None:  # the first residual add reads the normed stream (RWKV's pre_ln)
+                lb.stream_norm, X = sn, normed
+                lb.names["stream_norm"] = _name_in(lb.layer, sn)
         if lb.post_attn_norm is None and not _close(X + attn_c, R, 1e-4):
             lb.o_bias = _returned_output_bias(lb, rec, X, attn_c, R)
             if lb.o_bias is not None:
@@ -1287,7 +1421,9 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         lb.attn_multiplier, lb.mlp_multiplier = mult(m_attn), mult(m_mlp)
         a_eff = attn_c * (lb.attn_multiplier or 1.0)
         m_eff = mlp_c * (lb.mlp_multiplier or 1.0)
-        if not (_close(X + a_eff, R, 1e-4) and _close(R + m_eff, Y, 1e-4)):
+        if not (_close(X + a_eff, R, 1e-4) and _close(R + m_eff, Y, 1e-4)) and not _norm_residual(
+            lb, rec, facts, R, Y, attn_c, mlp_c, where
+        ):
             _refuse_post_norm(lb, rec, X, attn_c, mlp_c, where)  # exact tensor identities first, then the
             _refuse_unbound_residual_step(lb, rec, X, A_out, R, where)  # broader "what else ran" of the branch check
             _refuse_scaled_residual(X, attn_c, R, where)
@@ -1327,6 +1463,53 @@ def _classify_layer(lb: LayerBinding, rec: _Recorder, facts: ArchFacts, family: 
         if act is not None and go is not None and uo is not None and d_in is not None:
             if not _close(act[1](go) * uo, d_in, 1e-4) and _close(act[1](uo) * go, d_in, 1e-4):
                 lb.gate_proj, lb.up_proj = lb.up_proj, lb.gate_proj  # the spellings lied; trust the tensors
+
+
+def _stream_norm(
+    lb: LayerBinding, rec: _Recorder, X: torch.Tensor, attn_c: torch.Tensor, R: torch.Tensor
+) -> nn.Module | None:
+    """A norm of the layer that reads the layer's input and whose output, not the input, is what the first sublayer's
+    output is added to (and what the input norm reads): it normalises the residual stream itself (RWKV's pre_ln)."""
+    bound = {id(m) for m in (lb.input_norm, lb.pre_mlp_norm, lb.post_attn_norm, lb.post_mlp_norm) if m is not None}
+    for n in _norm_children(lb):
+        out = rec.out(n)
+        if id(n) in bound or out is None or not _same(rec.inp(n), X) or not _close(out + attn_c, R, 1e-4):
+            continue
+        if lb.input_norm is None or _same(rec.inp(lb.input_norm), out):
+            return n
+    return None
+
+
+def _mlp_out_gate(lb: LayerBinding, rec: _Recorder, d_out: torch.Tensor | None, m_out: torch.Tensor) -> bool:
+    """Whether the MLP module's output is its down projection's output times the nominated gate's activated output
+    (RWKV's channel mix: receptance); sets the activation that does it."""
+    g = rec.out(lb.mlp_out_gate)
+    if g is None or d_out is None or g.shape != d_out.shape:
+        return False
+    for fn in _GATE_FNS:
+        act = torch.sigmoid(g) if fn == "sigmoid" else torch.nn.functional.softplus(g.float()).to(g.dtype)
+        if _close(act * d_out, m_out, 1e-5):
+            lb.mlp_out_gate_fn = fn
+            lb.names["mlp_out_gate"] = f"{lb.names.get('mlp', 'mlp')}.{_name_in(lb.mlp, lb.mlp_out_gate)}"
+            return True
+    return False
+
+
+def _name_in(parent: nn.Module | None, child: nn.Module | None) -> str:
+    return next((n for n, m in parent.named_children() if m is child), "?") if parent is not None else "?"
+
+
+@torch.no_grad()
+def _reads_previous_token(mlp: nn.Module, x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether the MLP's output at a position moves when only the previous position of its input does (a token
+    shift, RWKV's channel mix): rerun on its recorded input with position 0 changed, the output from position 1 on
+    compared. Run only on a channel mix (a module called on its input alone, nothing cached or counted)."""
+    if x.dim() != 3 or x.shape[1] < 2:
+        return False
+    x2 = x.clone()
+    x2[:, 0] = x2[:, 0] + 1.0
+    out2 = first_tensor(mlp(x2))
+    return out2 is not None and not _close(out2[:, 1:], out[:, 1:], 1e-5)
 
 
 def _measure_latents(lb: LayerBinding, rec: _Recorder, facts: ArchFacts) -> None:
@@ -1445,6 +1628,53 @@ def _returned_output_bias(
         if p is not None and _close(X + A_out + p.detach(), R, 1e-4):
             return p
     return None
+
+
+def _norm_residual(
+    lb: LayerBinding,
+    rec: _Recorder,
+    facts: ArchFacts,
+    R: torch.Tensor,
+    Y: torch.Tensor,
+    attn_c: torch.Tensor,
+    mlp_c: torch.Tensor,
+    where: str,
+) -> bool:
+    """A residual taken after each sublayer's input norm and scaled (MiniMax): resid_mid = a * input_norm(resid_pre)
+    + b * attn_out and resid_post = c * pre_mlp_norm(resid_mid) + e * mlp_out. The four factors are measured by
+    least squares; the layer is bound (True) only where they are the ones the config states for its kind, and then
+    the config's exact values must satisfy both identities. False where the structure is not this one, or the
+    config states no factors (the refusal then names the measured ones)."""
+    A_in, M_in = rec.out(lb.input_norm), rec.out(lb.pre_mlp_norm)
+    if A_in is None or M_in is None or lb.post_attn_norm is not None or lb.post_mlp_norm is not None:
+        return False
+    pairs = ((A_in, attn_c, R), (M_in, mlp_c, Y))
+    if any(not (base.shape == c.shape == out.shape) for base, c, out in pairs):
+        return False
+    measured: list[float] = []
+    for base, c, out in pairs:
+        basis = torch.stack([base.double().flatten(), c.double().flatten()], dim=1)
+        coef = torch.linalg.lstsq(basis, out.double().flatten().unsqueeze(1)).solution.flatten()
+        if not _close(coef[0] * base.double() + coef[1] * c.double(), out.double(), 1e-4):
+            return False
+        measured += [float(coef[0]), float(coef[1])]
+    cfg = facts.residual_factors[lb.index] if lb.index < len(facts.residual_factors) else None
+    if cfg is None:
+        return False
+    text = "resid_mid = {:.4g} * attn_in + {:.4g} * attn_out, resid_post = {:.4g} * mlp_in + {:.4g} * mlp_out"
+    if any(abs(m - f) > 1e-3 * max(1.0, abs(f)) for m, f in zip(measured, cfg)) or not all(
+        _close(a * base.double() + b * c.double(), out.double(), 1e-4)
+        for (a, b), (base, c, out) in zip((cfg[:2], cfg[2:]), pairs)
+    ):
+        raise StructureError(
+            f"{where}: each sublayer's output is added to its input norm's output, measured as "
+            f"{text.format(*measured)}, but the config's alpha/beta factors for this layer say "
+            f"{text.format(*cfg)}; ie_lab binds this residual only with the factors the config states."
+        )
+    lb.attn_alpha, lb.mlp_alpha = cfg[0], cfg[2]
+    lb.attn_multiplier = None if cfg[1] == 1 else cfg[1]
+    lb.mlp_multiplier = None if cfg[3] == 1 else cfg[3]
+    return True
 
 
 def _refuse_post_norm(

@@ -126,6 +126,29 @@ def _mixer_kinds(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
     return ("",) * n_layers
 
 
+def _residual_factors(d: Mapping[str, Any], kinds: list[str]) -> tuple[tuple[float, float, float, float], ...]:
+    """Per layer, the factors of a residual taken after each sublayer's input norm, where the config states them
+    (MiniMax): resid_mid = a * input_norm(resid_pre) + b * attn_out and resid_post = c * pre_mlp_norm(resid_mid) +
+    e * mlp_out, as (a, b, c, e); the attention pair by the layer's kind (linear_attn_* on linear-attention layers,
+    full_attn_* on the others). () where the config states none; the binder measures the structure either way."""
+    if "mlp_alpha_factor" not in d:
+        return ()
+
+    def f(key: str) -> float:
+        v = d.get(key)
+        return float(v) if isinstance(v, (int, float)) else 1.0  # the config class's default
+
+    return tuple(
+        (
+            f(f"{'linear' if k == 'linear' else 'full'}_attn_alpha_factor"),
+            f(f"{'linear' if k == 'linear' else 'full'}_attn_beta_factor"),
+            f("mlp_alpha_factor"),
+            f("mlp_beta_factor"),
+        )
+        for k in kinds
+    )
+
+
 def _block_sublayers(d: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
     """Per layer of a single-sublayer trunk, its one sublayer ("mixer" | "attention" | "mlp"), from the config's
     per-layer type list; () for every other family, or where the list does not name each layer's type."""
@@ -200,6 +223,9 @@ class ArchFacts:
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     residual_multiplier: float | None = None
+    # per layer (attn alpha, attn beta, mlp alpha, mlp beta) of a residual taken after each sublayer's input norm
+    # (MiniMax; _residual_factors), () elsewhere
+    residual_factors: tuple[tuple[float, float, float, float], ...] = ()
     embedding_multiplier: float | None = None
     logit_multiplier: float | None = None  # logits = lm_head(x) * m (Cohere's logit_scale)
     logit_divisor: float | None = None  # logits = lm_head(x) / m (Granite's logits_scaling)
@@ -240,7 +266,9 @@ class ArchFacts:
         n_layers = _first(d, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
         n_heads = _first(d, "num_attention_heads", "n_head", "num_heads", "n_heads", "attention_heads")
         ssm_only = _state_space_only(d)
-        if ssm_only:
+        # a recurrence in every layer whose config states no head count (RWKV): no attention anywhere either
+        headless = ssm_only or (n_heads is None and mt in quirks.RECURRENT_MIXERS)
+        if headless:
             n_heads = 0  # no attention anywhere: the attention widths are all zero
         if d_model is None or n_layers is None or n_heads is None:
             found = unbound_structure(d)
@@ -261,7 +289,7 @@ class ArchFacts:
                 "this family.",
                 UNBOUND_INSTEAD,
             )
-        head_dim = 0 if ssm_only else _first(d, "head_dim", "attention_head_size") or d_model // n_heads
+        head_dim = 0 if headless else _first(d, "head_dim", "attention_head_size") or d_model // n_heads
         if d.get("multi_query") and not d.get("new_decoder_architecture"):
             n_kv = 1
         else:
@@ -344,6 +372,7 @@ class ArchFacts:
             attn_logit_softcap=_first(d, "attn_logit_softcapping"),
             final_logit_softcap=_first(d, "final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap"),
             residual_multiplier=_first(d, "residual_multiplier"),
+            residual_factors=_residual_factors(d, kinds),
             embedding_multiplier=_first(d, "embedding_multiplier"),
             logit_multiplier=_first(d, "logit_scale", "lm_head_multiplier"),  # Cohere; Falcon-H1's logits = head * m
             logit_divisor=_first(d, "logits_scaling", "logits_mup_width_multiplier"),

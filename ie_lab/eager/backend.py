@@ -318,6 +318,8 @@ class EagerBackend:
             + (", QK-norm" if st["qk_norm"] else "")
             + (f", MoE on layers {list(st['moe_layers'])}" if st["moe_layers"] else "")
             + ".",
+            # what the binder measured that the points' definitions do not say (RWKV's stream norm, rescaling, ...)
+            *(f"Note: {n[0].upper()}{n[1:]}" for n in self.lm.binding.notes),
         ]
         return " ".join(parts)
 

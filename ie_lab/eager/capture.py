@@ -45,6 +45,10 @@ LINKABLE = frozenset(
         "mlp_out_post",
         "final_norm",
         "value",
+        # a mixer layer's input and output, and the output as the layer adds it
+        "mixer_in",
+        "mixer_out",
+        "mixer_out_post",
     }
 )
 
@@ -97,9 +101,12 @@ class _Links:
             if src.kind not in ("pre", "post"):
                 continue  # read from inside the attention call: no boundary the forward goes on from
             mult = None
-            if a.name in ("attn_out_post", "mlp_out_post"):
+            if a.name in ("attn_out_post", "mlp_out_post", "mixer_out_post"):
                 lb = lm.binding.layers[a.layer]
-                mult = lb.attn_multiplier if a.name == "attn_out_post" else lb.mlp_multiplier
+                if a.name == "mixer_out_post":  # beside attention (Falcon-H1) or in its place (the attention slot's)
+                    mult = lb.par_mixer_multiplier if getattr(lb, "par_mixer", None) is not None else lb.attn_multiplier
+                else:
+                    mult = lb.attn_multiplier if a.name == "attn_out_post" else lb.mlp_multiplier
             if mult is None and not _is_identity(src.transform):
                 continue  # a reshaping view (per-layout q/k norms, a fused qkv slice): returned by the taps
             prev = self.bases.get(a.without_head())
@@ -248,20 +255,23 @@ def _capture_ids(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None, addrs: l
         taps = Taps(lm, [a for a in addrs_hooked if links is None or not links.serves(a)], grad=grad)
         taps.shape = (ids.shape[0], ids.shape[1])
         kwargs: dict[str, Any] = {"use_cache": False}
-        state_cache = None
-        if states:
-            kwargs, state_cache = mixer_state.forward_kwargs(lm)
+        run = mixer_state.StateRun(lm, states) if states else None
+        if run is not None:
+            kwargs = dict(run.kwargs)
         if taps.needs_output_attentions:
             kwargs["output_attentions"] = True
         ctx = torch.enable_grad() if grad else torch.no_grad()
         with ctx, taps, links if links is not None else contextlib.nullcontext():
-            if links is not None:
-                links.shape = taps.shape
-            lm.hf(input_ids=ids, attention_mask=mask, **kwargs)
+            with run if run is not None else contextlib.nullcontext():
+                if links is not None:
+                    links.shape = taps.shape
+                result = lm.hf(input_ids=ids, attention_mask=mask, **kwargs)
+                if run is not None:
+                    run.collect(result)
     out: dict[Address, torch.Tensor] = {}
     for a in addrs:
-        if mixer_state.is_state(a):
-            out[a] = mixer_state.read(lm, state_cache, a)
+        if run is not None and mixer_state.is_state(a):
+            out[a] = run.values[a]
             continue
         linked = links.value(a) if links is not None else None
         if linked is not None:

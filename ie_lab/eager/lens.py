@@ -24,9 +24,13 @@ Transport = tuple[torch.Tensor, torch.Tensor] | Callable[[torch.Tensor], torch.T
 
 
 def decode_residual(lm: Any, h: torch.Tensor) -> torch.Tensor:
-    """Logits of a d_model residual through the model's own final norm, unembedding and post-processing."""
+    """Logits of a d_model residual through the model's own read-out: the factor the trunk multiplies its last layer's
+    output by before the final norm (RWKV halves it there when rescale_every divides the depth; measured), the final
+    norm, the unembedding and post-processing."""
     b = lm.binding
     with torch.no_grad():
+        scale = b.layers[-1].stream_scale if b.layers else None
+        h = h * scale if scale is not None else h
         x = b.final_norm(h) if b.final_norm is not None else h
         if b.head_input_scale:  # the model scales the final norm's output before its head (MiniCPM 3), measured
             x = x * b.head_input_scale

@@ -149,6 +149,8 @@ def resolve(lm: Any, addr: Address) -> Source:
     if name == "resid_post":
         return Source("post", lb.layer, lambda t: t)
     if name == "attn_in":
+        if lb.norm_residual:  # the input norm's output is also what the residual adds to: read (and link) it there
+            return Source("post", _bound(lb.input_norm), lambda t: t)
         return Source("pre", lb.attn, lambda t: t)
     if name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
         mod = lb.q_norm if name.startswith("q") else lb.k_norm
@@ -227,6 +229,8 @@ def resolve(lm: Any, addr: Address) -> Source:
             return Source("pre", lb.pre_mlp_norm, lambda t: t)
         return Source("pre", lb.mlp_in_module, lambda t: t)
     if name == "mlp_in":
+        if lb.norm_residual:  # likewise the pre-MLP norm's output
+            return Source("post", _bound(lb.pre_mlp_norm), lambda t: t)
         return Source("pre", lb.mlp_in_module, lambda t: t)
     if name in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
         if name == "mlp_act":

@@ -52,6 +52,11 @@ def _replace_output(out: Any, new: torch.Tensor) -> Any:
     raise RuntimeError(f"cannot replace an output of type {type(out).__name__}")
 
 
+def _bound_norm(norm: torch.nn.Module | None) -> torch.nn.Module:
+    assert norm is not None  # a norm-residual layer has both norms (arch.binder._norm_residual binds none without)
+    return norm
+
+
 def _as3d(t: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """Present flattened [b*s, w] tensors (OPT's MLP) as [b, s, w], and undo it after."""
     b, s = shape
@@ -178,6 +183,8 @@ class Writers:
         if n == "resid_post":
             return self._post(lb.layer, edit)
         if n == "attn_in":
+            if lb.norm_residual:  # the input norm's output feeds the sublayer and the residual add alike: edit both
+                return self._post(_bound_norm(lb.input_norm), edit)
             return self._pre(lb.attn, edit)
         if n == "z":
             if lb.z_at_kernel:
@@ -220,6 +227,8 @@ class Writers:
                 return self._post(lb.o_proj, lambda t, off: edit((t + ob) * mult, off) / mult - ob)
             module = norm if norm is not None else (lb.o_proj if attn else lb.mlp_out_module)
             return self._post(module, lambda t, off: edit(t * mult, off) / mult if mult != 1.0 else edit(t, off))
+        if n == "resid_mid" and lb.norm_residual:  # the pre-MLP norm is its only reader: write it at its input
+            return self._pre(_bound_norm(lb.pre_mlp_norm), edit)
         if n == "resid_mid":
             # resid_mid = resid_pre + m * c, where c is attention's (post-norm) output: edit it through c.
             seen: dict[int, torch.Tensor | None] = {}  # per thread: two threads' forwards may pass this layer at once
@@ -245,6 +254,8 @@ class Writers:
 
             return self._post(module, via_attention)
         if n == "mlp_in":
+            if lb.norm_residual:  # as attn_in: the pre-MLP norm's output is also what the MLP's residual adds to
+                return self._post(_bound_norm(lb.pre_mlp_norm), edit)
             return self._pre(lb.mlp_in_module, edit)
         if n == "mlp_act":
             assert lb.down_proj is not None  # resolve() above refused mlp_act where the layer has none
