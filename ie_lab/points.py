@@ -621,7 +621,11 @@ class Structure:
             # a config names the kind only: a cached forward of the loaded model says for sure (from_binding)
             state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_RECURRENT_STATE)
             or parallel,
-            conv_state_layers=tuple(i for i, k in enumerate(facts.mixer_kinds) if k and k not in _NO_CONV_STATE)
+            conv_state_layers=tuple(
+                i
+                for i, k in enumerate(facts.mixer_kinds)
+                if k and k not in _NO_CONV_STATE and facts.model_type not in _CONV_FREE_FAMILIES
+            )
             or parallel,
         )
 
@@ -683,6 +687,9 @@ class Structure:
 # (xLSTM) no convolution.
 _NO_RECURRENT_STATE = frozenset({"conv"})
 _NO_CONV_STATE = frozenset({"mlstm"})
+# Families whose mixer kind's name (as the config gives it) also names mixers with a short convolution elsewhere:
+# MiniMax's lightning "linear_attention" has none (Qwen3-Next's gated delta net, of the same name, has one).
+_CONV_FREE_FAMILIES = frozenset({"minimax"})
 
 
 def _cache_states(lb: Any) -> tuple[str, ...]:

@@ -311,6 +311,19 @@ KNOWN.update(
         ("lfm3", "attn_out_post", "interp"): "LFM3 normalises attention's output (post_operator_norm) before the "
         "residual add: ie_lab's attn_out_post is that norm's output, which the hf and nnsight rows read at the module "
         "and agree with; interp-engine returns another tensor (its difference).",
+        **{
+            ("rwkv", p, "hf"): "transformers' RWKV, as its Mamba models, puts each block's output in hidden_states "
+            "from index 0 (no embedding entry), and after the halving every rescale_every blocks: hidden_states[L] is "
+            "resid_pre.L+1, not resid_pre.L (nor resid_post.L where the stream is halved after it). The hf engine's "
+            "index convention, not an ie_lab bug (the nnsight module reads agree with ie_lab)."
+            for p in ("resid_pre", "resid_post")
+        },
+        **{
+            ("minimax", p, "interp"): "MiniMax scales each sublayer's output by its beta factor before the residual "
+            "add; ie_lab's *_out_post is that product, what the add receives (as Granite's residual multiplier), and "
+            "interp-engine returns the raw output (rel err 1 - 1/beta: 0.26 for the MLP's 1.35). Its difference."
+            for p in ("attn_out_post", "mlp_out_post")
+        },
         ("deepseek_v4", "z", "interp"): "DeepSeek-V4 rotates each head's output back (RoPE with -sin, K = V) before "
         "its grouped output projection; ie_lab's z is the kernel's output, attn_probs @ value (tested), interp-engine "
         "reads it after the rotation. No module boundary lets plain hooks adjudicate; a convention difference.",
