@@ -70,6 +70,7 @@ _SMALL: dict[str, int] = {
     "expert_ffn_hidden_size": 32,
     "moe_shared_expert_intermediate_size": 32,
     "shared_intermediate_size": 32,
+    "shared_experts_intermediate_size": 32,
     "num_experts": 4,
     "n_routed_experts": 4,
     "n_shared_experts": 1,
@@ -111,9 +112,14 @@ _SMALL: dict[str, int] = {
     "time_step_rank": 8,
     "mamba_dt_rank": 8,
     "linear_head_dim": 16,
+    # a sliding-window attention sized apart from the global one (Inkling 2)
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2,
+    "swa_head_dim": 16,
     "linear_num_heads": 4,
     # vocabulary and context
     "vocab_size": 512,
+    "unpadded_vocab_size": 512,  # the head's rows where the embedding is padded (Inkling 2)
     "max_position_embeddings": 512,
     "n_positions": 512,
     "n_ctx": 512,
@@ -126,6 +132,14 @@ _SMALL: dict[str, int] = {
 # A multimodal wrapper's towers are shrunk too: only the text trunk is bound, but all of it is built.
 _SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "encoder_config", "decoder_config")
 _TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+_QWEN4_INDEXER = {
+    "indexer_n_heads": 4,
+    "indexer_kv_heads": 1,
+    "indexer_head_dim": 16,
+    "indexer_budget": 8,
+    "indexer_compress_ratio": 4,
+}
 
 # Per model type: the keys its config needs beyond _SMALL to build a small, consistent instance.
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -166,6 +180,30 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "block_size": 4,
     },
     "laguna": {"num_attention_heads_per_layer": [4, 4]},  # per-layer head counts the generic sizes do not shrink
+    # a decoder only when it says so; its axial position table factors max_position_embeddings (16 x 32) and
+    # splits the width (32 + 32); local attention on both layers (LSH needs chunk counts the tiny prompt lacks)
+    "reformer": {
+        "is_decoder": True,
+        "axial_pos_shape": [16, 32],
+        "axial_pos_embds_dim": [32, 32],
+        "attn_layers": ["local", "local"],
+    },
+    # its config leaves the sparse-attention indexer unsized (None), which its attention cannot build with
+    "qwen4_exp_text": _QWEN4_INDEXER,
+    "qwen4_exp": {"text_config": _QWEN4_INDEXER},
+    # the audio tower's conformer keeps its own depth and channel keys
+    "phi4_multimodal": {
+        "audio_config": {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_blocks": 2,
+            "num_attention_heads": 4,
+            "ext_pw_out_channel": 64,
+            "depthwise_separable_out_channel": 64,
+            "nemo_conv_channels": 64,
+            "left_chunk": 2,
+        }
+    },
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # one layer of each attention kind: sliding only, then the two with a KV compressor
     "deepseek_v4": {
@@ -258,7 +296,10 @@ def tiny_config(model_type: str):
             if isinstance(defaults.get(sub), dict):
                 kwargs[sub] = {**defaults[sub], **_small_kwargs(defaults[sub])}
                 kwargs[sub].pop("per_layer_config", None)  # keyed by the full model's layer indices
-        kwargs.update(OVERRIDES.get(model_type, {}))
+        if isinstance(defaults.get("per_layer_config"), dict):
+            kwargs["per_layer_config"] = {}  # keyed by the full model's layer indices, with its full sizes
+        for k, v in OVERRIDES.get(model_type, {}).items():  # into a shrunk sub-config, key by key
+            kwargs[k] = {**kwargs[k], **v} if isinstance(v, dict) and isinstance(kwargs.get(k), dict) else v
         return cls(**kwargs)
 
 
