@@ -103,7 +103,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     ),
     Capability(
         "model families",
-        "every family the binder can measure (41 tiny fixtures tested; others refused with StructureError)",
+        "every family the binder can measure (docs/FAMILIES.md: each model type of transformers' causal-LM mapping, "
+        "bound with its invariants run on a tiny instance, or refused with the structure the probe measured)",
         "the families verified point by point against eager: "
         + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED))
         + "; others are refused at load (docs/VLLM.md lists the limits)",

@@ -1,5 +1,8 @@
 """Tensor parallelism 2 on this CPU: every served point equals tensor_parallel_size=1 (real spawned workers),
-in the default eager-hook mode and in graph mode.
+in the default eager-hook mode and in graph mode. The hybrid families vLLM serves (a Mamba 2 trunk, Falcon-H1's
+mixer beside attention, Granite-MoE-hybrid, LFM2's and LFM2-MoE's short convolutions) run at TP=2 too: each rank's
+mixer holds a slice of its heads and channels, and its out_proj all-reduces them, so the mixer's input and output,
+the residual points and steering a mixer's output equal eager's as well as TP=1's.
 
 Runs tests/vllm_tp_script.py in a subprocess (vLLM spawns its workers, which re-import __main__).
 About a minute per family: one in-process engine, then AsyncLLM with two workers pinned one core each.
@@ -30,7 +33,28 @@ MUST = {
         {"attn_probs.0", "attn_probs.1", "attn_scores.1", "router_logits.0", "value.1", "z.0"},
         {"z.0", "value.1", "resid_post.1"},
     ),
+    "mamba2": (
+        {"mixer_in.0", "mixer_out.1", "mixer_out_post.0", "resid_pre.1", "resid_post.1"},
+        {"mixer_in.1", "mixer_out.0", "mixer_out_post.1", "resid_post.0"},
+    ),
+    "falcon_h1": (
+        {"mixer_in.1", "mixer_out.0", "mixer_out_post.1", "attn_out_post.0", "z.1", "mlp_out_post.0", "resid_mid.1"},
+        {"mixer_in.0", "mixer_out.1", "mixer_out_post.0", "z.1", "mlp_act.0", "resid_post.1"},
+    ),
+    "granitemoehybrid": (
+        {"mixer_in.0", "mixer_out.0", "mixer_out_post.0", "attn_out.1", "router_logits.1", "mlp_out_post.0"},
+        {"mixer_in.0", "mixer_out.0", "z.1", "resid_post.1"},
+    ),
+    "lfm2": (
+        {"mixer_in.0", "mixer_out.1", "mixer_out_post.1", "q_norm_out.2", "attn_probs.2", "mlp_act.0", "resid_mid.2"},
+        {"mixer_in.1", "mixer_out.0", "k_norm_in.2", "mlp_act.2", "resid_post.2"},
+    ),
+    "lfm2_moe": (
+        {"mixer_in.1", "mixer_out.0", "router_logits.1", "z.2", "mlp_out_post.1", "resid_mid.2"},
+        {"mixer_out.1", "mlp_act.0", "value.2", "resid_post.2"},
+    ),
 }
+HYBRIDS = ("mamba2", "falcon_h1", "granitemoehybrid", "lfm2", "lfm2_moe")
 
 
 @pytest.mark.slow
@@ -65,3 +89,6 @@ def test_every_served_point_at_tp2_equals_tp1(family, tmp_path):
     # graph-mode steering at TP=2 (every rank steers its replicated rows from its own buffers) equals TP=1 hooks
     assert r["graph_steered_equal"], r
     assert r["orphans"] == [], f"processes left after Session.close(): {r['orphans']}"
+    if family in HYBRIDS:
+        # TP=2's captures, and its stream steered at mixer_out.0, equal eager's at the tensors' own scale
+        assert r["eager_differ"] == [], r

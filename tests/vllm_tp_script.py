@@ -1,4 +1,5 @@
-"""Every served point at tensor_parallel_size=2 equals tensor_parallel_size=1 (run by test_vllm_tp.py).
+"""Every served point at tensor_parallel_size=2 equals tensor_parallel_size=1 (run by test_vllm_tp.py); on a hybrid
+family (a tiny instance built as tests/test_vllm_hybrids*.py build it) also eager's.
 
 A script, not a test module: vLLM spawns its tensor-parallel workers, which re-import __main__, so the work
 sits under ``if __name__ == "__main__"``. Prints one JSON line with the verdicts.
@@ -11,20 +12,50 @@ import os
 import sys
 
 
+def hybrid_configs() -> dict:
+    """family -> config overrides of the hybrid families the vLLM hybrid tests serve."""
+    from tests import test_vllm_hybrids, test_vllm_hybrids2
+
+    return {f: v[0] for m in (test_vllm_hybrids, test_vllm_hybrids2) for f, v in m.SERVED.items()}
+
+
+def near(a, b) -> bool:
+    """close() at b's own scale (a mixer's output on a tiny random instance is ~1e-4)."""
+    from tests.vllm_helpers import close
+
+    s = float(b[b.isfinite()].abs().max()) if b.isfinite().any() else 1.0
+    return close(a / (s or 1.0), b / (s or 1.0))
+
+
 def main(family: str, root: str) -> dict:
     import torch
 
     import ie_lab
+    from ie_lab import coverage
     from tests.families import saved_model_dir
     from tests.vllm_helpers import TEXT, close, served_addresses
 
-    path = saved_model_dir(family, root)
+    hybrids = hybrid_configs()
+    eager = None
+    if family in hybrids:
+        coverage.OVERRIDES[family] = {**coverage.OVERRIDES.get(family, {}), **hybrids[family]}
+        model = coverage.build_tiny(family)
+        path = os.path.join(root, family)
+        model.save_pretrained(path)
+        coverage._tokenizer().save_pretrained(path)
+        eager = ie_lab.load(model, coverage._tokenizer(), quiet=True)
+    else:
+        path = saved_model_dir(family, root)
     one = ie_lab.Session(path, backend="vllm", engine="inproc", progress=False, replace=False)
     addrs = served_addresses(one)
     c1 = one.capture(TEXT, addrs)
     g1 = one.generate(TEXT, 10).ids
-    v = torch.linspace(-3.0, 3.0, 128)
-    steer_at = {"resid_post.0": {"scale": 4.0}, "mlp_out.1": {"method": "swap", "target": 2.0}}
+    d = one.facts.d_model
+    last = f"resid_post.{one.facts.n_layers - 1}"
+    v = torch.linspace(-3.0, 3.0, d)
+    # a mixer-only trunk (Mamba 2) has no MLP: its second layer's mixer output is swapped instead
+    second = "mlp_out.1" if "mlp_out.1" in addrs else "mixer_out.1"
+    steer_at = {"resid_post.0": {"scale": 4.0}, second: {"method": "swap", "target": 2.0}}
 
     def steered_ids(s):  # one request per site, concurrently: each steered by its own spec
         import asyncio
@@ -42,7 +73,10 @@ def main(family: str, root: str) -> dict:
     try:
         c2 = two.capture(TEXT, addrs)
         g2 = two.generate(TEXT, 10).ids
-        steered = two.generate(TEXT, 6, steer=two.steer("resid_post.0", torch.ones(128) * 2.0)).ids
+        steered = two.generate(TEXT, 6, steer=two.steer("resid_post.0", torch.ones(d) * 2.0)).ids
+        if eager is not None:  # steer the first mixer's output (each rank's out_proj holds part of it before its sum)
+            with two.steer("mixer_out.0", v, scale=2.0):
+                steered_last = two.capture(TEXT, [last])[last]
         state = two.worker_state()
         tp = two._lm.info["tp_size"]
     finally:
@@ -53,6 +87,7 @@ def main(family: str, root: str) -> dict:
         for a in addrs
         if a.split(".")[0]
         in ("z", "value", "mlp_act", "mlp_pre", "mlp_pre_linear", "q_norm_out", "k_norm_in", "resid_post")
+        + ("mixer_in", "mixer_out", "mixer_out_post")
     ]
     three = ie_lab.Session(
         path,
@@ -90,6 +125,17 @@ def main(family: str, root: str) -> dict:
     while leftovers() and time.time() < deadline:
         time.sleep(0.5)
     orphans = leftovers()
+    # a hybrid: TP=2's captures against eager's too, and its hook steering against eager's steered stream
+    eager_differ: list[str] = []
+    if eager is not None:
+        from ie_lab.eager.steer import make_spec
+
+        ce = ie_lab.capture(eager, TEXT, addrs)
+        eager_differ = [a for a in addrs if not near(c2[a], ce[a])]
+        with make_spec(eager, "mixer_out.0", v, scale=2.0):
+            want = ie_lab.capture(eager, TEXT, [last])[last]
+        if not (near(steered_last, want) and not near(steered_last, ce[last])):
+            eager_differ.append(f"steered {last}")
     return {
         "family": family,
         "tp_size": tp,
@@ -104,6 +150,7 @@ def main(family: str, root: str) -> dict:
         "graph_greedy_equal": g1 == g3,
         "graph_steered_equal": st1 == st3 and st1 != [g1[:6]] * 2,
         "workers_idle": all(not s["specs"] for s in state),
+        "eager_differ": eager_differ,
         "n_workers": len(state),
     }
 

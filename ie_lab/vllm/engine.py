@@ -180,7 +180,10 @@ def engine_args(
     compile_dir: str | None = None,
     steer_points: list[str] | None = None,
     generate_only: bool = False,
+    native_ops: tuple[str, ...] = (),
 ) -> Any:
+    """vLLM's EngineArgs for ie_lab's modes. native_ops: vLLM custom ops to run through their PyTorch reference
+    (forward_native) instead of the platform's kernel (quirks.VLLM_NATIVE_OPS)."""
     from vllm import AsyncEngineArgs, EngineArgs
 
     kw = dict(
@@ -222,6 +225,10 @@ def engine_args(
         if torch.cuda.is_available():
             comp["cudagraph_mode"] = "PIECEWISE"
         kw["compilation_config"] = comp
+    if native_ops:  # vLLM adds the base mode ('all' or 'none') to custom_ops itself
+        ops = {"custom_ops": [f"-{op}" for op in native_ops]}
+        prev = kw.get("compilation_config")
+        kw["compilation_config"] = {**prev, **ops} if isinstance(prev, dict) else ops
     kw.update(extra)
     return (AsyncEngineArgs if async_engine else EngineArgs)(**kw)
 

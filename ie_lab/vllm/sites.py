@@ -124,10 +124,33 @@ class LayerSites:
     # The layer sums its MLP's parts inline (Granite-MoE-hybrid: sparse MoE + shared MLP, no module returns the
     # sum) and returns (stream, resid_mid): mlp_out_post is read off the layer's output as stream - resid_mid.
     mlp_from_layer: bool = False
+    # Falcon-H1: the mixer runs beside attention on the same layer (both read the layer's one normed input, both
+    # outputs added to the stream), so the layer has the mixer's points and attention's. Each branch's input and
+    # output are scaled outside its module, by its own factor: mixer_in_scale multiplies the mixer's input (vLLM
+    # applies it before the mixer module, transformers inside it), mixer_scale / attn_scale the outputs before the
+    # add. None: 1 (or out_scale where the layer scales every sublayer alike).
+    mixer_beside: bool = False
+    mixer_in_scale: float | None = None
+    mixer_scale: float | None = None
+    attn_scale: float | None = None
+    # The mixer writes its output into this positional argument (a buffer the layer allocates) and returns None
+    # (vLLM's ShortConv, LFM2): mixer_out is read there after the call, and steered by writing it in place.
+    mixer_out_arg: int | None = None
+    # The MLP module scales its down projection's output before returning it (Falcon-H1's down multiplier): eager
+    # then reads mlp_out at the down projection (mlp_out_mod) and mlp_out_post as that times this factor.
+    mlp_scale: float | None = None
 
 
 def _router(mlp: nn.Module) -> nn.Module | None:
     return getattr(mlp, "gate", None) or getattr(mlp, "router", None)  # GPT-OSS: router
+
+
+_LFM2_LAYERS = (
+    "Lfm2ShortConvDecoderLayer",
+    "Lfm2AttentionDecoderLayer",
+    "Lfm2MoeShortConvDecoderLayer",
+    "Lfm2MoeAttentionDecoderLayer",
+)
 
 
 def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
@@ -150,6 +173,7 @@ def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
         or getattr(trunk, "ln_f", None)
         or getattr(trunk, "final_layer_norm", None)
         or getattr(trunk, "norm_f", None)  # Mamba 2
+        or getattr(trunk, "final_layernorm", None)  # Falcon-H1
     )
     layers = getattr(trunk, "layers", None) or getattr(trunk, "h", None)
     if embed is None or layers is None:
@@ -188,6 +212,78 @@ def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
                 mixer=getattr(layer, "mamba", None),
                 mlp_from_layer=True,
             )
+            out.append(sites)
+            continue
+        if type(layer).__name__ == "FalconH1ParallelHybrid":
+            # A Mamba 2 mixer beside attention, explicit adds. vLLM's layer multiplies each branch's input by its
+            # own factor before the branch's module (attention_in_multiplier, ssm_in_multiplier) and each output
+            # after it (attention_out_multiplier, ssm_out_multiplier); the MLP's multipliers and the key multiplier
+            # stay inside the modules, as in transformers. None is folded into a weight.
+            attn, ff = layer.self_attn, layer.feed_forward
+            sites = LayerSites(
+                i,
+                layer,
+                False,
+                attn,
+                attn.attn,
+                attn.o_proj,
+                None,
+                None,
+                None,
+                layer.pre_ff_layernorm,
+                ff,
+                ff.down_proj,
+                None,
+                None,
+                up_proj=ff.gate_up_proj,
+                gated=True,
+                mlp_out_mod=ff.down_proj,
+                mlp_scale=float(ff.down_multiplier),
+                mixer=layer.mamba.mamba,  # vLLM's MambaMixer2 inside its SSM wrapper
+                mixer_beside=True,
+                mixer_in_scale=float(layer.ssm_in_multiplier),
+                mixer_scale=float(layer.ssm_out_multiplier),
+                attn_scale=float(layer.attn_out_multiplier),
+            )
+            out.append(sites)
+            continue
+        if type(layer).__name__ in _LFM2_LAYERS:
+            # LFM2 and LFM2-MoE, Llama-style deferred adds: operator_norm, a short convolution or attention (QK-norm),
+            # then ffn_norm (a fused add+norm whose input is resid_mid) and a dense gated MLP or a sparse MoE block.
+            attn, ff = getattr(layer, "self_attn", None), layer.feed_forward
+            moe = hasattr(ff, "experts")
+            rot = getattr(getattr(attn, "rotary_emb", None), "_forward_method", None)
+            if getattr(rot, "__name__", "forward_native") != "forward_native":
+                # quirks.VLLM_NATIVE_OPS: the backend starts this engine with the kernel disabled, but vLLM caches
+                # rotary modules by their sizes across engines, so one built earlier in this process may be reused
+                raise RuntimeError(
+                    "ie_lab: LFM2's rotary embedding runs vLLM's kernel, which mis-rotates its per-head query "
+                    "and key (quirks.VLLM_NATIVE_OPS). ie_lab starts this family's engine with that kernel disabled, "
+                    "so this rotary module was built for an earlier engine in this process (vLLM reuses rotary "
+                    "modules of the same size): start this Session in a fresh process"
+                )
+            sites = LayerSites(
+                i,
+                layer,
+                True,
+                attn,
+                None if attn is None else attn.attn,
+                None if attn is None else attn.out_proj,
+                None if attn is None else attn.q_layernorm,
+                None if attn is None else attn.k_layernorm,
+                None,
+                layer.ffn_norm,
+                ff,
+                None if moe else ff.w2,
+                _router(ff) if moe else None,
+                None,
+                up_proj=None if moe else ff.w13,
+                gated=not moe,
+                mixer=getattr(layer, "short_conv", None),
+                mixer_out_arg=None if attn is not None else 1,
+            )
+            total_kv = getattr(attn, "total_num_kv_heads", None)
+            sites.kv_replicated = bool(total_kv is not None and total_kv < _tp_size())
             out.append(sites)
             continue
         if hasattr(layer, "fc1") and hasattr(layer, "self_attn"):  # OPT: explicit adds, the MLP's linears on the layer
@@ -537,13 +633,10 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
                 out.append(Site(f"mlp_in.{L}", s.mid_norm, "post", _out(s.mid_norm), d, write=_put_out(s.mid_norm)))
     m = s.out_scale
     if s.mixer is not None:  # a mixer layer with an MLP after it (Granite-MoE-hybrid): the mixer, not attention
-        mx = s.mixer
-        out += [
-            Site(f"mixer_in.{L}", mx, "pre", _pre, d, write=_put_hidden),
-            Site(f"mixer_out.{L}", mx, "post", _out(mx), d, write=_put_out(mx)),
-            Site(f"mixer_out_post.{L}", mx, "post", _out(mx, m), d, write=_put_out(mx, m)),
-        ]
-        return _stream_last(s, out + _mlp_sites(s, d))
+        out += _mixer_sites(s, d)
+        if not s.mixer_beside:
+            return _stream_last(s, out + _mlp_sites(s, d))
+        m = s.attn_scale  # a mixer beside attention (Falcon-H1): attention's points too, with its own factor
     out.append(Site(f"attn_in.{L}", s.attn_mod, "pre", _pre, d, write=_put_hidden))
     core = s.attn_core
     kv_width = lambda: core.num_kv_heads * core.head_size  # noqa: E731
@@ -574,6 +667,44 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
                 Site(f"{nm}_out.{L}", mod, "post", _flat_post, width, sharded=not rep),
             ]
     return _stream_last(s, out + _mlp_sites(s, d))
+
+
+def _mixer_sites(s: LayerSites, d: Callable[[], int | None]) -> list[Site]:
+    """The mixer's input and output, as transformers' mixer module takes and returns them: vLLM's input divided by
+    the factor its layer applied before the module (transformers applies it inside), the output times the factor
+    the layer scales it by before the add for mixer_out_post."""
+    L, mx = s.index, s.mixer
+    m = s.out_scale if s.mixer_scale is None else s.mixer_scale
+    k = s.mixer_in_scale
+    if k is None:
+        out = [Site(f"mixer_in.{L}", mx, "pre", _pre, d, write=_put_hidden)]
+    else:
+        out = [
+            Site(
+                f"mixer_in.{L}",
+                mx,
+                "pre",
+                lambda a, kw: _hidden(a, kw) / k,
+                d,
+                write=lambda a, kw, new: _set_hidden(a, kw, new * k),
+            )
+        ]
+    i = s.mixer_out_arg
+    if i is None:
+        return out + [
+            Site(f"mixer_out.{L}", mx, "post", _out(mx), d, write=_put_out(mx)),
+            Site(f"mixer_out_post.{L}", mx, "post", _out(mx, m), d, write=_put_out(mx, m)),
+        ]
+
+    def put(a: tuple, o: Any, new: torch.Tensor) -> Any:
+        a[i].copy_(new)  # the layer's own buffer, which it reads next: the edit is what flows on
+        return o
+
+    # an output buffer filled in place (nothing returned); no factor on these layers
+    return out + [
+        Site(f"mixer_out.{L}", mx, "post", lambda a, o: a[i], d, write=put),
+        Site(f"mixer_out_post.{L}", mx, "post", lambda a, o: a[i], d, write=put),
+    ]
 
 
 def _stream_last(s: LayerSites, out: list[Site]) -> list[Site]:
@@ -636,6 +767,7 @@ def _mlp_sites(s: LayerSites, d: Callable[[], int | None]) -> list[Site]:
         ]
         return out
     mo = s.mlp_out_mod or s.mlp
+    m = m if s.mlp_scale is None else s.mlp_scale
     out.append(Site(f"mlp_out.{L}", mo, "post", _out(mo), d, write=_put_out(mo)))
     if s.post_mlp_norm is None:
         out.append(Site(f"mlp_out_post.{L}", mo, "post", _out(mo, m), d, write=_put_out(mo, m)))
