@@ -150,13 +150,9 @@ def _in_own_cache_or_module(model: nn.Module, ids: torch.Tensor, mixers: list) -
     handles = [
         c.register_forward_pre_hook(keep_input) for _, m in mixers for c in m.modules() if isinstance(c, nn.Conv1d)
     ]
-    try:
-        out = model(input_ids=ids, use_cache=True)
-    except Exception:  # noqa: BLE001 - no cached forward at all: no state to serve (the registry refuses the points)
+    out = _cached_forward(model, ids, handles)
+    if out is None:
         return {}
-    finally:
-        for h in handles:
-            h.remove()
     found: dict[int, dict[str, str]] = {}
     own = returned_cache(out)
     per_layer = getattr(own, "rnn_state", None)
@@ -185,6 +181,18 @@ def _in_own_cache_or_module(model: nn.Module, ids: torch.Tensor, mixers: list) -
         if kinds:
             found[lb.index] = kinds
     return found
+
+
+def _cached_forward(model: nn.Module, ids: torch.Tensor, handles: list) -> Any:
+    """The model's cached forward with the probe's hooks in place, which it always removes; None when the model has
+    no cached forward at all (no state to serve: the registry refuses the points)."""
+    try:
+        return model(input_ids=ids, use_cache=True)
+    except Exception:  # noqa: BLE001 - any failure means the same: nothing measured
+        return None
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _is_state(t: Any, ids: torch.Tensor) -> bool:
@@ -223,13 +231,9 @@ def _in_returned_state(model: nn.Module, ids: torch.Tensor, mixers: list) -> dic
         for c in lb.layer.children():
             if c is not m and not isinstance(c, nn.ModuleList):
                 handles.append(c.register_forward_pre_hook(keep((lb.index, "other")), with_kwargs=True))
-    try:
-        out = model(input_ids=ids, use_cache=True)
-    except Exception:  # noqa: BLE001 - no cached forward at all: no state to serve (the registry refuses the points)
+    out = _cached_forward(model, ids, handles)
+    if out is None:
         return {}
-    finally:
-        for h in handles:
-            h.remove()
     state = getattr(out, "state", None)
     if not isinstance(state, (list, tuple)) or not state:
         return {}
