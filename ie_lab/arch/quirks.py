@@ -479,7 +479,8 @@ _SHARED_MLP_INLINE = (
     "worker reads mlp_out at the MoE block alone: mlp_out and mlp_out_post differed from eager by about 1e-2"
 )
 _BY_POSITION = (
-    "the worker's captures on its vLLM model fail at almost every point, the embeddings included, when it orders "
+    "vLLM 0.32 runs it through its Transformers backend (its log: 'Using Transformers modeling backend'), and the "
+    "worker's captures there fail at almost every point, the embeddings included, when it orders "
     "the rows by token position (IndexError: index 1 is out of bounds for dimension 0 with size 1, in "
     "ie_lab.vllm.wire.by_position)"
 )
