@@ -17,8 +17,7 @@ import torch  # noqa: E402
 import ie_lab  # noqa: E402
 from ie_lab import coverage  # noqa: E402
 from ie_lab.arch import quirks  # noqa: E402
-from ie_lab.eager.steer import make_spec  # noqa: E402
-from tests.vllm_helpers import TEXT, close, served_addresses  # noqa: E402
+from tests.vllm_helpers import TEXT, assert_steering_equals_eager, close, served_addresses, tiny_session  # noqa: E402
 
 # family -> config overrides for a tiny instance vLLM's CPU kernels take (attention head_dim 32, Mamba heads that
 # tile the expanded width), and the addresses steered
@@ -42,15 +41,7 @@ SERVED = {
 @pytest.fixture(scope="module", params=sorted(SERVED))
 def served(request, tmp_path_factory):
     family = request.param
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(coverage.OVERRIDES, family, {**coverage.OVERRIDES.get(family, {}), **SERVED[family][0]})
-        model = coverage.build_tiny(family)
-    path = tmp_path_factory.mktemp(f"vllm_{family}")
-    model.save_pretrained(path)
-    coverage._tokenizer().save_pretrained(path)
-    eager = ie_lab.load(model, coverage._tokenizer(), quiet=True)
-    with ie_lab.Session(str(path), backend="vllm", progress=False, replace=False) as s:
+    with tiny_session(family, SERVED[family][0], tmp_path_factory) as (s, eager, _):
         yield family, s, eager
 
 
@@ -93,17 +84,7 @@ def test_steering_equals_eager(served):
     """Steering the mixer's input or output, the MLP's, or the stream around them gives eager's downstream stream
     (a capture under the spec: eager does not generate on a recurrent-state trunk yet)."""
     family, s, eager = served
-    last = f"resid_post.{s.facts.n_layers - 1}"
-    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
-    plain = ie_lab.capture(eager, TEXT, [last])[last]
-    for addr in SERVED[family][1]:
-        with s.steer(addr, v, scale=2.0):
-            got = s.capture(TEXT, [last])[last]
-        with make_spec(eager, addr, v, scale=2.0):
-            want = ie_lab.capture(eager, TEXT, [last])[last]
-        assert close(got, want), addr
-        assert not close(got, plain), addr  # the steering did change it
-    assert s.worker_state()[0]["specs"] == []
+    assert_steering_equals_eager(s, eager, SERVED[family][1], f"resid_post.{s.facts.n_layers - 1}")
 
 
 @pytest.mark.parametrize("family", sorted({**quirks.VLLM_CANNOT_RUN, **quirks.VLLM_RUNS_UNBOUND}))

@@ -25,7 +25,7 @@ from ie_lab import coverage  # noqa: E402
 from ie_lab.arch import quirks  # noqa: E402
 from ie_lab.eager.lens import logit_lens  # noqa: E402
 from ie_lab.eager.steer import make_spec  # noqa: E402
-from tests.vllm_helpers import TEXT, close, served_addresses  # noqa: E402
+from tests.vllm_helpers import TEXT, assert_steering_equals_eager, close, served_addresses, tiny_session  # noqa: E402
 
 # attention head_dim 32 and Mamba heads that tile d_ssm, for vLLM's CPU kernels; every multiplier away from 1, so a
 # multiplier vLLM applied in another place than transformers (or folded into a weight) shows as a difference
@@ -194,16 +194,8 @@ def test_lfm2_config_keys_are_the_sizes_transformers_uses():
 @pytest.fixture(scope="module", params=["lfm2_moe", "lfm2", "falcon_h1"])
 def served(request, tmp_path_factory):
     family = request.param
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(coverage.OVERRIDES, family, {**coverage.OVERRIDES.get(family, {}), **SERVED[family][0]})
-        model = coverage.build_tiny(family)
-    path = tmp_path_factory.mktemp(f"vllm_{family}")
-    model.save_pretrained(path)
-    coverage._tokenizer().save_pretrained(path)
-    eager = ie_lab.load(model, coverage._tokenizer(), quiet=True)
-    with ie_lab.Session(str(path), backend="vllm", progress=False, replace=False) as s:
-        yield family, s, eager, str(path)
+    with tiny_session(family, SERVED[family][0], tmp_path_factory) as (s, eager, path):
+        yield family, s, eager, path
 
 
 def test_points_equal_eager_and_neighbours_do_not(served):
@@ -240,17 +232,7 @@ def test_steering_equals_eager(served):
     """Steering a mixer's input or output (each on its side of its multiplier; LFM2's convolution output written into
     the layer's buffer), attention's, the MLP's, or the stream gives eager's downstream stream."""
     family, s, eager, _ = served
-    last = f"resid_post.{s.facts.n_layers - 1}"
-    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
-    plain = ie_lab.capture(eager, TEXT, [last])[last]
-    for addr in SERVED[family][3]:
-        with s.steer(addr, v, scale=2.0):
-            got = s.capture(TEXT, [last])[last]
-        with make_spec(eager, addr, v, scale=2.0):
-            want = ie_lab.capture(eager, TEXT, [last])[last]
-        assert near(got, want), addr
-        assert not near(got, plain), addr  # the steering did change it
-    assert s.worker_state()[0]["specs"] == []
+    assert_steering_equals_eager(s, eager, SERVED[family][3], f"resid_post.{s.facts.n_layers - 1}", same=near)
 
 
 GRAPH = {

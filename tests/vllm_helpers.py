@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
 
 import ie_lab
@@ -59,3 +62,39 @@ def close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-4) -> bool:
     if not torch.equal(torch.isfinite(a), fin):
         return False
     return bool(torch.allclose(a[fin].float(), b[fin].float(), atol=atol, rtol=1e-4))
+
+
+@contextlib.contextmanager
+def tiny_session(family: str, overrides: dict, tmp_path_factory):
+    """The coverage survey's tiny instance of a model type, with config keys set before the config derives others
+    (coverage.OVERRIDES, patched for the duration of the build), saved, loaded on eager and opened on vLLM:
+    (session, eager model, path)."""
+    from ie_lab import coverage
+
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(coverage.OVERRIDES, family, {**coverage.OVERRIDES.get(family, {}), **overrides})
+        model = coverage.build_tiny(family)
+    path = tmp_path_factory.mktemp(f"vllm_{family}")
+    model.save_pretrained(path)
+    coverage._tokenizer().save_pretrained(path)
+    eager = ie_lab.load(model, coverage._tokenizer(), quiet=True)
+    with ie_lab.Session(str(path), backend="vllm", progress=False, replace=False) as s:
+        yield s, eager, str(path)
+
+
+def assert_steering_equals_eager(s, eager, addrs, last: str, same=close) -> None:
+    """Steering each address on vLLM gives the stream `last` that eager gives under the same spec, and does change
+    it; `same` compares (close by default; a scale-aware comparison where tensors are tiny)."""
+    from ie_lab.eager.steer import make_spec
+
+    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
+    plain = ie_lab.capture(eager, TEXT, [last])[last]
+    for addr in addrs:
+        with s.steer(addr, v, scale=2.0):
+            got = s.capture(TEXT, [last])[last]
+        with make_spec(eager, addr, v, scale=2.0):
+            want = ie_lab.capture(eager, TEXT, [last])[last]
+        assert same(got, want), addr
+        assert not same(got, plain), addr  # the steering did change it
+    assert s.worker_state()[0]["specs"] == []
