@@ -692,8 +692,19 @@ def survey(types: list[str] | None = None) -> dict[str, Any]:
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "coverage_data")
 
 
+def line(version: str) -> str:
+    """A transformers version's line, major.minor ("5.19.0" -> "5.19"): what a survey and a validator sweep are
+    kept per."""
+    return ".".join(version.split(".")[:2])
+
+
+def line_key(version: str) -> tuple[int, ...]:
+    """Sorts versions by line, oldest first."""
+    return tuple(int(p) for p in line(version).split("."))
+
+
 def data_path(version: str) -> str:
-    return os.path.join(DATA_DIR, f"transformers-{'.'.join(version.split('.')[:2])}.json")
+    return os.path.join(DATA_DIR, f"transformers-{line(version)}.json")
 
 
 def installed_version() -> str:
@@ -709,7 +720,7 @@ def load_surveys() -> list[dict[str, Any]]:
         if name.endswith(".json"):
             with open(os.path.join(DATA_DIR, name), encoding="utf-8") as f:
                 out.append(json.load(f))
-    return sorted(out, key=lambda s: tuple(int(p) for p in s["transformers"].split(".")[:2]))
+    return sorted(out, key=lambda s: line_key(s["transformers"]))
 
 
 def write_survey() -> str:

@@ -59,9 +59,9 @@ def test_every_family_bound_on_either_transformers_line_has_a_row():
     from ie_lab import coverage
 
     docs = render.load()
-    lines = {".".join(s["transformers"].split(".")[:2]) for s in render.load_snapshots()}
+    lines = {coverage.line(s["transformers"]) for s in render.load_snapshots()}
     for survey in coverage.load_surveys():
-        line = ".".join(survey["transformers"].split(".")[:2])
+        line = coverage.line(survey["transformers"])
         assert line in lines, (
             f"no validator snapshot for transformers {line}: run `python -m validator run --surveyed` from that "
             "line's environment (validator/README.md, 'the newest transformers line')"

@@ -34,7 +34,9 @@ def load_snapshots(results_dir: str = RESULTS) -> list[dict]:
     for path in glob.glob(os.path.join(results_dir, SURVEY_SNAPSHOT.replace(".json", "*.json"))):
         with open(path) as f:
             out.append(json.load(f))
-    return sorted(out, key=lambda s: tuple(int(p) for p in s["transformers"].split(".")[:2]))
+    from ie_lab.coverage import line_key
+
+    return sorted(out, key=lambda s: line_key(s["transformers"]))
 
 
 def load(results_dir: str = RESULTS) -> list[dict]:
@@ -153,14 +155,16 @@ def coverage_section(docs: list[dict], snapshot: dict | None) -> str:
     """Every family the coverage survey binds, and the row(s) that validate it (a fixture or its survey instance)."""
     if snapshot is None:
         return ""
-    line = ".".join(snapshot["transformers"].split(".")[:2])
+    from ie_lab.coverage import line as line_of
+
+    line = line_of(snapshot["transformers"])
     rows_of: dict[str, list[str]] = {}
     for m in _models(docs):
         d = next(d for d in docs if d["model"] == m)
         # a survey row is its surveyed type (a wrapper loads as its text model: gemma3 -> gemma3_text); a fixture's
         # is the type it was built from
         key = d["family"] if m.startswith("surveyed-") else d.get("model_type") or d["family"]
-        ran_on = ".".join(d.get("versions", {}).get("transformers", line).split(".")[:2])
+        ran_on = line_of(d.get("versions", {}).get("transformers", line))
         rows_of.setdefault(key, []).append(f"`{m}`" + ("" if ran_on == line else f" (transformers {ran_on})"))
     bound = snapshot["bound"]
     missing = [t for t in bound if t not in rows_of]

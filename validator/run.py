@@ -77,15 +77,11 @@ def tiny_models(families, models_dir: str) -> list[Model]:
 SURVEYED_PREFIX = "surveyed-"
 
 
-def _line(version: str) -> str:
-    return ".".join(version.split(".")[:2])
-
-
 def pinned_line() -> str:
     """The transformers line the engine environments pin: the oldest committed survey (ie_lab's CI line)."""
     from ie_lab import coverage
 
-    return _line(coverage.load_surveys()[0]["transformers"])
+    return coverage.line(coverage.load_surveys()[0]["transformers"])
 
 
 def surveyed_prefix() -> str:
@@ -93,17 +89,17 @@ def surveyed_prefix() -> str:
     from that line's environment with engine environments built for it), so both lines' rows sit side by side."""
     from ie_lab import coverage
 
-    line = _line(coverage.installed_version())
+    line = coverage.line(coverage.installed_version())
     return SURVEYED_PREFIX if line == pinned_line() else f"{SURVEYED_PREFIX}tf{line}-"
 
 
-def snapshot_name(line: str | None = None) -> str:
-    """survey_bound.json for the pinned line, survey_bound-<line>.json for another."""
+def snapshot_name() -> str:
+    """survey_bound.json for the pinned line, survey_bound-<line>.json for another (the installed transformers')."""
     from ie_lab import coverage
 
     from .render import SURVEY_SNAPSHOT
 
-    line = line or _line(coverage.installed_version())
+    line = coverage.line(coverage.installed_version())
     return SURVEY_SNAPSHOT if line == pinned_line() else SURVEY_SNAPSHOT.replace(".json", f"-{line}.json")
 
 

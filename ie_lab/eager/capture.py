@@ -104,7 +104,7 @@ class _Links:
             if a.name in ("attn_out_post", "mlp_out_post", "mixer_out_post"):
                 lb = lm.binding.layers[a.layer]
                 if a.name == "mixer_out_post":  # beside attention (Falcon-H1) or in its place (the attention slot's)
-                    mult = lb.par_mixer_multiplier if getattr(lb, "par_mixer", None) is not None else lb.attn_multiplier
+                    mult = lb.par_mixer_multiplier if lb.par_mixer is not None else lb.attn_multiplier
                 else:
                     mult = lb.attn_multiplier if a.name == "attn_out_post" else lb.mlp_multiplier
             if mult is None and not _is_identity(src.transform):
