@@ -145,6 +145,50 @@ def test_expert_points_without_routing_arguments_are_refused_not_crashed():
             ie_lab.capture(lm, "the a", [f"{name}.{L}"])
 
 
+@pytest.mark.parametrize("model_type", ["llama4_text", "mixtral", "qwen2_moe", "olmoe"])
+def test_router_logits_are_the_routers_linear_map_before_top_k(model_type):
+    """router_logits is the router's logits before top-k selection. Llama 4's router returns its top-1 sigmoid scores
+    scattered into zeros first and the logits second: eager read the scores (the first n_experts-wide tensor), which
+    the other engines and vLLM do not. The binder now measures which returned tensor is the linear map."""
+    lm = ie_lab.load(coverage.build_tiny(model_type), coverage._tokenizer(), quiet=True)
+    moe = [lb for lb in lm.binding.layers if lb.sparse_moe]
+    assert moe
+    for lb in moe:
+        c = ie_lab.capture(lm, "the cat sat on the mat", [f"router_logits.{lb.index}", f"mlp_in.{lb.index}"])
+        w = lb.router.weight.detach()
+        expected = c[f"mlp_in.{lb.index}"] @ w.T.to(c[f"mlp_in.{lb.index}"].dtype)
+        torch.testing.assert_close(c[f"router_logits.{lb.index}"], expected, atol=1e-5, rtol=1e-4)
+        if model_type == "llama4_text":
+            # the scores eager used to return are shape-correct and must not pass
+            top = expected.topk(lm.facts.experts_per_token, dim=-1)
+            scores = torch.full_like(expected, float("-inf")).scatter(-1, top.indices, top.values).sigmoid()
+            assert not torch.allclose(scores, c[f"router_logits.{lb.index}"], atol=1e-3)
+
+
+def test_router_returning_two_tensors_neither_its_logits_is_refused():
+    """Where a router returns several n_experts-wide tensors and none is its linear map, ie_lab cannot tell which are
+    its logits: router_logits is refused naming why, not guessed."""
+    from transformers.models.llama4 import modeling_llama4
+
+    class TwoScores(modeling_llama4.Llama4Router):
+        def forward(self, hidden_states):
+            logits = super().forward(hidden_states)[1]
+            return logits.sigmoid(), logits.tanh()
+
+    model = coverage.build_tiny("llama4_text")
+    for layer in model.model.layers:
+        router = layer.feed_forward.router
+        swapped = TwoScores(model.config)
+        swapped.load_state_dict(router.state_dict())
+        layer.feed_forward.router = swapped
+    lm = ie_lab.load(model, coverage._tokenizer(), quiet=True)
+    L = next(lb.index for lb in lm.binding.layers if lb.sparse_moe)
+    assert lm.binding.layers[L].router_output == -1
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="cannot tell which are its logits"):
+        ie_lab.capture(lm, "the a", [f"router_logits.{L}"])
+    assert ie_lab.capture(lm, "the a", [f"mlp_in.{L}"])[f"mlp_in.{L}"].shape[-1] == lm.facts.d_model
+
+
 def test_gpt_neo_binds_through_its_attention_wrapper():
     """GPT-Neo's layer.attn wraps the attention proper (attn.attention holds out_proj): it was refused as having no
     output projection. On eager its own probabilities must reproduce z from the bound value."""

@@ -1,4 +1,4 @@
-"""EXAONE-MoE, ERNIE-4.5-MoE and Cohere-2-MoE on the vLLM backend (issue 20 item 5).
+"""EXAONE-MoE, ERNIE-4.5-MoE, Cohere-2-MoE and Llama-4-text on the vLLM backend (issue 20 item 5).
 
 Each runs vLLM's own model class on CPU (not its Transformers backend). EXAONE-MoE and ERNIE-4.5-MoE have a dense
 MLP on the first layer, then a sparse MoE block whose shared experts are added inside the block (so the block's
@@ -7,7 +7,10 @@ per head, ERNIE-4.5-MoE routes by softmax. Cohere-2-MoE is Cohere 2's parallel l
 read one normed input) with sliding-window layers, served within its window as Cohere 2 is
 (quirks.VLLM_WINDOW_CAPPED). Every served point equals eager's, the other layer's tensor (shape-correct) does not,
 greedy tokens are eager's, and steering the MoE block's output, its input or the stream gives eager's downstream
-stream.
+stream. Llama-4-text (every layer sparse, a shared expert added inside the block, per-head QK norm without weights,
+top-1 sigmoid routing) is served with top-1 routing only, vLLM's limit (quirks.VLLM_CONFIG_LIMITS); its router_logits
+are the router's logits before top-k selection on both backends (eager once read the scores Llama4Router returns
+first).
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ SERVED = {
         [True, True],
         ("attn_probs.0", "attn_probs.1", "router_logits.0", "router_logits.1", "mlp_out.0", "attn_out_post.1"),
         ("mlp_out.1", "attn_out.0", "resid_pre.1"),
+    ),
+    "llama4_text": (
+        {"num_experts_per_tok": 1},
+        [True, True],
+        ("attn_probs.0", "attn_probs.1", "router_logits.0", "router_logits.1", "mlp_out.1", "resid_mid.1"),
+        ("mlp_out.1", "mlp_in.0", "resid_mid.0"),
     ),
 }
 
@@ -80,3 +89,17 @@ def test_points_equal_eager_and_the_other_layer_does_not(served):
 def test_steering_the_moe_block_equals_eager(served):
     family, s, eager = served
     assert_steering_equals_eager(s, eager, SERVED[family][3], "resid_post.1")
+
+
+def test_llama4_text_routing_more_than_one_expert_is_refused_with_vllms_reason(tmp_path):
+    """vLLM's Llama 4 MoE runs top-1 routing only: a config routing to 2 experts is refused at load, before any engine
+    starts, with vLLM's own error and the fix (it would otherwise fail inside vLLM's model build)."""
+    from ie_lab import coverage
+
+    cfg = coverage.tiny_config("llama4_text")
+    assert cfg.num_experts_per_tok == 2
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(ie_lab.CapabilityUnsupported) as e:
+        ie_lab.Session(str(tmp_path), backend="vllm", progress=False, replace=False)
+    assert "num_experts_per_tok=2" in str(e.value) and "only implemented for topk=1" in str(e.value)
+    assert "backend='eager'" in str(e.value)

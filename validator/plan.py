@@ -143,8 +143,13 @@ def module_spec(lm: Any, address: str, tokens: int = 22) -> tuple[dict | None, s
     if name == "router_logits":
         if lb.router is None:
             return None, "no router module"
+        if lb.router_output == -1:
+            return None, "the router returns several expert-wide tensors, none its linear map"
         spec, _ = out(lb.router)
-        return dict(spec, width=lm.facts.n_experts, tokens=tokens), ""
+        # where the router returns several expert-wide tensors (Llama 4: top-k scores, then logits), the one the
+        # binder measured as its linear map: every engine reads that element of the same module's output
+        index = {} if lb.router_output is None else {"index": lb.router_output}
+        return dict(spec, width=lm.facts.n_experts, tokens=tokens, **index), ""
     if name in ("expert_weights", "expert_indices"):
         return None, "the top-k selection happens inside the MoE block: no module outputs it"
     mlp = lb.mlp if lb.mlp is not None else lb.mlp_out_module
@@ -159,7 +164,8 @@ def module_spec(lm: Any, address: str, tokens: int = 22) -> tuple[dict | None, s
 
 def _describe(spec: dict) -> str:
     ops = "".join(f" {o}" for o in spec.get("ops", []))
-    return f"{spec['path']}.{spec['side']}{ops}"
+    index = f"[{spec['index']}]" if spec.get("index") is not None else ""
+    return f"{spec['path']}.{spec['side']}{index}{ops}"
 
 
 def asks(lm: Any, plan: ModelPlan, engine: str) -> list[Ask]:

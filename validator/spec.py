@@ -324,6 +324,13 @@ KNOWN.update(
             "interp-engine returns the raw output (rel err 1 - 1/beta: 0.26 for the MLP's 1.35). Its difference."
             for p in ("attn_out_post", "mlp_out_post")
         },
+        **{
+            (t, "router_logits", "interp"): "Llama 4's router returns its top-1 sigmoid scores scattered into zeros "
+            "first and its logits second; ie_lab's router_logits is the logits before top-k selection (the router's "
+            "linear map of its input, measured by the binder and tested; the hf and nnsight rows read that element and "
+            "agree), interp-engine reads the first element, the scores. Its difference."
+            for t in ("llama4", "llama4_text")
+        },
         ("deepseek_v4", "z", "interp"): "DeepSeek-V4 rotates each head's output back (RoPE with -sin, K = V) before "
         "its grouped output projection; ie_lab's z is the kernel's output, attn_probs @ value (tested), interp-engine "
         "reads it after the rotation. No module boundary lets plain hooks adjudicate; a convention difference.",

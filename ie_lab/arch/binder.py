@@ -206,6 +206,10 @@ class LayerBinding:
     router: nn.Module | None = None
     experts: nn.Module | None = None
     routing_args: bool = True  # the experts module is called with (expert indices, routing weights), measured
+    # Which of the router's returned tensors is its logits, measured (_router_output): None where only one returned
+    # tensor is n_experts wide; its index where several are (Llama 4 returns its top-k sigmoid scores first and the
+    # logits second); -1 where several are and none is the router's own linear map of its input.
+    router_output: int | None = None
     kernel_weights_ok: bool = True  # the kernel's returned weights are the pattern that mixed the values, measured
     # How many times the attention module calls the kernel per forward, measured: more than one is differential
     # attention (DiffLlama: two calls, one per half of the values, combined as out1 - lambda * out2 and normed before
@@ -1055,6 +1059,10 @@ def _measure(model: nn.Module, binding: Binding) -> None:
     for lb in binding.layers:
         if lb.sparse_moe and lb.experts is not None:
             lb.routing_args = _routing_in_args(rec.args.get(id(lb.experts)), binding.facts.n_experts)
+        if lb.sparse_moe and lb.router is not None:
+            lb.router_output = _router_output(
+                lb.router, rec.inputs.get(id(lb.router)), rec.outputs.get(id(lb.router)), binding.facts.n_experts
+            )
         lb.kernel_calls = rec.kernel_calls.get(id(lb.attn), 1)
         if lb.uses_attention_interface and lb.kernel_calls > 1:
             # differential attention: z is o_proj's input whatever the calls computed, the value is v_proj's output
@@ -1189,6 +1197,34 @@ def _routing_in_args(call: Any, n_experts: int) -> bool:
     if idx is None or idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= n_experts:
         return False
     return any(t.is_floating_point() and t.shape == idx.shape for t in tensors)
+
+
+def _router_output(router: nn.Module, x: torch.Tensor | None, out: Any, n_experts: int) -> int | None:
+    """Which returned tensor is the router's logits (router_logits: before top-k selection). Routers return the
+    logits alone or in a tuple whose order varies by family, and some return more than one n_experts-wide float
+    tensor (Llama 4: the top-k sigmoid scores scattered into zeros, then the logits). Where more than one is, the
+    logits are the one equal to the router's own linear map of its input on the probe forward; -1 where none is."""
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    wide = [
+        i
+        for i, t in enumerate(items)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape[-1] == n_experts
+    ]
+    if len(wide) <= 1:
+        return None
+    w = getattr(router, "weight", None)
+    if x is None or not isinstance(w, torch.Tensor) or tuple(w.shape) != (n_experts, x.shape[-1]):
+        return -1
+    b = getattr(router, "bias", None)
+    lin = torch.nn.functional.linear(x.float(), w.float(), b.float() if isinstance(b, torch.Tensor) else None)
+    lin = lin.reshape(-1, n_experts)
+    match = [
+        i
+        for i in wide
+        if items[i].numel() == lin.numel()
+        and torch.allclose(items[i].float().reshape(-1, n_experts), lin, atol=1e-4, rtol=1e-3)
+    ]
+    return match[0] if len(match) == 1 else -1
 
 
 _GATE_FNS = ("sigmoid", "softplus")

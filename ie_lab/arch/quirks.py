@@ -332,8 +332,20 @@ VLLM_VERIFIED = frozenset(
         "exaone_moe",  # QK-normed attention, a dense first layer, then sigmoid-routed experts + shared experts
         "ernie4_5_moe",  # the same trunk, softmax-routed, no QK norm (tests/test_vllm_moe.py)
         "cohere2_moe",  # Cohere 2's parallel layers with a sparse MoE block beside attention; windowed as Cohere 2
+        "llama4_text",  # top-1 routing only (VLLM_CONFIG_LIMITS), as the released Llama 4 models route
     }
 )
+
+# Config values a served family's vLLM model cannot run with, each with vLLM's own error: refused at load, before
+# vLLM starts, naming the value. model_type -> (config key, the values vLLM runs, vLLM's error).
+VLLM_CONFIG_LIMITS: dict[str, tuple[str, tuple[object, ...], str]] = {
+    "llama4_text": (
+        "num_experts_per_tok",
+        (1,),
+        "vLLM's Llama 4 MoE applies the routing weight to the experts' input, which it implements for top-1 routing "
+        "only (AssertionError: apply_router_weight_on_input is only implemented for topk=1)",
+    ),
+}
 
 # Families vLLM runs natively but computes differently from transformers: the refusal names the difference.
 VLLM_DIFFERS = {
@@ -489,9 +501,4 @@ VLLM_RUNS_UNBOUND: dict[str, str] = {
     "solar_open": _TRANSFORMERS_BACKEND.format("Solar-Open"),
     **{t: _SHARED_MLP_INLINE for t in ("granitemoeshared", "granitemoe_swa")},
     **{t: _BY_POSITION for t in ("hunyuan_v1_moe", "mellum")},
-    "llama4_text": "vLLM runs it with top-1 routing, as the released Llama 4 models route (top-k above 1 fails: "
-    "AssertionError: apply_router_weight_on_input is only implemented for topk=1), and every point the worker reads "
-    "equals eager's except router_logits: eager reads the first output of transformers' Llama4Router, the top-1 "
-    "sigmoid scores scattered into zeros, where vLLM's router returns the raw logits (differing by up to 0.7); the "
-    "two must agree on one definition before the family is served",
 }

@@ -248,7 +248,15 @@ def resolve(lm: Any, addr: Address) -> Source:
         if name == "router_logits":
             if lb.router is None:
                 raise CapabilityUnsupported(name, f"no router module was found on {fam}.", "capture expert_weights.")
-            return Source("post_raw", lb.router, _router_logits)
+            if lb.router_output == -1:
+                raise CapabilityUnsupported(
+                    name,
+                    f"{fam}'s router returns several tensors as wide as the expert count and none of them equals its "
+                    "linear map of its input (the binder's probe forward), so ie_lab cannot tell which are its logits.",
+                    "capture mlp_in and apply the router's weight yourself, or capture expert_weights.",
+                )
+            i = lb.router_output
+            return Source("post_raw", lb.router, lambda out, shape, n: _router_logits(out, shape, n, i))
         if not lb.routing_args:  # measured by the binder on its probe forward
             raise CapabilityUnsupported(
                 name,
@@ -338,10 +346,13 @@ def _legacy_probs(out: Any, shape: tuple[int, int]) -> torch.Tensor:
     raise CapabilityUnsupported("attn_probs", "the attention module returned no probabilities.", "use attn_scores.")
 
 
-def _router_logits(out: Any, shape: tuple[int, int], n_experts: int) -> torch.Tensor:
+def _router_logits(out: Any, shape: tuple[int, int], n_experts: int, index: int | None = None) -> torch.Tensor:
     # Routers return logits alone or inside a tuple whose order varies by family (GraniteMoE puts indices
-    # first): take the floating tensor that is n_experts wide.
+    # first): take the floating tensor that is n_experts wide, or the one the binder measured as the logits where
+    # several are (LayerBinding.router_output).
     items = out if isinstance(out, (tuple, list)) else (out,)
+    if index is not None:
+        items = (items[index],)
     t = next(
         (x for x in items if isinstance(x, torch.Tensor) and x.is_floating_point() and x.shape[-1] == n_experts), None
     )

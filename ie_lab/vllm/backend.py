@@ -366,6 +366,14 @@ class VLLMBackend:
                 "has not checked.",
                 "use backend='eager', which serves every point on this family.",
             )
+        if facts.model_type in quirks.VLLM_CONFIG_LIMITS:
+            key, runs, why = quirks.VLLM_CONFIG_LIMITS[facts.model_type]
+            if getattr(cfg, key, None) not in runs:
+                raise CapabilityUnsupported(
+                    f"{facts.model_type} with {key}={getattr(cfg, key, None)!r} on backend='vllm'",
+                    f"vLLM itself runs this family only with {key} in {list(runs)}: {why}.",
+                    "use backend='eager', which serves every point with this config.",
+                )
         if facts.model_type == "opt" and (
             not getattr(cfg, "do_layer_norm_before", True)
             or getattr(cfg, "word_embed_proj_dim", cfg.hidden_size) != cfg.hidden_size

@@ -62,6 +62,11 @@ def families_line() -> str:
         f"when the checkpoint's config.json lacks them, as one saved by transformers does: {why}.\n"
         for f, (keys, why) in sorted(quirks.VLLM_CONFIG_KEYS.items())
     )
+    out += "".join(
+        f"\n`{f}` is served only with `{key}` in {', '.join(f'`{v}`' for v in runs)} (other values are refused at load): "
+        f"{why}.\n"
+        for f, (key, runs, why) in sorted(quirks.VLLM_CONFIG_LIMITS.items())
+    )
     out += "\nRefused because vLLM computes them differently from transformers:\n\n" + "".join(
         f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items())
     )

@@ -50,8 +50,10 @@ def _first_tensor(x):
 
 def _pick(out, spec):
     """The module output's tensor: the first one, or (routers, whose outputs are tuples that differ per family)
-    the first one as wide as the expert count."""
+    the first one as wide as the expert count, or the element the plan names where several are)."""
     width = spec.get("width")
+    if spec.get("index") is not None and isinstance(out, (tuple, list)):
+        return out[spec["index"]]
     if width is None or isinstance(out, torch.Tensor):
         return _first_tensor(out)
     for item in out if isinstance(out, (tuple, list)) else ():
