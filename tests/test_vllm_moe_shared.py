@@ -5,10 +5,10 @@ added by the layer itself (no module returns the sum) and the sum scaled by resi
 add; the SWA variant adds sliding-window layers with attention sinks and a RoPE base per layer (0: no RoPE). mlp_out
 is read where the shared MLP returns, as its output plus the MoE block's from the same layer call (sites.Partner,
 the two tensors eager adds), and written there. Built with every multiplier away from 1 (and, on SWA, a window
-shorter than the prompt, nonzero sinks, a layer without RoPE): every served point equals eager's; the previous
-layer's tensor, either branch alone and the same sum on the other side of the multiplier (all shape-correct) do
-not; greedy tokens are eager's; steering mlp_out moves the stream by the multiplier times the edit, and steering
-the MLP's points or the stream gives eager's steered stream, in hooks mode and in graph mode.
+shorter than the prompt, a layer without RoPE and sinks of either sign): every served point equals eager's; the
+previous layer's tensor, either branch alone and the same sum on the other side of the multiplier (all
+shape-correct) do not; greedy tokens are eager's; steering mlp_out moves the stream by the multiplier times the
+edit, and steering the MLP's points or the stream gives eager's steered stream, in hooks mode and in graph mode.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ STEERED = ("mlp_out.1", "mlp_out_post.0", "mlp_in.1", "resid_mid.0")
 
 
 def _sinks(model) -> None:
-    """Nonzero attention sinks (transformers initialises them to zeros), one logit per head."""
+    """Attention sinks of either sign and of the size of the scores (the survey's instance draws them as biases,
+    within 0.1 of 0), so a sink vLLM applied otherwise than transformers would show."""
     g = torch.Generator().manual_seed(3)
     for name, p in model.named_parameters():
         if name.endswith("self_attn.sinks"):
