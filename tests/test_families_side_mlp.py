@@ -124,3 +124,27 @@ def test_a_dense_granite_hybrid_binds_its_shared_mlp_as_the_mlp():
     torch.testing.assert_close(c["resid_mid.1"] + c["mlp_out_post.1"], c["resid_post.1"], **TOL)
     assert not torch.allclose(c["resid_mid.1"] + c["mlp_out_post.0"], c["resid_post.1"], **TOL)
     assert_clean(lm)
+
+
+def test_steering_mlp_in_reaches_both_branches(lm):
+    """The MoE block and the side MLP both read mlp_in: a steered mlp_in is what each receives (written at the MoE
+    block's input alone, the side MLP kept the unsteered value while mlp_out, the sum, counted both)."""
+    L = lm.facts.n_layers - 1
+    lb = lm.binding.layers[L]
+    v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(2))
+    plain = ie_lab.capture(lm, X, [f"mlp_in.{L}"])[f"mlp_in.{L}"]
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, a, k=k: seen.__setitem__(k, a[0].detach().clone()))
+        for k, m in (("moe", lb.mlp_in_module), ("side", lb.mlp_side))
+    ]
+    try:
+        with ie_lab.steer(lm, f"mlp_in.{L}", v):
+            got = ie_lab.capture(lm, X, [f"mlp_in.{L}"])[f"mlp_in.{L}"]
+    finally:
+        for h in hooks:
+            h.remove()
+    torch.testing.assert_close(got, plain + v, **TOL)
+    for k in ("moe", "side"):
+        torch.testing.assert_close(seen[k].reshape(got.shape), got, **TOL)
+    assert_clean(lm)

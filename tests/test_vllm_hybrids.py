@@ -33,7 +33,7 @@ SERVED = {
             "residual_multiplier": 0.5,
             "embedding_multiplier": 2.0,
         },
-        ("mixer_out_post.0", "mlp_out.0", "resid_mid.0", "attn_out.1", "mlp_out_post.1"),
+        ("mixer_out_post.0", "mlp_out.0", "resid_mid.0", "attn_out.1", "mlp_out_post.1", "mlp_in.1"),
     ),
 }
 

@@ -65,16 +65,19 @@ def close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-4) -> bool:
 
 
 @contextlib.contextmanager
-def tiny_session(family: str, overrides: dict, tmp_path_factory):
+def tiny_session(family: str, overrides: dict, tmp_path_factory, tweak=None):
     """The coverage survey's tiny instance of a model type, with config keys set before the config derives others
     (coverage.OVERRIDES, patched for the duration of the build), saved, loaded on eager and opened on vLLM:
-    (session, eager model, path)."""
+    (session, eager model, path). tweak(model), where given, edits the built model's weights before it is saved
+    (a parameter transformers initialises to a value that would hide a difference, such as zeros)."""
     from ie_lab import coverage
 
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(coverage.OVERRIDES, family, {**coverage.OVERRIDES.get(family, {}), **overrides})
         model = coverage.build_tiny(family)
+    if tweak is not None:
+        tweak(model)
     path = tmp_path_factory.mktemp(f"vllm_{family}")
     model.save_pretrained(path)
     coverage._tokenizer().save_pretrained(path)

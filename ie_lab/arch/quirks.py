@@ -333,6 +333,10 @@ VLLM_VERIFIED = frozenset(
         "ernie4_5_moe",  # the same trunk, softmax-routed, no QK norm (tests/test_vllm_moe.py)
         "cohere2_moe",  # Cohere 2's parallel layers with a sparse MoE block beside attention; windowed as Cohere 2
         "llama4_text",  # top-1 routing only (VLLM_CONFIG_LIMITS), as the released Llama 4 models route
+        # the MoE block and a shared MLP the layer sums inline: mlp_out read as the two outputs added (sites.Partner);
+        # the SWA variant runs on the same vLLM class, with sliding-window layers and attention sinks
+        "granitemoeshared",
+        "granitemoe_swa",
     }
 )
 
@@ -486,10 +490,6 @@ _TRANSFORMERS_BACKEND = (
     "building that engine in-process patches transformers' own model classes, which breaks eager models of the "
     "same class in the kernel, so ie_lab does not serve Transformers-backend families"
 )
-_SHARED_MLP_INLINE = (
-    "vLLM's layer adds the shared MLP's output to the MoE block's inline (no module returns the sum), and the "
-    "worker reads mlp_out at the MoE block alone: mlp_out and mlp_out_post differed from eager by about 1e-2"
-)
 _BY_POSITION = (
     "vLLM 0.32 runs it through its Transformers backend (its log: 'Using Transformers modeling backend'), and the "
     "worker's captures there fail at almost every point, the embeddings included, when it orders "
@@ -499,6 +499,5 @@ _BY_POSITION = (
 VLLM_RUNS_UNBOUND: dict[str, str] = {
     **{t: _TRANSFORMERS_BACKEND.format(n) for t, n in (("dots1", "dots.llm1"), ("flex_olmo", "FlexOlmo"))},
     "solar_open": _TRANSFORMERS_BACKEND.format("Solar-Open"),
-    **{t: _SHARED_MLP_INLINE for t in ("granitemoeshared", "granitemoe_swa")},
     **{t: _BY_POSITION for t in ("hunyuan_v1_moe", "mellum")},
 }

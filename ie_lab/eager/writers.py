@@ -256,6 +256,18 @@ class Writers:
         if n == "mlp_in":
             if lb.norm_residual:  # as attn_in: the pre-MLP norm's output is also what the MLP's residual adds to
                 return self._post(_bound_norm(lb.pre_mlp_norm), edit)
+            if lb.mlp_side is not None:
+                # The side MLP reads mlp_in too (measured): written at the MLP's input alone, the edit would miss it
+                # while mlp_out, the sum, counts it. The pre-MLP norm's output is the one tensor both read; one write
+                # there (an edit run once per forward, as everywhere else).
+                if lb.pre_mlp_norm is None:
+                    raise CapabilityUnsupported(
+                        f"writing mlp_in.{addr.layer}",
+                        "the MLP and the side MLP the layer adds to it both read mlp_in, and no norm output was "
+                        "measured that hands the one tensor to both.",
+                        f"write resid_mid.{addr.layer} or mlp_out.{addr.layer}.",
+                    )
+                return self._post(lb.pre_mlp_norm, edit)
             return self._pre(lb.mlp_in_module, edit)
         if n == "mlp_act":
             assert lb.down_proj is not None  # resolve() above refused mlp_act where the layer has none

@@ -139,6 +139,10 @@ class LayerSites:
     # The MLP module scales its down projection's output before returning it (Falcon-H1's down multiplier): eager
     # then reads mlp_out at the down projection (mlp_out_mod) and mlp_out_post as that times this factor.
     mlp_scale: float | None = None
+    # A second MLP the layer runs after `mlp` and adds to its output inline (Granite-MoE-shared: the MoE block, then
+    # the shared MLP; no module returns the sum): mlp_out is the sum of the two modules' outputs, read where this
+    # one returns, with the MoE block's output kept from the same layer call (Partner).
+    mlp_side: Any = None
 
 
 def _router(mlp: nn.Module) -> nn.Module | None:
@@ -388,6 +392,10 @@ def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
                 sites.up_proj = mlp.up_proj
             if not fused and getattr(layer, "residual_multiplier", None) is not None:
                 sites.out_scale = float(layer.residual_multiplier)
+            if type(layer).__name__ == "GraniteMoeSharedDecoderLayer" and layer.shared_mlp is not None:
+                # Granite-MoE-shared (and its sliding-window variant, which vLLM runs on the same class): the layer
+                # calls the MoE block on a copy of mlp_in, then the shared MLP, and adds the two outputs itself
+                sites.mlp_side = layer.shared_mlp
             total_kv = getattr(attn, "total_num_kv_heads", None)
             sites.kv_replicated = bool(total_kv is not None and total_kv < _tp_size())
         elif hasattr(layer, "self_attention") and not hasattr(layer, "post_attention_layernorm"):
@@ -467,6 +475,27 @@ def _tp_size() -> int:
         return 1
 
 
+class Partner:
+    """The output of a module that runs before a site's module in the same layer call, for a site whose value is a
+    sum the layer forms itself (Granite-MoE-shared's mlp_out: the MoE block's output plus the shared MLP's). Whoever
+    installs such a site also places ``keep`` as a forward hook on ``module`` and ``drop`` as a forward hook on the
+    site's module after the site's own hooks, so that the output is held only while the layer runs (a held tensor
+    per layer between forwards would keep a batch's activations alive)."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self._held: dict[str, torch.Tensor] = {}
+
+    def keep(self, mod: nn.Module, args: tuple, out: Any) -> None:
+        self._held["out"] = _first(out)
+
+    def drop(self, mod: nn.Module, args: tuple, out: Any) -> None:
+        self._held.clear()
+
+    def out(self) -> torch.Tensor:
+        return self._held["out"]
+
+
 @dataclass(frozen=True)
 class Site:
     """Where one point is read: ``read(args, kwargs)`` on a pre-call site, ``read(args, out)`` on a post-call one,
@@ -482,6 +511,8 @@ class Site:
     # Steerable points: (args, kwargs, new) -> (args, kwargs) before the call, (args, out, new) -> out after it,
     # so that what flows on is the edited value. None: read only.
     write: Callable[..., Any] | None = None
+    # Another module's output that read and write need, from the same layer call (Partner); None elsewhere.
+    partner: Partner | None = None
 
     @property
     def name(self) -> str:
@@ -770,6 +801,8 @@ def _mlp_sites(s: LayerSites, d: Callable[[], int | None]) -> list[Site]:
             ),
         ]
         return out
+    if s.mlp_side is not None:
+        return out + _summed_mlp_sites(s, d)
     mo = s.mlp_out_mod or s.mlp
     m = m if s.mlp_scale is None else s.mlp_scale
     out.append(Site(f"mlp_out.{L}", mo, "post", _out(mo), d, write=_put_out(mo)))
@@ -781,6 +814,28 @@ def _mlp_sites(s: LayerSites, d: Callable[[], int | None]) -> list[Site]:
                 f"mlp_out_post.{L}", s.post_mlp_norm, "post", _out(s.post_mlp_norm), d, write=_put_out(s.post_mlp_norm)
             )
         )
+    return out
+
+
+def _summed_mlp_sites(s: LayerSites, d: Callable[[], int | None]) -> list[Site]:
+    """mlp_out and mlp_out_post where the layer adds a second MLP's output to the first's (mlp_side, called last):
+    read where the second returns, as its output plus the first's from the same call (the sum the layer forms, the
+    same two tensors added as eager adds them), times the layer's multiplier for mlp_out_post. Written through the
+    second's output: it is handed on as the edited sum less the first's output, so the layer's own add gives the
+    edited value (as eager writes it)."""
+    L, side, first = s.index, s.mlp_side, Partner(s.mlp)
+    out: list[Site] = []
+    for name, m in ((f"mlp_out.{L}", 1.0), (f"mlp_out_post.{L}", 1.0 if s.out_scale is None else s.out_scale)):
+
+        def read(a: tuple, o: Any, m: float = m) -> torch.Tensor:
+            t = _first(o) + first.out()
+            return t if m == 1.0 else t * m
+
+        def write(a: tuple, o: Any, new: torch.Tensor, m: float = m) -> Any:
+            t = (new if m == 1.0 else new / m) - first.out()
+            return (t,) + tuple(o[1:]) if isinstance(o, tuple) else t
+
+        out.append(Site(name, side, "post", read, d, write=write, partner=first))
     return out
 
 

@@ -96,6 +96,7 @@ def install(
     steer = allocate(steer_points, max_tokens, max_seqs, d_model, param.device) if steer_points else None
     tick = torch.zeros(1, dtype=torch.int64, device=param.device)
     taps: dict[str, Tap] = {}
+    wanted = set(points) | set(steer_points)
     for site in sites.values():  # the table's order
         p = site.point
         if steer is not None and p in steer.sites:
@@ -125,6 +126,12 @@ def install(
                 _b[: t.shape[0]].copy_(t)
 
             site.module.register_forward_hook(hook)
+    # A declared site whose value is a sum the layer forms (sites.Partner): the earlier module's output is kept for
+    # it and dropped after the site's module returns (registered after the site's hooks, so it runs after them).
+    for site in {id(x.partner): x for x in sites.values() if x.partner is not None and x.point in wanted}.values():
+        assert site.partner is not None
+        site.partner.module.register_forward_hook(site.partner.keep)
+        site.module.register_forward_hook(site.partner.drop)
     taps = {p: taps[p] for p in points}  # the declared order
     echo = torch.full((1,), -1, dtype=torch.int64, device=param.device)
     embed = sites["embeddings"].module

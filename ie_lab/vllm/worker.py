@@ -156,6 +156,12 @@ class IELabWorker:
                 h.append(mod.register_forward_pre_hook(self._guard(self._pre_sites(group)), with_kwargs=True))
             else:
                 h.append(mod.register_forward_hook(self._guard(self._post_sites(group))))
+        # A site whose value is a sum the layer forms (sites.Partner): the earlier module's output is kept for it and
+        # dropped after the site's module returns (registered after its sites' hook, so it runs after them).
+        for site in {id(x.partner): x for x in table if x.partner is not None}.values():
+            assert site.partner is not None
+            h.append(site.partner.module.register_forward_hook(site.partner.keep))
+            h.append(site.module.register_forward_hook(site.partner.drop))
         present: dict[str, list[int]] = defaultdict(list)
         for site in table:
             if site.layer is not None:
