@@ -103,3 +103,30 @@ def test_llama4_text_routing_more_than_one_expert_is_refused_with_vllms_reason(t
         ie_lab.Session(str(tmp_path), backend="vllm", progress=False, replace=False)
     assert "num_experts_per_tok=2" in str(e.value) and "only implemented for topk=1" in str(e.value)
     assert "backend='eager'" in str(e.value)
+
+
+def test_llama4_wrapper_is_served_as_its_text_trunk(tmp_path_factory):
+    """A Llama 4 checkpoint saved from the multimodal wrapper's config (model_type llama4, its text config nested)
+    runs on vLLM's Llama 4 model with the same trunk: served like Llama-4-text, its routing limit read from the text
+    config. Every served point equals eager's and the other layer's router logits do not."""
+    with tiny_session("llama4", {"text_config": {**TINY, "num_experts_per_tok": 1}}, tmp_path_factory) as (s, eager, _):
+        assert s.facts.model_type == "llama4_text"
+        addrs = served_addresses(s)
+        assert {"router_logits.0", "router_logits.1", "mlp_out.1", "attn_probs.1"} <= set(addrs)
+        c = s.capture(TEXT, addrs)
+        ce = ie_lab.capture(eager, TEXT, addrs)
+        assert [a for a in addrs if not close(c[a], ce[a])] == []
+        assert not close(c["router_logits.0"], ce["router_logits.1"])
+        assert s.generate(TEXT, 8).ids == ie_lab.generate(eager, TEXT, 8).ids
+
+
+@pytest.mark.parametrize("wrapper", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_wrappers_are_refused_with_vllms_reason(wrapper, tmp_path):
+    """The Qwen 3.5 wrappers' text trunks are refused as their text models are (vLLM's module imports torchvision,
+    which the CPU install removes: measured on the wrapper too), before any engine starts."""
+    from ie_lab import coverage
+
+    coverage.tiny_config(wrapper).save_pretrained(tmp_path)
+    with pytest.raises(ie_lab.CapabilityUnsupported) as e:
+        ie_lab.Session(str(tmp_path), backend="vllm", progress=False, replace=False)
+    assert "torchvision" in str(e.value) and "backend='eager'" in str(e.value)

@@ -447,6 +447,13 @@ VLLM_CANNOT_RUN = {
     "recurrent_gemma": "vLLM has no RecurrentGemma model of its own, and its Transformers backend refuses recurrent "
     "layers (ValueError: Layer 0 does not dispatch through the Transformers attention interface and vLLM has no "
     "other way to handle it)",
+    "zamba": "vLLM 0.32 has no Zamba model of its own (it has Zamba 2's), and its Transformers backend refuses the "
+    "Mamba layers (ValueError: Layer 0 (linear_attention) does not dispatch through the Transformers attention "
+    "interface and vLLM has no other way to handle it)",
+    "rwkv": "vLLM 0.32 has no RWKV model, and does not take it through its Transformers backend (ValidationError: "
+    "Model architectures ['RwkvForCausalLM'] are not supported for now)",
+    "xlstm": "vLLM 0.32 has no xLSTM model of its own, and its Transformers backend cannot call transformers' xLSTM "
+    "(ValueError: Argument position_ids not found in the forward method of xLSTMModel)",
     "minimax": "vLLM has no MiniMax(-Text) model of its own, and its Transformers backend refuses the lightning "
     "attention layers (ValueError: Layer 0 (linear_attention) does not dispatch through the Transformers attention "
     "interface and vLLM has no other way to handle it)",

@@ -368,9 +368,10 @@ class VLLMBackend:
             )
         if facts.model_type in quirks.VLLM_CONFIG_LIMITS:
             key, runs, why = quirks.VLLM_CONFIG_LIMITS[facts.model_type]
-            if getattr(cfg, key, None) not in runs:
+            value = getattr(cfg.get_text_config(), key, None)  # a wrapper's (Llama 4's) text config holds it
+            if value not in runs:
                 raise CapabilityUnsupported(
-                    f"{facts.model_type} with {key}={getattr(cfg, key, None)!r} on backend='vllm'",
+                    f"{facts.model_type} with {key}={value!r} on backend='vllm'",
                     f"vLLM itself runs this family only with {key} in {list(runs)}: {why}.",
                     "use backend='eager', which serves every point with this config.",
                 )
