@@ -5,7 +5,7 @@ transformers' own module tree, with vLLM's linears, norms, embedding, attention 
 Those modules keep transformers' batch axis ([1, tokens, ...]), which the worker's sites take off before reading and
 put back before handing an edit on (sites.runs_transformers_modules), and transformers' attention interface calls
 vLLM's attention layer's forward directly, past its hooks, so the worker routes that call through a stand-in it can
-hook (worker._KernelCall). Building that backend's engine decorates transformers' own model class in the process
+hook (sites.KernelCall; graph mode's taps go there too). Building that backend's engine decorates transformers' own model class in the process
 that builds it, so the engine runs in a process of its own (engine='async', chosen by engine='auto'); an eager model
 of the same class in this process keeps working. Every served point equals eager's, the other layer's tensor
 (shape-correct) does not, greedy tokens are eager's, and steering the MoE block, attention's output, the MLP's input
@@ -84,3 +84,36 @@ def test_the_engine_runs_out_of_process_and_eager_models_of_the_class_keep_worki
     ie_lab.capture(fresh, TEXT, ["resid_post.1"])
     with pytest.raises(CapabilityUnsupported, match="Transformers modeling backend"):
         ie_lab.Session(path, backend="vllm", engine="inproc", progress=False, replace=False)
+
+
+def test_graph_mode_taps_and_steering_equal_eager(tmp_path_factory):
+    """Graph mode on one of these families: the static taps (value included, read at the routed attention call) equal
+    eager's and not the other layer's, and a declared steering site steers as eager does."""
+    import torch
+
+    from ie_lab import coverage
+    from ie_lab.eager.steer import make_spec
+
+    pts = ["value.1", "value.0", "q_norm_in.1", "router_logits.1", "mlp_out.1", "resid_post.1"]
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:  # the survey's tiny instance, as tiny_session builds it
+        mp.setitem(coverage.OVERRIDES, "dots1", {**coverage.OVERRIDES.get("dots1", {}), **TINY})
+        model = coverage.build_tiny("dots1")
+    path = str(tmp_path_factory.mktemp("vllm_dots1_graph"))
+    model.save_pretrained(path)
+    coverage._tokenizer().save_pretrained(path)
+    eager = ie_lab.load(model, coverage._tokenizer(), quiet=True)
+    with ie_lab.Session(
+        path, backend="vllm", progress=False, replace=False, graph_points=pts, steer_points=["mlp_out.1"]
+    ) as s:
+        assert s.engine_kind == "async"
+        c = s.capture(TEXT, pts)
+        ce = ie_lab.capture(eager, TEXT, pts)
+        assert [a for a in pts if not close(c[a], ce[a])] == []
+        assert not close(c["value.0"], ce["value.1"])
+        v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
+        with s.steer("mlp_out.1", v, scale=2.0):
+            got = s.capture(TEXT, ["resid_post.1"])["resid_post.1"]
+        with make_spec(eager, "mlp_out.1", v, scale=2.0):
+            want = ie_lab.capture(eager, TEXT, ["resid_post.1"])["resid_post.1"]
+        assert close(got, want) and not close(got, ce["resid_post.1"])

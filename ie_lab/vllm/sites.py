@@ -809,6 +809,38 @@ def runs_transformers_modules(model: nn.Module) -> bool:
     return isinstance(getattr(model, "model", None), PreTrainedModel)
 
 
+class KernelCall(nn.Module):
+    """The forward of one of vLLM's attention layers, as a module of its own whose hooks run on every call.
+    transformers' attention interface on vLLM's Transformers backend calls the layer's ``forward`` directly, so
+    hooks on the layer never run; ``route`` sets this stand-in as that one layer's ``forward`` (an instance
+    attribute, shadowing the class's method for this layer alone), and the sites' hooks (the worker's, graph mode's
+    taps) go on the stand-in. It is kept outside the module tree: no parameters, nothing in the state dict."""
+
+    def __init__(self, forward: Callable):
+        super().__init__()
+        self._forward = forward
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(*args, **kwargs)
+
+    @classmethod
+    def route(cls, layer: torch.nn.Module) -> "KernelCall":
+        current = layer.__dict__.get("forward")
+        if isinstance(current, cls):  # once per layer, whoever asks first (the worker, graph mode's loader)
+            return current
+        stand_in = cls(layer.forward)
+        object.__setattr__(layer, "forward", stand_in)  # not nn.Module's setattr: no submodule is registered
+        return stand_in
+
+
+def hook_targets(model: nn.Module, layers: list[LayerSites]) -> dict[int, nn.Module]:
+    """id(module) -> the module that module's sites are hooked on, where it is not the module itself: on vLLM's
+    Transformers backend each attention layer's forward, routed through a KernelCall (installed here, once)."""
+    if not runs_transformers_modules(model):
+        return {}
+    return {id(s.attn_core): KernelCall.route(s.attn_core) for s in layers if s.attn_core is not None}
+
+
 def _strip(x: Any) -> Any:
     """A tensor of transformers' modules without its batch axis; anything else (and the 2-D tensors those modules
     flatten to, such as a router's [tokens, experts] logits) unchanged."""

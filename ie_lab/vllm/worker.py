@@ -32,7 +32,7 @@ from ..ops import steering as steer_ops
 from ..ops.attention import scores_and_probs
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
-from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, runs_transformers_modules, site_table
+from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, hook_targets, site_table
 from .static_steer import METHOD_INDEX, StaticSteer, params_of
 from .wire import RECOMPUTED, pack, unpack  # what crosses to the client: plain data (vllm/wire.py)
 from .wire import by_position as _by_position
@@ -54,30 +54,6 @@ def _gather(t: torch.Tensor) -> torch.Tensor:
     from vllm.distributed import tensor_model_parallel_all_gather
 
     return tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
-
-
-class _KernelCall(torch.nn.Module):
-    """The forward of one of vLLM's attention layers, as a module of its own whose hooks run on every call.
-    transformers' attention interface on vLLM's Transformers backend calls the layer's ``forward`` directly, so hooks
-    on the layer never run; ``route`` sets this stand-in as that one layer's ``forward`` (an instance attribute, shadowing
-    the class's method for this layer alone), and the worker hooks the stand-in. It is kept outside the module tree:
-    no parameters, nothing in the state dict."""
-
-    def __init__(self, forward: Callable):
-        super().__init__()
-        self._forward = forward
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._forward(*args, **kwargs)
-
-    @classmethod
-    def route(cls, layer: torch.nn.Module) -> "_KernelCall":
-        current = layer.__dict__.get("forward")
-        if isinstance(current, cls):  # installed once per layer (ie_install runs once per worker)
-            return current
-        stand_in = cls(layer.forward)
-        object.__setattr__(layer, "forward", stand_in)  # not nn.Module's setattr: no submodule is registered
-        return stand_in
 
 
 @dataclass
@@ -171,11 +147,7 @@ class IELabWorker:
         table = site_table(model, bound=(embed, final, layers))
         # Where vLLM's Transformers backend calls an attention layer's forward directly (past its hooks), the hooks
         # meant for that layer go on a stand-in its forward is routed through.
-        hook_on: dict[int, Any] = {}
-        if runs_transformers_modules(model):
-            for s in layers:
-                if s.attn_core is not None:
-                    hook_on[id(s.attn_core)] = _KernelCall.route(s.attn_core)
+        hook_on = hook_targets(model, layers)
         # One hook per module and side, running that module's sites in table order (each reads what the one
         # before it handed on): the same sites graph mode taps.
         groups: dict[tuple[int, str], list[Site]] = {}
