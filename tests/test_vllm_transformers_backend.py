@@ -74,7 +74,8 @@ def test_steering_equals_eager(served):
 
 def test_the_engine_runs_out_of_process_and_eager_models_of_the_class_keep_working(served):
     """The backend decorates transformers' model class where the engine is built: not in this process. An eager model
-    built before the engine (the fixture's) and one built now both run; in-process is refused, saying why."""
+    built before the engine (the fixture's) and one built now both run; in-process is refused, saying why, and so is
+    tensor parallelism (not checked on this backend)."""
     from ie_lab import coverage
 
     family, s, eager, path = served
@@ -84,6 +85,8 @@ def test_the_engine_runs_out_of_process_and_eager_models_of_the_class_keep_worki
     ie_lab.capture(fresh, TEXT, ["resid_post.1"])
     with pytest.raises(CapabilityUnsupported, match="Transformers modeling backend"):
         ie_lab.Session(path, backend="vllm", engine="inproc", progress=False, replace=False)
+    with pytest.raises(CapabilityUnsupported, match="one rank only"):  # checked on one rank only
+        ie_lab.Session(path, backend="vllm", tensor_parallel_size=2, progress=False, replace=False)
 
 
 def test_graph_mode_taps_and_steering_equal_eager(tmp_path_factory):

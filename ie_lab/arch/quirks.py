@@ -298,7 +298,7 @@ FOREIGN_ENGINE_CONVENTIONS = {
 # column). Others are refused at load rather than served unchecked; add a family only with a passing parity run.
 # Families vLLM runs through its Transformers backend (it has no model of its own for them) run their engine in a
 # process of its own: building it decorates transformers' own model class for vLLM's compiler, which would break
-# eager models of that class in this process (backend._own_process). The MoE ones below are verified; dense ones
+# eager models of that class in this process (backend._transformers_backend). The MoE ones below are verified; dense ones
 # (olmo, glm, helium, ...) are not listed yet.
 VLLM_VERIFIED = frozenset(
     {

