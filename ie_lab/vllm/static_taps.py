@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .sites import _tp_size, site_table
+from .sites import _tp_size, bind_vllm, hook_targets, site_table
 from .static_steer import StaticSteer, allocate, steer_hook
 
 LOAD_FORMAT = "ie_lab_static"
@@ -82,7 +82,9 @@ def install(
     eager-mode hook reads, and a steering site edits what it edits. Hooks go in the table's order, a site's
     steering before its tap, so a tap reads what the sites before it handed on (as the worker's hooks do)."""
     steer_points = list(steer_points or [])
-    sites = {site.point: site for site in site_table(model, d_model)}
+    bound = bind_vllm(model)
+    sites = {site.point: site for site in site_table(model, d_model, bound)}
+    hook_on = hook_targets(model, bound[2])  # where a site's module is not what its hooks go on (sites.py)
     missing = [p for p in points + steer_points if p not in sites]
     if missing:
         raise RuntimeError(
@@ -102,9 +104,9 @@ def install(
         if steer is not None and p in steer.sites:
             side, edit = steer_hook(site, steer.sites[p], steer.slot, tick)
             if side == "pre":
-                site.module.register_forward_pre_hook(edit, with_kwargs=True)
+                hook_on.get(id(site.module), site.module).register_forward_pre_hook(edit, with_kwargs=True)
             else:
-                site.module.register_forward_hook(edit)
+                hook_on.get(id(site.module), site.module).register_forward_hook(edit)
         if p not in points:
             continue
         width = site.width()
@@ -118,14 +120,14 @@ def install(
                 t = _f(args, kwargs)
                 _b[: t.shape[0]].copy_(t)
 
-            site.module.register_forward_pre_hook(hook, with_kwargs=True)
+            hook_on.get(id(site.module), site.module).register_forward_pre_hook(hook, with_kwargs=True)
         else:
 
             def hook(m, args, out, _b=buf, _f=site.read):
                 t = _f(args, out)
                 _b[: t.shape[0]].copy_(t)
 
-            site.module.register_forward_hook(hook)
+            hook_on.get(id(site.module), site.module).register_forward_hook(hook)
     # A declared site whose value is a sum the layer forms (sites.Partner): the earlier module's output is kept for
     # it and dropped after the site's module returns (registered after the site's hooks, so it runs after them).
     for site in {id(x.partner): x for x in sites.values() if x.partner is not None and x.point in wanted}.values():

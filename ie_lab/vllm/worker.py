@@ -32,7 +32,7 @@ from ..ops import steering as steer_ops
 from ..ops.attention import scores_and_probs
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
-from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, site_table
+from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, hook_targets, site_table
 from .static_steer import METHOD_INDEX, StaticSteer, params_of
 from .wire import RECOMPUTED, pack, unpack  # what crosses to the client: plain data (vllm/wire.py)
 from .wire import by_position as _by_position
@@ -145,13 +145,16 @@ class IELabWorker:
             }
             return self._ie_info
         table = site_table(model, bound=(embed, final, layers))
+        # Where vLLM's Transformers backend calls an attention layer's forward directly (past its hooks), the hooks
+        # meant for that layer go on a stand-in its forward is routed through.
+        hook_on = hook_targets(model, layers)
         # One hook per module and side, running that module's sites in table order (each reads what the one
         # before it handed on): the same sites graph mode taps.
         groups: dict[tuple[int, str], list[Site]] = {}
         for site in table:
             groups.setdefault((id(site.module), site.side), []).append(site)
         for (_, side), group in groups.items():
-            mod = group[0].module
+            mod = hook_on.get(id(group[0].module), group[0].module)
             if side == "pre":
                 h.append(mod.register_forward_pre_hook(self._guard(self._pre_sites(group)), with_kwargs=True))
             else:
@@ -173,7 +176,8 @@ class IELabWorker:
             if sinks is not None:  # this rank's heads: the read-out on rank 0 rebuilds every head (all ranks gather)
                 s.sinks = _gather(sinks.detach().float().reshape(1, -1))[0].cpu()
             # attention patterns are rebuilt from the q/k the kernel receives, on every layer
-            h.append(s.attn_core.register_forward_pre_hook(self._guard(self._qk_reader(s)), with_kwargs=True))
+            core = hook_on.get(id(s.attn_core), s.attn_core)
+            h.append(core.register_forward_pre_hook(self._guard(self._qk_reader(s)), with_kwargs=True))
             for name in RECOMPUTED:
                 present[name].append(s.index)
         self._ie_installed = True
