@@ -14,9 +14,10 @@ import sys
 
 def hybrid_configs() -> dict:
     """family -> config overrides of the hybrid families the vLLM hybrid tests serve."""
-    from tests import test_vllm_hybrids, test_vllm_hybrids2
+    from tests import test_vllm_hybrids, test_vllm_hybrids2, test_vllm_zamba2
 
-    return {f: v[0] for m in (test_vllm_hybrids, test_vllm_hybrids2) for f, v in m.SERVED.items()}
+    mods = (test_vllm_hybrids, test_vllm_hybrids2, test_vllm_zamba2)
+    return {f: v[0] for m in mods for f, v in m.SERVED.items()}
 
 
 def near(a, b) -> bool:
