@@ -163,7 +163,7 @@ _MIXER_VLLM = BackendVerdict(
     Verdict.SERVED,
     "The mixer module's input and output on vLLM's layer, on the hybrid and state-space families vLLM runs on CPU "
     "and ie_lab has checked against eager (Mamba 2, Granite-MoE-hybrid, Falcon-H1's Mamba beside attention, "
-    "LFM2's and LFM2-MoE's short convolutions); others are refused at load with vLLM's own reason.",
+    "LFM2's and LFM2-MoE's short convolutions, Zamba 2's Mamba 2 mixers); others are refused at load with vLLM's own reason.",
 )
 _MIXER_STATE_EAGER = BackendVerdict(
     Verdict.SERVED,

@@ -1,6 +1,6 @@
 """Tensor parallelism 2 on this CPU: every served point equals tensor_parallel_size=1 (real spawned workers),
 in the default eager-hook mode and in graph mode. The hybrid families vLLM serves (a Mamba 2 trunk, Falcon-H1's
-mixer beside attention, Granite-MoE-hybrid, LFM2's and LFM2-MoE's short convolutions) run at TP=2 too: each rank's
+mixer beside attention, Granite-MoE-hybrid, LFM2's and LFM2-MoE's short convolutions, Zamba 2) run at TP=2 too: each rank's
 mixer holds a slice of its heads and channels, and its out_proj all-reduces them, so the mixer's input and output,
 the residual points and steering a mixer's output equal eager's as well as TP=1's.
 
@@ -53,8 +53,14 @@ MUST = {
         {"mixer_in.1", "mixer_out.0", "router_logits.1", "z.2", "mlp_out_post.1", "resid_mid.2"},
         {"mixer_out.1", "mlp_act.0", "value.2", "resid_post.2"},
     ),
+    # Zamba 2: the shared transformer block's attention heads and MLP split over ranks too, before its output joins
+    # the mixer's input on each hybrid layer
+    "zamba2": (
+        {"mixer_in.1", "mixer_out.3", "mixer_out_post.2", "resid_pre.3", "resid_post.0", "final_norm"},
+        {"mixer_in.3", "mixer_out.1", "mixer_out_post.0", "resid_post.2"},
+    ),
 }
-HYBRIDS = ("mamba2", "falcon_h1", "granitemoehybrid", "lfm2", "lfm2_moe")
+HYBRIDS = ("mamba2", "falcon_h1", "granitemoehybrid", "lfm2", "lfm2_moe", "zamba2")
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """Every served point at tensor_parallel_size=2 equals tensor_parallel_size=1 (run by test_vllm_tp.py); on a hybrid
-family (a tiny instance built as tests/test_vllm_hybrids*.py build it) also eager's.
+family (a tiny instance built as tests/test_vllm_hybrids*.py and tests/test_vllm_zamba2.py build it) also eager's.
 
 A script, not a test module: vLLM spawns its tensor-parallel workers, which re-import __main__, so the work
 sits under ``if __name__ == "__main__"``. Prints one JSON line with the verdicts.
@@ -14,9 +14,10 @@ import sys
 
 def hybrid_configs() -> dict:
     """family -> config overrides of the hybrid families the vLLM hybrid tests serve."""
-    from tests import test_vllm_hybrids, test_vllm_hybrids2
+    from tests import test_vllm_hybrids, test_vllm_hybrids2, test_vllm_zamba2
 
-    return {f: v[0] for m in (test_vllm_hybrids, test_vllm_hybrids2) for f, v in m.SERVED.items()}
+    mods = (test_vllm_hybrids, test_vllm_hybrids2, test_vllm_zamba2)
+    return {f: v[0] for m in mods for f, v in m.SERVED.items()}
 
 
 def near(a, b) -> bool:

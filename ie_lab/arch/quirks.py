@@ -345,6 +345,10 @@ VLLM_VERIFIED = frozenset(
         "solar_open",
         "hunyuan_v1_moe",  # its per-head QK norms (query_layernorm) are not read on vLLM yet: eager serves them
         "mellum",
+        # Mamba 2 blocks with explicit adds; on hybrid layers a transformer block shared across layers (fed the stream
+        # and the embeddings) joins the mixer's input, so, as on eager, each layer's one sublayer is the mixer
+        # (sites._zamba2_layer); only with as many key/value heads as query heads (VLLM_CONFIG_EQUAL)
+        "zamba2",
     }
 )
 
@@ -356,6 +360,18 @@ VLLM_CONFIG_LIMITS: dict[str, tuple[str, tuple[object, ...], str]] = {
         (1,),
         "vLLM's Llama 4 MoE applies the routing weight to the experts' input, which it implements for top-1 routing "
         "only (AssertionError: apply_router_weight_on_input is only implemented for topk=1)",
+    ),
+}
+
+# Config keys a served family's vLLM model takes to be equal where transformers lets them differ: refused at load,
+# before vLLM starts, when they differ. model_type -> (config key, the key it must equal, vLLM's error).
+VLLM_CONFIG_EQUAL: dict[str, tuple[str, str, str]] = {
+    "zamba2": (
+        "num_key_value_heads",
+        "num_attention_heads",
+        "vLLM's Zamba 2 attention projects a key and a value for every query head (no grouped-query attention), so "
+        "a checkpoint with fewer key/value heads fails to load (RuntimeError: start (0) + length (256) exceeds "
+        "dimension size (128), loading k_proj of a tiny instance with 8 query and 4 key/value heads)",
     ),
 }
 

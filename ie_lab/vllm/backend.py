@@ -376,6 +376,15 @@ class VLLMBackend:
                     f"vLLM itself runs this family only with {key} in {list(runs)}: {why}.",
                     "use backend='eager', which serves every point with this config.",
                 )
+        if facts.model_type in quirks.VLLM_CONFIG_EQUAL:
+            key, other, why = quirks.VLLM_CONFIG_EQUAL[facts.model_type]
+            value, want = getattr(cfg, key, None), getattr(cfg, other, None)
+            if value is not None and value != want:
+                raise CapabilityUnsupported(
+                    f"{facts.model_type} with {key}={value!r} and {other}={want!r} on backend='vllm'",
+                    f"vLLM itself runs this family only with {key} equal to {other}: {why}.",
+                    "use backend='eager', which serves every point with this config.",
+                )
         if facts.model_type == "opt" and (
             not getattr(cfg, "do_layer_norm_before", True)
             or getattr(cfg, "word_embed_proj_dim", cfg.hidden_size) != cfg.hidden_size

@@ -67,6 +67,10 @@ def families_line() -> str:
         f"{why}.\n"
         for f, (key, runs, why) in sorted(quirks.VLLM_CONFIG_LIMITS.items())
     )
+    out += "".join(
+        f"\n`{f}` is served only with `{key}` equal to `{other}` (other configs are refused at load): {why}.\n"
+        for f, (key, other, why) in sorted(quirks.VLLM_CONFIG_EQUAL.items())
+    )
     out += "\nRefused because vLLM computes them differently from transformers:\n\n" + "".join(
         f"- `{f}`: {why}.\n" for f, why in sorted(quirks.VLLM_DIFFERS.items())
     )

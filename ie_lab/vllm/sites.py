@@ -157,6 +157,22 @@ _LFM2_LAYERS = (
 )
 
 
+_ZAMBA2_LAYERS = ("Zamba2MambaDecoderLayer", "Zamba2HybridLayer")
+
+
+def _zamba2_layer(i: int, layer: Any) -> LayerSites:
+    """Zamba 2's two layer kinds, each one block around a Mamba 2 mixer with explicit adds (the layer takes the stream
+    and returns stream + mixer output). A hybrid layer first runs the transformer block shared across hybrid layers on
+    the stream concatenated with the embeddings, and its output (through the layer's own linear) joins the mixer's
+    input before the input norm, not the stream: from the stream's side the layer has one sublayer, the mixer, as
+    eager binds it (quirks.SINGLE_SUBLAYER_BLOCKS). The shared block's attention and MLP are bound on neither backend
+    (one module called from several layers, on an input twice the stream's width)."""
+    dec = getattr(layer, "mamba_decoder", layer)  # the hybrid layer wraps the Mamba layer
+    sites = LayerSites(i, layer, False, None, None, None, None, None, None, None, None, None, None, None)
+    sites.mixer = dec.mamba  # vLLM's MambaMixer2: takes the normed input, returns its output
+    return sites
+
+
 def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
     """(embedding, final norm or None, per-layer sites) of a vLLM model, read off its module tree."""
     trunk: Any = (
@@ -191,6 +207,9 @@ def bind_vllm(model: nn.Module) -> tuple[Any, Any, list[LayerSites]]:
             sites = LayerSites(i, layer, True, None, None, None, None, None, None, None, None, None, None, None)
             sites.mixer = layer.mixer
             out.append(sites)
+            continue
+        if type(layer).__name__ in _ZAMBA2_LAYERS:
+            out.append(_zamba2_layer(i, layer))
             continue
         if type(layer).__name__ in ("GraniteMoeHybridMambaDecoderLayer", "GraniteMoeHybridAttentionDecoderLayer"):
             # Explicit adds as on Granite, each sublayer's output times residual_multiplier; a Mamba 2 mixer or
@@ -614,6 +633,8 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
     L = s.index
     d = lambda: d_model  # noqa: E731
     out: list[Site] = []
+    if s.mixer is not None and s.mlp is None and not s.fused:
+        return _explicit_mixer_block_sites(s, d)
     if s.mixer is not None and s.mlp is None:  # a mixer-only block (Mamba 2): resid_post = resid_pre + mixer_out
         mx = s.mixer
         return [
@@ -702,6 +723,20 @@ def layer_sites(s: LayerSites, d_model: int | None) -> list[Site]:
                 Site(f"{nm}_out.{L}", mod, "post", _flat_post, width, sharded=not rep),
             ]
     return _stream_last(s, out + _mlp_sites(s, d))
+
+
+def _explicit_mixer_block_sites(s: LayerSites, d: Callable[[], int | None]) -> list[Site]:
+    """A mixer-only block whose layer adds the mixer's output to the stream itself and returns the sum (Zamba 2):
+    resid_pre is the layer's input, resid_post its output, and what the mixer adds is its output (no post-mixer norm
+    or multiplier)."""
+    L, mx = s.index, s.mixer
+    return [
+        Site(f"resid_pre.{L}", s.layer, "pre", _pre, d, write=_put_hidden),
+        Site(f"resid_post.{L}", s.layer, "post", _out(s.layer), d, write=_put_out(s.layer)),
+        Site(f"mixer_in.{L}", mx, "pre", _pre, d, write=_put_hidden),
+        Site(f"mixer_out.{L}", mx, "post", _out(mx), d, write=_put_out(mx)),
+        Site(f"mixer_out_post.{L}", mx, "post", _out(mx), d, write=_put_out(mx)),
+    ]
 
 
 def _mixer_sites(s: LayerSites, d: Callable[[], int | None]) -> list[Site]:
