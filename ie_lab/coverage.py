@@ -636,8 +636,9 @@ def classify(model_type: str) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         row.update(status="defect", error=type(e).__name__, reason=f"bound, but an invariant fails: {_first_line(e)}")
         return row
-    # the vLLM backend decides by the trunk's model type (a wrapper's text config: Llama 4's is llama4_text)
-    row.update(status="bound", vllm=lm.facts.model_type in quirks.VLLM_VERIFIED)
+    # as the vLLM backend decides: the saved config's model type (GPT-SW3's is gpt2) and its trunk's (a wrapper's
+    # text config: Llama 4's is llama4_text)
+    row.update(status="bound", vllm={model.config.model_type, lm.facts.model_type} <= quirks.VLLM_VERIFIED)
     mixers = sorted({lb.mixer_kind for lb in lm.binding.layers if lb.mixer_kind})
     if mixers:
         # A hybrid trunk: its non-attention layers serve mixer_in / mixer_out, and refuse the attention points.

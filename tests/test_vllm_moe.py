@@ -130,3 +130,20 @@ def test_qwen3_5_wrappers_are_refused_with_vllms_reason(wrapper, tmp_path):
     with pytest.raises(ie_lab.CapabilityUnsupported) as e:
         ie_lab.Session(str(tmp_path), backend="vllm", progress=False, replace=False)
     assert "torchvision" in str(e.value) and "backend='eager'" in str(e.value)
+
+
+@pytest.mark.parametrize("wrapper", ["gemma3", "got_ocr2"])
+def test_a_wrapper_around_a_verified_trunk_is_refused_until_checked_itself(wrapper, tmp_path):
+    """Gemma 3's and GOT-OCR2's wrappers hold a trunk vLLM is verified on (gemma3_text, qwen2), but vLLM builds each
+    wrapper's own model class, towers and all: neither was checked point by point, so each is refused as unverified,
+    naming the wrapper, before any engine starts (they were let through by their trunk)."""
+    from ie_lab import coverage
+    from ie_lab.arch import quirks
+    from ie_lab.arch.config_facts import ArchFacts
+
+    cfg = coverage.tiny_config(wrapper)
+    assert ArchFacts.from_config(cfg).model_type in quirks.VLLM_VERIFIED
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(ie_lab.CapabilityUnsupported) as e:
+        ie_lab.Session(str(tmp_path), backend="vllm", progress=False, replace=False)
+    assert f"verified point by point against eager on {wrapper}" in str(e.value)

@@ -334,6 +334,7 @@ VLLM_VERIFIED = frozenset(
         "ernie4_5_moe",  # the same trunk, softmax-routed, no QK norm (tests/test_vllm_moe.py)
         "cohere2_moe",  # Cohere 2's parallel layers with a sparse MoE block beside attention; windowed as Cohere 2
         "llama4_text",  # top-1 routing only (VLLM_CONFIG_LIMITS), as the released Llama 4 models route
+        "llama4",  # a checkpoint saved from the wrapper's config: vLLM builds the same text model (tests/test_vllm_moe.py)
         # the MoE block and a shared MLP the layer sums inline: mlp_out read as the two outputs added (sites.Partner);
         # the SWA variant runs on the same vLLM class, with sliding-window layers and attention sinks
         "granitemoeshared",

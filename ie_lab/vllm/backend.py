@@ -359,10 +359,13 @@ class VLLMBackend:
                 f"{quirks.VLLM_RUNS_UNBOUND[facts.model_type]}.",
                 "use backend='eager', which serves every point on this family.",
             )
-        if facts.model_type not in VERIFIED_FAMILIES:
+        # A wrapper (a multimodal model around a text trunk: Gemma 3, GOT-OCR2) is verified on its own: vLLM builds
+        # the wrapper's model class, towers and all, whatever trunk it holds.
+        checked = getattr(cfg, "model_type", None) or facts.model_type
+        if facts.model_type not in VERIFIED_FAMILIES or checked not in VERIFIED_FAMILIES:
             raise CapabilityUnsupported(
-                f"{facts.model_type} on backend='vllm'",
-                f"ie_lab's vLLM worker has not been verified point by point against eager on {facts.model_type} "
+                f"{checked} on backend='vllm'",
+                f"ie_lab's vLLM worker has not been verified point by point against eager on {checked} "
                 "(validator/README.md lists what differs or does not load), and ie_lab does not serve tensors it "
                 "has not checked.",
                 "use backend='eager', which serves every point on this family.",
