@@ -292,3 +292,44 @@ def test_a_block_inside_a_function_run_by_the_session_steers_what_that_function_
     assert torch.equal(again[0], want_raw) and torch.equal(again[1], want_cap) and again[2] == want_ids
     assert_clean(session._lm)
     assert not torch.equal(session.capture(IDS, ["resid_post.1"])["resid_post.1"], want_cap)
+
+
+def test_a_forward_between_hooks_while_another_thread_removes_one_is_not_broken_by_it():
+    """torch keeps a hook and its "pass the kwargs" flag in two dicts and reads the flag only when a forward reaches
+    the hook, so a forward in flight while another thread's operation removes (or adds) its hooks can call one
+    without its kwargs: on CI a raw forward in one thread died with "hook() missing 1 required positional argument:
+    'out'" inside another thread's steering hook. Here that moment is held still: two steering blocks and a capture's taps
+    are open in this thread with the flags gone (as mid-removal), and another thread's raw forward must
+    run, unsteered, as if none of them were there."""
+    from ie_lab.eager.taps import Taps
+
+    lm = lm_for("llama")
+    v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(3)) * 8
+    with torch.no_grad():
+        plain = lm.hf(input_ids=IDS).logits
+    modules = list(lm.hf.modules())
+    with ie_lab.steer(lm, "resid_post.0", v), ie_lab.steer(lm, "resid_mid.1", v):
+        with Taps(lm, [ie_lab.Address.parse(a) for a in ("resid_post.0", "mlp_in.1", "attn_out.0")]):
+            flags = [(m, dict(m._forward_hooks_with_kwargs), dict(m._forward_pre_hooks_with_kwargs)) for m in modules]
+            assert any(f or p for _, f, p in flags)  # the hooks are there
+            for m, _, _ in flags:
+                m._forward_hooks_with_kwargs.clear()
+                m._forward_pre_hooks_with_kwargs.clear()
+            got = {}
+
+            def foreign():
+                try:
+                    with torch.no_grad():
+                        got["logits"] = lm.hf(input_ids=IDS).logits
+                except Exception as e:  # noqa: BLE001 - what the test looks for
+                    got["error"] = e
+
+            t = threading.Thread(target=foreign)
+            t.start()
+            t.join(timeout=120)
+            for m, f, p in flags:  # put the flags back, so the blocks close as usual
+                m._forward_hooks_with_kwargs.update(f)
+                m._forward_pre_hooks_with_kwargs.update(p)
+    assert "error" not in got, got.get("error")
+    assert torch.equal(got["logits"], plain)
+    assert_clean(lm)

@@ -21,7 +21,7 @@ from ..cache import Cache
 from ..core.addresses import head_count, parse_addresses, slice_head
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..errors import StructureError, check_flag
-from . import mixer_state
+from . import hook_calls, mixer_state
 from .model import lm_of
 from .taps import Taps, resolve
 
@@ -149,7 +149,7 @@ class _Links:
 
                 # Appended: steering and patching writers (prepended) run first, so P is the written value,
                 # the one a capture without grad returns.
-                self._handles.append(src.module.register_forward_pre_hook(pre, with_kwargs=True))
+                self._handles.append(hook_calls.on_input(src.module, pre))
             else:
 
                 def post(mod, args, kwargs, out, base=base):
@@ -157,7 +157,7 @@ class _Links:
                         return None
                     return _replace_first(out, self._link(base, first_tensor(out)))
 
-                self._handles.append(src.module.register_forward_hook(post, with_kwargs=True))
+                self._handles.append(hook_calls.on_output(src.module, post))
         return self
 
     def serves(self, a: Address) -> bool:

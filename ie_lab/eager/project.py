@@ -20,6 +20,7 @@ from ..core.results import Projection
 from ..core.steer_spec import issued_specs
 from ..errors import CapabilityUnsupported, InputError, StructureError
 from ..ops.projection import Encoder, scores
+from . import hook_calls
 from .model import lm_of
 from .taps import Taps
 
@@ -33,7 +34,7 @@ class _ProjTaps(Taps):
         super().__init__(lm, [addr])
         self.addr, self.enc = addr, enc
         self.parts: list[torch.Tensor] = []
-        self._shape_handle = None
+        self._shape_handle: torch.utils.hooks.RemovableHandle | None = None
 
     def _keep(self, base: Address, t: torch.Tensor) -> None:
         b, s = self.shape
@@ -55,7 +56,7 @@ class _ProjTaps(Taps):
             if ids is not None:
                 self.shape = (int(ids.shape[0]), int(ids.shape[1]))
 
-        self._shape_handle = self.lm.hf.register_forward_pre_hook(shape, with_kwargs=True)
+        self._shape_handle = hook_calls.on_input(self.lm.hf, shape)
         try:
             super().__enter__()
             return self

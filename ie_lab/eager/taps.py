@@ -24,6 +24,7 @@ from ..arch import attention_tap
 from ..arch.binder import LayerBinding, first_tensor, gate_values, hidden_arg, split_fused_qkv
 from ..errors import CapabilityUnsupported, PointAbsent
 from ..ops.attention import scores_and_probs
+from . import hook_calls
 
 # kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output; "post_sum"
 # its first output plus the partner module's, which ran earlier in the same forward),
@@ -446,7 +447,7 @@ class Taps:
                         for base, src in items:
                             self._keep(base, src.transform(h))
 
-                    self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+                    self._handles.append(hook_calls.on_input(module, pre))
                 elif kind == "moe_args":
 
                     def moe(mod, args, kwargs, items=items):
@@ -456,7 +457,7 @@ class Taps:
                         for base, src in items:
                             self._keep(base, src.transform(routing, self.shape, n_experts))
 
-                    self._handles.append(module.register_forward_pre_hook(moe, with_kwargs=True))
+                    self._handles.append(hook_calls.on_input(module, moe))
                 elif kind in ("post", "post_raw", "attn_out_full"):
 
                     def post(mod, args, kwargs, out, items=items, kind=kind):
@@ -470,7 +471,7 @@ class Taps:
                             else:  # transforms that need the whole output and the forward's shape
                                 self._keep(base, src.transform(out, self.shape))
 
-                    self._handles.append(module.register_forward_hook(post, with_kwargs=True))
+                    self._handles.append(hook_calls.on_output(module, post))
                 elif kind == "post_sum":
                     earlier: dict[int, torch.Tensor] = {}  # per thread: the partner's output in the forward in flight
                     partner = _bound(items[0][1].partner)
@@ -487,8 +488,8 @@ class Taps:
                         for base, src in items:
                             self._keep(base, src.transform(total))
 
-                    self._handles.append(partner.register_forward_hook(keep_partner, with_kwargs=True))
-                    self._handles.append(module.register_forward_hook(post_sum, with_kwargs=True))
+                    self._handles.append(hook_calls.on_output(partner, keep_partner))
+                    self._handles.append(hook_calls.on_output(module, post_sum))
                 elif kind == "attn":
 
                     def listen(mod, call, items=items):

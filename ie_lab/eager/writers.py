@@ -20,6 +20,7 @@ from .. import points as _points
 from ..address import Address
 from ..arch.binder import LayerBinding, first_tensor, hidden_arg
 from ..errors import CapabilityUnsupported
+from . import hook_calls
 
 Edit = Callable[[torch.Tensor, int], torch.Tensor]
 
@@ -113,14 +114,14 @@ class Writers:
             h = hidden_arg(args, kwargs)
             return _replace_hidden(args, kwargs, self._edit3(h, edit))
 
-        self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
+        self._handles.append(hook_calls.on_input(module, hook, prepend=True))
 
     def _post(self, module: torch.nn.Module, edit: Edit) -> None:
         def hook(mod, args, kwargs, out):
             t = out if isinstance(out, torch.Tensor) else next(x for x in out if isinstance(x, torch.Tensor))
             return _replace_output(out, self._edit3(t, edit))
 
-        self._handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
+        self._handles.append(hook_calls.on_output(module, hook, prepend=True))
 
     def _beside_attention(self, lb: LayerBinding, addr: Address) -> Callable[[], torch.Tensor] | None:
         """What a mixer beside attention (Falcon-H1) adds to resid_mid in the forward in flight, for writing resid_mid
@@ -140,7 +141,7 @@ class Writers:
         def keep(mod, args, kwargs, out):
             got[threading.get_ident()] = first_tensor(out)
 
-        self._handles.append(lb.par_mixer.register_forward_hook(keep, with_kwargs=True))
+        self._handles.append(hook_calls.on_output(lb.par_mixer, keep))
         return lambda: pm * _as3d(got[threading.get_ident()], self.shape)[0]
 
     def _post_sum(self, lb: LayerBinding, edit: Edit, mult: float) -> None:
@@ -157,7 +158,7 @@ class Writers:
             e = seen[threading.get_ident()].reshape(t.shape)
             return edit((t + e) * mult, off) / mult - e
 
-        self._handles.append(earlier.register_forward_hook(keep, with_kwargs=True))
+        self._handles.append(hook_calls.on_output(earlier, keep))
         self._post(later, via_later)
 
     def _place(self, addr: Address, edit: Edit) -> None:
@@ -233,9 +234,9 @@ class Writers:
             # resid_mid = resid_pre + m * c, where c is attention's (post-norm) output: edit it through c.
             seen: dict[int, torch.Tensor | None] = {}  # per thread: two threads' forwards may pass this layer at once
             self._handles.append(
-                lb.layer.register_forward_pre_hook(
+                hook_calls.on_input(
+                    lb.layer,
                     lambda mod, args, kwargs: seen.__setitem__(threading.get_ident(), hidden_arg(args, kwargs)),
-                    with_kwargs=True,
                 )
             )
             mult = lb.attn_multiplier or 1.0
