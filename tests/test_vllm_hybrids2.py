@@ -24,8 +24,15 @@ import ie_lab  # noqa: E402
 from ie_lab import coverage  # noqa: E402
 from ie_lab.arch import quirks  # noqa: E402
 from ie_lab.eager.lens import logit_lens  # noqa: E402
-from ie_lab.eager.steer import make_spec  # noqa: E402
-from tests.vllm_helpers import TEXT, assert_steering_equals_eager, close, served_addresses, tiny_session  # noqa: E402
+from tests.vllm_helpers import (  # noqa: E402
+    TEXT,
+    assert_graph_mode_equals_eager,
+    assert_steering_equals_eager,
+    close,
+    near,
+    served_addresses,
+    tiny_session,
+)
 
 # attention head_dim 32 and Mamba heads that tile d_ssm, for vLLM's CPU kernels; every multiplier away from 1, so a
 # multiplier vLLM applied in another place than transformers (or folded into a weight) shows as a difference
@@ -67,15 +74,6 @@ LFM2 = {
     "layer_types": ["conv", "conv", "full_attention"],
 }
 _LFM2_DENSE = ("mixer_in", "mixer_out", "mixer_out_post", "mlp_pre", "mlp_pre_linear", "mlp_act", "mlp_out")
-
-
-def near(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """close() at b's own scale: a Mamba mixer's output on a tiny random instance is ~1e-4, where an absolute
-    tolerance of 1e-4 would call any two tensors equal."""
-    fin = torch.isfinite(b)
-    s = float(b[fin].abs().max()) if fin.any() else 1.0
-    s = s if s > 0 else 1.0
-    return close(a / s, b / s)
 
 
 # family -> (config overrides, points every layer must serve, layers' neighbour pairs, steered addresses)
@@ -246,18 +244,5 @@ GRAPH = {
 def test_graph_mode_reads_and_steers_the_same_sites(served):
     """Graph mode's static taps and steering buffers sit on the same sites (a compiled trunk): its captures equal
     eager's, and steering the first declared site gives eager's steered stream."""
-    family, s, eager, path = served
-    pts = list(GRAPH[family])
-    last = pts[-1]
-    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
-    with ie_lab.Session(
-        path, backend="vllm", progress=False, replace=False, graph_points=pts, steer_points=pts[:1]
-    ) as g:
-        c = g.capture(TEXT, pts)
-        with g.steer(pts[0], v, scale=2.0):
-            got = g.capture(TEXT, [last])[last]
-    ce = ie_lab.capture(eager, TEXT, pts)
-    assert [p for p in pts if not near(c[p], ce[p])] == []
-    with make_spec(eager, pts[0], v, scale=2.0):
-        want = ie_lab.capture(eager, TEXT, [last])[last]
-    assert near(got, want) and not near(got, ce[last])
+    family, _, eager, path = served
+    assert_graph_mode_equals_eager(path, eager, list(GRAPH[family]), same=near)

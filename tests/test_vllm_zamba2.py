@@ -25,8 +25,14 @@ import ie_lab  # noqa: E402
 from ie_lab import coverage  # noqa: E402
 from ie_lab.arch import quirks  # noqa: E402
 from ie_lab.eager.lens import logit_lens  # noqa: E402
-from ie_lab.eager.steer import make_spec  # noqa: E402
-from tests.vllm_helpers import TEXT, assert_steering_equals_eager, close, served_addresses, tiny_session  # noqa: E402
+from tests.vllm_helpers import (  # noqa: E402
+    TEXT,
+    assert_graph_mode_equals_eager,
+    assert_steering_equals_eager,
+    near,
+    served_addresses,
+    tiny_session,
+)
 
 # attention head_dim 32 (2 * hidden_size / heads) and Mamba heads of 32 for vLLM's CPU kernels; a Mamba layer, then
 # three hybrid layers over two shared blocks (layers 1 and 3 share block 0, each with its own adapters); weights drawn
@@ -53,14 +59,6 @@ SERVED = {
         ("mixer_out.0", "mixer_in.1", "mixer_out_post.2", "mixer_out.3", "resid_pre.0", "resid_pre.2", "resid_post.1"),
     )
 }
-
-
-def near(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """close() at b's own scale: a tolerance of 1e-4 would call any two tiny tensors equal."""
-    fin = torch.isfinite(b)
-    s = float(b[fin].abs().max()) if fin.any() else 1.0
-    s = s if s > 0 else 1.0
-    return close(a / s, b / s)
 
 
 @pytest.fixture(scope="module")
@@ -143,21 +141,9 @@ def test_steering_equals_eager(served):
 
 def test_graph_mode_reads_and_steers_the_same_sites(served):
     """Graph mode's static taps and steering buffers sit on the same sites inside the compiled trunk."""
-    s, eager, path = served
+    _, eager, path = served
     pts = ["mixer_out.1", "mixer_in.3", "resid_pre.2", "mixer_out_post.0", "resid_post.3"]
-    last = pts[-1]
-    v = torch.randn(s.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
-    with ie_lab.Session(
-        path, backend="vllm", progress=False, replace=False, graph_points=pts, steer_points=pts[:1]
-    ) as g:
-        c = g.capture(TEXT, pts)
-        with g.steer(pts[0], v, scale=2.0):
-            got = g.capture(TEXT, [last])[last]
-    ce = ie_lab.capture(eager, TEXT, pts)
-    assert [p for p in pts if not near(c[p], ce[p])] == []
-    with make_spec(eager, pts[0], v, scale=2.0):
-        want = ie_lab.capture(eager, TEXT, [last])[last]
-    assert near(got, want) and not near(got, ce[last])
+    assert_graph_mode_equals_eager(path, eager, pts, same=near)
 
 
 def test_fewer_key_value_heads_are_refused_before_vllm_starts(tmp_path):

@@ -86,6 +86,35 @@ def tiny_session(family: str, overrides: dict, tmp_path_factory, tweak=None):
         yield s, eager, str(path)
 
 
+def near(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """close() at b's own scale: a Mamba mixer's output on a tiny random instance is ~1e-4, where an absolute
+    tolerance of 1e-4 would call any two tensors equal."""
+    fin = torch.isfinite(b)
+    s = float(b[fin].abs().max()) if fin.any() else 1.0
+    s = s if s > 0 else 1.0
+    return close(a / s, b / s)
+
+
+def assert_graph_mode_equals_eager(path: str, eager, pts: list[str], same=close) -> None:
+    """Graph mode (a compiled trunk with static taps on pts, one steering site, pts[0]) captures what eager does, and
+    steering pts[0] gives eager's steered pts[-1], which the steering does change."""
+    from ie_lab.eager.steer import make_spec
+
+    last = pts[-1]
+    v = torch.randn(eager.facts.d_model, generator=torch.Generator().manual_seed(4)) * 3
+    with ie_lab.Session(
+        path, backend="vllm", progress=False, replace=False, graph_points=pts, steer_points=pts[:1]
+    ) as g:
+        c = g.capture(TEXT, pts)
+        with g.steer(pts[0], v, scale=2.0):
+            got = g.capture(TEXT, [last])[last]
+    ce = ie_lab.capture(eager, TEXT, pts)
+    assert [p for p in pts if not same(c[p], ce[p])] == []
+    with make_spec(eager, pts[0], v, scale=2.0):
+        want = ie_lab.capture(eager, TEXT, [last])[last]
+    assert same(got, want) and not same(got, ce[last])
+
+
 def assert_steering_equals_eager(s, eager, addrs, last: str, same=close) -> None:
     """Steering each address on vLLM gives the stream `last` that eager gives under the same spec, and does change
     it; `same` compares (close by default; a scale-aware comparison where tensors are tiny)."""
