@@ -211,6 +211,22 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
         "mlp_layer_types": ["hash_moe", "moe", "moe"],
     },
+    # (transformers 5.25) a sliding layer, then two indexed (sparse, NoPE) layers, the second reading the first's keys
+    # and values (KV sharing); its indexer picks 2 keys (+ 1 sink, 2 local) from a pool of 4 (2 blocks of 2), so the
+    # 9-token probes attend sparsely; the first layer dense, the others routed; 2 indexer heads (of 2 per KV head)
+    "kolibri1_1": {
+        "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "indexed_attention", "indexed_attention"],
+        "kv_source_layers": [0, 1, 1],
+        "index_layers": [1],
+        "mlp_only_layers": [0],
+        "index_num_heads": 2,
+        "index_topk": 2,
+        "index_num_local_tokens": 2,
+        "index_num_sink_tokens": 1,
+        "index_pool_size": 4,
+        "index_compression": 2,
+    },
     "dbrx": {
         # released DBRX clips q, k and v at 8; transformers 5.19's attention crashes on clip_qkv=None (its default)
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},

@@ -71,3 +71,58 @@ def test_multimodal_wrapper_binds_its_text_trunk_not_its_vision_tower():
     assert len(vision) == len(lm.binding.layers)
     assert not any(lb.layer is v for lb in lm.binding.layers for v in vision)
     coverage.check_invariants(lm)
+
+
+def test_kv_sharing_layer_binds_reading_the_earlier_layers_keys():
+    """Kolibri 1.1 (transformers 5.25): a layer with a query projection and norm but no key or value projection reads
+    an earlier layer's keys and values. The binder measures which layer (its kernel is handed that layer's very keys),
+    binds its query norm alone and refuses its key norm naming the layer it reads; its value is the shared one, and
+    its sparse (indexed) pattern is the one the eager kernel computes."""
+    if "kolibri1_1" not in coverage.causal_lm_types():
+        pytest.skip("kolibri1_1 is not in this transformers' causal-LM mapping")
+    model = coverage.build_tiny("kolibri1_1")
+    lm = ie_lab.load(model, coverage._tokenizer(), quiet=True)
+    sources = model.config.kv_source_layers
+    assert [lb.kv_source for lb in lm.binding.layers] == [s if s != i else None for i, s in enumerate(sources)]
+    L, S = 2, sources[2]
+    assert S == 1 and lm.binding.layers[L].q_norm is not None and lm.binding.layers[L].k_norm is None
+    with pytest.raises(ie_lab.PointAbsent, match=rf"reads those of layer {S} \(KV sharing\).*k_norm_out\.{S}"):
+        ie_lab.capture(lm, torch.zeros(1, 4, dtype=torch.long), [f"k_norm_out.{L}"])
+    x = torch.randint(4, 500, (2, 12), generator=torch.Generator().manual_seed(0))
+    names = [f"q_norm_out.{L}", f"value.{L}", f"value.{S}", "value.0", f"z.{L}", f"attn_probs.{L}"]
+    c = ie_lab.capture(lm, x, names)
+    # q_norm_out is that layer's own query norm's output (not the source layer's)
+    seen = {}
+    hooks = [
+        lm.hf.model.layers[i].self_attn.q_norm.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(i, o))
+        for i in (S, L)
+    ]
+    try:
+        with torch.no_grad():
+            lm.hf(input_ids=x)
+    finally:
+        for h in hooks:
+            h.remove()
+    d = lm.facts.head_dim
+    mine = seen[L].transpose(1, 2).reshape(2, 12, -1)
+    torch.testing.assert_close(c[f"q_norm_out.{L}"], mine)
+    assert not torch.allclose(c[f"q_norm_out.{L}"], seen[S].transpose(1, 2).reshape(2, 12, -1))
+    # the value it mixes is the source layer's, and probs x value = z with it; the sliding layer's value does not fit
+    assert torch.equal(c[f"value.{L}"], c[f"value.{S}"])
+    rep = lm.facts.n_heads // lm.facts.n_kv_heads
+
+    def mixed(value):
+        v = value.reshape(2, 12, -1, d).transpose(1, 2).repeat_interleave(rep, 1)
+        return (c[f"attn_probs.{L}"] @ v).transpose(1, 2).reshape(2, 12, -1)
+
+    torch.testing.assert_close(mixed(c[f"value.{L}"]), c[f"z.{L}"], atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(mixed(c["value.0"]), c[f"z.{L}"], atol=2e-5, rtol=1e-4)
+    # sparse: keys inside the causal triangle left out by the indexer, and the pattern is the eager kernel's own
+    p = c[f"attn_probs.{L}"]
+    assert int(((p == 0) & torch.ones(12, 12, dtype=torch.bool).tril()).sum()) > 0
+    eager = coverage.build_tiny("kolibri1_1")
+    eager.set_attn_implementation("eager")
+    with torch.no_grad():
+        want = eager(input_ids=x, output_attentions=True).attentions
+    torch.testing.assert_close(p, want[L], atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(p, want[S], atol=2e-5, rtol=1e-4)

@@ -186,12 +186,38 @@ def test_moe_routing_points(family):
     assert_clean(lm)
 
 
-def test_legacy_family_on_sdpa_refuses_probs_with_the_fix():
-    lm = lm_for("falcon")
+@pytest.mark.parametrize("fam", ["falcon", "falcon_mqa"])
+def test_legacy_family_on_sdpa_refuses_probs_with_the_fix(fam):
+    """Falcon computes attention in its own module before transformers 5.25 (its probabilities leave it only on the
+    eager path: refused on sdpa, naming the fix, and the fix serves them); from 5.25 it calls the attention registry,
+    and an sdpa model serves the probabilities its kernel used. Which one holds is measured, and must be what
+    quirks.ATTENTION_IN_MODULE records for the installed transformers."""
+    from ie_lab.arch import quirks
+
+    lm, eager = lm_for(fam), lm_for(fam, "eager")
     assert lm.hf.config._attn_implementation != "eager"
-    with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_implementation='eager'"):
-        ie_lab.capture(lm, ids(), ["attn_probs.0"])
+    legacy = not any(lb.uses_attention_interface for lb in lm.binding.layers)
+    assert legacy == ("falcon" in quirks.ATTENTION_IN_MODULE)
+    x = ids()
+    addrs = [f"attn_probs.{L}" for L in range(lm.facts.n_layers)]
+    if legacy:
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_implementation='eager'"):
+            ie_lab.capture(lm, x, ["attn_probs.0"])
+        assert_clean(lm)
+        got = ie_lab.capture(eager, x, addrs)  # the fix
+    else:
+        got = ie_lab.capture(lm, x, addrs)
+    # the model's own probabilities, read off the eager forward (the legacy path's output_attentions, or the
+    # registry's eager kernel): causal, rows summing to 1, each layer its own (not the other layer's pattern)
+    with torch.no_grad():
+        want = eager.hf(input_ids=x, output_attentions=True).attentions
+    for L, a in enumerate(addrs):
+        torch.testing.assert_close(got[a], want[L], **TOL)
+        assert not torch.allclose(got[a], want[(L + 1) % len(want)], **TOL)
+        assert float(got[a].triu(1).abs().max()) == 0.0
+        torch.testing.assert_close(got[a].sum(-1), torch.ones(got[a].shape[:-1]), **TOL)
     assert_clean(lm)
+    assert_clean(eager)
 
 
 def test_recompute_with_sinks_and_windows_equals_the_eager_kernel():

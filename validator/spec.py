@@ -237,6 +237,13 @@ KNOWN.update(
             for e in ("hf", "nnsight")
         },
         **{
+            ("kolibri1_1", "value", e): "Kolibri 1.1's indexed (sparse) layers round keys and values to NVFP4 after "
+            "v_proj (nvfp4_fake_quantize) before the kernel: ie_lab serves the rounded value the kernel mixes "
+            "(attn_probs @ value = z, tests/test_families_structure_refusals.py), v_proj's output is the unrounded one. "
+            "Validator's module choice; not an ie_lab bug."
+            for e in ("hf", "nnsight")
+        },
+        **{
             ("mimo_v2_flash", "value", e): "MiMo-V2-Flash scales values by attention_value_scale after v_proj: ie_lab "
             "serves the scaled value attention mixes; "
             + (

@@ -102,6 +102,18 @@ def _child(module: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] |
     return None
 
 
+def _reads_shared_kv(attn: nn.Module) -> bool:
+    """An attention module with a query projection but no key or value projection of any kind: a candidate for
+    reading another layer's keys and values (KV sharing); the probe decides (_measure_kv_sources)."""
+    return (
+        _child(attn, Q_NAMES) is not None
+        and _child(attn, K_NAMES) is None
+        and _child(attn, V_NAMES) is None
+        and _child(attn, FUSED_QKV_NAMES) is None
+        and _child(attn, K_NORM_NAMES) is None
+    )
+
+
 def _is_norm(m: nn.Module) -> bool:
     return "norm" in type(m).__name__.lower()
 
@@ -192,6 +204,10 @@ class LayerBinding:
     q_norm: nn.Module | None = None
     k_norm: nn.Module | None = None
     qk_norm_layout: str = "flat"  # "flat" [b,s,h*d] | "bshd" | "bhsd"
+    # The earlier layer whose keys and values this layer's attention reads (KV sharing: Kolibri 1.1's layers with a
+    # query projection and norm but no key or value projection), measured: its kernel call's keys are that layer's.
+    # Such a layer has no key norm of its own (k_norm None, q_norm bound); None on a layer that computes its keys.
+    kv_source: int | None = None
     value_source: str = "interface"  # "interface" | "v_proj" | "fused"
     v_proj: nn.Module | None = None
     fused_qkv: nn.Module | None = None
@@ -437,6 +453,7 @@ class _Recorder:
     kernel_outputs: dict[int, torch.Tensor]  # attention module id -> what transformers' attention kernel returned
     kernel_weights_ok: dict[int, bool]  # attention module id -> its returned weights times value give its output
     kernel_calls: dict[int, int]  # attention module id -> how many kernel calls it made in the probe forward
+    kernel_keys: dict[int, torch.Tensor]  # attention module id -> the keys its first kernel call was handed
 
     def __enter__(self) -> "_Recorder":
         self.args = {}
@@ -686,6 +703,8 @@ def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
         qn, kn = _child(attn, Q_NORM_NAMES), _child(attn, K_NORM_NAMES)
         if qn and kn:
             lb.q_norm, lb.k_norm = qn[1], kn[1]
+        elif qn and _reads_shared_kv(attn):
+            lb.q_norm = qn[1]  # its keys are another layer's (measured after the probe: _measure_kv_sources)
         v = _child(attn, V_NAMES)
         fused = _child(attn, FUSED_QKV_NAMES)
         if v is not None and isinstance(v[1], nn.Linear):
@@ -949,11 +968,13 @@ def _probe(model: nn.Module, binding: Binding, rec: _Recorder, **kwargs: Any) ->
     kernel_out = rec.kernel_outputs = {}
     weights_ok = rec.kernel_weights_ok = {}
     calls = rec.kernel_calls = {}
+    keys = rec.kernel_keys = {}
 
     def listener(module, call):
         seen.add(id(module))
         calls[id(module)] = calls.get(id(module), 0) + 1
         kernel_out.setdefault(id(module), call.output.detach().clone())
+        keys.setdefault(id(module), call.key.detach().clone())
         if id(module) not in weights_ok:
             weights_ok[id(module)] = _weights_explain_output(call)
 
@@ -1035,6 +1056,7 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             f"{binding.family}: the final norm's output is changed (rescaled) before the unembedding reads it, and "
             "ie_lab does not bind that step yet, so final_norm and the logit lens would not be what the model used."
         )
+    _measure_kv_sources(binding, rec, seen)
     legacy = []
     for lb in binding.layers:
         lb.uses_attention_interface = id(lb.attn) in seen
@@ -1102,6 +1124,24 @@ def _measure(model: nn.Module, binding: Binding) -> None:
                     "value (its q/k/v layout is none of those ie_lab knows: contiguous, per head, grouped)."
                 )
             lb.fused_qkv_layout = layout
+
+
+def _measure_kv_sources(binding: Binding, rec: _Recorder, seen: set[int]) -> None:
+    """A layer whose attention has no key or value projection (_reads_shared_kv) may read an earlier layer's: the
+    earlier layer whose kernel call was handed the very keys this layer's was (KV sharing) is its kv_source. Where no
+    earlier layer's keys are those (latent attention computes its keys from other projections), nothing is shared,
+    and a query norm bound alone for it is dropped again (the QK-norm points then need both norms, as before)."""
+    for lb in binding.layers:
+        if lb.mixer_kind or lb.mlp_only or lb.k_norm is not None or not _reads_shared_kv(lb.attn):
+            continue
+        key = rec.kernel_keys.get(id(lb.attn)) if id(lb.attn) in seen else None
+        for src in binding.layers[: lb.index]:
+            other = rec.kernel_keys.get(id(src.attn))
+            if key is not None and other is not None and other.shape == key.shape and torch.equal(other, key):
+                lb.kv_source = src.kv_source if src.kv_source is not None else src.index
+                break
+        else:
+            lb.q_norm = None
 
 
 def _measure_stream_scales(binding: Binding, rec: _Recorder, norm_in: torch.Tensor | None) -> None:

@@ -133,9 +133,12 @@ def _transformers_below(major: int, minor: int) -> bool:
 # Families whose attention computes its weights inside its own module rather than through transformers'
 # attention-function registry (the binder measures this per layer as uses_attention_interface): their
 # pre-softmax scores never leave the module, and under sdpa neither do their probabilities. GPT-J did until
-# transformers 5.24 moved it onto the registry.
+# transformers 5.24 moved it onto the registry, Falcon until 5.25 did (its fused QKV split in the module, the kernel
+# called through the registry, ALiBi handed to it inside the additive mask).
 ATTENTION_IN_MODULE = frozenset(
-    {"bloom", "falcon", "gpt_neox_japanese"} | ({"gptj"} if _transformers_below(5, 24) else set())
+    {"bloom", "gpt_neox_japanese"}
+    | ({"gptj"} if _transformers_below(5, 24) else set())
+    | ({"falcon"} if _transformers_below(5, 25) else set())
 )
 
 # Families whose block structure the binder has measured on a real model (tests/test_arch_facts.py checks the
@@ -393,7 +396,8 @@ _COHERE_WINDOW = (
 VLLM_WINDOW_CAPPED = {"cohere2": _COHERE_WINDOW, "cohere2_moe": _COHERE_WINDOW}
 
 # Families whose attention weights leave HF's module only as probabilities (eager refuses attn_scores there):
-# vLLM's scores, rebuilt from q and k, would have nothing to be checked against, so they are refused too.
+# vLLM's scores, rebuilt from q and k, would have nothing to be checked against, so they are refused too. That is so
+# on the transformers line vLLM runs with (5.19); newer lines moved both onto the registry (ATTENTION_IN_MODULE).
 VLLM_SCORES_UNCHECKED = frozenset({"gptj", "falcon"})
 
 # Families whose vLLM layer sums attention and MLP before one all-reduce: with tensor parallelism each rank's

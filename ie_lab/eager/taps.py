@@ -155,6 +155,15 @@ def resolve(lm: Any, addr: Address) -> Source:
         return Source("pre", lb.attn, lambda t: t)
     if name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
         mod = lb.q_norm if name.startswith("q") else lb.k_norm
+        if mod is None and lb.kv_source is not None:  # measured by the binder: this layer computes no keys
+            raise PointAbsent(
+                str(addr),
+                fam,
+                f"layer {addr.layer} computes no keys or values of its own: its attention reads those of layer "
+                f"{lb.kv_source} (KV sharing), so it has no key norm.",
+                f"capture {name}.{lb.kv_source} (the layer whose keys it reads), or q_norm_in.{addr.layer} / "
+                f"q_norm_out.{addr.layer} for its own queries.",
+            )
         return Source("pre" if name.endswith("_in") else "post", _bound(mod), _qk_norm_view(lb.qk_norm_layout))
     if name == "value":
         if lb.value_source == "interface":
