@@ -1,5 +1,6 @@
 import functools
 import os
+import signal
 import sys
 
 import pytest
@@ -53,6 +54,18 @@ def assert_clean(lm) -> None:
 
     assert hook_count(lm.hf) == 0, "a hook was left registered"
     assert not attention_tap.is_installed(), "the attention tap was left installed"
+
+
+@pytest.fixture()
+def ctrl_c_raises():
+    """Ctrl-C as a notebook kernel or an interactive Python has it, for tests that interrupt with SIGINT. A test run
+    started as a background job (`cmd &` in a script, nohup, some CI runners) inherits SIGINT ignored: a raised
+    SIGINT then does nothing, the Session's deferral stays off (it defers only a callable handler), and an
+    interrupt test fails with "DID NOT RAISE KeyboardInterrupt" whatever the machine's speed."""
+    prev = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, prev)
 
 
 @pytest.fixture()
