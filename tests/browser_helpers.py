@@ -26,3 +26,42 @@ def until(fn: Callable[[], Any], timeout: float = 30.0) -> Any:
         if v or time.time() > end:
             return v
         time.sleep(0.1)
+
+
+# The page has settled for a measurement once its fonts are loaded, no finite animation or CSS transition is running
+# (a theme switch fades colours; an infinite spinner never ends and moves nothing measured), and what the test is
+# about to measure (`probe(arg)`, any JSON-able value: boxes, computed colours) read the same at `frames`
+# consecutive animation frames. A predicate polled once per frame runs before that frame's style, layout and
+# ResizeObserver callbacks, so an unchanged reading across frames means no pending resize-observer or animation-frame
+# work still moves it. A wait for a condition (Playwright's wait_for_function), never for a moment.
+_SETTLED = """([key, arg, frames]) => {
+  const probe = %s;
+  const st = window[key] || (window[key] = { last: undefined, same: 0 });
+  const moving = document.getAnimations().some((a) => {
+    const end = a.effect && a.effect.getComputedTiming().endTime;
+    return (a.playState === 'running' || a.pending) && end !== Infinity;
+  });
+  if (document.fonts.status !== 'loaded' || moving) { st.last = undefined; st.same = 0; return false; }
+  const now = JSON.stringify(probe(arg));
+  st.same = now === st.last ? st.same + 1 : 0;
+  st.last = now;
+  return st.same >= frames;
+}"""
+_settle_calls = [0]
+
+
+def settle(page: Any, probe: str = "() => null", arg: Any = None, frames: int = 3, timeout: float = 30000) -> None:
+    """Wait until the page has settled for a measurement (see _SETTLED): fonts loaded, no transition running, and
+    `probe` (a JS function of `arg`: what is about to be measured) unchanged over `frames` animation frames."""
+    _settle_calls[0] += 1
+    key = f"__ielSettled{_settle_calls[0]}"
+    page.evaluate("() => document.fonts.ready.then(() => true)")  # resolves once every font in use has loaded
+    page.wait_for_function(_SETTLED % probe, arg=[key, arg, frames], polling="raf", timeout=timeout)
+    page.evaluate("(key) => { delete window[key]; }", key)
+
+
+def box_probe(selectors: list[str]) -> tuple[str, list[str]]:
+    """A probe for settle(): the client rectangles of the first element each selector finds (null if none)."""
+    js = """(sels) => sels.map((s) => { const e = document.querySelector(s); if (!e) return null;
+      const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })"""
+    return js, selectors

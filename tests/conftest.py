@@ -1,5 +1,7 @@
 import functools
 import os
+import re
+import signal
 import sys
 
 import pytest
@@ -56,6 +58,18 @@ def assert_clean(lm) -> None:
 
 
 @pytest.fixture()
+def ctrl_c_raises():
+    """Ctrl-C as a notebook kernel or an interactive Python has it, for tests that interrupt with SIGINT. A test run
+    started as a background job (`cmd &` in a script, nohup, some CI runners) inherits SIGINT ignored: a raised
+    SIGINT then does nothing, the Session's deferral stays off (it defers only a callable handler), and an
+    interrupt test fails with "DID NOT RAISE KeyboardInterrupt" whatever the machine's speed."""
+    prev = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, prev)
+
+
+@pytest.fixture()
 def session():
     """A fresh eager Session on the toy Llama (2 layers, d_model 128), closed after the test."""
     import ie_lab
@@ -75,3 +89,48 @@ def family(request):
 def ids(batch=2, seq=11, seed=0, vocab=512):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(4, vocab, (batch, seq), generator=g)
+
+
+# A number as ie_lab prints one in a message: an integer, a decimal, or either with an exponent; not a digit inside a
+# name (qwen3, layer_0) or after a dot (the parts of 5.19.0 after the first).
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d+|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\w.]*\d)")
+
+
+def _last_digit(text: str) -> float:
+    """One unit in the last printed digit of a decimal (0.00346 -> 1e-05, 32.7 -> 0.1, 1.5e-03 -> 1e-04)."""
+    mantissa, _, exp = text.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (-decimals + (int(exp) if exp else 0))
+
+
+def numbers_differ(want: str, got: str, cut: bool = False) -> str | None:
+    """Compare two messages as text and numbers: None when they say the same, else what differs.
+
+    The text between numbers must be equal, integers (counts, layer indices, shapes) exactly. A decimal is a measured
+    value printed rounded (binder.py prints `{leak:.3g}`, `{factor:.4g}`): two machines' float32 runs differ in their
+    last bits (another reduction order, SIMD width or kernel), which moves the printed value by one unit in its last
+    digit when the two true values sit either side of a rounding boundary ("0.00346" against "0.00347"). Two printed
+    decimals are the same measurement when they differ by at most one unit in the last digit of the finer one (the
+    finer: `g` drops trailing zeros, so "0.0035" is 0.00350): the real difference between machines is ~1e-5 of the
+    value or less (float32 rounding through a few layers) and one unit of a 3-significant-digit print is 1e-3 of it
+    or more, so one unit absorbs the rounding and nothing else; a change the message is about (another leak, a
+    factor the config does not state) still fails.
+    `cut`: the messages may have been cut to one length (a printed number one character longer or shorter then
+    shifts where the tail is cut): when their lengths are equal, the last text part of one need only start the other's."""
+    wn, gn = _NUMBER.findall(want), _NUMBER.findall(got)
+    wt, gt = _NUMBER.split(want), _NUMBER.split(got)
+    if len(wn) != len(gn):
+        return f"{len(wn)} numbers against {len(gn)}: {want!r} / {got!r}"
+    both_cut = cut and len(want) == len(got)
+    for i, (a, b) in enumerate(zip(wt, gt)):
+        shifted = both_cut and i == len(wt) - 1 and (a.startswith(b) or b.startswith(a))
+        if a != b and not shifted:
+            return f"text differs ({a!r} / {b!r}): {want!r} / {got!r}"
+    for a, b in zip(wn, gn):
+        decimal = any(c in a + b for c in ".eE")
+        if not decimal:
+            if a != b:
+                return f"{a} against {b}: {want!r} / {got!r}"
+        elif abs(float(a) - float(b)) > min(_last_digit(a), _last_digit(b)) * (1 + 1e-9):
+            return f"{a} against {b} (more than one unit in the last printed digit): {want!r} / {got!r}"
+    return None

@@ -82,10 +82,15 @@ class _Forwards:
 
 def _hold(s):
     """Hold the session's operation lock on another thread until the event is set."""
-    go = threading.Event()
-    t = threading.Thread(target=lambda: s.run(lambda lm: go.wait(30)))
+    go, held = threading.Event(), threading.Event()
+
+    def hold(lm):
+        held.set()
+        return go.wait(30)
+
+    t = threading.Thread(target=lambda: s.run(hold))
     t.start()
-    time.sleep(0.05)
+    assert held.wait(60), "the holder never got the operation lock"  # returns once it holds it, not after a guess
     return go, t
 
 
@@ -310,7 +315,7 @@ def test_concurrent_requests_equal_their_solo_runs_on_other_families(fam):
         assert_clean(s._lm)
 
 
-def test_an_interrupt_in_a_cell_cancels_that_cells_request_only(s):
+def test_an_interrupt_in_a_cell_cancels_that_cells_request_only(s, ctrl_c_raises):
     """Ctrl-C while this thread's stream drives a shared batch: the stream ends with KeyboardInterrupt once its
     request has left the batch, and the requests of other tasks run on to their solo results."""
     import signal
@@ -339,7 +344,11 @@ def test_an_interrupt_in_a_cell_cancels_that_cells_request_only(s):
         forwards.append(args[0].shape[0])
         if len(forwards) == 4:
             assert batcher.in_forward  # inside the shared forward: the interrupt is deferred, not raised here
+            mine = next(r for r in batcher.in_forward if r.stream)
             signal.raise_signal(signal.SIGINT)
+            # held here until the handler has cancelled this cell's request: the forward (and so the stream)
+            # cannot go on before the interrupt is taken, however fast the machine
+            _wait_for(lambda: mine.token.cancelled, "the interrupt to cancel this cell's request")
 
     stream = s.generate_stream(prompts[0], N, ignore_eos=True)
     got = [next(stream)]

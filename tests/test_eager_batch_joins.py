@@ -493,7 +493,7 @@ def test_bad_stream_input_is_refused_before_the_stream_waits_for_the_model(s):
     assert_clean(s._lm)
 
 
-def test_an_interrupt_in_a_joined_streams_cell_cancels_only_that_stream(s):
+def test_an_interrupt_in_a_joined_streams_cell_cancels_only_that_stream(s, ctrl_c_raises):
     """Ctrl-C while this cell's stream rides in a batch an awaited request drives: the stream ends with
     KeyboardInterrupt, its row leaves, and the driving request runs on to its solo result."""
     import signal
@@ -501,25 +501,40 @@ def test_an_interrupt_in_a_joined_streams_cell_cancels_only_that_stream(s):
     long, mine = _prompt(0, 6), _prompt(1, 9)
     solo_long = _solo(s, long, None, n=30)
     batcher = s._backend._batcher
-    fut = s.submit(s.agenerate(long, 30, ignore_eos=True, capture=CAPTURE))
-    _wait_for(lambda: batcher.rows, "the first request to be driving the batch")
     sent = []
 
+    def stream_request():
+        return next((r for r in batcher.pending + batcher.in_forward + batcher.rows if r.stream), None)
+
     def interrupt(mod, args):  # on the driver's thread; the handler runs on the main thread, in the stream
-        if not sent and any(r.stream and len(r.steps) >= 3 for r in batcher.rows):
-            sent.append(1)
+        if sent:
+            return
+        mine_r = stream_request()
+        if mine_r is None:
+            # The driver waits in its forward until the cell's stream is queued: on a fast machine the first request
+            # had finished its 30 tokens before the stream was opened, and the stream then ran alone.
+            _wait_for(lambda: stream_request() is not None, "the cell's stream to be queued")
+        elif mine_r in batcher.rows and len(mine_r.steps) >= 3:
+            sent.append(threading.current_thread())
             signal.raise_signal(signal.SIGINT)
+            # The main thread takes a signal raised on this thread when it next runs Python: the forward waits
+            # until it has (its handler cancelled the stream's token, or the loop body raised and closed the
+            # stream), so no further step of either request is produced before the interrupt is taken.
+            _wait_for(lambda: mine_r.cancelled, "the main thread to take the interrupt")
 
     h = s._lm.binding.embed.register_forward_pre_hook(interrupt)
     got = []
     try:
+        fut = s.submit(s.agenerate(long, 30, ignore_eos=True, capture=CAPTURE))
+        _wait_for(lambda: batcher.in_forward, "the first request to be driving the batch (held in its first forward)")
         with pytest.raises(KeyboardInterrupt):
             for st in s.generate_stream(mine, 25, ignore_eos=True):
                 got.append(st)
         result = fut.result(timeout=60)
     finally:
         h.remove()
-    assert sent and 1 <= len(got) < 25
+    assert sent and sent[0] is not threading.main_thread()  # sent from the awaited request's driver
+    assert 1 <= len(got) < 25
     assert [st.token_id for st in got] == _solo(s, mine, None, n=len(got)).ids
     _same(solo_long, result)
     _wait_for(lambda: not batcher.rows and not batcher.pending, "the batch to empty")

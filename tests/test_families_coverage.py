@@ -13,6 +13,7 @@ import torch
 import ie_lab
 from ie_lab import coverage
 from ie_lab.errors import IELabError
+from tests.conftest import numbers_differ
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,24 @@ def test_survey_of_the_installed_transformers_matches_the_committed_table(fresh)
     want = {r["model_type"]: r for r in committed["rows"]}
     got = {r["model_type"]: r for r in fresh["rows"]}
     assert sorted(got) == sorted(want), "the causal-LM mapping changed: run `python -m ie_lab.coverage --write`"
-    changed = {mt: (want[mt], got[mt]) for mt in got if got[mt] != want[mt]}
+    changed = {mt: why for mt in got if (why := _row_differs(want[mt], got[mt]))}
     assert not changed, f"re-run `python -m ie_lab.coverage --write` and `python -m ie_lab.docs_gen`: {changed}"
+
+
+def _row_differs(want: dict, got: dict) -> str | None:
+    """A surveyed row against the committed one: every field equal, except that a reason's measured numbers (the
+    causality probe's leak, printed `.3g`: BERT's and ERNIE's "by up to 0.00346" read 0.00347 on another machine) are
+    compared as numbers, within one unit of their last printed digit (tests/conftest.py numbers_differ says why)."""
+    if want.keys() != got.keys():
+        return f"fields {sorted(want)} against {sorted(got)}"
+    for k in want:
+        if k == "reason" and isinstance(want[k], str) and isinstance(got[k], str):
+            why = numbers_differ(want[k], got[k], cut=True)  # coverage._first_line cuts at 300 characters
+            if why:
+                return f"reason: {why}"
+        elif want[k] != got[k]:
+            return f"{k}: {want[k]!r} against {got[k]!r}"
+    return None
 
 
 def test_every_model_type_in_the_mapping_has_a_row():

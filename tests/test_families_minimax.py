@@ -15,6 +15,8 @@ the previous layer's tensors, the other branch's input.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -23,7 +25,7 @@ from ie_lab import coverage, points
 from ie_lab.address import Address
 from ie_lab.eager.writers import Writers
 from ie_lab.errors import StructureError
-from tests.conftest import assert_clean
+from tests.conftest import assert_clean, numbers_differ
 
 X = torch.randint(4, 500, (2, 9), generator=torch.Generator().manual_seed(0))
 TOL = dict(atol=2e-4, rtol=1e-4)
@@ -176,8 +178,16 @@ def test_factors_the_config_does_not_state_are_refused(lm):
     model = coverage.build_tiny("minimax")
     layer = model.model.layers[0]
     layer.attn_alpha_factor, layer.attn_beta_factor = layer.attn_beta_factor, layer.attn_alpha_factor
-    with pytest.raises(StructureError, match=r"layer 0.*measured as resid_mid = 1\.5 \* attn_in.*config.*0\.6"):
+    with pytest.raises(StructureError) as e:
         ie_lab.load(model, coverage._tokenizer(), quiet=True)
+    # the measured factors (a least-squares fit, printed .4g) compared as numbers, the config's beside them
+    found = re.search(
+        r"layer 0 .*measured as (resid_mid = .*?), but the config's .* say (resid_mid = .*? \* attn_out)", str(e.value)
+    )
+    assert found, str(e.value)
+    measured, stated = found.group(1).split(",")[0], found.group(2)
+    assert numbers_differ("resid_mid = 1.5 * attn_in + 0.6 * attn_out", measured) is None, measured
+    assert numbers_differ("resid_mid = 0.6 * attn_in + 1.5 * attn_out", stated) is None, stated
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
@@ -191,8 +201,12 @@ def test_without_factors_in_the_config_the_residual_is_refused():
     bare = type(facts)(**{**facts.__dict__, "residual_factors": ()})
     from ie_lab.arch.binder import bind
 
-    with pytest.raises(StructureError, match=r"input norm's output, not resid_pre \(resid_mid = 0\.6 \* input_norm"):
+    with pytest.raises(StructureError, match=r"input norm's output, not resid_pre \(resid_mid = ") as e:
         bind(model, bare)
+    found = re.search(r"\((resid_mid = .*? \* mixer output),", str(e.value))  # measured factors, printed .4g
+    assert found, str(e.value)
+    want = "resid_mid = 0.6 * input_norm(resid_pre) + 1.5 * mixer output"
+    assert numbers_differ(want, found.group(1)) is None, found.group(1)
 
 
 def test_the_mixer_layer_refuses_attention_points_and_the_attention_layer_mixer_points(lm):

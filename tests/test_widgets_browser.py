@@ -6,6 +6,7 @@ One server and one notebook per module (the machine is small). Screenshots go to
 import pytest
 
 from benchmarks.widgets_harness import ROOT, Server, available, setup_code
+from tests.browser_helpers import box_probe, settle
 from tests.browser_helpers import kernel as _kernel
 from tests.browser_helpers import until as _until
 
@@ -192,7 +193,7 @@ def test_dark_theme(lab):
     srv, page = lab
     page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
     page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=20000)
-    page.wait_for_timeout(300)
+    settle(page, "() => getComputedStyle(document.querySelector('.iel-picker')).backgroundColor")
     bg = page.locator(".iel-picker").evaluate("e => getComputedStyle(e).backgroundColor")
     assert bg not in ("rgb(255, 255, 255)", "rgba(0, 0, 0, 0)")
     srv.shot(page.locator(".iel-picker"), "picker-lab-dark.png")
@@ -299,7 +300,7 @@ def lab19(server):
     page.wait_for_function(
         "() => { const f = document.getElementById('filebrowser'); return f && f.offsetWidth > 150; }", timeout=15000
     )
-    page.wait_for_timeout(300)
+    settle(page, *box_probe(["#filebrowser", ".iel-picker", ".iel-attn canvas.iel-pattern", ".iel-steer"]))
     yield srv, page
     srv.close_page(page)
 
@@ -327,6 +328,8 @@ def test_picker_card_stays_in_view_at_1100px_with_the_file_browser_open(lab19):
         pt = picker.locator(f'.iel-pt[data-name="{name}"]')
         pt.hover()
         page.wait_for_function(f"n => ({CARD_TITLE}).startsWith(n)", arg=name, timeout=10000)
+        # the card is placed after its text changes (and again as its new size is observed): measured once still
+        settle(page, *box_probe([".iel-picker .iel-card", ".iel-picker .iel-card-title", ".iel-picker .iel-diagram"]))
         title = card.locator(".iel-card-title").bounding_box()
         assert title is not None and 0 <= title["y"] and title["y"] + title["height"] <= vh, (name, title)
         return pt.bounding_box(), card.bounding_box()
@@ -340,7 +343,8 @@ def test_picker_card_stays_in_view_at_1100px_with_the_file_browser_open(lab19):
     # narrower still: the card sits above the diagram and stays in view while scrolling down it
     page.set_viewport_size({"width": 760, "height": 900})
     try:
-        page.wait_for_timeout(300)
+        page.wait_for_function("() => window.innerWidth === 760", timeout=10000)
+        settle(page, *box_probe([".jp-LabShell", ".iel-picker", ".iel-picker .iel-diagram", ".iel-picker .iel-card"]))
         vh = 900
         for name in ("lm_head", "resid_pre"):
             hover_and_check(name)
@@ -458,6 +462,9 @@ def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
     srv, page = lab19
 
     def check(theme):
+        # measured once the readings themselves hold still: fonts loaded, the theme's colour transitions over, the
+        # same colours at consecutive frames (a colour read mid-switch measured 4.48 against 4.5)
+        settle(page, MEASURE, TEXTS)
         got = page.evaluate(MEASURE, TEXTS)
         seen = {g["what"] for g in got}
         assert {w for w, _ in TEXTS} - {"steering note"} <= seen, {w for w, _ in TEXTS} - seen
@@ -472,15 +479,18 @@ def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
 
     def switch(theme, light):
         page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: {theme!r}}})")
-        page.wait_for_function(f"() => document.body.dataset.jpThemeLight === {str(light).lower()!r}", timeout=20000)
-        # the theme's stylesheet has applied once the panel's own background follows it
+        page.wait_for_function(
+            "t => document.body.dataset.jpThemeName === t[0] && document.body.dataset.jpThemeLight === t[1]",
+            arg=[theme, str(light).lower()],
+            timeout=20000,
+        )
+        # the theme's stylesheet (its CSS variables) has applied once the panel's own background follows it
         page.wait_for_function(
             "d => { const c = getComputedStyle(document.querySelector('.iel-attn')).backgroundColor"
             ".match(/\\d+/g).map(Number); const l = (c[0] + c[1] + c[2]) / 3; return d ? l < 100 : l > 155; }",
             arg=not light,
             timeout=20000,
         )
-        page.wait_for_timeout(200)
 
     light = check("light")
     try:

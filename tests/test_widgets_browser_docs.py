@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from benchmarks.widgets_harness import ROOT, Server, available
+from tests.browser_helpers import settle
 from tests.browser_helpers import until as _until
 
 browser = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -113,7 +114,12 @@ def _theme(page, theme, light):
         arg=not light,
         timeout=20000,
     )
-    page.wait_for_timeout(300)
+    # the screenshots are taken once the panel's colours hold still (the theme's transitions over, fonts loaded)
+    settle(
+        page,
+        "() => [...document.querySelectorAll('.iel-steer, .iel-steer *')].slice(0, 200)"
+        ".map((e) => { const c = getComputedStyle(e); return [c.color, c.backgroundColor]; })",
+    )
 
 
 @browser
