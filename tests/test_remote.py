@@ -638,8 +638,16 @@ def test_an_interrupted_call_cancels_the_operation_on_the_server(server, tokens)
     )
     try:
         _until_running(server, tokens["bob"], before["running"] + 1)
-        proc.send_signal(signal.SIGINT)  # Ctrl-C, or a notebook's Interrupt
-        out, _ = proc.communicate(timeout=120)
+        # Hold the server still while the client is interrupted: the operation cannot run on to its end before the
+        # interrupt arrives on a fast machine, nor the interrupt come late on a slow one. The client cancels by
+        # closing its connection (nothing it waits for from the server), so it reports and exits meanwhile; the
+        # server, continued, finds the connection closed with its operation barely started.
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            proc.send_signal(signal.SIGINT)  # Ctrl-C, or a notebook's Interrupt
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
     finally:
         proc.kill()
     assert "interrupted" in out, out
@@ -666,14 +674,29 @@ def test_too_many_concurrent_requests_of_one_user_are_refused(server, tokens):
         _until_running(server, tokens["carol"], 4)
         with pytest.raises(InputError, match="max_concurrent=4"):
             users[4].capture("Hi", "resid_post.0")
+        # Another user is not held back by carol's limit: their call is admitted (running, in the queue for the
+        # Session beside carol's four) while hers are in flight. Checked at that moment, then carol's calls are
+        # cancelled, so the test never waits for four long generations to finish.
         other = ie_lab.connect(server.url, token=tokens["c0"], replace=False)
-        assert other.capture("Hi", "resid_post.0")  # another user is not held back by carol's limit
-        other.close()
+        box: dict = {}
+
+        def other_call() -> None:
+            try:
+                box["cache"] = other.capture("Hi", "resid_post.0")
+            except BaseException as e:  # noqa: BLE001 - asserted below
+                box["error"] = e
+
+        threads.append(threading.Thread(target=other_call))
+        threads[-1].start()
+        _until_running(server, tokens["c0"], 5)  # the server's count: carol's four and this one
     finally:
         for s in users:
             s.close()  # cancels the calls still in flight, on the server too
         for t in threads:
             t.join()
+    assert "error" not in box, box
+    assert box["cache"]["resid_post.0"].shape[-1] == other.facts.d_model
+    other.close()
     assert len(outcomes) == 4
     assert wait_until_idle(server, tokens["carol"])["running"] == 0
     assert users[4].backend == "remote"

@@ -63,9 +63,8 @@ MUST = {
 HYBRIDS = ("mamba2", "falcon_h1", "granitemoehybrid", "lfm2", "lfm2_moe", "zamba2")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(MUST))
-def test_every_served_point_at_tp2_equals_tp1(family, tmp_path):
+def run_tp_script(families, tmp_root) -> dict:
+    """tests/vllm_tp_script.py over these families in one process: family -> its verdicts."""
     env = dict(
         os.environ,
         VLLM_CPU_OMP_THREADS_BIND="0|1",
@@ -73,16 +72,26 @@ def test_every_served_point_at_tp2_equals_tp1(family, tmp_path):
         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     p = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tests", "vllm_tp_script.py"), family, str(tmp_path)],
+        [sys.executable, os.path.join(ROOT, "tests", "vllm_tp_script.py"), str(tmp_root), *families],
         capture_output=True,
         text=True,
-        timeout=480,
+        timeout=480 * len(families),
         env=env,
         cwd=ROOT,
     )
-    line = next((x for x in p.stdout.splitlines() if x.startswith("IE_LAB_TP_RESULT ")), None)
-    assert line is not None, p.stdout[-3000:] + p.stderr[-3000:]
-    r = json.loads(line.split(" ", 1)[1])
+    out = {}
+    for x in p.stdout.splitlines():
+        if x.startswith("IE_LAB_TP_RESULT "):
+            r = json.loads(x.split(" ", 1)[1])
+            out[r["family"]] = r
+    out["_output"] = p.stdout[-3000:] + p.stderr[-3000:]
+    return out
+
+
+def check_tp_result(family: str, results: dict) -> None:
+    r = results.get(family)
+    assert r is not None, results["_output"]
+    assert "error" not in r, r["error"]
     points, graph = MUST[family]
     assert r["tp_size"] == 2 and r["n_workers"] == 2
     assert points <= set(r["addresses"])
@@ -98,3 +107,19 @@ def test_every_served_point_at_tp2_equals_tp1(family, tmp_path):
     if family in HYBRIDS:
         # TP=2's captures, and its stream steered at mixer_out.0, equal eager's at the tensors' own scale
         assert r["eager_differ"] == [], r
+
+
+# This module's families; tests/test_vllm_tp_hybrids.py runs the rest (two modules: the two test workers take one
+# each, about six minutes apiece).
+FAMILIES = ("gpt_oss", "lfm2", "mamba2", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def tp_results(tmp_path_factory):
+    return run_tp_script(FAMILIES, tmp_path_factory.mktemp("tp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_served_point_at_tp2_equals_tp1(family, tp_results):
+    check_tp_result(family, tp_results)

@@ -2,7 +2,7 @@
 family (a tiny instance built as tests/test_vllm_hybrids*.py and tests/test_vllm_zamba2.py build it) also eager's.
 
 A script, not a test module: vLLM spawns its tensor-parallel workers, which re-import __main__, so the work
-sits under ``if __name__ == "__main__"``. Prints one JSON line with the verdicts.
+sits under ``if __name__ == "__main__"``. Prints one JSON line of verdicts per family.
 """
 
 from __future__ import annotations
@@ -157,10 +157,21 @@ def main(family: str, root: str) -> dict:
 
 
 if __name__ == "__main__":
+    # usage: vllm_tp_script.py ROOT FAMILY [FAMILY ...]. One process for several families: vLLM and ie_lab are
+    # imported once and later in-process engines start warm (each family's TP=2 engines are spawned afresh as
+    # always). Each family's verdicts, or the error that stopped it, are one JSON line; one family's failure does
+    # not stop the next.
+    import traceback
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = main(sys.argv[1], sys.argv[2])
-    print("IE_LAB_TP_RESULT " + json.dumps(out), flush=True)
+    root = sys.argv[1]
+    for fam in sys.argv[2:]:
+        try:
+            out = main(fam, root)
+        except Exception:  # noqa: BLE001 - reported on the family's own line, asserted by its test
+            out = {"family": fam, "error": traceback.format_exc()[-3000:]}
+        print("IE_LAB_TP_RESULT " + json.dumps(out), flush=True)

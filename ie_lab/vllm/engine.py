@@ -349,7 +349,10 @@ class InprocDriver:
         _LIVE_INPROC.discard(self)
         others = bool(_LIVE_INPROC)
         if self.engine is not None:
-            with contextlib.suppress(Exception), _keep_distributed(others):
+            # vLLM's own teardown is always held back (it would also run a full collection while this driver and
+            # the backend still hold the engine, and the Session runs one after dropping them): the groups are
+            # released below, once, when no other in-process engine needs them.
+            with contextlib.suppress(Exception), _keep_distributed(True):
                 self.engine.engine_core.shutdown()
         self.engine = None
         if not others:
@@ -412,12 +415,19 @@ def _keep_distributed(keep: bool):
 
 
 def _release_distributed() -> None:
-    """Free the in-process engine's model-parallel groups so another engine can start in this process."""
+    """Free the in-process engine's model-parallel groups so another engine can start in this process, as vLLM's
+    cleanup_dist_env_and_memory does, less its full collection: the Session closing this engine runs that once it
+    has dropped its own references (vllm.backend's collect_on_close), which is when it can free the engine.
+    gc.unfreeze: vLLM freezes the objects alive after start-up, and a collection never frees frozen objects."""
+    import gc
+
+    with contextlib.suppress(Exception):
+        import vllm.envs as envs
+
+        envs.disable_envs_cache()
+    gc.unfreeze()
     with contextlib.suppress(Exception):
         from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
         destroy_model_parallel()
         destroy_distributed_environment()
-    import gc
-
-    gc.collect()
