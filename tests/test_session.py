@@ -2,7 +2,6 @@
 
 import asyncio
 import gc
-import signal
 import threading
 import time
 
@@ -124,13 +123,9 @@ def test_async_tasks_at_once_do_not_interleave_a_stream_with_a_steered_capture(s
 
 
 @pytest.fixture(autouse=True)
-def _ctrl_c_raises():
-    """Ctrl-C as a notebook kernel or an interactive Python has it. A test run started as a background job
-    (`cmd &` in a script, nohup) inherits SIGINT ignored, and then `_thread.interrupt_main()` does nothing."""
-    prev = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, prev)
+def _ctrl_c_raises(ctrl_c_raises):
+    """Every test here has Ctrl-C as a kernel has it (tests/conftest.py's ctrl_c_raises says why):
+    `_thread.interrupt_main()` does nothing where the run inherited SIGINT ignored."""
 
 
 def _interrupt_from_hook(layer_module):
