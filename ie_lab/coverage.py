@@ -683,8 +683,9 @@ def _routing_and_head(lm, x, tol: _Tol) -> None:
                 pass
 
 
-def classify(model_type: str) -> dict[str, Any]:
-    """One row of the table: how ie_lab answers a tiny instance of this model type."""
+def classify(model_type: str, on_bound: Any = None) -> dict[str, Any]:
+    """One row of the table: how ie_lab answers a tiny instance of this model type. on_bound(lm), where given, is
+    called with the bound model once every invariant passed (scripts/upstream.py reads its binding there)."""
     from .errors import IELabError
     from .loading import load
 
@@ -708,6 +709,8 @@ def classify(model_type: str) -> dict[str, Any]:
         row.update(status="defect", error=type(e).__name__, reason=f"bound, but an invariant fails: {_first_line(e)}")
         return row
     row.update(status="bound", vllm=vllm_serves(model.config))
+    if on_bound is not None:
+        on_bound(lm)
     mixers = sorted({lb.mixer_kind for lb in lm.binding.layers if lb.mixer_kind})
     if mixers:
         # A hybrid trunk: its non-attention layers serve mixer_in / mixer_out, and refuse the attention points.

@@ -53,17 +53,11 @@ def structure(lm: Any) -> list[dict[str, Any]]:
 
 def fingerprint(model_type: str) -> dict[str, Any]:
     from ie_lab import coverage
-    from ie_lab.loading import load
 
-    row = coverage.classify(model_type)
+    entry: dict[str, Any] = {}
+    row = coverage.classify(model_type, on_bound=lambda lm: entry.update(layers=structure(lm)))
     row["category"] = coverage.category(row)
-    entry: dict[str, Any] = {"survey": row}
-    if row["status"] == "bound":
-        try:
-            lm = load(coverage.build_tiny(model_type), coverage._tokenizer(), quiet=True)
-            entry["layers"] = structure(lm)
-        except Exception as e:  # noqa: BLE001 - recorded: a second build that fails is itself a finding
-            entry["layers_error"] = f"{type(e).__name__}: {e}"[:300]
+    entry["survey"] = row
     return entry
 
 
