@@ -65,3 +65,20 @@ def box_probe(selectors: list[str]) -> tuple[str, list[str]]:
     js = """(sels) => sels.map((s) => { const e = document.querySelector(s); if (!e) return null;
       const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })"""
     return js, selectors
+
+
+def switch_theme(page: Any, theme: str, light: bool, panel: str) -> None:
+    """Switch JupyterLab's theme and wait until it has applied: the body names the theme, and the theme's stylesheet
+    (its CSS variables) has reached the panel, whose own background is then dark (or light) as the theme is."""
+    page.evaluate("t => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", theme)
+    page.wait_for_function(
+        "t => document.body.dataset.jpThemeName === t[0] && document.body.dataset.jpThemeLight === t[1]",
+        arg=[theme, str(light).lower()],
+        timeout=20000,
+    )
+    page.wait_for_function(
+        "a => { const c = getComputedStyle(document.querySelector(a[0])).backgroundColor"
+        ".match(/\\d+/g).map(Number); const l = (c[0] + c[1] + c[2]) / 3; return a[1] ? l < 100 : l > 155; }",
+        arg=[panel, not light],
+        timeout=20000,
+    )

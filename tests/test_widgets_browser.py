@@ -6,7 +6,7 @@ One server and one notebook per module (the machine is small). Screenshots go to
 import pytest
 
 from benchmarks.widgets_harness import ROOT, Server, available, setup_code
-from tests.browser_helpers import box_probe, settle
+from tests.browser_helpers import box_probe, settle, switch_theme
 from tests.browser_helpers import kernel as _kernel
 from tests.browser_helpers import until as _until
 
@@ -478,19 +478,7 @@ def test_panels_read_well_in_both_themes_and_follow_a_switch(lab19):
         return {g["what"]: g["fg"] for g in got}
 
     def switch(theme, light):
-        page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: {theme!r}}})")
-        page.wait_for_function(
-            "t => document.body.dataset.jpThemeName === t[0] && document.body.dataset.jpThemeLight === t[1]",
-            arg=[theme, str(light).lower()],
-            timeout=20000,
-        )
-        # the theme's stylesheet (its CSS variables) has applied once the panel's own background follows it
-        page.wait_for_function(
-            "d => { const c = getComputedStyle(document.querySelector('.iel-attn')).backgroundColor"
-            ".match(/\\d+/g).map(Number); const l = (c[0] + c[1] + c[2]) / 3; return d ? l < 100 : l > 155; }",
-            arg=not light,
-            timeout=20000,
-        )
+        switch_theme(page, theme, light, ".iel-attn")
 
     light = check("light")
     try:

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from benchmarks.widgets_harness import ROOT, Server, available
-from tests.browser_helpers import settle
+from tests.browser_helpers import settle, switch_theme
 from tests.browser_helpers import until as _until
 
 browser = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -106,14 +106,7 @@ def lab():
 
 
 def _theme(page, theme, light):
-    page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: {theme!r}}})")
-    page.wait_for_function(f"() => document.body.dataset.jpThemeLight === {str(light).lower()!r}", timeout=20000)
-    page.wait_for_function(
-        "d => { const c = getComputedStyle(document.querySelector('.iel-steer')).backgroundColor"
-        ".match(/\\d+/g).map(Number); const l = (c[0] + c[1] + c[2]) / 3; return d ? l < 100 : l > 155; }",
-        arg=not light,
-        timeout=20000,
-    )
+    switch_theme(page, theme, light, ".iel-steer")
     # the screenshots are taken once the panel's colours hold still (the theme's transitions over, fonts loaded)
     settle(
         page,
