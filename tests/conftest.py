@@ -136,17 +136,44 @@ def numbers_differ(want: str, got: str, cut: bool = False) -> str | None:
     return None
 
 
-# The longest modules start first: test files are handed to the workers whole and in collection order
-# (`--dist loadfile`), so a long module collected late becomes the run's tail, one worker busy while the others idle.
-# Measured on the gate (docs/DEVELOPING.md); the order of tests inside a module is unchanged. tests/test_wheel_install.py
-# (long too) is left in its place: it builds in the checkout, which `./dev test`'s background set-up of the second
-# line's environment also does in the run's first minutes.
-LONG_MODULES = ("test_vllm_tp.py", "test_vllm_tp_hybrids.py", "test_vllm_parity.py")
+# The longest modules start first: test files are handed to the workers whole (`--dist loadfile`), and `./dev test`
+# passes `--no-loadscope-reorder` so they go out in collection order (xdist otherwise reorders them by their number of
+# tests, which sent the four-test tensor-parallel modules, the longest of all, out last: the run's tail, one worker
+# busy while the others idled). The order is longest-first by each module's measured seconds on the gate
+# (tests/module_seconds.json, written by `python scripts/test_durations.py` from a run with IE_LAB_RECORD_DURATIONS
+# set): a greedy longest-first packing, which keeps every worker busy to the end. A module not measured yet counts
+# as UNMEASURED_S; the order of tests inside a module is unchanged.
+MODULE_SECONDS_PATH = os.path.join(ROOT, "tests", "module_seconds.json")
+UNMEASURED_S = 30.0
+
+
+def _module_seconds() -> dict[str, float]:
+    import json
+
+    try:
+        with open(MODULE_SECONDS_PATH, encoding="utf-8") as f:
+            return {k: float(v) for k, v in json.load(f).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def _module_of(item) -> str:
+    return os.path.relpath(str(item.fspath), ROOT).replace(os.sep, "/")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    def rank(item) -> int:
-        name = os.path.basename(str(item.fspath))
-        return LONG_MODULES.index(name) if name in LONG_MODULES else len(LONG_MODULES)
+    seconds = _module_seconds()
+    items.sort(key=lambda item: -seconds.get(_module_of(item), UNMEASURED_S))  # stable: a module's tests keep order
 
-    items.sort(key=rank)  # stable: every other module keeps its place
+
+# IE_LAB_RECORD_DURATIONS=DIR: each process appends its tests' seconds (setup, call and teardown) to a file there;
+# scripts/test_durations.py sums them per module into tests/module_seconds.json.
+_RECORD = os.environ.get("IE_LAB_RECORD_DURATIONS")
+
+
+def pytest_runtest_logreport(report):
+    if not _RECORD or getattr(report, "node", None) is not None:  # (xdist's controller sees its workers' reports)
+        return
+    path = os.path.join(_RECORD, f"durations-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}.tsv")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{report.nodeid.split('::', 1)[0]}\t{report.duration:.3f}\n")

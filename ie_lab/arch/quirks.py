@@ -102,6 +102,7 @@ ALWAYS_QK_NORM = frozenset(
         "apertus1p5_text",
         "flint",
         "kolibri1",
+        "kolibri1_1",  # transformers 5.25: q_norm always, k_norm on the layers with their own keys
         "lara_mini",
         "lfm3",
     }
@@ -111,6 +112,7 @@ ALWAYS_QK_NORM = frozenset(
 # binder measures the gate on a live model; config-only callers read this). Laguna states it (gating).
 ALWAYS_ATTN_GATE = frozenset(
     {"afmoe", "axk2", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bailing_hybrid", "lfm3", "hy_v4"}
+    | {"minicpm5_moe"}  # transformers 5.25: q_gate_proj, its sigmoid half multiplies the output
 )
 
 # Families whose config carries a sliding_window key that the attention does not use for every layer
