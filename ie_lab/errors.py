@@ -44,7 +44,8 @@ class InputError(IELabError, ValueError):
 
 
 class RequestFailed(IELabError, RuntimeError):
-    """One request failed while the engine ran it (vLLM backend); the engine and other requests go on."""
+    """One request failed while it ran (a vLLM engine's request, an eager batch's row); the engine, the batch and the
+    other requests go on."""
 
 
 class StructureError(IELabError, RuntimeError):
