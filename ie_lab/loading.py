@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 
 from .arch.config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
 from .capabilities import LOAD_CAPABILITY, require
+from .core.files import check_folder, read_json
 from .eager.model import EagerModel, choose_attention
 from .errors import ArchitectureUnsupported, CapabilityUnsupported, InputError
 
@@ -130,7 +130,7 @@ def _json_in(src: str, filename: str) -> dict:
     path: str | None
     if os.path.isdir(src):
         path = os.path.join(src, filename)
-        path = path if os.path.isfile(path) else None
+        path = path if os.path.lexists(path) else None  # there but no regular file: read_json refuses it
     else:
         from transformers.utils import cached_file
 
@@ -145,8 +145,10 @@ def _json_in(src: str, filename: str) -> dict:
             path = None
     if not path:
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    got = read_json(path, f"the model's {filename}")
+    if not isinstance(got, dict):
+        raise InputError(f"{filename} of {src!r} holds a JSON {type(got).__name__}, not an object; it is damaged.")
+    return got
 
 
 def _tokenizer_code(src: str) -> str | None:
@@ -185,6 +187,8 @@ def _load_tokenizer(src: str, trust_remote_code: bool, asked: bool):
     """The tokenizer at `src`, or None where there is none (the load line says so); custom code only if trusted."""
     from transformers import AutoTokenizer
 
+    if os.path.isdir(src):
+        check_folder(src, "the tokenizer folder's")
     _refuse_tokenizer_code(src, trust_remote_code)
     if not asked and os.path.isdir(src) and not any(os.path.isfile(os.path.join(src, f)) for f in _TOKENIZER_FILES):
         return None
@@ -275,6 +279,7 @@ def load(
         raise InputError(f"no folder at {src!r}: check the path (it should hold config.json and *.safetensors).")
     if os.path.isdir(os.path.expanduser(src)):
         src = os.path.expanduser(src)
+        check_folder(src, "the model folder's")  # transformers opens its files: none may block or never end
         if not any(f.endswith(".safetensors") for f in os.listdir(src)):
             raise InputError(
                 f"{src!r} holds no .safetensors weights; ie_lab loads safetensors only "
