@@ -344,6 +344,25 @@ def load(
     return lm
 
 
+def _check_weights(model: torch.nn.Module) -> None:
+    """Refuse, before anything touches it, a model object with no weights or with weights on the meta device."""
+    if next(model.parameters(), None) is None:
+        raise InputError(
+            f"the {type(model).__name__} object has no parameters, so it is no language model to run: pass a "
+            "transformers causal LM (AutoModelForCausalLM.from_pretrained(...)) or a folder or HF id."
+        )
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    meta = [name for name, t in tensors if t.is_meta]
+    if meta:
+        raise InputError(
+            f"{len(meta)} of the model's {len(tensors)} weights and buffers are on the meta device (e.g. {meta[0]}): "
+            "shapes without numbers, as a model built under torch.device('meta') or init_empty_weights is, or one a "
+            "device_map offloaded, so nothing can be computed. Load the real weights first (model.to_empty("
+            "device='cpu') then model.load_state_dict(...), or AutoModelForCausalLM.from_pretrained(path) without "
+            "offloading), or pass the folder or HF id to ie_lab.load / Session."
+        )
+
+
 def _load_object(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -361,6 +380,7 @@ def _load_object(
             f"call model.set_attn_implementation({attn_implementation!r}) yourself first, or load from the folder "
             f"or id with attn_implementation={attn_implementation!r}.",
         )
+    _check_weights(model)
     tokenizer = _check_tokenizer_arg(tokenizer, trust_remote_code)
     dev = pick_device(device)[0] if device is not None else None
     p = next(model.parameters())
