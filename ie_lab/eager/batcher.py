@@ -712,6 +712,8 @@ class Batcher:
     # ---- per request ---------------------------------------------------------------------------------
     def _next(self, r: Request, row_logits: torch.Tensor) -> None:
         """Choose r's next token; whatever fails there (logits that cannot be sampled, ...) ends r alone."""
+        if r.finished:  # failed in the forward that made these logits (its own steering hook raised)
+            return
         try:
             r.next_token = self._choose(r, row_logits)
         except Exception as e:  # noqa: BLE001 - its own step: the batch's other requests run on
