@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import points as _points
-from .errors import AddressError
+from .errors import AddressError, shown
 from .points import Scope
 
 if TYPE_CHECKING:
@@ -23,6 +23,24 @@ if TYPE_CHECKING:
 _LAYER = re.compile(r"[0-9]+")
 _HEAD = re.compile(r"head-([0-9]+)")
 _STREAM = re.compile(r"stream-([0-9]+)")
+
+# No model has a billion layers, heads or streams; a longer number is refused before int() reads it (int() itself
+# refuses past 4300 digits with a ValueError, and such a number could not be printed in a message either).
+_MAX_COORD = 10**9
+_MAX_DIGITS = 9
+
+
+def _too_big(coord: str, digits: str, where: str) -> AddressError:
+    return AddressError(
+        f"the {coord} in {where} is a number of {digits} digits; no model has {_MAX_COORD:,} {coord}s: write the "
+        f"{coord} as a number from 0 to the model's count minus one, e.g. 'resid_post.3', 'z.3.head-2'."
+    )
+
+
+def _coord(digits: str, coord: str, raw: str) -> int:
+    if len(digits.lstrip("0")) > _MAX_DIGITS:
+        raise _too_big(coord, str(len(digits)), f"address {shown(raw)}")
+    return int(digits)
 
 
 @dataclass(frozen=True, order=True)
@@ -49,9 +67,13 @@ class Address:
                 except TypeError:
                     pass
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                if isinstance(value, int) and not isinstance(value, bool) and value <= -_MAX_COORD:
+                    raise _too_big(coord, f"about {int(abs(value).bit_length() * 0.30103) + 1}", repr(self.name))
                 raise AddressError(
                     f"{self.name}: {coord} must be a non-negative integer, got {value!r} ({type(value).__name__})."
                 )
+            if value >= _MAX_COORD:  # printed by its number of digits: str() of it can fail past 4300 of them
+                raise _too_big(coord, f"about {int(abs(value).bit_length() * 0.30103) + 1}", repr(self.name))
         if point.scope is Scope.TRUNK and self.layer is not None:
             raise AddressError(
                 f"{self.name!r} is a trunk point (one per forward), so it takes no layer: write {self.name!r}, "
@@ -94,13 +116,13 @@ class Address:
         layer = head = stream = None
         i = 0
         if i < len(rest) and _LAYER.fullmatch(rest[i]):
-            layer = int(rest[i])
+            layer = _coord(rest[i], "layer", raw)
             i += 1
         if i < len(rest) and (m := _HEAD.fullmatch(rest[i])):
-            head = int(m.group(1))
+            head = _coord(m.group(1), "head", raw)
             i += 1
         if i < len(rest) and (m := _STREAM.fullmatch(rest[i])):
-            stream = int(m.group(1))
+            stream = _coord(m.group(1), "stream", raw)
             i += 1
         if i < len(rest):
             bad = rest[i]
@@ -112,7 +134,7 @@ class Address:
             elif bad.startswith("head") or bad.startswith("stream"):
                 hint = f" Write it as '{bad.split('-')[0].rstrip('0123456789')}-N' (e.g. 'head-2'), after the layer."
             raise AddressError(
-                f"cannot read {bad!r} in address {raw!r}: expected name[.layer][.head-H][.stream-S], "
+                f"cannot read {shown(bad)} in address {shown(raw)}: expected name[.layer][.head-H][.stream-S], "
                 f"e.g. 'resid_post.3', 'z.3.head-2', 'embeddings'.{hint}"
             )
         return cls(name, layer, head, stream)

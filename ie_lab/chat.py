@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .core.handles import as_lm
-from .errors import InputError, check_flag
+from .errors import InputError, check_flag, check_text
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,18 @@ def is_messages(x: Any) -> bool:
     return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(m, dict) for m in x)
 
 
+def _check_strings(x: Any, where: str, depth: int = 0) -> None:
+    """Every string of a message (its role, its content, a content part's text) is text a tokenizer can read."""
+    if isinstance(x, str):
+        check_text(x, where)
+    elif depth < 8 and isinstance(x, dict):
+        for k, v in x.items():
+            _check_strings(v, f"{where}'s {k}" if isinstance(k, str) and k.isidentifier() else where, depth + 1)
+    elif depth < 8 and isinstance(x, (list, tuple)):
+        for v in x:
+            _check_strings(v, where, depth + 1)
+
+
 def _check(lm: Any, messages: Sequence[dict]) -> Any:
     if (
         not isinstance(messages, (list, tuple))
@@ -41,6 +53,8 @@ def _check(lm: Any, messages: Sequence[dict]) -> Any:
             "messages must be a non-empty list of {'role': str, 'content': str} dicts, e.g. "
             "[{'role': 'user', 'content': 'Hello'}]."
         )
+    for i, m in enumerate(messages):
+        _check_strings(m, f"message {i}")
     tok = getattr(lm, "tokenizer", None)
     if tok is None:
         raise InputError(

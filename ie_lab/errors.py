@@ -44,7 +44,8 @@ class InputError(IELabError, ValueError):
 
 
 class RequestFailed(IELabError, RuntimeError):
-    """One request failed while the engine ran it (vLLM backend); the engine and other requests go on."""
+    """One request failed while it ran (a vLLM engine's request, an eager batch's row); the engine, the batch and the
+    other requests go on."""
 
 
 class StructureError(IELabError, RuntimeError):
@@ -80,6 +81,25 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     best = closest(word, choices)
     return f" Did you mean {best!r}?" if best else ""
+
+
+def shown(text: str, keep: int = 60) -> str:
+    """A user's string as a message shows it: its repr (control characters and lone surrogates escaped, so the
+    message prints anywhere), cut to `keep` characters, with its length said, when longer."""
+    return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text)} characters)"
+
+
+def check_text(text: str, what: str = "the text") -> None:
+    """Refuse text a tokenizer cannot read: a lone surrogate (half of a UTF-16 pair, e.g. from a file decoded with
+    errors='surrogateescape' or a JSON '\\ud800') is no character and has no UTF-8 form."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(
+            f"{what} holds a lone surrogate ({text[e.start]!r} at character {e.start}), which is no Unicode character "
+            "and has no UTF-8 form to tokenize: decode the text from its bytes with errors='replace' (or remove the "
+            "character) and pass it again."
+        ) from None
 
 
 def check_flag(name: str, value: object) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 
 from .arch.config_facts import UNBOUND_INSTEAD, ArchFacts, unbound_structure
 from .capabilities import LOAD_CAPABILITY, require
+from .core.files import check_folder, read_json
 from .eager.model import EagerModel, choose_attention
 from .errors import ArchitectureUnsupported, CapabilityUnsupported, InputError
 
@@ -130,7 +130,7 @@ def _json_in(src: str, filename: str) -> dict:
     path: str | None
     if os.path.isdir(src):
         path = os.path.join(src, filename)
-        path = path if os.path.isfile(path) else None
+        path = path if os.path.lexists(path) else None  # there but no regular file: read_json refuses it
     else:
         from transformers.utils import cached_file
 
@@ -145,8 +145,10 @@ def _json_in(src: str, filename: str) -> dict:
             path = None
     if not path:
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    got = read_json(path, f"the model's {filename}")
+    if not isinstance(got, dict):
+        raise InputError(f"{filename} of {src!r} holds a JSON {type(got).__name__}, not an object; it is damaged.")
+    return got
 
 
 def _tokenizer_code(src: str) -> str | None:
@@ -185,6 +187,8 @@ def _load_tokenizer(src: str, trust_remote_code: bool, asked: bool):
     """The tokenizer at `src`, or None where there is none (the load line says so); custom code only if trusted."""
     from transformers import AutoTokenizer
 
+    if os.path.isdir(src):
+        check_folder(src, "the tokenizer folder's")
     _refuse_tokenizer_code(src, trust_remote_code)
     if not asked and os.path.isdir(src) and not any(os.path.isfile(os.path.join(src, f)) for f in _TOKENIZER_FILES):
         return None
@@ -275,6 +279,7 @@ def load(
         raise InputError(f"no folder at {src!r}: check the path (it should hold config.json and *.safetensors).")
     if os.path.isdir(os.path.expanduser(src)):
         src = os.path.expanduser(src)
+        check_folder(src, "the model folder's")  # transformers opens its files: none may block or never end
         if not any(f.endswith(".safetensors") for f in os.listdir(src)):
             raise InputError(
                 f"{src!r} holds no .safetensors weights; ie_lab loads safetensors only "
@@ -339,6 +344,25 @@ def load(
     return lm
 
 
+def _check_weights(model: torch.nn.Module) -> None:
+    """Refuse, before anything touches it, a model object with no weights or with weights on the meta device."""
+    if next(model.parameters(), None) is None:
+        raise InputError(
+            f"the {type(model).__name__} object has no parameters, so it is no language model to run: pass a "
+            "transformers causal LM (AutoModelForCausalLM.from_pretrained(...)) or a folder or HF id."
+        )
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    meta = [name for name, t in tensors if t.is_meta]
+    if meta:
+        raise InputError(
+            f"{len(meta)} of the model's {len(tensors)} weights and buffers are on the meta device (e.g. {meta[0]}): "
+            "shapes without numbers, as a model built under torch.device('meta') or init_empty_weights is, or one a "
+            "device_map offloaded, so nothing can be computed. Load the real weights first (model.to_empty("
+            "device='cpu') then model.load_state_dict(...), or AutoModelForCausalLM.from_pretrained(path) without "
+            "offloading), or pass the folder or HF id to ie_lab.load / Session."
+        )
+
+
 def _load_object(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -356,6 +380,7 @@ def _load_object(
             f"call model.set_attn_implementation({attn_implementation!r}) yourself first, or load from the folder "
             f"or id with attn_implementation={attn_implementation!r}.",
         )
+    _check_weights(model)
     tokenizer = _check_tokenizer_arg(tokenizer, trust_remote_code)
     dev = pick_device(device)[0] if device is not None else None
     p = next(model.parameters())

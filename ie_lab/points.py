@@ -505,13 +505,13 @@ SINGLE_STREAM_NAMES: tuple[str, ...] = tuple(p.name for p in _POINTS if not p.mu
 
 def get(name: str) -> Point:
     """The registry entry for a point name; an AddressError with a suggestion otherwise."""
-    from .errors import AddressError, did_you_mean
+    from .errors import AddressError, did_you_mean, shown
 
     try:
         return REGISTRY[name]
     except KeyError:
         raise AddressError(
-            f"unknown point name {name!r}.{did_you_mean(name, NAMES)} Valid names: {', '.join(SINGLE_STREAM_NAMES)}"
+            f"unknown point name {shown(name)}.{did_you_mean(name[:100], NAMES)} Valid names: {', '.join(SINGLE_STREAM_NAMES)}"
             " (and, on multi-stream trunks, " + ", ".join(n for n in NAMES if n not in SINGLE_STREAM_NAMES) + ")."
         ) from None
 

@@ -17,7 +17,6 @@ that does not match the point.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from .address import Address
+from .core.files import checked_file, read_json
 from .core.projection_args import make_encoder, point_width
 from .errors import AddressError, InputError
 from .ops.projection import scores as encode_rows
@@ -137,7 +137,7 @@ class SAE:
 def _load_weights(path: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return load_file(path)
+    return load_file(checked_file(path, "the SAE's weights file", "tensors"))
 
 
 def _weights_file(folder: str) -> str:
@@ -186,10 +186,11 @@ def load_sae(path: Any, model: Any = None, *, address: Any = None, engine: str =
     cfg: dict = {}
     if os.path.isdir(path):
         cfg_path = os.path.join(path, "cfg.json")
-        if not os.path.exists(cfg_path):
+        if not os.path.lexists(cfg_path):
             raise InputError(f"{path}: no cfg.json; a SAELens folder holds cfg.json and sae_weights.safetensors.")
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
+        cfg = read_json(cfg_path, "the SAE's config")
+        if not isinstance(cfg, dict):
+            raise InputError(f"{cfg_path}: a SAELens cfg.json holds one JSON object, not a {type(cfg).__name__}.")
         weights = _load_weights(_weights_file(path))
     elif path.endswith(".safetensors"):
         weights = _load_weights(path)

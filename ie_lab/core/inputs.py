@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .. import chat
-from ..errors import InputError
+from ..errors import InputError, check_text
 
 
 def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -39,6 +39,8 @@ def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | 
         texts = [tokens_or_text] if isinstance(tokens_or_text, str) else list(tokens_or_text)
         if any(not t for t in texts):
             raise InputError("empty text: give at least one character to tokenize.")
+        for i, t in enumerate(texts):
+            check_text(t, "the text" if len(texts) == 1 else f"text {i}")
         if len(texts) > 1 and tok.pad_token_id is None:
             raise InputError(
                 "batching texts of different lengths needs a pad token, and this tokenizer has none: "

@@ -18,6 +18,7 @@ from ..errors import AddressError, InputError
 from ..ops.projection import ACTIVATIONS, Encoder
 from ..points import Width, width_of
 from .addresses import head_count
+from .files import checked_file
 
 SAE_KEYS = ("W_enc", "b_enc", "b_dec", "threshold")
 
@@ -66,11 +67,9 @@ def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
             f"directions={path!r}: only a .safetensors file is loaded (never a pickle); pass a "
             "tensor, a dict of tensors, or a path ending in .safetensors."
         )
-    if not os.path.isfile(path):
-        raise InputError(f"directions={path!r}: no such file.")
     from safetensors.torch import load_file
 
-    return load_file(str(path), device="cpu")
+    return load_file(checked_file(path, "directions=", "tensors"), device="cpu")
 
 
 def make_encoder(

@@ -41,7 +41,7 @@ from ..core.addresses import slice_head
 from ..core.inputs import str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.steer_spec import ForwardState, SteerSpec
-from ..errors import CapabilityUnsupported, InputError, StructureError
+from ..errors import CapabilityUnsupported, IELabError, InputError, RequestFailed, StructureError
 from .generate import (
     Plan,
     _cache_keyword,
@@ -197,6 +197,19 @@ def _first_error(reqs: list[Any]) -> BaseException | None:
     return next((e for e in errors if not isinstance(e, OperationCancelled)), errors[0] if errors else None)
 
 
+def _own(e: Exception, where: str) -> IELabError:
+    """A request's own failure as the error it raises: an ie_lab refusal as it is, anything else as RequestFailed
+    naming where it happened and what it was (the original chained as its cause)."""
+    if isinstance(e, IELabError):
+        return e
+    error = RequestFailed(
+        f"this request failed {where}: {type(e).__name__}: {e}. It alone ended; the session and the requests "
+        "batched with it run on. Fix what the error names (the steering spec, the arguments) and run it again."
+    )
+    error.__cause__ = e
+    return error
+
+
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
 
@@ -274,10 +287,17 @@ class Batcher:
                 joining: list[Request] = []
             else:
                 joining, self.pending = self.pending, []
-        if joining:  # a step of its own: a stream's driver then hands out its first token before running on
-            self._admit(joining)
-        elif self.rows:
-            self._decode()
+        try:
+            if joining:  # a step of its own: a stream's driver then hands out its first token before running on
+                self._admit(joining)
+            elif self.rows:
+                self._decode()
+        except Exception as e:  # noqa: BLE001 - the requests of this step end with it; the batcher serves on
+            # A failure no one request is to blame for (each request's own are contained where they happen): the
+            # cache may be half-updated, so this step's requests end with it and the next call starts a new batch.
+            rows, self.rows, self.cache, self.width = self.rows + joining, [], None, 0
+            self._unhook()
+            self._fail_all(rows, e)
 
     def _can_join(self) -> bool:
         if self._mergeable is None:
@@ -375,12 +395,15 @@ class Batcher:
                     lm.hf(input_ids=ids, attention_mask=mask, **kwargs)
         except Exception as e:  # noqa: BLE001 - each request of the forward ends with it
             for c in group:
-                c.error, c.finished = (OperationCancelled("interrupted") if c.cancelled else e), True
+                if not c.finished:
+                    c.error, c.finished = (OperationCancelled("interrupted") if c.cancelled else e), True
             return
         finally:
             self._at = {}
             self.in_forward = []
         for i, (c, n) in enumerate(zip(group, lens)):
+            if c.finished:  # its own steering hook failed in the forward (the others' rows are sound)
+                continue
             got: dict[Address, torch.Tensor] = {}
             for a in c.addrs:
                 parts = taps.collected.get(a.without_head(), [])
@@ -511,7 +534,7 @@ class Batcher:
             self._fail_all(reqs, e)
             raise
         for i, r in enumerate(reqs):
-            r.next_token = self._choose(r, logits[i])
+            self._next(r, logits[i])
         staying = [i for i, r in enumerate(reqs) if not r.finished]
         if not staying:
             return
@@ -550,10 +573,12 @@ class Batcher:
         self.width += 1
         keep = []
         for i, r in enumerate(rows):
+            if r.finished:  # failed in this forward (its own hook raised): its row leaves
+                continue
             if r.draining is not None:
                 self._finish(r, r.draining)
                 continue
-            r.next_token = self._choose(r, logits[i])
+            self._next(r, logits[i])
             if not r.finished:
                 keep.append(i)
         if len(keep) < len(rows):
@@ -628,10 +653,17 @@ class Batcher:
 
         def apply(h: torch.Tensor, offset: int) -> torch.Tensor:
             r = self._at.get(id(req))
-            if r is None:
+            if r is None or req.finished:
+                return h
+            try:
+                row = edit(h[r : r + 1], offset).to(h.dtype)
+            except Exception as e:  # noqa: BLE001 - its own steering failed: only this request ends with it
+                # The forward goes on for the others (rows never read each other); this row runs unsteered to
+                # the end of the forward and then leaves the batch.
+                self._hook_failed(req, spec, e)
                 return h
             out = h.clone()
-            out[r : r + 1] = edit(h[r : r + 1], offset).to(h.dtype)
+            out[r : r + 1] = row
             return out
 
         return apply
@@ -642,7 +674,7 @@ class Batcher:
         got = {base: parts[-1] for base, parts in self._taps.collected.items() if parts}
         self._taps.collected.clear()
         for i, r in enumerate(reqs):
-            if not r.plan.addrs:
+            if not r.plan.addrs or r.finished:
                 continue
             drop = max(r.pad - offset, 0)  # pad queries of this forward
             for a in dict.fromkeys(a.without_head() for a in r.plan.addrs):
@@ -678,10 +710,27 @@ class Batcher:
             self.width -= cut
 
     # ---- per request ---------------------------------------------------------------------------------
+    def _next(self, r: Request, row_logits: torch.Tensor) -> None:
+        """Choose r's next token; whatever fails there (logits that cannot be sampled, ...) ends r alone."""
+        if r.finished:  # failed in the forward that made these logits (its own steering hook raised)
+            return
+        try:
+            r.next_token = self._choose(r, row_logits)
+        except Exception as e:  # noqa: BLE001 - its own step: the batch's other requests run on
+            self._fail(r, _own(e, f"at step {len(r.generated)} of this request"))
+
+    def _hook_failed(self, req: Request | CaptureRequest, spec: SteerSpec, e: Exception) -> None:
+        where = f"at step {len(req.generated)} of this request" if isinstance(req, Request) else "in this capture"
+        error = _own(e, f"in its steering hook ({spec!r}) {where}")
+        if isinstance(req, Request):
+            self._fail(req, error)
+        else:
+            req.error, req.finished = error, True
+
     def _choose(self, r: Request, row_logits: torch.Tensor) -> int:
         """The request's next token from its row's logits, its step, and whether it ends here."""
         p = r.plan
-        token_id = _choose(row_logits, r.temperature, r.top_k, r.top_p, r.gen)
+        token_id = _choose(row_logits, r.temperature, r.top_k, r.top_p, r.gen, len(r.generated), bool(p.specs))
         r.generated.append(token_id)
         i = len(r.generated) - 1
         step = make_step(self.lm, i, token_id, row_logits, r.n_logprobs, False, r.index)

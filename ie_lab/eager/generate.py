@@ -26,7 +26,7 @@ from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.sampling import check_generation_args
 from ..core.steer_spec import ForwardState, SteerSpec, check_positions_fit, issued_specs
-from ..errors import CapabilityUnsupported, InputError
+from ..errors import CapabilityUnsupported, InputError, RequestFailed
 from .model import lm_of
 from .steer import running
 from .steer_hooks import steering
@@ -47,9 +47,32 @@ def _eos_ids(lm: Any) -> set[int]:
     return out
 
 
+def non_finite(step: int, steered: bool) -> RequestFailed:
+    """The refusal of a sampled step whose logits hold a nan or an inf: there is no distribution to draw from."""
+    if steered:
+        return RequestFailed(
+            f"steering made the logits non-finite (nan or inf) at step {step} of this request, so there is no "
+            "distribution to sample from; lower the steering scale (or the vector's norm), or steer fewer "
+            "positions or layers."
+        )
+    return RequestFailed(
+        f"the model's logits were non-finite (nan or inf) at step {step} of this request, so there is no "
+        "distribution to sample from; check the model's weights and dtype (float16 overflows where bfloat16 or "
+        "float32 does not)."
+    )
+
+
 def _choose(
-    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, gen: torch.Generator | None
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    gen: torch.Generator | None,
+    step: int = 0,
+    steered: bool = False,
 ) -> int:
+    """The next token: the argmax when greedy, else a draw from the tempered, cut distribution (a non-finite one
+    is refused as `non_finite`, naming the step)."""
     if temperature == 0.0:
         return int(logits.argmax())
     # Shift by the maximum and divide in float64: a tiny temperature then sends every other logit to -inf
@@ -65,6 +88,8 @@ def _choose(
         drop = cum - torch.softmax(sorted_x, -1) >= top_p  # keep the smallest prefix reaching top_p
         x = x.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     probs = torch.softmax(x, -1)
+    if not bool(torch.isfinite(probs).all()):  # a nan anywhere, an inf maximum, or every logit -inf
+        raise non_finite(step, steered)
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))
 
 
@@ -416,7 +441,7 @@ def generate_stream(
             finishing: set[int] = set()
             chosen = {}
             for r in active:
-                token_id = _choose(logits[r], temperature, top_k, top_p, gens[r])
+                token_id = _choose(logits[r], temperature, top_k, top_p, gens[r], i, bool(p.specs))
                 generated[r].append(token_id)
                 nxt[r] = token_id
                 chosen[r] = token_id

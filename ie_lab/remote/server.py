@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..capabilities import CAPABILITIES
+from ..core.files import read_bytes
 from ..errors import IELabError, InputError, RequestFailed
 from ..session import Session
 from .ops import OPS, ArgError
@@ -116,9 +117,8 @@ class Tokens:
             return
         if stamp != self._stamp:
             try:
-                with open(self.path, encoding="utf-8") as f:
-                    users = self._parse(f.read(), self.path)
-            except (OSError, UnicodeDecodeError) as e:
+                users = self._parse(read_bytes(self.path, "the tokens file", "text").decode("utf-8"), self.path)
+            except (OSError, UnicodeDecodeError, InputError) as e:  # a FIFO or a huge file is refused, never read
                 print(
                     f"ie-lab serve: cannot read {self.path}: {e}; no file token is valid until it can be read.",
                     file=sys.stderr,

@@ -22,6 +22,7 @@ import torch
 import traitlets
 
 from ..address import Address
+from ..core.files import checked_file
 from ..errors import AddressError, IELabError, InputError
 from ..ops.steering import METHODS
 from ..points import all_points
@@ -51,7 +52,7 @@ def _load_vector(vector: Any, address: Address) -> tuple[torch.Tensor, str]:
     from ..cache import Cache
 
     if isinstance(vector, (str, os.PathLike)):
-        path = os.fspath(vector)
+        path = checked_file(vector, "vector=", "vector")
         if path.endswith(".npy"):
             import numpy as np
 
