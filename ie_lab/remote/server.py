@@ -218,6 +218,29 @@ class Server:
         self.refused = 0  # requests without a valid token
         self.cancelled = 0  # operations stopped because their client went away
         self.per_user: dict[str, int] = {}
+        self.forwards: int | None = None  # forward passes the served model ran (eager: counted at its embedding)
+        self._forwards_lock = threading.Lock()
+        self._count_forwards()
+
+    def _count_forwards(self) -> None:
+        """Count every forward of the served model, so that /v1/stats shows that a refused request ran none. On
+        eager: a pre-hook on the input embedding, which every forward (a capture, a decode step, a sweep's cell)
+        passes; vLLM's model lives in its engine, so its count stays None."""
+        if self.session.backend != "eager":
+            return
+        try:
+            embedding = self.session.model.get_input_embeddings()
+        except (AttributeError, NotImplementedError):
+            return
+        if not isinstance(embedding, torch.nn.Module):
+            return
+
+        def count(module: Any, args: Any) -> None:
+            with self._forwards_lock:
+                self.forwards = (self.forwards or 0) + 1
+
+        self.forwards = 0
+        embedding.register_forward_pre_hook(count)
 
     # ---- requests ------------------------------------------------------------------------------------
     async def body(self, request: Request) -> bytes:
@@ -512,6 +535,7 @@ def build_app(server: Server) -> FastAPI:
                 "running": server.running,
                 "refused": server.refused,
                 "cancelled": server.cancelled,
+                "forwards": server.forwards,
             }
         )
 
