@@ -2,10 +2,12 @@
 
 The API is the closed list of operations in ops.py, each argument checked there; bodies are wire.py frames
 (JSON + safetensors, never pickle). Every request needs a bearer token from the tokens file (re-read when it
-changes, so adding or revoking a user needs no restart) or the environment; without a valid one the answer is
-401 and nothing runs. Per-request limits (new tokens, tensor bytes, concurrent requests per user, time) refuse
-with the limit's name. A client that goes away (a closed connection, an interrupted cell) cancels its
-operation: the Session's own cancellation, the same as an interrupt in a local notebook.
+changes, so adding or revoking a user needs no restart) or the environment; without a valid one the
+answer is 401 and nothing runs. Per-request limits (new tokens, tokens run, tensor bytes, concurrent requests per
+user, time) refuse with the limit's name; every cost a request states (its tokens, the shapes of its answer) is
+counted from its arguments and refused before the model runs (costs.py). A client that goes away (a closed
+connection, an interrupted cell) cancels its operation: the Session's own cancellation, the same as an interrupt
+in a local notebook.
 
 Concurrency is the Session's: on eager, requests queue behind its lock; on vLLM, concurrent requests batch in
 the engine as local ones do.
@@ -32,6 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..capabilities import CAPABILITIES
 from ..errors import IELabError, InputError, RequestFailed
 from ..session import Session
+from .costs import Costs
 from .ops import OPS, ArgError
 from .server_defaults import DEFAULTS
 from .wire import (
@@ -66,6 +69,7 @@ class Limits:
     """Per-request limits; each refusal names its field (which is also the command's --option)."""
 
     max_new_tokens: int = DEFAULTS["max_new_tokens"][1][0]
+    max_request_tokens: int = DEFAULTS["max_request_tokens"][1][0]  # prompt tokens + new tokens, over all prompts
     max_capture_bytes: int = DEFAULTS["max_capture_bytes"][1][0]
     max_concurrent: int = DEFAULTS["max_concurrent"][1][0]  # requests running at once per user
     request_timeout: float = DEFAULTS["request_timeout"][1][0]  # seconds, a stream's whole length included
@@ -146,11 +150,27 @@ class Tokens:
             return len(self._users)
 
 
+# How to ask for a smaller answer, per operation (the fix a max_capture_bytes refusal names).
+_SMALLER = {
+    "capture": "capture fewer points or send fewer or shorter prompts per request",
+    "gradients": "ask for fewer addresses or send fewer or shorter prompts per request",
+    "generate": "capture fewer points, ask for fewer new tokens or prompts, or pass keep_logits=False",
+    "generate_stream": "capture fewer points, ask for fewer new tokens or prompts, or pass keep_logits=False",
+    "attention": "ask for fewer layers (layers=[...]) or send a shorter prompt",
+    "logit_lens": "pass keep_logits=False, ask for fewer layers, or send a shorter prompt",
+    "project": "project onto fewer directions, or send a shorter prompt",
+}
+
+
 def _status(e: BaseException) -> int:
     if isinstance(e, LimitExceeded):
-        return {"max_capture_bytes": 413, "max_request_bytes": 413, "max_concurrent": 429, "request_timeout": 504}.get(
-            e.limit, 400
-        )
+        return {
+            "max_capture_bytes": 413,
+            "max_request_bytes": 413,
+            "max_request_tokens": 413,
+            "max_concurrent": 429,
+            "request_timeout": 504,
+        }.get(e.limit, 400)
     if isinstance(e, IELabError):
         return 400
     return 500
@@ -213,11 +233,12 @@ class Server:
 
     def __init__(self, session: Session, tokens: Tokens, limits: Limits, model_name: str):
         self.session, self.tokens, self.limits, self.model_name = session, tokens, limits, model_name
-        self.operations = 0  # operations started (after the token and the arguments were accepted)
-        self.running = 0  # operations in flight now
+        self.operations = 0  # operations started (after the token, the arguments and their costs were accepted)
+        self.running = 0  # requests holding a slot now (their operation in flight, or its costs being counted)
         self.refused = 0  # requests without a valid token
         self.cancelled = 0  # operations stopped because their client went away
         self.per_user: dict[str, int] = {}
+        self.costs = Costs(session.facts, session.tokenizer, session._lm.dtype)
         self.forwards: int | None = None  # forward passes the served model ran (eager: counted at its embedding)
         self._forwards_lock = threading.Lock()
         self._count_forwards()
@@ -303,6 +324,34 @@ class Server:
             kwargs["steer"] = [self.steer_spec(p) for p in kwargs["steer"]]
         return args, kwargs
 
+    async def admit(self, name: str, args: list, kwargs: dict) -> None:
+        """Refuse a request whose costs, counted from its arguments (costs.py), are over a limit: before the
+        Session sees it, so an oversized request never holds the model. Prompts are tokenized off the event loop,
+        so a long one never stalls other users' requests."""
+        cost = await asyncio.to_thread(self.costs.of, name, args, kwargs, OPS[name].params)
+        generation = OPS[name].tokens is not None
+        if cost.tokens > self.limits.max_request_tokens:
+            raise LimitExceeded(
+                "max_request_tokens",
+                self.limits.max_request_tokens,
+                cost.tokens,
+                "tokens to run through the model (its prompts' tokens"
+                + (", plus the new tokens it asks for, times its prompts" if generation else "")
+                + (", once per cell of the sweep" if name == "patch_sweep" else "")
+                + ")",
+                "send fewer or shorter prompts per request (split a batch over several requests)"
+                + (", or ask for fewer new tokens" if generation else "")
+                + (", or sweep fewer layers (layers=[...])" if name == "patch_sweep" else ""),
+            )
+        if cost.bytes > self.limits.max_capture_bytes:
+            raise LimitExceeded(
+                "max_capture_bytes",
+                self.limits.max_capture_bytes,
+                cost.bytes,
+                "bytes of tensors in its answer (counted from the shapes it will produce)",
+                _SMALLER.get(name, "send fewer or shorter prompts per request"),
+            )
+
     async def call(self, name: str, args: list, kwargs: dict) -> Any:
         s = self.session
         if name == "describe":
@@ -361,7 +410,6 @@ class Server:
                 "wait for your running requests to finish",
             )
         self.per_user[user] = n + 1
-        self.operations += 1
         self.running += 1
         held = [True]
 
@@ -555,7 +603,9 @@ def build_app(server: Server) -> FastAPI:
             args, kwargs = server.prepare(
                 name, decode_frame(body, results=False, limit=server.limits.max_request_bytes)
             )
-            release = server.slot(user)
+            release = server.slot(user)  # before the costs are counted: at most max_concurrent at once per user
+            await server.admit(name, args, kwargs)
+            server.operations += 1
             if OPS[name].stream:
                 held, release = release, None  # the stream gives it back when it ends
                 return await server.stream(
