@@ -374,6 +374,69 @@ def test_tokens_are_revoked_and_added_without_a_restart(server, tokens, tokens_f
         carol.close()
 
 
+def _tokens_module():
+    from ie_lab.remote import server as served
+
+    return served
+
+
+def test_a_tokens_file_takes_name_token_lines_only_and_refuses_a_malformed_one_whole(tmp_path):
+    served = _tokens_module()
+    good = secrets.token_urlsafe(32)  # 43 characters
+    path = tmp_path / "tokens"
+    path.write_text(f"# users\n\nalice {good}  # a comment after the token\n   \n")
+    assert served.Tokens(str(path)).user(f"Bearer {good}") == "alice"
+    malformed = {
+        "a name alone": ("alice\n", 1, "NAME TOKEN"),
+        "a token alone": (f"# users\n{good}\n", 2, "NAME TOKEN"),
+        "a short token": (f"bob {good}\nalice {good[:31]}\n", 2, "32"),
+        "three fields": (f"alice {good} extra\n", 1, "NAME TOKEN"),
+        "the environment's form": (f"alice:{good}\n", 1, "space"),
+        "one token for two users": (f"alice {good}\nbob {good}\n", 2, "line 1"),
+    }
+    for what, (text, line, hint) in malformed.items():
+        path.write_text(text)
+        with pytest.raises(InputError) as e:
+            served.Tokens(str(path))
+        message = str(e.value)
+        assert f"{path} line {line}:" in message and hint in message, (what, message)
+        assert "secrets.token_urlsafe(32)" in message, (what, message)  # the fix: how to make a token
+    for env, hint in (
+        (good, "name:token"),
+        (f"alice:{good[:20]}", "32"),
+        (f"alice:{good},bob", "name:token"),
+    ):
+        with pytest.raises(InputError, match=f"{served.TOKENS_ENV}.*{hint}"):
+            served.Tokens(None, env)
+    assert served.Tokens(None, f"alice:{good}").user(f"Bearer {good}") == "alice"
+
+
+def test_the_tokens_file_is_read_again_when_its_content_changes_whatever_its_stamp(tmp_path, capsys):
+    served = _tokens_module()
+    path = tmp_path / "tokens"
+    old, new = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    path.write_text(f"alice {old}\n")
+    tokens = served.Tokens(str(path))
+    assert tokens.user(f"Bearer {old}") == "alice"
+    stamp = os.stat(path)
+
+    def edit(text: str) -> None:  # the same size, the same file, the modification time put back
+        assert len(text) == stamp.st_size
+        path.write_text(text)
+        os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        assert os.stat(path).st_mtime_ns == stamp.st_mtime_ns and os.stat(path).st_ino == stamp.st_ino
+
+    edit(f"alice {new}\n")
+    assert tokens.user(f"Bearer {new}") == "alice"
+    assert tokens.user(f"Bearer {old}") is None  # revoked, although the file's stamp never moved
+    # a malformed edit on a running server: no token of the file is valid until it is fixed, and the log says why
+    edit("a" * (stamp.st_size - 1) + "\n")  # one field: a name, or a token, alone
+    assert tokens.user(f"Bearer {new}") is None and tokens.user(f"Bearer {old}") is None
+    assert f"{path} line 1:" in capsys.readouterr().err
+    edit(f"alice {old}\n")
+    assert tokens.user(f"Bearer {old}") == "alice"
+
+
 def test_limits_refuse_naming_the_limit(server, remote, local, tokens):
     before = stats(server, tokens["alice"])
     with pytest.raises(InputError, match=f"max_new_tokens={MAX_NEW}"):
@@ -751,18 +814,28 @@ def test_a_restarted_server_is_reached_by_the_next_call(tokens_file, tokens, loc
         first.stop()
 
 
-def test_serve_refuses_to_start_without_tokens_and_warns_off_loopback(tmp_path, tokens_file):
-    empty = tmp_path / "none"
-    empty.write_text("# nobody yet\nshort tooshort\n")
+def test_serve_refuses_to_start_without_tokens_and_warns_off_loopback(tmp_path, tokens_file, capsys, monkeypatch):
+    monkeypatch.delenv("IE_LAB_SERVE_TOKENS", raising=False)
+    bad = tmp_path / "bad"
+    bad.write_text("# nobody yet\nshort tooshort\n")
     r = subprocess.run(
-        [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--tokens-file", str(empty)],
+        [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--tokens-file", str(bad)],
         cwd=ROOT,
         env=_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert r.returncode == 2 and "no usable token" in r.stderr and "shorter than 16" in r.stderr
+    assert r.returncode == 2 and f"{bad} line 2:" in r.stderr and "32 characters" in r.stderr, r.stderr
+    # a file of comments only: no usable token (the command's own check, before any model is loaded)
+    import argparse
+
+    from ie_lab.remote.server import serve
+
+    empty = tmp_path / "none"
+    empty.write_text("# nobody yet\n")
+    assert serve(argparse.Namespace(tokens_file=str(empty), host="127.0.0.1")) == 2
+    assert "no usable token" in capsys.readouterr().err
     s = Server(tokens_file, 0, "--host", "127.0.0.2")  # off the default address (still loopback): the warning
     try:
         pass

@@ -1,8 +1,8 @@
 """`ie-lab serve`: one Session behind an HTTP API (FastAPI on uvicorn), for notebooks on other machines.
 
 The API is the closed list of operations in ops.py, each argument checked there; bodies are wire.py frames
-(JSON + safetensors, never pickle). Every request needs a bearer token from the tokens file (re-read when it
-changes, so adding or revoking a user needs no restart) or the environment; without a valid one the
+(JSON + safetensors, never pickle). Every request needs a bearer token from the tokens file (re-read when its
+content changes, so adding or revoking a user needs no restart) or the environment; without a valid one the
 answer is 401 and nothing runs. Per-request limits (new tokens, tokens run, tensor bytes, concurrent requests per
 user, time) refuse with the limit's name; every cost a request states (its tokens, the shapes of its answer) is
 counted from its arguments and refused before the model runs (costs.py). A client that goes away (a closed
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import os
 import struct
@@ -61,7 +62,7 @@ from .wire import decode as decode_frame
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TOKENS_ENV = "IE_LAB_SERVE_TOKENS"  # "alice:TOKEN,bob:TOKEN", for a server started without a tokens file
-MIN_TOKEN = 16  # characters: a shorter token is guessable, and is skipped with a warning
+MIN_TOKEN = 32  # characters: a shorter token is guessable, and refuses the file that holds it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,59 +77,133 @@ class Limits:
     max_request_bytes: int = DEFAULTS["max_request_bytes"][1][0]
 
 
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
 class Tokens:
-    """Bearer tokens, one per user: `NAME TOKEN` per line of the file (# starts a comment), re-read whenever the
-    file changes; or TOKENS_ENV. A token is compared in constant time against every known one."""
+    """Bearer tokens, one per user: `NAME TOKEN` per line of the file (`#` starts a comment, blank lines are
+    skipped), or TOKENS_ENV's `name:token,name:token`. A token has at least MIN_TOKEN visible ASCII characters and
+    belongs to one user; a line that is not that refuses the whole file, naming the line (at start the server
+    does not start; on a running server no token of the file is valid until it is fixed). The file is read again
+    on every request and parsed again whenever its content changes (its hash: an edit that keeps the file's size
+    and modification time still counts), so adding or revoking a user needs no restart. A token is compared in
+    constant time against every known one."""
 
     def __init__(self, path: str | None, env: str | None = None):
         self.path = path
         self._lock = threading.Lock()
-        self._stamp: Any = None
+        self._digest: bytes | None = None
         self._users: list[tuple[str, bytes]] = []
-        self._env = self._parse((env or "").replace(",", "\n").replace(":", " "), TOKENS_ENV) if env else []
-        self._reload()
+        self._env = self._parse_env(env) if env else []
+        self._reload(strict=True)
+
+    @staticmethod
+    def _malformed(where: str, problem: str) -> InputError:
+        return InputError(
+            f"{where}: {problem}. Each line of a tokens file is 'NAME TOKEN': a name, a space, then a token of "
+            f"{MIN_TOKEN} or more visible ASCII characters that no other line holds ('#' starts a comment); make a "
+            f"token with: {MAKE_TOKEN}. Every token of the file is refused until the line is fixed."
+        )
+
+    @staticmethod
+    def _token(where: str, name: str, tok: str) -> bytes:
+        if len(tok) < MIN_TOKEN:
+            raise Tokens._malformed(
+                where, f"the token of {name!r} is {len(tok)} characters, shorter than {MIN_TOKEN} characters"
+            )
+        if not all(33 <= ord(c) <= 126 for c in tok):
+            raise Tokens._malformed(where, f"the token of {name!r} holds a character other than visible ASCII")
+        return tok.encode()
 
     @staticmethod
     def _parse(text: str, where: str) -> list[tuple[str, bytes]]:
-        users = []
+        users: list[tuple[str, bytes]] = []
+        seen: dict[bytes, int] = {}
         for n, line in enumerate(text.splitlines(), 1):
             line = line.split("#", 1)[0].strip()
             if not line:
                 continue
+            at = f"{where} line {n}"
             parts = line.split()
-            name, tok = (parts[0], parts[1]) if len(parts) >= 2 else (f"user{n}", parts[0])
-            if len(tok) < MIN_TOKEN:
-                print(
-                    f"ie-lab serve: {where} line {n}: the token of {name!r} is shorter than {MIN_TOKEN} "
-                    "characters and is ignored (make one with: python -c 'import secrets; print(secrets."
-                    "token_urlsafe(32))').",
-                    file=sys.stderr,
+            if len(parts) != 2:
+                what = (
+                    "one field, 'NAME:TOKEN' (the environment's form: the file takes a space between them)"
+                    if len(parts) == 1 and ":" in parts[0]
+                    else "one field alone (a name without a token, or a token without a name)"
+                    if len(parts) == 1
+                    else f"{len(parts)} fields"
                 )
+                raise Tokens._malformed(at, f"the line holds {what}, not 'NAME TOKEN'")
+            name, tok = parts
+            key = Tokens._token(at, name, tok)
+            if key in seen:
+                raise Tokens._malformed(at, f"the token of {name!r} is the one on line {seen[key]} too")
+            seen[key] = n
+            users.append((name, key))
+        return users
+
+    @staticmethod
+    def _parse_env(env: str) -> list[tuple[str, bytes]]:
+        users: list[tuple[str, bytes]] = []
+        for i, item in enumerate((x.strip() for x in env.split(",")), 1):
+            if not item:
                 continue
+            name, sep, tok = item.partition(":")
+            at = f"${TOKENS_ENV} item {i}"
+            if not sep or not name.strip() or not tok.strip() or len(item.split()) != 1:
+                raise InputError(
+                    f"{at} is not 'name:token' (it is not shown here: it may be a secret). {TOKENS_ENV} holds "
+                    "'name:token,name:token' "
+                    f"(tokens of {MIN_TOKEN}+ visible ASCII characters; make one with: {MAKE_TOKEN})."
+                )
+            if len(tok) < MIN_TOKEN or not all(33 <= ord(c) <= 126 for c in tok):
+                raise InputError(
+                    f"{at}: the token of {name!r} is not {MIN_TOKEN}+ visible ASCII characters. {TOKENS_ENV} "
+                    f"holds 'name:token,name:token'; make a token with: {MAKE_TOKEN}."
+                )
             users.append((name, tok.encode()))
         return users
 
-    def _reload(self) -> None:
+    def _reload(self, strict: bool = False) -> None:
+        """Read the file; parse it again if its content changed. strict (at start): refuse rather than log."""
         if self.path is None:
             self._users = self._env
             return
         try:
-            st = os.stat(self.path)
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            self._stamp, self._users = None, self._env  # the file is gone: its users are revoked
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            if strict:
+                raise InputError(f"no tokens file at {self.path}: write 'NAME TOKEN' lines there.") from None
+            self._digest, self._users = None, self._env  # the file is gone: its users are revoked
             return
-        if stamp != self._stamp:
-            try:
-                with open(self.path, encoding="utf-8") as f:
-                    users = self._parse(f.read(), self.path)
-            except (OSError, UnicodeDecodeError) as e:
+        except OSError as e:
+            if strict:
+                raise InputError(f"cannot read the tokens file {self.path}: {e}.") from None
+            if self._digest != b"unreadable":
                 print(
                     f"ie-lab serve: cannot read {self.path}: {e}; no file token is valid until it can be read.",
                     file=sys.stderr,
+                    flush=True,
                 )
-                users = []
-            self._stamp, self._users = stamp, users + self._env
+            self._digest, self._users = b"unreadable", self._env
+            return
+        digest = hashlib.sha256(data).digest()
+        if digest == self._digest:
+            return
+        self._digest = digest
+        try:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{self.path} is not UTF-8 text ({e}).") from None
+            users = self._parse(text, self.path)
+        except InputError as e:
+            if strict:
+                raise
+            print(f"ie-lab serve: {e}", file=sys.stderr, flush=True)  # once per content: the digest is kept
+            users = []
+        self._users = users + self._env
 
     def user(self, header: str | None) -> str | None:
         """The user a request's Authorization header names, or None."""
@@ -633,7 +708,11 @@ def serve(args: Any) -> int:
     """`ie-lab serve` (its options: command.py)."""
     from ..core.demo import DEMO_MODEL
 
-    tokens = Tokens(args.tokens_file, os.environ.get(TOKENS_ENV))
+    try:
+        tokens = Tokens(args.tokens_file, os.environ.get(TOKENS_ENV))
+    except InputError as e:  # a malformed line, a short token: the message names the line and the fix
+        print(f"ie-lab serve: {e}", file=sys.stderr)
+        return 2
     if tokens.count() == 0:
         print(
             f"ie-lab serve: no usable token: write 'NAME TOKEN' lines (tokens of {MIN_TOKEN}+ characters) to a file "
