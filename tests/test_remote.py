@@ -816,25 +816,17 @@ def test_a_restarted_server_is_reached_by_the_next_call(tokens_file, tokens, loc
 
 def test_serve_refuses_to_start_without_tokens_and_warns_off_loopback(tmp_path, tokens_file, capsys, monkeypatch):
     monkeypatch.delenv("IE_LAB_SERVE_TOKENS", raising=False)
+    from ie_lab.cli import main
+
+    # the command itself, in this process: each refusal comes before any model is loaded
     bad = tmp_path / "bad"
     bad.write_text("# nobody yet\nshort tooshort\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--tokens-file", str(bad)],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 2 and f"{bad} line 2:" in r.stderr and "32 characters" in r.stderr, r.stderr
-    # a file of comments only: no usable token (the command's own check, before any model is loaded)
-    import argparse
-
-    from ie_lab.remote.server import serve
-
+    assert main(["serve", "demo", "--tokens-file", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad} line 2:" in err and "32 characters" in err and "token_urlsafe(32)" in err, err
     empty = tmp_path / "none"
-    empty.write_text("# nobody yet\n")
-    assert serve(argparse.Namespace(tokens_file=str(empty), host="127.0.0.1")) == 2
+    empty.write_text("# nobody yet\n")  # comments only: no usable token
+    assert main(["serve", "demo", "--tokens-file", str(empty)]) == 2
     assert "no usable token" in capsys.readouterr().err
     s = Server(tokens_file, 0, "--host", "127.0.0.2")  # off the default address (still loopback): the warning
     try:
