@@ -39,6 +39,7 @@ USERS = ["alice", "bob", "carol"] + [f"c{i}" for i in range(CLIENTS)]
 MAX_NEW = 120
 CAPTURE_LIMIT = 3_000_000  # bytes: room for every ordinary call below, not for the oversized capture
 REQUEST_LIMIT = 1_000_000  # bytes of one request body
+TOKEN_LIMIT = 65536  # tokens one request may run (--max-request-tokens, left at its default)
 STEP_LIMIT = 40  # polls of the server's counters (each after a short sleep) before giving up; no timing asserted
 
 
@@ -373,6 +374,69 @@ def test_tokens_are_revoked_and_added_without_a_restart(server, tokens, tokens_f
         carol.close()
 
 
+def _tokens_module():
+    from ie_lab.remote import server as served
+
+    return served
+
+
+def test_a_tokens_file_takes_name_token_lines_only_and_refuses_a_malformed_one_whole(tmp_path):
+    served = _tokens_module()
+    good = secrets.token_urlsafe(32)  # 43 characters
+    path = tmp_path / "tokens"
+    path.write_text(f"# users\n\nalice {good}  # a comment after the token\n   \n")
+    assert served.Tokens(str(path)).user(f"Bearer {good}") == "alice"
+    malformed = {
+        "a name alone": ("alice\n", 1, "NAME TOKEN"),
+        "a token alone": (f"# users\n{good}\n", 2, "NAME TOKEN"),
+        "a short token": (f"bob {good}\nalice {good[:31]}\n", 2, "32"),
+        "three fields": (f"alice {good} extra\n", 1, "NAME TOKEN"),
+        "the environment's form": (f"alice:{good}\n", 1, "space"),
+        "one token for two users": (f"alice {good}\nbob {good}\n", 2, "line 1"),
+    }
+    for what, (text, line, hint) in malformed.items():
+        path.write_text(text)
+        with pytest.raises(InputError) as e:
+            served.Tokens(str(path))
+        message = str(e.value)
+        assert f"{path} line {line}:" in message and hint in message, (what, message)
+        assert "secrets.token_urlsafe(32)" in message, (what, message)  # the fix: how to make a token
+    for env, hint in (
+        (good, "name:token"),
+        (f"alice:{good[:20]}", "32"),
+        (f"alice:{good},bob", "name:token"),
+    ):
+        with pytest.raises(InputError, match=f"{served.TOKENS_ENV}.*{hint}"):
+            served.Tokens(None, env)
+    assert served.Tokens(None, f"alice:{good}").user(f"Bearer {good}") == "alice"
+
+
+def test_the_tokens_file_is_read_again_when_its_content_changes_whatever_its_stamp(tmp_path, capsys):
+    served = _tokens_module()
+    path = tmp_path / "tokens"
+    old, new = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    path.write_text(f"alice {old}\n")
+    tokens = served.Tokens(str(path))
+    assert tokens.user(f"Bearer {old}") == "alice"
+    stamp = os.stat(path)
+
+    def edit(text: str) -> None:  # the same size, the same file, the modification time put back
+        assert len(text) == stamp.st_size
+        path.write_text(text)
+        os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        assert os.stat(path).st_mtime_ns == stamp.st_mtime_ns and os.stat(path).st_ino == stamp.st_ino
+
+    edit(f"alice {new}\n")
+    assert tokens.user(f"Bearer {new}") == "alice"
+    assert tokens.user(f"Bearer {old}") is None  # revoked, although the file's stamp never moved
+    # a malformed edit on a running server: no token of the file is valid until it is fixed, and the log says why
+    edit("a" * (stamp.st_size - 1) + "\n")  # one field: a name, or a token, alone
+    assert tokens.user(f"Bearer {new}") is None and tokens.user(f"Bearer {old}") is None
+    assert f"{path} line 1:" in capsys.readouterr().err
+    edit(f"alice {old}\n")
+    assert tokens.user(f"Bearer {old}") == "alice"
+
+
 def test_limits_refuse_naming_the_limit(server, remote, local, tokens):
     before = stats(server, tokens["alice"])
     with pytest.raises(InputError, match=f"max_new_tokens={MAX_NEW}"):
@@ -393,6 +457,117 @@ def test_limits_refuse_naming_the_limit(server, remote, local, tokens):
         stats(server, tokens["alice"])["running"] == 0
         and stats(server, tokens["alice"])["operations"] > before["operations"]
     )
+
+
+# Requests over a limit that a client can state in a few bytes: each would run the model for seconds (or run it,
+# then be refused for its answer's size) if the server checked it after the work. (op, body, the limit it is over)
+IDS = list(range(5, 125))  # 120 token ids
+BIG = [f"{p}.{L}" for p in ("attn_probs", "attn_scores", "mlp_act", "mlp_pre") for L in range(4)]  # ~3.8 MB at 120
+OVER_LIMIT = {
+    # 520 prompts of 128 tokens: 66560 tokens in one capture (each prompt within the model's context)
+    "tokens summed over a batch": (
+        "capture",
+        encode({"args": [torch.randint(5, 1000, (520, 128)), "resid_post.0"], "kwargs": {}}),
+        "max_request_tokens",
+    ),
+    # 600 one-token prompts x 110 new tokens: within max_new_tokens per prompt, 66600 tokens in all
+    "new tokens x prompts": (
+        "generate",
+        encode({"args": [[[7]] * 600, 110], "kwargs": {"keep_logits": False, "ignore_eos": True}}),
+        "max_request_tokens",
+    ),
+    "a capture's answer": ("capture", encode({"args": [IDS, BIG], "kwargs": {}}), "max_capture_bytes"),
+    "a generation's captures": (
+        "generate",
+        encode({"args": [["Once upon a time"] * 8, 100], "kwargs": {"capture": BIG, "ignore_eos": True}}),
+        "max_capture_bytes",
+    ),
+    "a stream's captures": (
+        "generate_stream",
+        encode({"args": [["Once upon a time"] * 8, 100], "kwargs": {"capture": BIG, "ignore_eos": True}}),
+        "max_capture_bytes",
+    ),
+}
+
+
+def test_costs_over_a_limit_are_refused_before_any_forward(server, remote, local, tokens):
+    """Tokens summed over a request's prompts (new tokens x prompts for generation) and the bytes of its answer
+    are counted from its arguments: a request over a limit is refused (413, naming the limit and the fix) before
+    the model runs a single forward, and the server goes on serving."""
+    values = {"max_request_tokens": TOKEN_LIMIT, "max_capture_bytes": CAPTURE_LIMIT}
+    for name, (op, body, limit) in OVER_LIMIT.items():
+        before = stats(server, tokens["alice"])
+        r = post(server, op, body, tokens["alice"])
+        after = stats(server, tokens["alice"])
+        assert r.status_code == 413, (name, r.status_code, r.text[:300])
+        message = r.json()["error"]["message"]
+        assert f"{limit}={values[limit]}" in message and "Instead:" in message, (name, message)
+        assert f"--{limit.replace('_', '-')}" in message, (name, message)
+        assert after["forwards"] == before["forwards"], (name, "the model ran", before, after)
+        assert after["operations"] == before["operations"], (name, before, after)
+    # through the client: the same refusal, as an InputError naming the limit
+    with pytest.raises(InputError, match=f"max_capture_bytes={CAPTURE_LIMIT}.*Instead: capture fewer points"):
+        remote.generate(["Once upon a time"] * 8, 100, capture=BIG, ignore_eos=True)
+    with pytest.raises(InputError, match=f"max_request_tokens={TOKEN_LIMIT}.*Instead: send fewer or shorter"):
+        list(remote.generate_stream([[7]] * 600, 110, keep_logits=False, ignore_eos=True))
+    assert stats(server, tokens["alice"])["running"] == 0
+    # a request just within both limits is an ordinary one
+    torch.testing.assert_close(
+        remote.capture(IDS, BIG[8:])["mlp_act.0"], local.capture(IDS, "mlp_act.0")["mlp_act.0"], atol=1e-6, rtol=0
+    )
+
+
+def test_counted_costs_are_what_the_answers_hold(local):
+    """The server's count of a request's cost (ie_lab/remote/costs.py) against the answer the Session then gives:
+    never above it (a request that fits is never refused), and within a few percent for the tensors that matter."""
+    from ie_lab.remote import metrics
+    from ie_lab.remote.costs import Costs
+    from ie_lab.remote.ops import OPS
+    from ie_lab.remote.wire import tensor_bytes
+
+    costs = Costs(local.facts, local.tokenizer, torch.float32)
+    served = [r.example for r in local.points().rows if r.served]
+    n = local.tokens("The cat sat on the mat").shape[1]
+    cases = [  # (op, args, kwargs, tokens it runs)
+        ("capture", ["The cat sat on the mat", served], {}, n),
+        ("capture", [["Hello", "The cat sat on the mat"], ["attn_probs.1", "z.2.head-1", "value.1.head-0"]], {}, None),
+        ("capture", [torch.randint(5, 1000, (3, 17)), ["mlp_act.1", "lm_head"]], {}, 51),
+        (
+            "generate",
+            ["The cat sat on the mat", 8],
+            {"capture": ["attn_probs.0", "resid_post.1"], "ignore_eos": True},
+            n + 8,
+        ),
+        ("generate", [["Hi", "The cat sat on the mat"], 5], {"keep_logits": False, "ignore_eos": True}, None),
+        ("attention", ["The cat sat on the mat", [0, 2]], {}, n),
+        ("logit_lens", ["The cat sat on the mat"], {"keep_logits": True}, n),
+        ("patch", ["The cat sat on the mat", "The dog sat on the mat", "mlp_out.1"], {}, 2 * n),
+        ("gradients", ["The cat sat on the mat", metrics.logit(5), ["resid_pre.1", "z.2"]], {}, n),
+    ]
+    for op, args, kwargs, want_tokens in cases:
+        cost = costs.of(op, args, kwargs, OPS[op].params)
+        actual = tensor_bytes(encode({"result": getattr(local, op)(*args, **kwargs)}))
+        assert cost.bytes <= actual, (op, cost, actual)
+        if op != "generate":  # (a generation's steps carry its captures a second time)
+            assert cost.bytes >= 0.75 * actual, (op, cost, actual)
+        if want_tokens is not None:
+            assert cost.tokens == want_tokens, (op, cost)
+    two = [local.tokens(t).shape[1] for t in ("Hi", "The cat sat on the mat")]
+    assert (
+        costs.of("generate", [["Hi", "The cat sat on the mat"], 5], {}, OPS["generate"].params).tokens
+        == sum(two) + 2 * 5
+    )
+    # a sweep runs its prompt once per cell: layers x positions, or layers x heads
+    sweep = costs.of("patch_sweep", ["The cat sat on the mat"] * 2 + [metrics.norm()], {}, OPS["patch_sweep"].params)
+    assert sweep.tokens == n * (4 * n + 1) + n
+    heads = {"over": "layer_head", "layers": [1, 2]}
+    assert (
+        costs.of("patch_sweep", [IDS, IDS, metrics.norm()], heads, OPS["patch_sweep"].params).tokens
+        == 120 * (2 * 4 + 1) + 120
+    )
+    # what the Session will refuse counts as nothing, and is refused there in its own words
+    assert costs.of("capture", [[0, 10**9], "resid_post.0"], {}, OPS["capture"].params).tokens == 0
+    assert costs.of("capture", ["x", "resid_post.99"], {}, OPS["capture"].params).bytes > 0
 
 
 def _safetensors_with_huge_shape() -> bytes:
@@ -500,6 +675,77 @@ def test_sixteen_concurrent_clients_each_equal_their_solo_run(server, local, tok
     assert len({tuple(r[0]) for r in results}) > 1  # the clients did steer differently
 
 
+def test_a_hostile_neighbour_changes_nothing_for_the_others(server, tokens):
+    """Well-behaved clients run while another user sends requests over every limit and malformed ones: each
+    well-behaved client gets, token for token, what it got running alone, and every hostile request is refused
+    before it starts an operation (so before any forward)."""
+    good = [f"c{i}" for i in range(4)]
+    vectors = [torch.randn(128, generator=torch.Generator().manual_seed(200 + i)) for i in range(len(good))]
+    hostile = [(op, body) for op, body, _ in OVER_LIMIT.values()] + [
+        HOSTILE[k] for k in ("pickle", "wrong type", "unknown operation", "unknown keyword", "huge shape")
+    ]
+
+    def work(s, i: int) -> tuple:
+        spec = s.steer(f"resid_post.{i}", vectors[i], scale=4.0 + i)
+        g = s.generate(f"Story number {i} begins", 10, steer=spec, capture=[f"mlp_out.{i}"])
+        c = s.capture(f"The {i} cats sat", ["resid_post.2", "attn_probs.1"])
+        return g.ids, g.cache, c
+
+    clients = {u: ie_lab.connect(server.url, token=tokens[u], replace=False) for u in good}
+    try:
+        solo = [work(clients[u], i) for i, u in enumerate(good)]  # each alone, one after another
+        before = stats(server, tokens["alice"])
+        results: list = [None] * len(good)
+        refusals: list = []
+        errors: list = []
+        barrier = threading.Barrier(len(good) + 1)
+
+        def well_behaved(i: int) -> None:
+            try:
+                barrier.wait()
+                results[i] = work(clients[good[i]], i)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+                barrier.abort()
+
+        def neighbour() -> None:
+            try:
+                barrier.wait()
+                for _ in range(3):
+                    for op, body in hostile:
+                        refusals.append(post(server, op, body, tokens["bob"]).status_code)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+                barrier.abort()
+
+        threads = [threading.Thread(target=well_behaved, args=(i,)) for i in range(len(good))]
+        threads.append(threading.Thread(target=neighbour))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert len(refusals) == 3 * len(hostile) and all(400 <= c < 500 for c in refusals), refusals
+        for i in range(len(good)):
+            ids, cache, cap = results[i]
+            assert ids == solo[i][0], i  # token for token
+            torch.testing.assert_close(cache[f"mlp_out.{i}"], solo[i][1][f"mlp_out.{i}"], atol=1e-5, rtol=1e-5)
+            for a in ("resid_post.2", "attn_probs.1"):
+                torch.testing.assert_close(cap[a], solo[i][2][a], atol=1e-5, rtol=1e-5)
+        after = stats(server, tokens["alice"])
+        # the well-behaved clients' two operations each, and not one of the hostile requests
+        assert after["operations"] - before["operations"] == 2 * len(good), (before, after)
+        # and alone, each hostile request is refused with the model still
+        for op, body in hostile:
+            was = stats(server, tokens["alice"])["forwards"]
+            assert 400 <= post(server, op, body, tokens["bob"]).status_code < 500
+            assert stats(server, tokens["alice"])["forwards"] == was, op
+    finally:
+        for c in clients.values():
+            c.close()
+    assert wait_until_idle(server, tokens["alice"])["running"] == 0
+
+
 # A long operation (seconds on a CPU: 120 decode steps of 256 rows), so that a cancel always reaches it running.
 BATCH = ["Once upon a time"] * 256
 
@@ -568,18 +814,20 @@ def test_a_restarted_server_is_reached_by_the_next_call(tokens_file, tokens, loc
         first.stop()
 
 
-def test_serve_refuses_to_start_without_tokens_and_warns_off_loopback(tmp_path, tokens_file):
+def test_serve_refuses_to_start_without_tokens_and_warns_off_loopback(tmp_path, tokens_file, capsys, monkeypatch):
+    monkeypatch.delenv("IE_LAB_SERVE_TOKENS", raising=False)
+    from ie_lab.cli import main
+
+    # the command itself, in this process: each refusal comes before any model is loaded
+    bad = tmp_path / "bad"
+    bad.write_text("# nobody yet\nshort tooshort\n")
+    assert main(["serve", "demo", "--tokens-file", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad} line 2:" in err and "32 characters" in err and "token_urlsafe(32)" in err, err
     empty = tmp_path / "none"
-    empty.write_text("# nobody yet\nshort tooshort\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--tokens-file", str(empty)],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 2 and "no usable token" in r.stderr and "shorter than 16" in r.stderr
+    empty.write_text("# nobody yet\n")  # comments only: no usable token
+    assert main(["serve", "demo", "--tokens-file", str(empty)]) == 2
+    assert "no usable token" in capsys.readouterr().err
     s = Server(tokens_file, 0, "--host", "127.0.0.2")  # off the default address (still loopback): the warning
     try:
         pass

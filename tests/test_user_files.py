@@ -134,12 +134,19 @@ def test_a_model_folder_with_a_fifo_for_a_file_is_refused(tmp_path):
         (folder / name).write_text("{}")
 
 
-def test_a_fifo_as_the_servers_tokens_file_revokes_instead_of_hanging(tmp_path, capsys):
+def test_a_fifo_as_the_servers_tokens_file_is_refused_at_start_and_revokes_when_running(tmp_path, capsys):
     from ie_lab.remote.server import Tokens
 
     fifo = str(tmp_path / "tokens")
     os.mkfifo(fifo)
-    tokens, err = _guarded(lambda: Tokens(fifo), [fifo])
-    assert err is None
-    assert tokens.user("Bearer " + "x" * 32) is None
+    _refused(lambda: Tokens(fifo), [fifo], "FIFO")  # at start: `ie-lab serve` refuses, naming the file
+    os.remove(fifo)
+    good = "alice " + "a" * 32 + "\n"
+    (tmp_path / "tokens").write_text(good)
+    tokens, err = _guarded(lambda: Tokens(fifo))
+    assert err is None and tokens.user("Bearer " + "a" * 32) == "alice"
+    os.remove(fifo)
+    os.mkfifo(fifo)  # a running server's file replaced by a FIFO: every file token revoked, nothing blocks
+    user, err = _guarded(lambda: tokens.user("Bearer " + "a" * 32), [fifo])
+    assert err is None and user is None
     assert "FIFO" in capsys.readouterr().err

@@ -53,15 +53,21 @@ def add_serve_command(sub: Any) -> None:
         allow_abbrev=False,
         help="one Session behind an HTTP API, for notebooks on other machines",
         description="Serve one model to remote notebooks (ie_lab.connect(url, token=...)). Every request needs a "
-        "bearer token from --tokens-file ('NAME TOKEN' lines, re-read when the file changes) or "
-        "$IE_LAB_SERVE_TOKENS ('name:token,...'). Listens on 127.0.0.1 unless --host says otherwise; see "
+        "bearer token from --tokens-file ('NAME TOKEN' lines, tokens of 32+ characters; a malformed line refuses "
+        "the whole file; read again whenever its content changes) or $IE_LAB_SERVE_TOKENS ('name:token,...'). "
+        "Listens on 127.0.0.1 unless --host says otherwise; see "
         "docs/REMOTE.md for the security model and running it behind TLS.",
     )
     p.add_argument("model", metavar="MODEL", help="a local folder, an HF id, or 'demo' (the bundled demo model)")
     p.add_argument("--backend", choices=("eager", "vllm"), default="eager", help="the Session's backend (eager)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=_port, default=8765, help="port (8765; 0 picks a free one and prints it)")
-    p.add_argument("--tokens-file", default=None, help="file of 'NAME TOKEN' lines, one user each")
+    p.add_argument(
+        "--tokens-file",
+        default=None,
+        help="file of 'NAME TOKEN' lines, one user each (tokens of 32+ characters, '#' comments); a malformed "
+        "line refuses the whole file, naming it",
+    )
     p.add_argument("--device", default=None, help="eager: the device (default: the best one here)")
     p.add_argument("--dtype", default=None, help="the model's dtype (default: the checkpoint's)")
     p.add_argument("--tensor-parallel-size", type=_positive(int), default=1, help="vllm: GPUs per model (1)")

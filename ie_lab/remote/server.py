@@ -1,11 +1,13 @@
 """`ie-lab serve`: one Session behind an HTTP API (FastAPI on uvicorn), for notebooks on other machines.
 
 The API is the closed list of operations in ops.py, each argument checked there; bodies are wire.py frames
-(JSON + safetensors, never pickle). Every request needs a bearer token from the tokens file (re-read when it
-changes, so adding or revoking a user needs no restart) or the environment; without a valid one the answer is
-401 and nothing runs. Per-request limits (new tokens, tensor bytes, concurrent requests per user, time) refuse
-with the limit's name. A client that goes away (a closed connection, an interrupted cell) cancels its
-operation: the Session's own cancellation, the same as an interrupt in a local notebook.
+(JSON + safetensors, never pickle). Every request needs a bearer token from the tokens file (re-read when its
+content changes, so adding or revoking a user needs no restart) or the environment; without a valid one the
+answer is 401 and nothing runs. Per-request limits (new tokens, tokens run, tensor bytes, concurrent requests per
+user, time) refuse with the limit's name; every cost a request states (its tokens, the shapes of its answer) is
+counted from its arguments and refused before the model runs (costs.py). A client that goes away (a closed
+connection, an interrupted cell) cancels its operation: the Session's own cancellation, the same as an interrupt
+in a local notebook.
 
 Concurrency is the Session's: on eager, requests queue behind its lock; on vLLM, concurrent requests batch in
 the engine as local ones do.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import os
 import struct
@@ -33,6 +36,7 @@ from ..capabilities import CAPABILITIES
 from ..core.files import read_bytes
 from ..errors import IELabError, InputError, RequestFailed
 from ..session import Session
+from .costs import Costs
 from .ops import OPS, ArgError
 from .server_defaults import DEFAULTS
 from .wire import (
@@ -59,7 +63,7 @@ from .wire import decode as decode_frame
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TOKENS_ENV = "IE_LAB_SERVE_TOKENS"  # "alice:TOKEN,bob:TOKEN", for a server started without a tokens file
-MIN_TOKEN = 16  # characters: a shorter token is guessable, and is skipped with a warning
+MIN_TOKEN = 32  # characters: a shorter token is guessable, and refuses the file that holds it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,64 +71,139 @@ class Limits:
     """Per-request limits; each refusal names its field (which is also the command's --option)."""
 
     max_new_tokens: int = DEFAULTS["max_new_tokens"][1][0]
+    max_request_tokens: int = DEFAULTS["max_request_tokens"][1][0]  # prompt tokens + new tokens, over all prompts
     max_capture_bytes: int = DEFAULTS["max_capture_bytes"][1][0]
     max_concurrent: int = DEFAULTS["max_concurrent"][1][0]  # requests running at once per user
     request_timeout: float = DEFAULTS["request_timeout"][1][0]  # seconds, a stream's whole length included
     max_request_bytes: int = DEFAULTS["max_request_bytes"][1][0]
 
 
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
 class Tokens:
-    """Bearer tokens, one per user: `NAME TOKEN` per line of the file (# starts a comment), re-read whenever the
-    file changes; or TOKENS_ENV. A token is compared in constant time against every known one."""
+    """Bearer tokens, one per user: `NAME TOKEN` per line of the file (`#` starts a comment, blank lines are
+    skipped), or TOKENS_ENV's `name:token,name:token`. A token has at least MIN_TOKEN visible ASCII characters and
+    belongs to one user; a line that is not that refuses the whole file, naming the line (at start the server
+    does not start; on a running server no token of the file is valid until it is fixed). The file is read again
+    on every request and parsed again whenever its content changes (its hash: an edit that keeps the file's size
+    and modification time still counts), so adding or revoking a user needs no restart. A token is compared in
+    constant time against every known one."""
 
     def __init__(self, path: str | None, env: str | None = None):
         self.path = path
         self._lock = threading.Lock()
-        self._stamp: Any = None
+        self._digest: bytes | None = None
         self._users: list[tuple[str, bytes]] = []
-        self._env = self._parse((env or "").replace(",", "\n").replace(":", " "), TOKENS_ENV) if env else []
-        self._reload()
+        self._env = self._parse_env(env) if env else []
+        self._reload(strict=True)
+
+    @staticmethod
+    def _malformed(where: str, problem: str) -> InputError:
+        return InputError(
+            f"{where}: {problem}. Each line of a tokens file is 'NAME TOKEN': a name, a space, then a token of "
+            f"{MIN_TOKEN} or more visible ASCII characters that no other line holds ('#' starts a comment); make a "
+            f"token with: {MAKE_TOKEN}. Every token of the file is refused until the line is fixed."
+        )
+
+    @staticmethod
+    def _token(where: str, name: str, tok: str) -> bytes:
+        if len(tok) < MIN_TOKEN:
+            raise Tokens._malformed(
+                where, f"the token of {name!r} is {len(tok)} characters, shorter than {MIN_TOKEN} characters"
+            )
+        if not all(33 <= ord(c) <= 126 for c in tok):
+            raise Tokens._malformed(where, f"the token of {name!r} holds a character other than visible ASCII")
+        return tok.encode()
 
     @staticmethod
     def _parse(text: str, where: str) -> list[tuple[str, bytes]]:
-        users = []
+        users: list[tuple[str, bytes]] = []
+        seen: dict[bytes, int] = {}
         for n, line in enumerate(text.splitlines(), 1):
             line = line.split("#", 1)[0].strip()
             if not line:
                 continue
+            at = f"{where} line {n}"
             parts = line.split()
-            name, tok = (parts[0], parts[1]) if len(parts) >= 2 else (f"user{n}", parts[0])
-            if len(tok) < MIN_TOKEN:
-                print(
-                    f"ie-lab serve: {where} line {n}: the token of {name!r} is shorter than {MIN_TOKEN} "
-                    "characters and is ignored (make one with: python -c 'import secrets; print(secrets."
-                    "token_urlsafe(32))').",
-                    file=sys.stderr,
+            if len(parts) != 2:
+                what = (
+                    "one field, 'NAME:TOKEN' (the environment's form: the file takes a space between them)"
+                    if len(parts) == 1 and ":" in parts[0]
+                    else "one field alone (a name without a token, or a token without a name)"
+                    if len(parts) == 1
+                    else f"{len(parts)} fields"
                 )
+                raise Tokens._malformed(at, f"the line holds {what}, not 'NAME TOKEN'")
+            name, tok = parts
+            key = Tokens._token(at, name, tok)
+            if key in seen:
+                raise Tokens._malformed(at, f"the token of {name!r} is the one on line {seen[key]} too")
+            seen[key] = n
+            users.append((name, key))
+        return users
+
+    @staticmethod
+    def _parse_env(env: str) -> list[tuple[str, bytes]]:
+        users: list[tuple[str, bytes]] = []
+        for i, item in enumerate((x.strip() for x in env.split(",")), 1):
+            if not item:
                 continue
+            name, sep, tok = item.partition(":")
+            at = f"${TOKENS_ENV} item {i}"
+            if not sep or not name.strip() or not tok.strip() or len(item.split()) != 1:
+                raise InputError(
+                    f"{at} is not 'name:token' (it is not shown here: it may be a secret). {TOKENS_ENV} holds "
+                    "'name:token,name:token' "
+                    f"(tokens of {MIN_TOKEN}+ visible ASCII characters; make one with: {MAKE_TOKEN})."
+                )
+            if len(tok) < MIN_TOKEN or not all(33 <= ord(c) <= 126 for c in tok):
+                raise InputError(
+                    f"{at}: the token of {name!r} is not {MIN_TOKEN}+ visible ASCII characters. {TOKENS_ENV} "
+                    f"holds 'name:token,name:token'; make a token with: {MAKE_TOKEN}."
+                )
             users.append((name, tok.encode()))
         return users
 
-    def _reload(self) -> None:
+    def _reload(self, strict: bool = False) -> None:
+        """Read the file; parse it again if its content changed. strict (at start): refuse rather than log."""
         if self.path is None:
             self._users = self._env
             return
-        try:
-            st = os.stat(self.path)
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            self._stamp, self._users = None, self._env  # the file is gone: its users are revoked
+        if not os.path.lexists(self.path):
+            if strict:
+                raise InputError(f"no tokens file at {self.path}: write 'NAME TOKEN' lines there.") from None
+            self._digest, self._users = None, self._env  # the file is gone: its users are revoked
             return
-        if stamp != self._stamp:
-            try:
-                users = self._parse(read_bytes(self.path, "the tokens file", "text").decode("utf-8"), self.path)
-            except (OSError, UnicodeDecodeError, InputError) as e:  # a FIFO or a huge file is refused, never read
+        try:
+            data = read_bytes(self.path, "the tokens file", "text")  # a FIFO or a huge file is refused, never read
+        except (OSError, InputError) as e:
+            if strict:
+                raise InputError(f"cannot read the tokens file {self.path}: {e}") from None
+            if self._digest != b"unreadable":
                 print(
                     f"ie-lab serve: cannot read {self.path}: {e}; no file token is valid until it can be read.",
                     file=sys.stderr,
+                    flush=True,
                 )
-                users = []
-            self._stamp, self._users = stamp, users + self._env
+            self._digest, self._users = b"unreadable", self._env
+            return
+        digest = hashlib.sha256(data).digest()
+        if digest == self._digest:
+            return
+        self._digest = digest
+        try:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{self.path} is not UTF-8 text ({e}).") from None
+            users = self._parse(text, self.path)
+        except InputError as e:
+            if strict:
+                raise
+            print(f"ie-lab serve: {e}", file=sys.stderr, flush=True)  # once per content: the digest is kept
+            users = []
+        self._users = users + self._env
 
     def user(self, header: str | None) -> str | None:
         """The user a request's Authorization header names, or None."""
@@ -146,11 +225,27 @@ class Tokens:
             return len(self._users)
 
 
+# How to ask for a smaller answer, per operation (the fix a max_capture_bytes refusal names).
+_SMALLER = {
+    "capture": "capture fewer points or send fewer or shorter prompts per request",
+    "gradients": "ask for fewer addresses or send fewer or shorter prompts per request",
+    "generate": "capture fewer points, ask for fewer new tokens or prompts, or pass keep_logits=False",
+    "generate_stream": "capture fewer points, ask for fewer new tokens or prompts, or pass keep_logits=False",
+    "attention": "ask for fewer layers (layers=[...]) or send a shorter prompt",
+    "logit_lens": "pass keep_logits=False, ask for fewer layers, or send a shorter prompt",
+    "project": "project onto fewer directions, or send a shorter prompt",
+}
+
+
 def _status(e: BaseException) -> int:
     if isinstance(e, LimitExceeded):
-        return {"max_capture_bytes": 413, "max_request_bytes": 413, "max_concurrent": 429, "request_timeout": 504}.get(
-            e.limit, 400
-        )
+        return {
+            "max_capture_bytes": 413,
+            "max_request_bytes": 413,
+            "max_request_tokens": 413,
+            "max_concurrent": 429,
+            "request_timeout": 504,
+        }.get(e.limit, 400)
     if isinstance(e, IELabError):
         return 400
     return 500
@@ -213,11 +308,35 @@ class Server:
 
     def __init__(self, session: Session, tokens: Tokens, limits: Limits, model_name: str):
         self.session, self.tokens, self.limits, self.model_name = session, tokens, limits, model_name
-        self.operations = 0  # operations started (after the token and the arguments were accepted)
-        self.running = 0  # operations in flight now
+        self.operations = 0  # operations started (after the token, the arguments and their costs were accepted)
+        self.running = 0  # requests holding a slot now (their operation in flight, or its costs being counted)
         self.refused = 0  # requests without a valid token
         self.cancelled = 0  # operations stopped because their client went away
         self.per_user: dict[str, int] = {}
+        self.costs = Costs(session.facts, session.tokenizer, session._lm.dtype)
+        self.forwards: int | None = None  # forward passes the served model ran (eager: counted at its embedding)
+        self._forwards_lock = threading.Lock()
+        self._count_forwards()
+
+    def _count_forwards(self) -> None:
+        """Count every forward of the served model, so that /v1/stats shows that a refused request ran none. On
+        eager: a pre-hook on the input embedding, which every forward (a capture, a decode step, a sweep's cell)
+        passes; vLLM's model lives in its engine, so its count stays None."""
+        if self.session.backend != "eager":
+            return
+        try:
+            embedding = self.session.model.get_input_embeddings()
+        except (AttributeError, NotImplementedError):
+            return
+        if not isinstance(embedding, torch.nn.Module):
+            return
+
+        def count(module: Any, args: Any) -> None:
+            with self._forwards_lock:
+                self.forwards = (self.forwards or 0) + 1
+
+        self.forwards = 0
+        embedding.register_forward_pre_hook(count)
 
     # ---- requests ------------------------------------------------------------------------------------
     async def body(self, request: Request) -> bytes:
@@ -280,6 +399,34 @@ class Server:
             kwargs["steer"] = [self.steer_spec(p) for p in kwargs["steer"]]
         return args, kwargs
 
+    async def admit(self, name: str, args: list, kwargs: dict) -> None:
+        """Refuse a request whose costs, counted from its arguments (costs.py), are over a limit: before the
+        Session sees it, so an oversized request never holds the model. Prompts are tokenized off the event loop,
+        so a long one never stalls other users' requests."""
+        cost = await asyncio.to_thread(self.costs.of, name, args, kwargs, OPS[name].params)
+        generation = OPS[name].tokens is not None
+        if cost.tokens > self.limits.max_request_tokens:
+            raise LimitExceeded(
+                "max_request_tokens",
+                self.limits.max_request_tokens,
+                cost.tokens,
+                "tokens to run through the model (its prompts' tokens"
+                + (", plus the new tokens it asks for, times its prompts" if generation else "")
+                + (", once per cell of the sweep" if name == "patch_sweep" else "")
+                + ")",
+                "send fewer or shorter prompts per request (split a batch over several requests)"
+                + (", or ask for fewer new tokens" if generation else "")
+                + (", or sweep fewer layers (layers=[...])" if name == "patch_sweep" else ""),
+            )
+        if cost.bytes > self.limits.max_capture_bytes:
+            raise LimitExceeded(
+                "max_capture_bytes",
+                self.limits.max_capture_bytes,
+                cost.bytes,
+                "bytes of tensors in its answer (counted from the shapes it will produce)",
+                _SMALLER.get(name, "send fewer or shorter prompts per request"),
+            )
+
     async def call(self, name: str, args: list, kwargs: dict) -> Any:
         s = self.session
         if name == "describe":
@@ -338,7 +485,6 @@ class Server:
                 "wait for your running requests to finish",
             )
         self.per_user[user] = n + 1
-        self.operations += 1
         self.running += 1
         held = [True]
 
@@ -512,6 +658,7 @@ def build_app(server: Server) -> FastAPI:
                 "running": server.running,
                 "refused": server.refused,
                 "cancelled": server.cancelled,
+                "forwards": server.forwards,
             }
         )
 
@@ -531,7 +678,9 @@ def build_app(server: Server) -> FastAPI:
             args, kwargs = server.prepare(
                 name, decode_frame(body, results=False, limit=server.limits.max_request_bytes)
             )
-            release = server.slot(user)
+            release = server.slot(user)  # before the costs are counted: at most max_concurrent at once per user
+            await server.admit(name, args, kwargs)
+            server.operations += 1
             if OPS[name].stream:
                 held, release = release, None  # the stream gives it back when it ends
                 return await server.stream(
@@ -559,7 +708,11 @@ def serve(args: Any) -> int:
     """`ie-lab serve` (its options: command.py)."""
     from ..core.demo import DEMO_MODEL
 
-    tokens = Tokens(args.tokens_file, os.environ.get(TOKENS_ENV))
+    try:
+        tokens = Tokens(args.tokens_file, os.environ.get(TOKENS_ENV))
+    except InputError as e:  # a malformed line, a short token: the message names the line and the fix
+        print(f"ie-lab serve: {e}", file=sys.stderr)
+        return 2
     if tokens.count() == 0:
         print(
             f"ie-lab serve: no usable token: write 'NAME TOKEN' lines (tokens of {MIN_TOKEN}+ characters) to a file "
