@@ -34,7 +34,9 @@ def main(folder: str) -> None:
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(ordered, f, indent=1)
         f.write("\n")
-    print(f"test_durations: {len(ordered)} modules, {sum(ordered.values()):.0f} s in all -> {os.path.relpath(OUT, ROOT)}")
+    print(
+        f"test_durations: {len(ordered)} modules, {sum(ordered.values()):.0f} s in all -> {os.path.relpath(OUT, ROOT)}"
+    )
 
 
 if __name__ == "__main__":
