@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -265,6 +266,69 @@ def test_version_and_help():
         timeout=HANG_S,
     )
     assert r.returncode == 0 and r.stdout.strip() == f"ie_lab {ie_lab.__version__}"
+
+
+HEAVY = {"torch", "transformers", "vllm", "fastapi", "uvicorn"}
+# What needs no model, with the exit code it must give (2: a command line that cannot work as written).
+NO_MODEL = [
+    (["--help"], 0),
+    (["--version"], 0),
+    (["lab", "--help"], 0),
+    (["points", "--help"], 0),
+    (["doctor", "--help"], 0),
+    (["serve", "--help"], 0),
+    ([], 2),
+    (["bogus"], 2),
+    (["doctor", "--bogus"], 2),
+    (["lab", "--port", "0"], 2),
+    (["points"], 2),
+    (["points", "demo", "--backend", "tpu"], 2),
+    (["serve"], 2),
+    (["serve", "demo", "--port", "x"], 2),
+]
+
+
+def test_help_version_and_usage_errors_import_no_torch():
+    """The command line is built and checked before torch, transformers or vLLM load (issue 29: `ie-lab --help`
+    took 1.6x the time of importing torch): ie_lab.cli.main on each line of NO_MODEL in one fresh interpreter, and
+    `python -m ie_lab --help` as a user runs it, its imports listed by -X importtime."""
+    code = textwrap.dedent(
+        """
+        import contextlib, io, json, sys
+        from ie_lab.cli import main
+        codes = []
+        for argv in json.loads(sys.argv[1]):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                try:
+                    codes.append(main(argv))
+                except SystemExit as e:
+                    codes.append(e.code or 0)
+        print(json.dumps({"codes": codes, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+        """
+    )
+    import json
+
+    lines = json.dumps([argv for argv, _ in NO_MODEL])
+    r = subprocess.run(
+        [sys.executable, "-c", code, lines], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_S
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert dict(zip(map(" ".join, (a for a, _ in NO_MODEL)), got["codes"])) == {" ".join(a): c for a, c in NO_MODEL}
+    assert "ie_lab" in got["modules"] and not HEAVY & set(got["modules"]), sorted(HEAVY & set(got["modules"]))
+
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ie_lab", "--help"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert r.returncode == 0 and "points" in r.stdout, r.stderr[-3000:]
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert "ie_lab.cli" in imported  # -X importtime listed the imports
+    assert not {m.split(".")[0] for m in imported} & HEAVY, sorted(m for m in imported if m.split(".")[0] in HEAVY)
 
 
 # ---- lab: a real server ---------------------------------------------------------------------------------------
