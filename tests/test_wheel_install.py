@@ -21,9 +21,6 @@ pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIP = ["-m", "pip", "-q", "--disable-pip-version-check"]
-# --no-compile: byte-compiling torch and every dependency at install is much of the install's time; Python compiles
-# what the child imports when it imports it.
-INSTALL = [*PIP, "install", "--no-compile"]
 # Generous bounds that only detect a hang (an install waiting on a network that never answers).
 HANG_S = 900
 
@@ -119,9 +116,9 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], cwd=str(tmp_path))
     py = str(venv / "bin" / "python")
-    _run([py, *INSTALL, _torch_requirement()], cwd=str(tmp_path))
+    _run([py, *PIP, "install", _torch_requirement()], cwd=str(tmp_path))
     constraints = os.path.join(REPO, ".ci", "constraints.txt")
-    _run([py, *INSTALL, "-c", constraints, whl], cwd=str(tmp_path))
+    _run([py, *PIP, "install", "-c", constraints, whl], cwd=str(tmp_path))
 
     work = tmp_path / "elsewhere"
     work.mkdir()

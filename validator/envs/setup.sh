@@ -25,11 +25,11 @@ mkdir -p "$venvs"
 python3 -m venv "$dir"
 "$dir/bin/python" -m pip install -q --upgrade pip
 # torch first and pinned, as ./dev does: an unpinned torch would pull a multi-GB CUDA build on CPU machines.
-"$dir/bin/python" -m pip install -q --no-compile "torch==2.13.0"  # (imports compile what they use)
+"$dir/bin/python" -m pip install -q "torch==2.13.0"
 if [ -n "$tf" ]; then
-  "$dir/bin/python" -m pip install -q --no-compile -r <(sed "s/^transformers==.*/transformers==$tf/" "$reqs")
+  "$dir/bin/python" -m pip install -q -r <(sed "s/^transformers==.*/transformers==$tf/" "$reqs")
 else
-  "$dir/bin/python" -m pip install -q --no-compile -r "$reqs"
+  "$dir/bin/python" -m pip install -q -r "$reqs"
 fi
 echo "$want" > "$dir/.validator-stamp"
 "$dir/bin/python" -m pip freeze > "$dir/.validator-freeze.txt"
