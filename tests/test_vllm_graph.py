@@ -52,11 +52,32 @@ def _declared(family: str) -> list[str]:
     return [p for p in pts if p != "attn_in.0"]  # one point left undeclared, to be refused
 
 
+def _aot_artifacts() -> set[str]:
+    """vLLM's shared AOT compile cache (VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile): one folder per hash."""
+    from vllm import envs
+
+    d = os.path.join(envs.VLLM_CACHE_ROOT, "torch_compile_cache", "torch_aot_compile")
+    return set(os.listdir(d)) if os.path.isdir(d) else set()
+
+
+AOT_BEFORE: set[str] = set()
+
+
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
+    AOT_BEFORE.update(_aot_artifacts())
     s = vllm_session("qwen3", tmp_path_factory.mktemp("graph_qwen3"), graph_points=_declared("qwen3"))
     yield s
     s.close()
+
+
+def test_the_compiled_trunk_is_not_left_in_vllms_shared_aot_cache(qwen3):
+    """vLLM's AOT cache is keyed by a hash that leaves out the load config, where the taps are declared: an artifact
+    saved there could be loaded by a later engine on the same model with other taps (or none). Graph mode turns AOT
+    compilation off, so the engine this module built added no folder there (nor did any other engine built meanwhile:
+    each is built the same way)."""
+    assert os.environ.get("VLLM_USE_AOT_COMPILE") == "0"
+    assert _aot_artifacts() - AOT_BEFORE == set()
 
 
 def test_the_trunk_is_compiled_and_says_so(qwen3):

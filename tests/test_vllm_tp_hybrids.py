@@ -23,5 +23,5 @@ def tp_results(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_served_point_at_tp2_equals_tp1(family, tp_results):
+def test_every_served_point_at_tp2_equals_eager(family, tp_results):
     tp.check_tp_result(family, tp_results)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator
@@ -225,6 +226,18 @@ def engine_args(
         if torch.cuda.is_available():
             comp["cudagraph_mode"] = "PIECEWISE"
         kw["compilation_config"] = comp
+    if not kw["enforce_eager"]:
+        # vLLM's AOT compile (its default from torch 2.10) writes the compiled model under
+        # ~/.cache/vllm/torch_compile_cache/torch_aot_compile/<hash>, past the private cache_dir above, and its hash
+        # leaves out the load config, where graph mode declares its taps: an artifact traced with other taps (or
+        # none, in generate mode) would be loaded for this model. Turned off, compilation keeps to cache_dir.
+        # The process's environment is read by vLLM at compile time, here and in the workers it spawns. It also
+        # skips serialising the artifact on every start (about a quarter of a graph-mode engine start's CPU time on this CPU).
+        os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+        from vllm import envs
+
+        # an engine that already ran in this process froze vLLM's view of the environment (functools.cache)
+        getattr(envs.__getattr__, "cache_clear", lambda: None)()
     if native_ops:  # vLLM adds the base mode ('all' or 'none') to custom_ops itself
         ops = {"custom_ops": [f"-{op}" for op in native_ops]}
         prev = kw.get("compilation_config")
