@@ -14,7 +14,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
@@ -106,7 +106,7 @@ CASES = [
         "threshold",
         WTS,
     ),
-    ("d_in not the point's", lambda c, w, d: (c | {"d_in": 7}, _sized(7)), "7-wide", CFG),
+    ("d_in not the point width", lambda c, w, d: (c | {"d_in": 7}, _sized(7)), "7-wide", CFG),
     # dtypes and values
     ("W_enc int", lambda c, w, d: (c, w | {"W_enc": (w["W_enc"] * 10).to(torch.int32)}), "int32", WTS),
     ("b_enc bool", lambda c, w, d: (c, w | {"b_enc": w["b_enc"] > 0}), "bool", WTS),
@@ -137,7 +137,12 @@ CASES = [
         "NaN",
         WTS,
     ),
-    ("weights not safetensors", lambda c, w, d: (c, b"\x00garbage, not a safetensors header"), "readable safetensors", WTS),
+    (
+        "weights not safetensors",
+        lambda c, w, d: (c, b"\x00garbage, not a safetensors header"),
+        "readable safetensors",
+        WTS,
+    ),
     ("weights empty", lambda c, w, d: (c, b""), "readable safetensors", WTS),
     # the config
     ("cfg a list", lambda c, w, d: ([c], w), "JSON object", CFG),
@@ -174,7 +179,7 @@ CASES = [
     ("topk k zero", lambda c, w, d: (c | {"architecture": "topk", "k": 0}, w), "'k'", CFG),
     ("topk k above d_sae", lambda c, w, d: (c | {"architecture": "topk", "k": N + 1}, w), "'k'", CFG),
     ("topk k a string", lambda c, w, d: (c | {"architecture": "topk", "k": "4"}, w), "'k'", CFG),
-    ("topk k a float", lambda c, w, d: (c | {"architecture": "topk", "k": 4.0}, w), "'k'", CFG),
+    ("topk k not whole", lambda c, w, d: (c | {"architecture": "topk", "k": 4.5}, w), "'k'", CFG),
     (
         "topk k twice, disagreeing",
         lambda c, w, d: (c | {"architecture": "topk", "k": 4, "activation_fn_kwargs": {"k": 5}}, w),
@@ -182,7 +187,12 @@ CASES = [
         CFG,
     ),
     ("k on a ReLU SAE", lambda c, w, d: (c | {"k": 4}, w), "'k'", CFG),
-    ("activation_fn_kwargs a list", lambda c, w, d: (c | {"activation_fn_kwargs": [4]}, w), "activation_fn_kwargs", CFG),
+    (
+        "activation_fn_kwargs a list",
+        lambda c, w, d: (c | {"activation_fn_kwargs": [4]}, w),
+        "activation_fn_kwargs",
+        CFG,
+    ),
 ]
 
 
@@ -216,6 +226,9 @@ def test_the_good_folder_loads_and_float64_or_bfloat16_weights_are_converted(s, 
     # a zero threshold (a JumpReLU that is a ReLU on some features) and k = d_sae are at the edge, and load
     assert load_sae(_write(tmp_path / "jr0", jcfg, jw | {"threshold": torch.zeros(N)}), s).activation == "jumprelu"
     assert load_sae(_write(tmp_path / "tk", cfg | {"architecture": "topk", "k": N}, w), s).k == N
+    # a count written as a whole float (some writers save k as 32.0) is that integer
+    tk = load_sae(_write(tmp_path / "tk2", cfg | {"architecture": "topk", "k": 4.0, "d_sae": float(N)}, w), s)
+    assert tk.k == 4 and isinstance(tk.k, int)
     assert_clean(s._lm)
 
 
@@ -304,7 +317,7 @@ def folders(s, tmp_path_factory):
     ]
 
 
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40)
 @given(
     which=st.integers(0, 2),
     changes=st.lists(st.tuples(st.sampled_from(KEYS), st.booleans(), _json), min_size=1, max_size=3),
