@@ -29,7 +29,7 @@ import torch
 from .address import Address
 from .core.files import checked_file, read_json
 from .core.projection_args import make_encoder, point_width
-from .errors import AddressError, InputError, did_you_mean
+from .errors import AddressError, InputError, did_you_mean, shown
 from .ops.projection import scores as encode_rows
 
 WEIGHT_KEYS = ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")
@@ -349,7 +349,8 @@ def _read_config(cfg: Any, where: str, has_threshold: bool) -> _Config:
         hooks.append((name, v))
     if len(hooks) == 2 and hooks[0][1].strip() != hooks[1][1].strip():
         raise InputError(
-            f"{where}: 'hook_name' is {hooks[0][1]!r} but 'metadata.hook_name' is {hooks[1][1]!r}: the config names "
+            f"{where}: 'hook_name' is {shown(hooks[0][1])} but 'metadata.hook_name' is {shown(hooks[1][1])}: the "
+            "config names "
             "two points. Keep the one the SAE was trained on, or pass address= to load_sae."
         )
     head = cfg.get("hook_head_index")
@@ -601,7 +602,7 @@ def load_sae(path: Any, model: Any = None, *, address: Any = None, engine: str =
                     "'hook_head_index'",
                     str(conf.head_index),
                     "null: ie_lab attaches an SAE to a whole point by its hook name",
-                    f"This SAE reads one head's slice of {conf.hook_name!r}: pass address= naming that head (such "
+                    f"This SAE reads one head's slice of {shown(conf.hook_name)}: pass address= naming that head (such "
                     f"as address='z.L.head-{conf.head_index}') to load_sae.",
                 )
             live = getattr(lm, "binding", None) is not None  # an eager model: the mapper reads its bound layers
@@ -613,7 +614,7 @@ def load_sae(path: Any, model: Any = None, *, address: Any = None, engine: str =
             except (AddressError, InputError) as e:
                 cls = AddressError if isinstance(e, AddressError) else InputError
                 raise cls(
-                    f"{source}: 'hook_name' {conf.hook_name!r} ({engine}) names no point this SAE can attach to on "
+                    f"{source}: 'hook_name' {shown(conf.hook_name)} ({engine}) names no point this SAE can attach to on "
                     f"this model: {e} Correct hook_name, or pass address= naming the point the SAE was trained on."
                 ) from None
         else:

@@ -148,6 +148,7 @@ CASES = [
     ("cfg a list", lambda c, w, d: ([c], w), "JSON object", CFG),
     ("cfg a string", lambda c, w, d: ('"standard"', w), "JSON object", CFG),
     ("cfg not JSON", lambda c, w, d: ("{architecture: standard", w), "not valid JSON", CFG),
+    ("cfg nested too deep", lambda c, w, d: ("[" * 100_000 + "]" * 100_000, w), "too deeply", CFG),
     ("architecture unknown", lambda c, w, d: (c | {"architecture": "standrad"}, w), "'standard'", CFG),
     ("architecture not a string", lambda c, w, d: (c | {"architecture": 7}, w), "architecture", CFG),
     ("architecture gated", lambda c, w, d: (c | {"architecture": "gated"}, w), "gated", CFG),
