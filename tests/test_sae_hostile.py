@@ -198,7 +198,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case,breaks,fragment,file", CASES, ids=[c[0] for c in CASES])
-def test_a_hostile_folder_is_refused_naming_the_file_and_the_fix(s, tmp_path, case, breaks, fragment, file):
+def test_a_hostile_folder_is_refused_naming_the_file_and_what_is_wrong(s, tmp_path, case, breaks, fragment, file):
     d = s.facts.d_model
     cfg, w = breaks(*_good(d), d)
     folder = _write(tmp_path / "sae", cfg, w)
