@@ -1,12 +1,17 @@
-"""ie_lab: a Jupyter-first workbench for looking inside language models."""
+"""ie_lab: a Jupyter-first workbench for looking inside language models.
+
+`import ie_lab` imports neither torch nor transformers: the errors, Address, the point registry and DEMO_MODEL are
+plain Python, and every other name (Session, load, connect, Cache, the analyses...) is imported where it is first
+read (a module-level __getattr__, PEP 562), so `ie-lab --help` answers before any of them loads.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib as _importlib
+from typing import TYPE_CHECKING, Any
 
 from . import points
 from .address import Address
-from .cache import Cache
 from .core.demo import DEMO_MODEL
 from .errors import (
     AddressError,
@@ -22,6 +27,66 @@ from .errors import (
 )
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ below imports each on first use
+    from . import sizing
+    from .cache import Cache
+    from .chat import apply_chat_template, message_spans
+    from .eager.attention import attention
+    from .eager.lens import fit_tuned_lens, logit_lens
+    from .eager.means import mean_difference
+    from .eager.patching import (
+        attribution_patch,
+        gradients,
+        logit_diff,
+        patch,
+        patch_sweep,
+        run_with_patches,
+    )
+    from .loading import load  # an EagerModel whatever the backend: see its docstring
+    from .remote.client import connect  # a Session on a model served by `ie-lab serve`: docs/REMOTE.md
+    from .session import OperationCancelled, Session, SessionClosed
+
+# Name -> (module, attribute; None for the module itself): the same names as the TYPE_CHECKING block above
+# (tests/test_import_contract.py holds the two equal).
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "sizing": (".sizing", None),
+    "Cache": (".cache", "Cache"),
+    "apply_chat_template": (".chat", "apply_chat_template"),
+    "message_spans": (".chat", "message_spans"),
+    "attention": (".eager.attention", "attention"),
+    "fit_tuned_lens": (".eager.lens", "fit_tuned_lens"),
+    "logit_lens": (".eager.lens", "logit_lens"),
+    "mean_difference": (".eager.means", "mean_difference"),
+    "attribution_patch": (".eager.patching", "attribution_patch"),
+    "gradients": (".eager.patching", "gradients"),
+    "logit_diff": (".eager.patching", "logit_diff"),
+    "patch": (".eager.patching", "patch"),
+    "patch_sweep": (".eager.patching", "patch_sweep"),
+    "run_with_patches": (".eager.patching", "run_with_patches"),
+    "load": (".loading", "load"),
+    "connect": (".remote.client", "connect"),
+    "OperationCancelled": (".session", "OperationCancelled"),
+    "Session": (".session", "Session"),
+    "SessionClosed": (".session", "SessionClosed"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of _LAZY, imported on first read and kept in the module (later reads are plain lookups)."""
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = _importlib.import_module(module, __name__)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def capture(model: Any, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Cache:
@@ -76,24 +141,6 @@ def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: 
     from .eager.steer import make_spec
 
     return make_spec(model, address, vector, method=method, **kwargs)
-
-
-from . import sizing  # noqa: E402
-from .chat import apply_chat_template, message_spans  # noqa: E402
-from .eager.attention import attention  # noqa: E402
-from .eager.lens import fit_tuned_lens, logit_lens  # noqa: E402
-from .eager.means import mean_difference  # noqa: E402
-from .eager.patching import (  # noqa: E402
-    attribution_patch,
-    gradients,
-    logit_diff,
-    patch,
-    patch_sweep,
-    run_with_patches,
-)
-from .loading import load  # noqa: E402  (an EagerModel whatever the backend: see its docstring)
-from .remote.client import connect  # noqa: E402  (a Session on a model served by `ie-lab serve`: docs/REMOTE.md)
-from .session import OperationCancelled, Session, SessionClosed  # noqa: E402
 
 
 def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None):

@@ -4,6 +4,9 @@ what this machine can run.
 `./dev lab` calls `ie-lab lab` after setting up the venv, so there is one implementation of the lab launch. Nothing
 here evaluates its arguments: a model argument is a folder, `demo` or a transformers model type, loaded through
 `ie_lab.Session` with trust_remote_code off and safetensors only, like any other load.
+
+Building the command line imports neither torch nor transformers: `ie-lab --help`, `--version`, a command's
+`--help` and a usage error answer at once. Each command imports what it needs when it runs (tests/test_cli.py).
 """
 
 from __future__ import annotations
@@ -25,21 +28,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import transformers
-from packaging.requirements import Requirement
-from transformers import CONFIG_MAPPING
-
 from . import points as _points
 from .arch import quirks
 from .core.demo import DEMO_MODEL
 from .coverage import build_tiny, causal_lm_types
 from .errors import IELabError, InputError
-from .loading import pick_device
 from .points_table import layer_kinds, layer_kinds_text, width_of
 from .remote.command import add_serve_command
-from .session import Session
-from .toy import tokenizer
 
 # Exit codes: 2 for a command line that cannot work as written (argparse's own convention), 1 for a refusal or an
 # environment that lacks something, 0 otherwise.
@@ -148,6 +143,8 @@ def resolve_source(name: str) -> _Source:
             "checkpoint has its own",
             family=name,
         )
+    from transformers import CONFIG_MAPPING
+
     if name in CONFIG_MAPPING:
         raise InputError(
             f"{name!r} is a transformers model type with no causal-LM class, so ie_lab has no points "
@@ -186,6 +183,9 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def _session(src: _Source, backend: str, folder: str | None):
+    from .session import Session
+    from .toy import tokenizer
+
     kwargs: dict[str, Any] = {"backend": backend, "progress": False, "replace": False}
     if backend == "eager":
         kwargs["device"] = "cpu"  # a cheat sheet needs no accelerator, and leaves its memory alone
@@ -208,6 +208,8 @@ def _tiny(family: str) -> Any:
 
 def _save_tiny(family: str, folder: str) -> None:
     """vLLM loads weights from a folder: write the tiny instance there (safetensors) with its tokenizer."""
+    from .toy import tokenizer
+
     _tiny(family).save_pretrained(folder)
     tokenizer().save_pretrained(folder)
 
@@ -397,6 +399,9 @@ def _dist_version(*names: str) -> tuple[str, str] | None:
 
 def _torch_pin_mismatch(dist: str) -> str:
     """The torch version the installed vLLM build pins, when the installed torch is not it (vLLM then fails to import)."""
+    import torch
+    from packaging.requirements import Requirement
+
     for line in importlib.metadata.requires(dist) or ():
         req = Requirement(line)
         if req.name == "torch" and (req.marker is None or req.marker.evaluate()) and req.specifier:
@@ -424,6 +429,11 @@ def _cpu_name() -> str:
 
 
 def doctor_report() -> str:
+    import torch
+    import transformers
+
+    from .loading import pick_device
+
     def row(key: str, text: str) -> str:
         return f"  {key:<22}{text}"
 

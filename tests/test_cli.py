@@ -1,6 +1,9 @@
-"""The `ie-lab` command, run as a user runs it: a subprocess of `python -m ie_lab.cli` or of the console script in
-this venv's bin/. Each answer is checked against the code it reports on (the registry, a Session's own points, the
-installed versions), so a table that drifts from the binding fails here.
+"""The `ie-lab` command. Run as a user runs it (a subprocess of `python -m ie_lab.cli`, `python -m ie_lab` or the
+console script in this venv's bin/) where the process is what is tested: --version, --help, doctor, `lab`'s server,
+one `points` table, and what --help and a usage error import. The other runs (refusals, model types, folders, vLLM)
+call ie_lab.cli.main in this process (`cli` below): the same exit code and the same stdout and stderr, without a
+new interpreter importing torch and transformers for each. Each answer is checked against the code it reports on
+(the registry, a Session's own points, the installed versions), so a table that drifts from the binding fails here.
 
 docs/CLI.md's ```console blocks run here too: each `$ ie-lab ...` line is executed and the output lines shown under
 it must appear in order ("..." stands for lines left out).
@@ -15,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -41,6 +45,34 @@ def _env() -> dict[str, str]:
 def run(*args: str, script: bool = False) -> subprocess.CompletedProcess:
     cmd = [SCRIPT, *args] if script else [sys.executable, "-m", "ie_lab.cli", *args]
     return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_S)
+
+
+@pytest.fixture()
+def cli(capfd, monkeypatch):
+    """`ie-lab ARGS` in this process (ie_lab.cli.main) as run() gives it: offline, the exit code `sys.exit(main())`
+    would give (argparse's SystemExit included), and what reached stdout and stderr (file descriptors included)."""
+    import huggingface_hub.constants
+
+    from ie_lab.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at its import
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        capfd.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:  # what the interpreter does with sys.exit("text")
+                print(e.code, file=sys.stderr)
+                code = 1
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["ie-lab", *args], code, out, err)
+
+    return call
 
 
 def sheet(out: str) -> tuple[dict[str, tuple[str, bool, bool]], str]:
@@ -113,11 +145,16 @@ def test_points_demo_lists_what_the_demo_session_serves(demo_session):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
 @pytest.mark.parametrize("model", ["demo", "qwen3"])
-def test_points_backend_vllm_asks_a_vllm_session_and_matches_the_expected_column(model):
+def test_points_backend_vllm_asks_a_vllm_session_and_matches_the_expected_column(model, cli, monkeypatch):
     """--backend vllm starts a real vLLM session (a saved tiny instance for a model type); its verdicts equal the
-    column the default run expects from the registry and the binding."""
-    expected, _ = sheet(run("points", model).stdout)
-    r = run("points", model, "--backend", "vllm")
+    column the default run expects from the registry and the binding. In this process, with its in-process engine
+    (tests/conftest.py), as the other vLLM tests: a subprocess per run imported torch, transformers and vLLM again."""
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))  # the command sets it
+    r = cli("points", model)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "expected from the registry" in r.stdout
+    expected, _ = sheet(r.stdout)
+    r = cli("points", model, "--backend", "vllm")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "a vLLM session's verdict" in r.stdout
     rows, _ = sheet(r.stdout)
@@ -125,11 +162,11 @@ def test_points_backend_vllm_asks_a_vllm_session_and_matches_the_expected_column
     assert any(v for _, _, v in rows.values()) and not all(v for _, _, v in rows.values())  # lm_head: eager only
 
 
-def test_points_on_a_model_type_builds_a_tiny_instance():
+def test_points_on_a_model_type_builds_a_tiny_instance(cli):
     from ie_lab.coverage import build_tiny
     from ie_lab.toy import tokenizer
 
-    r = run("points", "llama", script=True)  # the console script of this venv
+    r = cli("points", "llama")
     assert r.returncode == 0, r.stderr
     head = r.stdout.splitlines()[0]
     assert "tiny random-weight LlamaForCausalLM" in head and "no download" in head
@@ -143,14 +180,14 @@ def test_points_on_a_model_type_builds_a_tiny_instance():
         s.close()
 
 
-def test_points_on_an_moe_family_and_an_unverified_one():
-    r = run("points", "mixtral")
+def test_points_on_an_moe_family_and_an_unverified_one(cli):
+    r = cli("points", "mixtral")
     assert r.returncode == 0, r.stderr
     rows, rest = sheet(r.stdout)
     assert rows["router_logits.1"] == ("[batch, seq, 4]", True, True)
     assert rows["expert_weights.1"][1:] == (True, False)  # eager reads it; vLLM's fused kernel never builds it
     assert "mlp_act.1" not in rows and "mlp_act" in named(rest)
-    r = run("points", "gpt_neox")  # bound on eager, not verified on vLLM
+    r = cli("points", "gpt_neox")  # bound on eager, not verified on vLLM
     assert r.returncode == 0, r.stderr
     rows, rest = sheet(r.stdout)
     assert rows and all(e and not v for _, e, v in rows.values())
@@ -158,13 +195,13 @@ def test_points_on_an_moe_family_and_an_unverified_one():
     assert "resid_mid" in named(rest)  # a parallel block
 
 
-def test_a_local_folder(tmp_path):
+def test_a_local_folder(tmp_path, cli):
     from ie_lab.toy import tiny_model
 
     model, tok = tiny_model("qwen3")
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    r = run("points", str(tmp_path))
+    r = cli("points", str(tmp_path))
     assert r.returncode == 0, r.stderr
     rows, _ = sheet(r.stdout)
     assert rows["q_norm_in.1"][1:] == (True, True)  # Qwen 3 has QK-norm
@@ -182,8 +219,8 @@ def test_a_local_folder(tmp_path):
         ("t5", "no causal-LM class"),
     ],
 )
-def test_an_unknown_name_exits_2_with_the_fix(name, hint):
-    r = run("points", name)
+def test_an_unknown_name_exits_2_with_the_fix(name, hint, cli):
+    r = cli("points", name)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert hint in r.stderr and r.stdout == ""
     assert "Traceback" not in r.stderr
@@ -206,10 +243,10 @@ def _unbuildable() -> str:
     return found[0]
 
 
-def test_a_refused_family_exits_1_with_the_reason():
-    r = run("points", "openai-gpt")  # (mamba and rwkv bind since issue 20: their mixer layers have points)
+def test_a_refused_family_exits_1_with_the_reason(cli):
+    r = cli("points", "openai-gpt")  # (mamba and rwkv bind since issue 20: their mixer layers have points)
     assert r.returncode == 1 and "post-norm" in r.stderr and "Traceback" not in r.stderr
-    r = run("points", _unbuildable())
+    r = cli("points", _unbuildable())
     assert r.returncode == 1 and "no tiny instance" in r.stderr and "Instead:" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
@@ -265,6 +302,69 @@ def test_version_and_help():
         timeout=HANG_S,
     )
     assert r.returncode == 0 and r.stdout.strip() == f"ie_lab {ie_lab.__version__}"
+
+
+HEAVY = {"torch", "transformers", "vllm", "fastapi", "uvicorn"}
+# What needs no model, with the exit code it must give (2: a command line that cannot work as written).
+NO_MODEL = [
+    (["--help"], 0),
+    (["--version"], 0),
+    (["lab", "--help"], 0),
+    (["points", "--help"], 0),
+    (["doctor", "--help"], 0),
+    (["serve", "--help"], 0),
+    ([], 2),
+    (["bogus"], 2),
+    (["doctor", "--bogus"], 2),
+    (["lab", "--port", "0"], 2),
+    (["points"], 2),
+    (["points", "demo", "--backend", "tpu"], 2),
+    (["serve"], 2),
+    (["serve", "demo", "--port", "x"], 2),
+]
+
+
+def test_help_version_and_usage_errors_import_no_torch():
+    """The command line is built and checked before torch, transformers or vLLM load (issue 29: `ie-lab --help`
+    took 1.6x the time of importing torch): ie_lab.cli.main on each line of NO_MODEL in one fresh interpreter, and
+    `python -m ie_lab --help` as a user runs it, its imports listed by -X importtime."""
+    code = textwrap.dedent(
+        """
+        import contextlib, io, json, sys
+        from ie_lab.cli import main
+        codes = []
+        for argv in json.loads(sys.argv[1]):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                try:
+                    codes.append(main(argv))
+                except SystemExit as e:
+                    codes.append(e.code or 0)
+        print(json.dumps({"codes": codes, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+        """
+    )
+    import json
+
+    lines = json.dumps([argv for argv, _ in NO_MODEL])
+    r = subprocess.run(
+        [sys.executable, "-c", code, lines], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_S
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert dict(zip(map(" ".join, (a for a, _ in NO_MODEL)), got["codes"])) == {" ".join(a): c for a, c in NO_MODEL}
+    assert "ie_lab" in got["modules"] and not HEAVY & set(got["modules"]), sorted(HEAVY & set(got["modules"]))
+
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ie_lab", "--help"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert r.returncode == 0 and "points" in r.stdout, r.stderr[-3000:]
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert "ie_lab.cli" in imported  # -X importtime listed the imports
+    assert not {m.split(".")[0] for m in imported} & HEAVY, sorted(m for m in imported if m.split(".")[0] in HEAVY)
 
 
 # ---- lab: a real server ---------------------------------------------------------------------------------------
@@ -374,8 +474,8 @@ def _doc_commands() -> list[tuple[list[str], list[str]]]:
 
 
 @pytest.mark.parametrize("args, shown", _doc_commands(), ids=[" ".join(a) for a, _ in _doc_commands()])
-def test_docs_console_examples_are_what_the_command_prints(args, shown):
-    r = run(*args)
+def test_docs_console_examples_are_what_the_command_prints(args, shown, cli):
+    r = cli(*args)
     actual = [ln.rstrip() for ln in (r.stdout + r.stderr).splitlines()]
     i = 0
     for want in (w for w in shown if w and w != "..."):

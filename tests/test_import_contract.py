@@ -271,3 +271,49 @@ def test_the_wire_format_imports_without_side_effects():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _lazy_imports() -> dict[str, tuple[str, str | None]]:
+    """The names the package __init__ imports under `if TYPE_CHECKING:`, as its _LAZY table spells them."""
+    tree = ast.parse((PKG / "__init__.py").read_text())
+    block = next(
+        n for n in tree.body if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING"
+    )
+    out: dict[str, tuple[str, str | None]] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.unparse(node)
+        for a in node.names:
+            if node.module is None:  # `from . import sizing`: the module itself
+                out[a.asname or a.name] = (f".{a.name}", None)
+            else:
+                out[a.asname or a.name] = (f".{node.module}", a.name)
+    return out
+
+
+def test_the_package_imports_no_torch():
+    # `import ie_lab` (and so every `ie-lab` command line, --help included) loads neither torch nor transformers:
+    # the package __init__ imports its heavy names on first use (PEP 562).
+    code = (
+        "import sys, ie_lab; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'vllm'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_lazy_name_resolves_to_its_module_object():
+    import importlib
+
+    import ie_lab
+
+    lazy = _lazy_imports()
+    assert lazy == ie_lab._LAZY  # what IDEs and mypy see is what __getattr__ imports
+    assert set(lazy) <= set(ie_lab.__all__) and set(ie_lab.__all__) <= set(dir(ie_lab))
+    for name, (module, attr) in lazy.items():
+        mod = importlib.import_module(module, "ie_lab")
+        assert getattr(ie_lab, name) is (mod if attr is None else getattr(mod, attr)), name
+    star: dict = {}
+    exec("from ie_lab import *", star)
+    assert set(ie_lab.__all__) <= set(star) and star["Session"] is ie_lab.Session
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        ie_lab.nope  # noqa: B018

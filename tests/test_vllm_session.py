@@ -140,8 +140,10 @@ def test_with_block_steers_every_request_inside_it(s, eager):
 
 
 def test_streaming_with_top_logprobs_matches_eager(s, eager):
+    from ie_lab.eager.generate import generate_stream
+
     steps = list(s.generate_stream(TEXT, 6, n_logprobs=3))
-    ref = list(ie_lab.eager.generate.generate_stream(eager, TEXT, 6, n_logprobs=3))
+    ref = list(generate_stream(eager, TEXT, 6, n_logprobs=3))
     assert [x.token_id for x in steps] == [x.token_id for x in ref]
     for a, b in zip(steps, ref):
         assert math.isclose(a.logprob, b.logprob, abs_tol=1e-3)
@@ -156,15 +158,19 @@ def test_sampling_with_a_seed_is_reproducible(s):
 
 
 def test_logit_lens_in_the_worker_equals_eager(s, eager):
+    from ie_lab.eager.lens import logit_lens
+
     got = s.logit_lens(TEXT, k=3)
-    want = ie_lab.eager.lens.logit_lens(eager, TEXT, k=3)
+    want = logit_lens(eager, TEXT, k=3)
     assert torch.equal(got.top_ids, want.top_ids)
     assert torch.allclose(got.top_probs, want.top_probs, atol=1e-4)
 
 
 def test_attention_recomputed_equals_eager_probs(s, eager):
+    from ie_lab.eager.attention import attention
+
     got = s.attention(TEXT)
-    want = ie_lab.eager.attention.attention(eager, TEXT)
+    want = attention(eager, TEXT)
     for L in got.layers:
         assert close(got.probs[L], want.probs[L])
         assert close(got.value[L], want.value[L])
