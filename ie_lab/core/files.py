@@ -96,13 +96,19 @@ def read_bytes(path: str | os.PathLike, what: str, kind: str = "json") -> bytes:
 
 
 def read_json(path: str | os.PathLike, what: str) -> Any:
-    """A JSON file's content, read as `read_bytes` does; invalid JSON is an InputError naming the file."""
+    """A JSON file's content, read as `read_bytes` does; invalid JSON (or JSON nested too deeply for the parser) is
+    an InputError naming the file."""
     data = read_bytes(path, what, "json")
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise InputError(
             f"{what} {os.fspath(path)!r} is not valid JSON ({e}); replace it with the file as it was saved."
+        ) from None
+    except RecursionError:  # '[[[[...' thousands deep: valid JSON no config is, and json's parser recurses on it
+        raise InputError(
+            f"{what} {os.fspath(path)!r} nests its lists or objects too deeply to read; no config does: replace it "
+            "with the file as it was saved."
         ) from None
 
 
