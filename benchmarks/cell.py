@@ -884,6 +884,9 @@ def run_cell(spec: dict, engine_cls=None) -> dict:
         "versions": {},
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
+        # the 1-minute load average before and after, and the cores: a shared machine's busy spell is visible
+        "load_average": [round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
     }
     global TOL_SCALE
     TOL_SCALE = 1.0 if spec.get("dtype", "float32") == "float32" else 200.0
@@ -922,6 +925,7 @@ def run_cell(spec: dict, engine_cls=None) -> dict:
             cell["base_median_s"] = {bw: statistics.median(v) for bw, v in base_times.items()}
         if cell["tokens"]:
             cell["tok_per_s"] = cell["tokens"] / cell["median_s"]
+        cell["load_average"].append(round(os.getloadavg()[0], 2))
         cell["status"] = "ok" if ok else "WRONG"
         return cell
     except NotApplicable as e:

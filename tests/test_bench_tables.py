@@ -99,3 +99,47 @@ def test_results_files_the_tables_read_record_where_they_ran():
         p = os.path.join(ROOT, "benchmarks", "results", f"{name}.json")
         r = json.load(open(p))
         assert r.get("machine") and r.get("date") and r.get("versions", {}).get("torch"), name
+
+
+def test_a_cell_refused_by_ie_lab_records_its_replay(tmp_path):
+    import torch
+
+    import cell
+    from ie_lab.errors import CapabilityUnsupported
+
+    class GraphLens:
+        def __init__(self, spec, x, shape):
+            pass
+
+        def versions(self):
+            return {}
+
+        def run(self, w):
+            raise CapabilityUnsupported("the logit lens in graph mode", "it needs Python in the forward.", "hooks")
+
+    class NoBatch:
+        def __init__(self, spec, x, shape):
+            raise cell.NotApplicable("one sequence per call", replay="interp_one_sequence")
+
+    p = tmp_path / "refs.pt"
+    torch.save({"inputs": {"prompt": torch.zeros(1, 4, dtype=torch.long)}}, p)
+    spec = {"model": "t", "refs": str(p), "shape": cell.shape_for(2, 64), "repeats": 1, "threads": 1}
+    c = cell.run_cell(dict(spec, engine="ie_vllm_graph", workload="lens_topk"), engine_cls=GraphLens)
+    assert (c["status"], c["replay"]) == ("n/a", "vllm_graph_lens")
+    c = cell.run_cell(dict(spec, engine="interp", workload="generate_x8"), engine_cls=NoBatch)
+    assert (c["status"], c["replay"]) == ("n/a", "interp_one_sequence")
+
+
+def test_a_cell_measured_on_a_busy_machine_is_marked():
+    c = {
+        "model": "m",
+        "engine": "ie_eager",
+        "workload": "generate",
+        "status": "ok",
+        "median_s": 1.0,
+        "tok_per_s": None,
+        "load_average": [1.0, 6.5],
+        "cpus": 2,
+    }
+    assert "\u2021load 6" in RENDER["_cell_text"](c, None, [])
+    assert "\u2021" not in RENDER["_cell_text"](dict(c, load_average=[0.5, 1.5]), None, [])
