@@ -57,10 +57,10 @@ peer_env() {  # $1 = tl | nnsight: the validator's requirements (peer + the same
 }
 peer_env tl & peer_env nnsight &
 mkvenv "$envs/ie"
-if ! timeout 240 bash -c "inst '$envs/ie' -e '$root' 'vllm==$vllm_v' 'transformers==$tf_v'" \
+if ! timeout 240 bash -c "inst '$envs/ie' -e '$root' 'vllm==$vllm_v' 'transformers==$tf_v' pytest" \
     > "$envs/ie.log" 2>&1; then
   echo "vllm==$vllm_v did not install (see $envs/ie.log); trying the newest vllm the package allows" >&2
-  timeout $(( 330 - (SECONDS - start) )) bash -c "inst '$envs/ie' -e '$root[vllm]'" >> "$envs/ie.log" 2>&1 || true
+  timeout $(( 330 - (SECONDS - start) )) bash -c "inst '$envs/ie' -e '$root[vllm]' pytest" >> "$envs/ie.log" 2>&1 || true
 fi
 wait
 py="$envs/ie/bin/python"
@@ -70,4 +70,13 @@ left=$(( 470 - (SECONDS - start) ))
 echo "installs took $((SECONDS - start)) s; $left s left for the benchmark"
 # the benchmark itself: every phase in its own process, within what is left of the 8 minutes
 timeout "$left" "$py" benchmarks/gpu_bench.py "$out" "${peers[@]}" --budget "$(( left - 20 ))" || echo "gpu_bench FAILED (see above)"
+# with the time that is left: the gpu-marked tests (graph mode under CUDA graphs against hooks mode, eager on CUDA
+# against CPU), which say whether the numbers above come from right answers on this GPU
+left=$(( 470 - (SECONDS - start) ))
+if [ "$left" -gt 90 ]; then
+  timeout "$left" "$py" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py > "$out/gpu-tests.log" 2>&1 \
+    && echo "gpu tests passed" || echo "gpu tests FAILED or cut short: $out/gpu-tests.log"
+else
+  echo "no time left for tests/test_gpu.py ($left s)" | tee "$out/gpu-tests.log"
+fi
 echo "total $((SECONDS - start)) s; results in $out/results.md"
