@@ -766,8 +766,12 @@ class Session:
         # A session nobody refers to any more (a re-bound name, a dropped loop variable) is closed here: without it
         # its thread, loop and model lived until the process ended. No full gc pass from a finalizer (unless the
         # backend needs one: an engine's worker state is freed only by it).
-        with contextlib.suppress(Exception):
+        # At interpreter exit this runs after module globals are torn down (contextlib, torch may be None): a bare
+        # try, so a script that ends with a Session open (or closed) prints no "Exception ignored in __del__".
+        try:
             self._close(collect=False)
+        except Exception:  # noqa: BLE001, S110 - nothing left to report to, and the process takes the rest
+            pass
 
     # ---- facts ----------------------------------------------------------------------------------
     @property
