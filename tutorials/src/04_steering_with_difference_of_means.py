@@ -78,9 +78,10 @@ for o in sad_openings[:2]:
 # Your code here
 
 # %% [markdown]
-# **Solution.**
+# **Solution.** Hidden until you want it: click the `⋯` below (or the bar to its left) to show the code
+# and its output.
 
-# %%
+# %% [solution]
 happy_openings = ["One Monday , Fiona went to the farm . Fiona smiled and laughed .",
                   "One Sunday , Luke went to the river . It was a sunny day at the river .",
                   "One Friday , Holly went to the cafe . Holly was full of joy ."]
