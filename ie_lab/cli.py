@@ -32,7 +32,7 @@ from . import points as _points
 from .arch import quirks
 from .core.demo import DEMO_MODEL
 from .coverage import build_tiny, causal_lm_types
-from .errors import IELabError, InputError
+from .errors import IELabError, InputError, plural
 from .points_table import layer_kinds, layer_kinds_text, width_of
 from .remote.command import add_serve_command
 
@@ -464,7 +464,7 @@ def doctor_report() -> str:
 
     lines += ["", "Devices"]
     cores = _cpu_cores()
-    lines.append(row("cpu", f"{cores} core{'s' if cores != 1 else ''} available ({_cpu_name()})"))
+    lines.append(row("cpu", f"{plural(cores, 'core')} available ({_cpu_name()})"))
     n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n_cuda:
         for i in range(n_cuda):
