@@ -177,3 +177,22 @@ def test_tutorial_solutions_are_hidden_until_asked_and_still_run():
         hidden = [c for c in cells if c.metadata.get("jupyter")]
         assert len(hidden) == sum(w.startswith(os.path.basename(path)) for w in found), path
     assert len(found) >= 6, found  # every tutorial with an exercise (01 has two)
+
+
+def test_every_panel_is_shown_in_a_notebook_or_tutorial():
+    """Each notebook panel a Session opens appears, run, in at least one notebook or tutorial (the feature panel
+    was in none): a newcomer meets it there, and nbval runs it."""
+    import glob
+    import re
+
+    from ie_lab.session import Session
+
+    panels = {name for name in dir(Session) if re.fullmatch(r"picker|show_attention|\w+_panel", name)}
+    assert {"picker", "show_attention", "steering_panel", "feature_panel"} <= panels
+    text = "".join(
+        open(p, encoding="utf-8").read()
+        for f in ("notebooks", "tutorials")
+        for p in glob.glob(os.path.join(ROOT, f, "src", "*.py"))
+    )
+    missing = sorted(p for p in panels if f".{p}(" not in text)
+    assert not missing, f"panels shown in no notebook or tutorial: {missing}"
