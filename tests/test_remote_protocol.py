@@ -252,3 +252,14 @@ def test_a_script_that_ends_with_remote_sessions_open_or_closed_exits_cleanly(se
         ln for ln in r.stderr.splitlines() if re.search(r"Exception ignored|Traceback|ResourceWarning|nclosed", ln)
     ]
     assert not noise, r.stderr[-3000:]
+
+
+def test_prepend_bos_is_applied_before_the_wire(server, token, local):
+    """A remote Session turns text into ids by prepend_bos itself: the server runs what a local Session would."""
+    with ie_lab.connect(server.url, token=token, replace=False, progress=False, prepend_bos=False) as s:
+        assert s.tokens("The cat").tolist() == local.tokens("The cat", prepend_bos=False).tolist()
+        got = s.capture("The cat", ["resid_post.1"])["resid_post.1"]
+        want = local.capture("The cat", ["resid_post.1"], prepend_bos=False)["resid_post.1"]
+        assert got.shape[1] == local.tokens("The cat").shape[1] - 1  # the demo tokenizer's own BOS left off
+        assert torch.allclose(got, want, atol=1e-5)
+        assert s.generate("The cat", 3, prepend_bos=True).ids == local.generate("The cat", 3).ids
