@@ -113,7 +113,9 @@ def test_every_operation_takes_it_per_call_and_the_session_default(model, plain,
 
     assert asyncio.run(streamed()) == gen.ids
     assert session.logit_lens(TEXT, prepend_bos=True).str_tokens[0] == "<s>"
-    many = session.capture([TEXT, "John went home"], ["resid_post.1"], prepend_bos=True)  # a list of texts: each gets one
+    many = session.capture(
+        [TEXT, "John went home"], ["resid_post.1"], prepend_bos=True
+    )  # a list of texts: each gets one
     assert [c.str_tokens[0][0] for c in many] == ["<s>", "<s>"]
     with ie_lab.Session(model, plain, prepend_bos=True, progress=False, replace=False) as s:
         assert torch.equal(s.capture(TEXT, ["resid_post.1"])["resid_post.1"], want)  # the Session's default
