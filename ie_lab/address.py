@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import points as _points
-from .errors import AddressError, shown
+from .errors import AddressError, plural, shown
 from .points import Scope
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ class Address:
         """Check coordinate ranges against a model's facts; returns self for chaining."""
         if self.layer is not None and self.layer >= facts.n_layers:
             raise AddressError(
-                f"layer {self.layer} is out of range in {str(self)!r}: this model has {facts.n_layers} layers "
+                f"layer {self.layer} is out of range in {str(self)!r}: this model has {plural(facts.n_layers, 'layer')} "
                 f"(0..{facts.n_layers - 1}). Negative layers are not accepted; write {facts.n_layers - 1} for the last."
             )
         if self.head is not None:
@@ -218,7 +218,7 @@ def layer_list(layers: object, facts: "ArchFacts", *, arg: str = "layers") -> li
             )
         if not 0 <= value < n:
             raise AddressError(
-                f"{arg} contains {value}, but this model has {n} layers (0..{n - 1}). Negative layers "
+                f"{arg} contains {value}, but this model has {plural(n, 'layer')} (0..{n - 1}). Negative layers "
                 f"are not accepted; write {n - 1} for the last."
             )
         if value in out:

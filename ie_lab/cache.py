@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .address import Address, AddressLike
-from .errors import AddressError, did_you_mean
+from .errors import AddressError, did_you_mean, plural
 
 
 def _size(n_bytes: int) -> str:
@@ -92,7 +92,7 @@ class Cache(Mapping[Address, torch.Tensor]):
 
     def __repr__(self) -> str:
         rows = self._rows()
-        head = f"Cache({len(rows)} tensor{'s' if len(rows) != 1 else ''}, {_size(self.nbytes())})"
+        head = f"Cache({plural(len(rows), 'tensor')}, {_size(self.nbytes())})"
         if not rows:
             return head
         w = [max(len(r[i]) for r in rows) for i in range(4)]

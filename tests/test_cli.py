@@ -12,6 +12,7 @@ it must appear in order ("..." stands for lines left out).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -422,7 +423,13 @@ def test_lab_passes_jupyter_arguments_and_keeps_the_token_off_the_command_line(t
             assert proc.poll() is None, f"ie-lab lab exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
             assert time.monotonic() < end, f"ie-lab lab did not answer:\n{log.read_text()[-3000:]}"
             time.sleep(0.5)
-        assert f"http://127.0.0.1:{port}/lab?token={token}" in log.read_text()
+        # The printed URL opens the quickstart under the base URL given (a bare /lab would open the Launcher).
+        printed = f"http://127.0.0.1:{port}/ie/lab/tree/notebooks/01_quickstart.ipynb?token={token}"
+        assert f"JupyterLab: {printed}\n" in log.read_text()
+        with urllib.request.urlopen(printed, timeout=30) as r:
+            page = r.read().decode()
+        config = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page, re.S)
+        assert config is not None and json.loads(config.group(1))["treePath"] == "notebooks/01_quickstart.ipynb"
         with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
             cmdline = f.read()
         assert b"jupyterlab" in cmdline and token.encode() not in cmdline  # exec'd, token in the environment only

@@ -1,5 +1,7 @@
-"""`./dev lab` starts JupyterLab with a token that no other local user can read from the process list."""
+"""`./dev lab` starts JupyterLab with a token that no other local user can read from the process list, prints a URL
+that opens the quickstart notebook, and leaves a clean terminal (no node stack traces)."""
 
+import json
 import os
 import re
 import signal
@@ -8,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -25,6 +28,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+QUICKSTART = "notebooks/01_quickstart.ipynb"
+# A node stack frame ("    at fn (file:///...:4:393)") or node's closing banner ("Node.js v20.20.2"): JupyterLab
+# runs node scripts from its venv at start (jupyter_builder's yarn.js), and a failing one prints both to the terminal.
+NODE_TRACE = re.compile(r"^\s+at .*:\d+:\d+\)?$|^Node\.js v\d+|Fail to get yarn configuration", re.M)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return None  # the 302 itself is the answer looked at
 
 
 def _status(port: int, token: str | None) -> int:
@@ -87,15 +101,17 @@ def test_dev_lab_keeps_the_token_off_the_command_line(tmp_path):
         token = None
         while True:
             text = log.read_text(errors="replace")
-            m = re.search(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]+)", text)
+            m = re.search(r"^JupyterLab: (http://\S+)$", text, re.M)
             if m and token is None:
-                token = m.group(1)  # the URL for the user is still printed
+                url = urllib.parse.urlsplit(m.group(1))  # the URL for the user is still printed
+                token = urllib.parse.parse_qs(url.query)["token"][0]
             if token and _status(port, token) == 200:
                 break
             assert proc.poll() is None, f"./dev lab exited ({proc.returncode}):\n{text[-3000:]}"
             assert time.monotonic() < end, f"./dev lab did not answer (hung?):\n{text[-3000:]}"
             time.sleep(0.5)
         assert len(token) >= 32
+        assert (url.netloc, url.path) == (f"127.0.0.1:{port}", f"/lab/tree/{QUICKSTART}"), url  # not the Launcher
 
         procs = _group(proc.pid)
         assert proc.pid in procs and b"jupyter" in procs[proc.pid], procs  # ./dev exec'd the server
@@ -109,6 +125,26 @@ def test_dev_lab_keeps_the_token_off_the_command_line(tmp_path):
         assert _status(port, None) == 403
         assert _status(port, "0" * len(token)) == 403
         assert _status(port, token) == 200
+
+        # The printed URL opens the quickstart: JupyterLab's page for it names the notebook as the path to open
+        # (its page config's treePath; a bare /lab has none and shows the Launcher).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab/tree/{QUICKSTART}?token={token}", timeout=30) as r:
+            page = r.read().decode()
+        config = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page, re.S)
+        assert config is not None, page[:2000]
+        assert json.loads(config.group(1))["treePath"] == QUICKSTART
+        # ...and so does the bare address (what the server's own log line and a bookmark of the port lead to).
+        opener = urllib.request.build_opener(_NoRedirect())
+        with pytest.raises(urllib.error.HTTPError) as redirect:
+            opener.open(f"http://127.0.0.1:{port}/?token={token}", timeout=30)
+        assert (
+            redirect.value.code == 302
+            and urllib.parse.urlsplit(redirect.value.headers["Location"]).path == f"/lab/tree/{QUICKSTART}"
+        )
+
+        # JupyterLab has run its node scripts by now (the yarn configuration is read while the server starts).
+        trace = NODE_TRACE.search(log.read_text(errors="replace"))
+        assert trace is None, f"node failed in the ./dev lab terminal:\n{log.read_text(errors='replace')[-4000:]}"
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -149,3 +149,50 @@ def test_attention_viewer_is_shown_where_attention_is_taught():
             panel = state[model_id]["state"]
             assert panel.get("_anywidget_id", "").endswith("AttentionViewer"), rel
             assert panel.get("tokens") and panel.get("n_heads", 0) > 0, rel
+
+
+def test_tutorial_solutions_are_hidden_until_asked_and_still_run():
+    """A teaching notebook keeps each exercise's solution collapsed (JupyterLab's jupyter.source_hidden and
+    outputs_hidden: the reader clicks to open it) and still executes it: never skipped, so nbval runs it with the
+    rest of the tutorial in the gate, and its committed output is from a run."""
+    import glob
+
+    import nbformat
+
+    found = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tutorials", "*.ipynb"))):
+        cells = nbformat.read(path, as_version=4).cells
+        for i, cell in enumerate(cells):
+            if cell.cell_type != "markdown" or not cell.source.startswith("**Solution"):
+                continue
+            where = f"{os.path.basename(path)} cell {i + 1}"
+            sol = cells[i + 1]
+            assert sol.cell_type == "code", where
+            assert sol.metadata.get("jupyter") == {"source_hidden": True, "outputs_hidden": True}, where
+            assert "skip-execution" not in sol.metadata.get("tags", []), where
+            assert "NBVAL_SKIP" not in sol.source, where
+            assert sol.execution_count is not None and sol.outputs, f"{where}: not run when the notebook was built"
+            found.append(where)
+        # and nothing else is hidden: the exercise's own prompt and the lesson stay in the open
+        hidden = [c for c in cells if c.metadata.get("jupyter")]
+        assert len(hidden) == sum(w.startswith(os.path.basename(path)) for w in found), path
+    assert len(found) >= 6, found  # every tutorial with an exercise (01 has two)
+
+
+def test_every_panel_is_shown_in_a_notebook_or_tutorial():
+    """Each notebook panel a Session opens appears, run, in at least one notebook or tutorial (the feature panel
+    was in none): a newcomer meets it there, and nbval runs it."""
+    import glob
+    import re
+
+    from ie_lab.session import Session
+
+    panels = {name for name in dir(Session) if re.fullmatch(r"picker|show_attention|\w+_panel", name)}
+    assert {"picker", "show_attention", "steering_panel", "feature_panel"} <= panels
+    text = "".join(
+        open(p, encoding="utf-8").read()
+        for f in ("notebooks", "tutorials")
+        for p in glob.glob(os.path.join(ROOT, f, "src", "*.py"))
+    )
+    missing = sorted(p for p in panels if f".{p}(" not in text)
+    assert not missing, f"panels shown in no notebook or tutorial: {missing}"

@@ -4,12 +4,18 @@ Compression pays only for large frames that shrink: a frame is sent zlib-compres
 COMPRESS_MIN bytes, the receiver said it reads compressed frames, and it shrinks to COMPRESS_KEEP or less; results
 are the same either way. A compressed request that would inflate past the server's max_request_bytes is refused
 before it is inflated. A client and a server of different protocol versions refuse each other with both versions
-and the fix named.
+and the fix named. Closing a session (or a script ending with one open) closes its HTTP client, with no warning.
 """
 
 from __future__ import annotations
 
+import gc
+import os
+import re
 import struct
+import subprocess
+import sys
+import warnings
 import zlib
 
 import pytest
@@ -193,3 +199,67 @@ def test_model_facts_survive_the_wire_with_every_tuple_field():
     back = facts_from(json.loads(json.dumps(facts_dict(hybrid))))
     assert back == hybrid
     assert all(isinstance(getattr(back, k), tuple) for k in tuple_fields if getattr(hybrid, k) is not None)
+
+
+# ---- closing ------------------------------------------------------------------------------------------------
+
+
+def test_closing_a_remote_session_closes_its_http_client_without_a_warning(server, token):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        s = ie_lab.connect(server.url, token=token, replace=False, progress=False)
+        http = s._backend._http  # the client the session's requests went through
+        assert s.generate("The cat", max_new_tokens=2).text
+        s.close()
+        del s
+        gc.collect()
+    assert http.is_closed
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning) or "nclosed" in str(w.message)], [
+        str(w.message) for w in seen
+    ]
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+# Registered before ie_lab is imported, so it runs after ie_lab's own exit hooks: what a script leaves behind.
+atexit.register(lambda: print("client closed at exit:", held[0]._backend._http is None and clients[0].is_closed))
+import ie_lab
+held, clients = [], []
+s = ie_lab.connect(sys.argv[1], token=sys.argv[2], replace=False, progress=False)
+clients.append(s._backend._http)
+s.generate("The cat", max_new_tokens=2)
+held.append(s)
+closed = ie_lab.connect(sys.argv[1], token=sys.argv[2], replace=False, progress=False)
+closed.close()
+print("end of script")
+"""
+
+
+def test_a_script_that_ends_with_remote_sessions_open_or_closed_exits_cleanly(server, token):
+    """The session left open is closed while the interpreter can still close it (its client's connections shut,
+    no "unclosed" warning), and neither session's finalizer prints a traceback at exit (a Session's __del__ ran
+    after module globals were torn down: "Exception ignored in ... Session.__del__", for every script)."""
+    r = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error::ResourceWarning", "-c", EXIT_SCRIPT, server.url, token],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONASYNCIODEBUG": "0"},  # -X dev's asyncio debug logs slow callbacks: noise here
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[-2:] == ["end of script", "client closed at exit: True"], r.stdout + r.stderr[-3000:]
+    noise = [
+        ln for ln in r.stderr.splitlines() if re.search(r"Exception ignored|Traceback|ResourceWarning|nclosed", ln)
+    ]
+    assert not noise, r.stderr[-3000:]
+
+
+def test_prepend_bos_is_applied_before_the_wire(server, token, local):
+    """A remote Session turns text into ids by prepend_bos itself: the server runs what a local Session would."""
+    with ie_lab.connect(server.url, token=token, replace=False, progress=False, prepend_bos=False) as s:
+        assert s.tokens("The cat").tolist() == local.tokens("The cat", prepend_bos=False).tolist()
+        got = s.capture("The cat", ["resid_post.1"])["resid_post.1"]
+        want = local.capture("The cat", ["resid_post.1"], prepend_bos=False)["resid_post.1"]
+        assert got.shape[1] == local.tokens("The cat").shape[1] - 1  # the demo tokenizer's own BOS left off
+        assert torch.allclose(got, want, atol=1e-5)
+        assert s.generate("The cat", 3, prepend_bos=True).ids == local.generate("The cat", 3).ids

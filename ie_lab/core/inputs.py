@@ -172,3 +172,53 @@ def prepare_prompts(lm: Any, prompts: Any, *, rows: bool = False) -> list[torch.
             )
         out.append(ids)
     return out
+
+
+# ---- prepend_bos (TransformerLens' switch) ------------------------------------------------------------------
+
+# The parameters of the Backend protocol's operations that take prompts (ie_lab/backend.py).
+PROMPT_PARAMETERS = ("tokens_or_text", "prompt", "source", "clean", "corrupted", "positive", "negative")
+
+
+def check_prepend_bos(value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise InputError(f"prepend_bos must be True, False or None (the tokenizer's own choice), got {value!r}.")
+
+
+def text_ids(tok: Any, text: str, prepend_bos: bool) -> list[int]:
+    """One text's token ids with the beginning-of-sequence token decided by prepend_bos, as TransformerLens does:
+    the text's own tokens (no special tokens the tokenizer would add), then, with prepend_bos=True, the tokenizer's
+    BOS id first, or its EOS id where it has no BOS token (GPT-2's <|endoftext|> serves as both; TransformerLens sets
+    bos_token to eos_token the same way). prepend_bos=False: the text's own tokens only, even where the tokenizer
+    adds a BOS by itself (Llama, Gemma)."""
+    if tok is None:
+        raise InputError(
+            "this model was loaded without a tokenizer, so it cannot read text: pass token ids, or "
+            "load it with tokenizer=AutoTokenizer.from_pretrained(...)."
+        )
+    if not text:
+        raise InputError("empty text: give at least one character to tokenize.")
+    check_text(text)
+    ids = list(tok(text, add_special_tokens=False)["input_ids"])
+    if prepend_bos:
+        bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        if bos is None:
+            raise InputError(
+                "prepend_bos=True, but this tokenizer has neither a BOS nor an EOS token to put first: set "
+                "tokenizer.bos_token, or pass prepend_bos=False (or None: the tokenizer's own choice)."
+            )
+        ids = [int(bos), *ids]
+    return ids
+
+
+def with_bos(tok: Any, prompt: Any, prepend_bos: bool | None) -> Any:
+    """A prompt argument with its text turned into token ids by prepend_bos (None: unchanged, the tokenizer adds
+    what it adds by default). A list of texts becomes a list of id lists (each one prompt, as a list of texts is);
+    ids, tensors and conversations pass unchanged (a conversation's chat template places its own BOS)."""
+    if prepend_bos is None:
+        return prompt
+    if isinstance(prompt, str):
+        return text_ids(tok, prompt, prepend_bos)
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, str) for p in prompt):
+        return [text_ids(tok, p, prepend_bos) for p in prompt]
+    return prompt

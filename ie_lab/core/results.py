@@ -14,6 +14,7 @@ import torch
 
 from ..address import Address
 from ..cache import Cache
+from ..errors import plural
 
 # ---- generation ----------------------------------------------------------------------------------------
 
@@ -59,8 +60,8 @@ class GenerationResult:
     cache: Cache | None = None
 
     def __repr__(self) -> str:
-        cap = f", captured {len(self.cache)} point(s)" if self.cache is not None else ""
-        return f"GenerationResult({len(self.ids)} tokens, stop={self.stop_reason}{cap}): {self.text!r}"
+        cap = f", captured {plural(len(self.cache), 'point')}" if self.cache is not None else ""
+        return f"GenerationResult({plural(len(self.ids), 'token')}, stop={self.stop_reason}{cap}): {self.text!r}"
 
     def _repr_html_(self) -> str:
         import html
@@ -70,7 +71,7 @@ class GenerationResult:
             f"{html.escape(s.token)}</span> "
             for s in self.steps
         )
-        return f"<div><b>generated</b> ({len(self.ids)} tokens, stop: {self.stop_reason})<br>{toks}</div>"
+        return f"<div><b>generated</b> ({plural(len(self.ids), 'token')}, stop: {self.stop_reason})<br>{toks}</div>"
 
 
 # ---- logit lens -----------------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ class LensResult:
         width = max(8, max(len(t) for t in self.str_tokens[-6:]) + 1)
         pos = list(range(max(0, len(self.str_tokens) - 6), len(self.str_tokens)))
         head = "layer  " + "".join(self.str_tokens[p][: width - 1].ljust(width) for p in pos)
-        rows = [f"LogitLens({self.point}, top-1 at the last {len(pos)} positions; {self.note})", head]
+        rows = [f"LogitLens({self.point}, top-1 at the last {plural(len(pos), 'position')}; {self.note})", head]
         for i, L in enumerate(self.layers):
             cells = "".join(f"{self.top_tokens[i][p][0][: width - 1]}".ljust(width) for p in pos)
             rows.append(f"{L:>5}  {cells}")
@@ -156,7 +157,7 @@ class AttentionResult:
     def __repr__(self) -> str:
         H, q, k = next(iter(self.probs.values())).shape
         extra = f"; {'; '.join(self.notes)}" if self.notes else ""
-        return f"AttentionResult(layers={self.layers}, {H} heads, {q} tokens{extra})"
+        return f"AttentionResult(layers={self.layers}, {plural(H, 'head')}, {plural(q, 'token')}{extra})"
 
     def plot(self, layer: int, head: int):
         import plotly.graph_objects as go

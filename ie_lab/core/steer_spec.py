@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 
 from ..address import Address, AddressLike
-from ..errors import AddressError, InputError
+from ..errors import AddressError, InputError, plural
 from ..ops import steering as ops
 from .handles import as_lm
 from .steer_scope import active_specs, enter_scope, exit_scope
@@ -365,11 +365,11 @@ def check_positions_fit(specs: Sequence[SteerSpec], total_len: int) -> None:
         pos = sp.positions
         if isinstance(pos, tuple) and pos and max(pos) >= total_len:
             raise InputError(
-                f"steering positions {list(pos)} reach past the {total_len} tokens this call "
+                f"steering positions {list(pos)} reach past the {plural(total_len, 'token')} this call "
                 "will run; positions count from 0 over prompt + generated tokens."
             )
         if isinstance(pos, torch.Tensor) and bool(pos[total_len:].any()):
             raise InputError(
-                f"the steering mask marks positions past the {total_len} tokens this call will run "
+                f"the steering mask marks positions past the {plural(total_len, 'token')} this call will run "
                 f"(it is {pos.shape[0]} long); positions count from 0 over prompt + generated tokens."
             )

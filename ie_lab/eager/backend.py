@@ -20,7 +20,7 @@ from ..capabilities import require
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare, prepare_prompts
 from ..core.steer_spec import issued_specs
-from ..errors import InputError
+from ..errors import InputError, plural
 from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
 from ..points_table import PointsTable
 from .attention import attention
@@ -302,8 +302,8 @@ class EagerBackend:
         f, st = self.lm.facts, self.lm.binding.structure
         kinds = sorted(set(f.layer_kinds))
         parts = [
-            f"{f.model_type}: {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim}"
-            f" ({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.",
+            f"{f.model_type}: {plural(f.n_layers, 'layer')}, d_model {f.d_model}, {plural(f.n_heads, 'head')} x "
+            f"{f.head_dim} ({plural(f.n_kv_heads, 'key/value head')}), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}.",
             f"Attention: {', '.join(kinds)}" + (f" (window {f.sliding_window})" if f.sliding_window else "") + ".",
             "Block: "
             + ("parallel attention + MLP" if st["parallel_block"] else "sequential")

@@ -26,7 +26,7 @@ from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.sampling import check_generation_args
 from ..core.steer_spec import ForwardState, SteerSpec, check_positions_fit, issued_specs
-from ..errors import CapabilityUnsupported, InputError, RequestFailed
+from ..errors import CapabilityUnsupported, InputError, RequestFailed, plural
 from .model import lm_of
 from .steer import running
 from .steer_hooks import steering
@@ -266,7 +266,7 @@ def _check_seeds(seed: Any, n: int, batch: bool) -> list[int | None]:
     if batch and isinstance(seed, (list, tuple)):
         if len(seed) != n:
             raise InputError(
-                f"seed= has {len(seed)} seeds for {n} prompts: give one per prompt, or one integer for all."
+                f"seed= has {plural(len(seed), 'seed')} for {plural(n, 'prompt')}: give one per prompt, or one integer for all."
             )
         for x in seed:
             check_generation_args(1, 0.0, None, None, 0, seed=x) if x is not None else None
@@ -326,7 +326,9 @@ def plan(
     limit = lm.facts.max_positions
     for i, r in enumerate(rows):
         if limit and r.shape[1] + max_new_tokens > int(limit):
-            which = f"prompt {i} ({r.shape[1]} tokens)" if batch else f"prompt ({r.shape[1]} tokens)"
+            which = (
+                f"prompt {i} ({plural(r.shape[1], 'token')})" if batch else f"prompt ({plural(r.shape[1], 'token')})"
+            )
             raise InputError(
                 f"{which} + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}; "
                 "lower max_new_tokens or shorten the prompt."

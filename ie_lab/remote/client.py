@@ -13,6 +13,7 @@ picker panels and steering specs are checked here before anything is sent.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import hashlib
 import json
@@ -21,6 +22,7 @@ import re
 import struct
 import tempfile
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -201,6 +203,10 @@ class RemoteBackend:
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=headers, timeout=httpx.Timeout(None, connect=self._timeout)
         )
+        # A script that ends without close() (or a kernel shut down) closes the client while the session's loop
+        # still runs: a Session's own finalizer comes only once the interpreter is being torn down, too late to
+        # await anything, and the client was dropped open (an "unclosed" warning, its connections cut mid-way).
+        atexit.register(self._close_at_exit)
         r = await self._send("GET", "/v1/hello")
         stated = r.headers.get(PROTOCOL_HEADER)
         if stated != str(PROTOCOL):  # a server of another protocol, or one from before protocol versions
@@ -218,10 +224,26 @@ class RemoteBackend:
         )
         return self.lm
 
+    @property
+    def _close_at_exit(self) -> Callable[[], None]:
+        """An exit hook that holds no reference to this backend (atexit would keep every closed one alive)."""
+        hook = self.__dict__.get("_exit_hook")
+        if hook is None:
+            ref = weakref.ref(self)
+
+            def hook() -> None:
+                backend = ref()
+                if backend is not None:
+                    backend.stop()
+
+            self.__dict__["_exit_hook"] = hook
+        return hook
+
     def stop(self) -> None:
         http, self._http = self._http, None
         if http is None:
             return
+        atexit.unregister(self._close_at_exit)
         loop = getattr(self, "_loop", None)
         if loop is None or loop.is_closed() or threading.current_thread().name == self.thread_name:
             return

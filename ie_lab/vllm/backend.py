@@ -36,7 +36,7 @@ from ..core.projection_args import check_gen, make_encoder, one_address, point_w
 from ..core.results import AttentionResult, GenerationResult, GenStep, LensResult, Projection, token_names
 from ..core.steer_scope import active_specs, enter_scope, exit_scope
 from ..core.steer_spec import check_positions_fit, make_spec
-from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent, RequestFailed, check_flag
+from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent, RequestFailed, check_flag, plural
 from ..loading import resolve_dtype
 from ..ops.lens import describe_postprocess
 from ..ops.projection import to_plain
@@ -631,8 +631,8 @@ class VLLMBackend:
             mode = ", generation-only mode: compiled, no hooks"
         return (
             f"{f.model_type} on vLLM ({info['model_class']}, {self.engine_kind} engine{mode}, tensor parallel "
-            f"{info['tp_size']}): {f.n_layers} layers, d_model {f.d_model}, {f.n_heads} heads x {f.head_dim} "
-            f"({f.n_kv_heads} key/value heads), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}."
+            f"{info['tp_size']}): {plural(f.n_layers, 'layer')}, d_model {f.d_model}, {plural(f.n_heads, 'head')} x "
+            f"{f.head_dim} ({plural(f.n_kv_heads, 'key/value head')}), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}."
         )
 
     def points(self):

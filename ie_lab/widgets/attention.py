@@ -16,7 +16,7 @@ import torch
 import traitlets
 
 from ..address import layer_list
-from ..errors import AddressError, InputError
+from ..errors import AddressError, InputError, plural
 from . import _base, _static
 
 THUMB = 32  # thumbnail side in cells (patterns are max-pooled down to it)
@@ -63,7 +63,7 @@ class AttentionViewer(_base.Panel):
         if layer not in layers:
             raise InputError(f"layer {layer} is not among the layers shown ({layers}).")
         if not 0 <= head < n_heads:
-            raise InputError(f"head {head} is out of range: this model has {n_heads} heads.")
+            raise InputError(f"head {head} is out of range: this model has {plural(n_heads, 'head')}.")
         side = max(1, min(THUMB, len(tokens)))
         super().__init__(tokens=list(tokens), layers=list(layers), n_heads=n_heads, thumb_side=side, title=title)
         self.show(layer, head)
@@ -84,7 +84,7 @@ class AttentionViewer(_base.Panel):
         if layer not in self.layers:
             raise InputError(f"layer {layer} is not among the layers shown ({self.layers}).")
         if not 0 <= head < self.n_heads:
-            raise InputError(f"head {head} is out of range: this model has {self.n_heads} heads.")
+            raise InputError(f"head {head} is out of range: this model has {plural(self.n_heads, 'head')}.")
         probs = self._probs(layer)
         with self.hold_sync():
             if layer != self.layer or not self.thumbs:
@@ -102,14 +102,14 @@ class AttentionViewer(_base.Panel):
 
     def on_select(self, layer: int, head: int) -> None:
         if layer not in self.layers or head >= self.n_heads:
-            self._reject(f"no layer {layer} / head {head} here (layers {self.layers}, {self.n_heads} heads)")
+            self._reject(f"no layer {layer} / head {head} here (layers {self.layers}, {plural(self.n_heads, 'head')})")
             return
         self.show(layer, head)
 
     def __repr__(self) -> str:
         return (
-            f"AttentionViewer({self.title or 'attention'}: {len(self.tokens)} tokens, layers {self.layers}, "
-            f"{self.n_heads} heads; showing layer {self.layer} head {self.head})"
+            f"AttentionViewer({self.title or 'attention'}: {plural(len(self.tokens), 'token')}, layers {self.layers}, "
+            f"{plural(self.n_heads, 'head')}; showing layer {self.layer} head {self.head})"
         )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import traitlets
 
-from ..errors import InputError
+from ..errors import InputError, plural
 from . import _base, _static
 
 MAX_TOP = 64  # features listed in the picker
@@ -123,8 +123,8 @@ class FeaturePanel(_base.Panel):
 
     def __repr__(self) -> str:
         return (
-            f"FeaturePanel({self.title or 'features'} at {self.address}: {len(self.tokens)} tokens, "
-            f"{self.n_features} features; showing feature {self.feature})"
+            f"FeaturePanel({self.title or 'features'} at {self.address}: {plural(len(self.tokens), 'token')}, "
+            f"{plural(self.n_features, 'feature')}; showing feature {self.feature})"
         )
 
 
@@ -165,7 +165,7 @@ def for_session(
             k=features.k if features.activation == "topk" else None,
             **project_kwargs,
         )
-        what = f"SAE ({features.activation}, {features.d_sae} features)"
+        what = f"SAE ({features.activation}, {plural(features.d_sae, 'feature')})"
     else:
         if address is None:
             raise InputError("feature_panel with probe directions needs address= (e.g. 'resid_post.3').")

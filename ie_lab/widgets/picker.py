@@ -18,7 +18,7 @@ from .. import points as _points
 from ..address import Address
 from ..arch import quirks
 from ..arch.config_facts import ArchFacts
-from ..errors import AddressError, IELabError
+from ..errors import AddressError, IELabError, plural
 from ..points import Scope, Width, width_of
 from . import _base, _static
 
@@ -352,7 +352,7 @@ class Picker(_base.Panel):
             )
         L = facts.n_layers // 2 if layer is None else layer
         if not 0 <= L < facts.n_layers:
-            raise AddressError(f"layer {L} is out of range: this model has {facts.n_layers} layers.")
+            raise AddressError(f"layer {L} is out of range: this model has {plural(facts.n_layers, 'layer')}.")
         super().__init__(spec=spec, layer=L)
         self._points = {p["name"]: p for p in spec["points"]}
 
@@ -409,7 +409,7 @@ class Picker(_base.Panel):
         sel = ", ".join(self.selected) if self.selected else "none"
         kinds = f"; {s['layer_kinds_text']}" if s["layer_kinds_text"] else ""
         return (
-            f"Picker({s['family']}, {s['n_layers']} layers{kinds}, backend={s['backend']}; layer {self.layer}; "
+            f"Picker({s['family']}, {plural(s['n_layers'], 'layer')}{kinds}, backend={s['backend']}; layer {self.layer}; "
             f"selected: {sel})"
         )
 

@@ -23,7 +23,7 @@ import traitlets
 
 from ..address import Address
 from ..core.files import checked_file
-from ..errors import AddressError, IELabError, InputError
+from ..errors import AddressError, IELabError, InputError, plural
 from ..ops.steering import METHODS
 from ..points import all_points
 from ..sizing import GIB, batch_size_for
@@ -75,9 +75,15 @@ def _load_vector(vector: Any, address: Address) -> tuple[torch.Tensor, str]:
         src = "given tensor"
     t = t.detach().float().cpu()
     if t.dim() > 1:
-        src += f" (mean over {t.shape[:-1].numel()} positions)"
+        src += f" (mean over {plural(t.shape[:-1].numel(), 'position')})"
         t = t.reshape(-1, t.shape[-1]).mean(0)
     return t, src
+
+
+def _mean_difference_source(address: Any, pos: list, neg: list) -> str:
+    """How a difference-of-means vector was made, as the panel shows it ("6 vs 6 prompts", "1 vs 1 prompt")."""
+    noun = "prompt" if max(len(pos), len(neg)) == 1 else "prompts"
+    return f"difference of means at {address} ({len(pos)} vs {len(neg)} {noun})"
 
 
 class SteeringPanel(_base.Panel):
@@ -199,7 +205,7 @@ class SteeringPanel(_base.Panel):
         limit = self._session.facts.max_positions
         if limit and n + new > int(limit):
             raise InputError(
-                f"the prompt has {n} tokens; with max_new_tokens={new} that is over the model's "
+                f"the prompt has {plural(n, 'token')}; with max_new_tokens={new} that is over the model's "
                 f"context of {limit} tokens: shorten the prompt to at most {int(limit) - new} tokens."
             )
 
@@ -394,7 +400,7 @@ class SteeringPanel(_base.Panel):
                     self.has_vector = True
                     self.address = address
                     self.positive, self.negative = pos, neg
-                    self.vector_source = f"difference of means at {address} ({len(pos)} vs {len(neg)} prompts)"
+                    self.vector_source = _mean_difference_source(address, pos, neg)
                     self._apply_ranges(ranges)
                     self.status = "generating"
                 spec = self._spec()
@@ -499,7 +505,7 @@ class SteeringPanel(_base.Panel):
         self._vector = self._session.mean_difference(pos, neg, a).detach().float().cpu()
         self.has_vector = True
         self.positive, self.negative = pos, neg
-        self.vector_source = f"difference of means at {a} ({len(pos)} vs {len(neg)} prompts)"
+        self.vector_source = _mean_difference_source(a, pos, neg)
         if regenerate:
             self._set_ranges()
 

@@ -40,3 +40,28 @@ for engine in ["transformerlens", "transformerlens_bridge", "nnterp"]:
 # | `model.run_with_cache(toks, names_filter=...)` | `with model.trace(toks): x = model.layers_output[2].save()` | `s.capture(toks, ["resid_post.2"])` |
 # | hooks that edit activations | `model.layers_output[2][:] += v` | `with s.steer("resid_post.2", v):` |
 # | `cache["pattern", 1]` | `model.attention_probabilities[1]` | `s.capture(toks, ["attn_probs.1"])` |
+
+# %% [markdown]
+# ## Holding the model as TransformerLens and nnsight do
+#
+# nnsight's `LanguageModel(model, tokenizer=tok)` and TransformerLens' `from_pretrained(..., hf_model=model,
+# tokenizer=tok)` hold a model object with its tokenizer: `Session(model, tokenizer)` takes the same pair (or
+# `tokenizer=`).
+#
+# `prepend_bos` is TransformerLens' switch, on the Session or on any call that reads text: `None` (the default)
+# keeps what the tokenizer does by itself (this one adds its BOS), `True` puts one BOS first (the tokenizer's, or
+# its EOS where it has none, as TransformerLens does), `False` leaves it off. docs/SESSION.md has the exact rules.
+
+# %%
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+hf_model = AutoModelForCausalLM.from_pretrained(ie_lab.DEMO_MODEL)
+tokenizer = AutoTokenizer.from_pretrained(ie_lab.DEMO_MODEL)
+held = ie_lab.Session(hf_model, tokenizer, progress=False)  # as LanguageModel(hf_model, tokenizer=tokenizer)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(held.to_str_tokens("Mary went to the store"))                     # the tokenizer's own choice: its BOS first
+print(held.to_str_tokens("Mary went to the store", prepend_bos=False))  # TransformerLens' prepend_bos=False
+print(held.capture("Mary went to the store", ["resid_post.2"], prepend_bos=False)["resid_post.2"].shape)
+held.close()

@@ -58,9 +58,10 @@ print("with mlp_in instead:", torch.allclose(c[f"resid_pre.{L}"] + c[f"attn_out_
 # Your code here
 
 # %% [markdown]
-# **Solution.**
+# **Solution.** Hidden until you want it: click the `⋯` below (or the bar to its left) to show the code
+# and its output.
 
-# %%
+# %% [solution]
 # NBVAL_CHECK_OUTPUT
 c = s.capture(prompt, ["attn_probs.2", "value.2", "z.2"])
 b, n, _ = c["value.2"].shape
@@ -98,9 +99,10 @@ picker
 # Your code here
 
 # %% [markdown]
-# **Solution.** `picker.select(...)` does what the click does:
+# **Solution.** `picker.select(...)` does what the click does (hidden until you want it: click the `⋯` below,
+# or the bar to its left):
 
-# %%
+# %% [solution]
 # NBVAL_CHECK_OUTPUT
 picker.select("attn_out.2")
 out = s.capture(prompt, [picker.address])[str(picker.address)]

@@ -64,9 +64,10 @@ att.plot(layer=L_best, head=H_best)
 # Your code here
 
 # %% [markdown]
-# **Solution.**
+# **Solution.** Hidden until you want it: click the `⋯` below (or the bar to its left) to show the code
+# and its output.
 
-# %%
+# %% [solution]
 prev = torch.zeros(s.facts.n_layers, s.facts.n_heads)
 for L in att.layers:
     q = torch.arange(2, n_rep + 1)

@@ -74,9 +74,10 @@ heads.plot()
 # Your code here
 
 # %% [markdown]
-# **Solution.**
+# **Solution.** Hidden until you want it: click the `⋯` below (or the bar to its left) to show the code
+# and its output.
 
-# %%
+# %% [solution]
 L, H = divmod(int(heads.values.argmax()), s.facts.n_heads)
 att = s.attention(clean, layers=[L])
 k = int(att.probs[L][H, -1].argmax())

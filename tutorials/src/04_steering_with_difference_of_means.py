@@ -78,9 +78,10 @@ for o in sad_openings[:2]:
 # Your code here
 
 # %% [markdown]
-# **Solution.**
+# **Solution.** Hidden until you want it: click the `⋯` below (or the bar to its left) to show the code
+# and its output.
 
-# %%
+# %% [solution]
 happy_openings = ["One Monday , Fiona went to the farm . Fiona smiled and laughed .",
                   "One Sunday , Luke went to the river . It was a sunny day at the river .",
                   "One Friday , Holly went to the cafe . Holly was full of joy ."]
@@ -120,3 +121,24 @@ panel
 # %%
 # NBVAL_CHECK_OUTPUT
 print("the panel shows what s.generate gives:", panel.steered_text == s.generate(sad_openings[1], 24, steer=add).text)
+
+# %% [markdown]
+# ## Reading the direction: the feature panel
+# The mood direction is also a *probe*: projecting each token's `resid_post.L` on it scores how happy the model
+# reads that token. The feature panel colours a text's tokens by such scores (negative ones in the theme's error
+# colour); hover a token for its score. It takes a `[k, d]` matrix of directions, one feature each, as here, or a
+# sparse autoencoder's features: pass `ie_lab.load_sae(path, s)` instead of the matrix (docs/SAE.md), and the
+# picker above the tokens lists the features most active on the text.
+
+# %%
+story = "One Saturday , Megan went to the zoo . Megan laughed and felt joyful . Then the day was rainy . Megan cried and felt lonely ."
+probe = s.feature_panel(story, f"resid_post.{L}", (mood / mood.norm())[None])
+probe
+
+# %%
+# NBVAL_CHECK_OUTPUT
+scores = probe.feature_values()  # what the panel colours the tokens by: the projection on the mood direction
+order = scores.argsort(descending=True).tolist()
+print("most happy:", [probe.tokens[i] for i in order[:2]], "most sad:", probe.tokens[order[-1]])
+print("the panel shows s.project's scores:",
+      torch.allclose(scores, s.project(story, f"resid_post.{L}", (mood / mood.norm())[None]).scores[:, 0]))

@@ -51,8 +51,9 @@ print("layer 0 KL lower with the tuned lens:", kl(fitted.logits[0]) < kl(plain.l
 # Your code here
 
 # %% [markdown]
-# **Solution.**
+# **Solution.** Hidden until you want it: click the `⋯` below (or the bar to its left) to show the code
+# and its output.
 
-# %%
+# %% [solution]
 first = next((L for i, L in enumerate(lens.layers) if lens.top_tokens[i][-1][0].strip() == "Mary"), None)
 print("first layer predicting Mary:", first)
