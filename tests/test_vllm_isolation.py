@@ -122,3 +122,14 @@ def test_hostile_neighbour(s, kw):
             assert g[0] == want[0], (kind, p)
             assert torch.allclose(torch.tensor(g[1]), torch.tensor(want[1]), atol=1e-4), (kind, p)
     assert s.worker_state()[0]["specs"] == []
+
+
+def test_logit_lens_k_out_of_range_is_refused_before_the_engine(hooks):
+    """A k past the vocabulary used to reach torch's topk inside the worker (a raw engine error): refused up front,
+    naming the range, and the engine serves on."""
+    vocab = hooks.facts.vocab_size
+    for k in [0, -3, vocab + 1, 10**9, True, 2.5, "3"]:
+        with pytest.raises(ie_lab.InputError, match="vocabulary size"):
+            hooks.logit_lens(HOSTILE, k=k)
+    assert hooks.logit_lens(HOSTILE, k=vocab).top_ids.shape[-1] == vocab
+    assert hooks.worker_state()[0]["specs"] == []

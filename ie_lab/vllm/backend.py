@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from .. import points as _points
-from ..address import Address
+from ..address import Address, layer_list
 from ..arch import quirks
 from ..arch.config_facts import ArchFacts
 from ..backend import CancelToken, SessionClosed
@@ -1162,9 +1162,13 @@ class VLLMBackend:
         p = _points.get(point)
         if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
             raise AddressError(f"a lens decodes d_model-wide per-layer points; {point} is {p.width.value} wide.")
-        if not isinstance(k, int) or k < 1:
-            raise InputError(f"k must be a positive integer, got {k!r}.")
-        layers = list(range(self.lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
+        vocab = self.lm.facts.vocab_size
+        # refused here, as on eager: a k past the vocabulary would reach torch's topk inside the worker
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (vocab and k > vocab):
+            raise InputError(
+                f"k (how many top tokens per cell) must be an integer from 1 to the vocabulary size {vocab}, got {k!r}."
+            )
+        layers = layer_list(layers, self.lm.facts)
         for L in layers:
             check_served(self.lm, Address(point, L).check(self.lm.facts))
         ids = self._ids(prompt)
