@@ -31,7 +31,7 @@ from tests.conftest import hook_count
 PROMPT = "When Mary and John went to the store"
 N_REF = 3
 SETTINGS = settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 
 
