@@ -29,6 +29,8 @@ HOSTILE = "John gave a drink to"
 OTHERS = ["the cat", "Mary went", "Paris is the capital of France and"]  # short ones live among the freed slots
 N = 6
 SITE = "resid_post.0"
+# two edits that are each finite (2e38 < float32's 3.4e38) and whose sum, the residual add of layer 0, is not
+SUM_SITES = ["attn_out.0", "mlp_out.0"]
 # greedy, and sampled with a seed (each request its own, so a solo run is reproducible)
 KWS = [{}, {"temperature": 0.9, "seed": 3}]
 
@@ -47,7 +49,9 @@ def hooks(folder):
 
 @pytest.fixture(scope="module")
 def graph(folder):
-    s = ie_lab.Session(folder, backend="vllm", progress=False, replace=False, graph_points=[SITE], steer_points=[SITE])
+    s = ie_lab.Session(
+        folder, backend="vllm", progress=False, replace=False, graph_points=[SITE], steer_points=[SITE, *SUM_SITES]
+    )
     yield s
     s.close()
 
@@ -81,6 +85,22 @@ def test_overflowing_steer_fails_alone_and_later_requests_equal_their_solo_runs(
     assert f"steering made {SITE} non-finite" in msg and "step 1" in msg, msg
     after = _solo(s, kw)
     assert after == before  # token ids and logprobs, exactly: a NaN anywhere fails this
+    assert s.worker_state()[0]["specs"] == []
+
+
+def test_finite_edits_that_overflow_later_fail_alone_and_the_cache_is_cleared(s):
+    """Each edit is finite where it is made, so no site's check sees anything; their sum overflows in the residual
+    add, and layer 1's keys and values are computed from it. The check on the model's output fails the request and
+    clears the cache of non-finite values before its blocks are reused: the next requests equal their solo runs."""
+    before = _solo(s, {})
+    v = torch.zeros(s.facts.d_model)
+    v[0] = 2e38
+    spec = [s.steer(a, v, positions="generated") for a in SUM_SITES]
+    with pytest.raises(ie_lab.IELabError, match="non-finite") as err:
+        s.generate(HOSTILE, N, ignore_eos=True, steer=spec)
+    msg = str(err.value)
+    assert "model's output" in msg and "step 1" in msg and "cleared from the KV cache" in msg, msg
+    assert _solo(s, {}) == before
     assert s.worker_state()[0]["specs"] == []
 
 

@@ -273,7 +273,7 @@ class IELabWorker:
             broke = ~torch.isfinite(x[r.start : r.end]).all(dim=-1)
             if bool(broke.any()):
                 sites = ", ".join(sorted({s["address"] for s in r.spec.steer}))
-                r.spec.error = _non_finite(f"the model's output (after steering {sites})", r, broke.cpu())
+                r.spec.error = _non_finite(f"the model's output (after steering {sites})", r, broke.cpu(), cleared=True)
                 x[r.start : r.end].nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
                 dirty = True
         if dirty:
@@ -629,15 +629,17 @@ class IELabWorker:
         }
 
 
-def _non_finite(where: str, r: Row, broke: torch.Tensor) -> str:
+def _non_finite(where: str, r: Row, broke: torch.Tensor, cleared: bool = False) -> str:
     """Why a request failed: where its steering made activations non-finite, and at which step (step i chooses
-    generated token i: the prompt's forward is step 0)."""
+    generated token i: the prompt's forward is step 0). cleared: the rows reached the KV cache and were cleared
+    from it (the check on the model's output), rather than kept out of it."""
     first = int(r.positions[broke.nonzero()[0, 0]])
     step = max(first - r.spec.prompt_len + 1, 0)
+    kept = "they were cleared from the KV cache" if cleared else "they were kept out of the KV cache"
     return (
-        f"steering made {where} non-finite (nan or inf) at step {step} of request {r.key}; nothing of it reached "
-        "the KV cache or another request, and this request stops. Lower the steering scale (or the vector's norm), "
-        "or steer fewer positions or layers"
+        f"steering made {where} non-finite (nan or inf) at step {step} of request {r.key}; {kept}, so no other "
+        "request sees them, and this request stops. Lower the steering scale (or the vector's norm), or steer fewer "
+        "positions or layers"
     )
 
 
