@@ -41,7 +41,8 @@ from timing import interleaved_medians, parser, write_result  # noqa: E402
 TARGET = 1.15
 
 
-def start_server(tokens: dict[str, str], threads: int) -> tuple[subprocess.Popen, str]:
+def start_server(tokens: dict[str, str], threads: int, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`ie-lab serve demo` on a free loopback port, with `extra` options (limits) after the defaults here."""
     env = {k: v for k, v in os.environ.items() if k not in ("IE_LAB_TOKEN",)}
     env.update(
         IE_LAB_SERVE_TOKENS=",".join(f"{u}:{t}" for u, t in tokens.items()),
@@ -49,7 +50,7 @@ def start_server(tokens: dict[str, str], threads: int) -> tuple[subprocess.Popen
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
     )
-    cmd = [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--port", "0", "--max-concurrent", "64"]
+    cmd = [sys.executable, "-m", "ie_lab.cli", "serve", "demo", "--port", "0", "--max-concurrent", "64", *(extra or [])]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:

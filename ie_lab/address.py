@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import points as _points
-from .errors import AddressError, plural, shown
+from .errors import AddressError, plural, shown, shown_value
 from .points import Scope
 
 if TYPE_CHECKING:
@@ -213,12 +213,12 @@ def layer_list(layers: object, facts: "ArchFacts", *, arg: str = "layers") -> li
                 value = x
         if isinstance(value, bool) or not isinstance(value, int):
             raise AddressError(
-                f"{arg} must be layer numbers (integers 0..{n - 1}) or None for all; got {x!r} "
+                f"{arg} must be layer numbers (integers 0..{n - 1}) or None for all; got {shown_value(x)} "
                 f"({type(x).__name__}) in {arg}."
             )
         if not 0 <= value < n:
             raise AddressError(
-                f"{arg} contains {value}, but this model has {plural(n, 'layer')} (0..{n - 1}). Negative layers "
+                f"{arg} contains {shown_value(value)}, but this model has {plural(n, 'layer')} (0..{n - 1}). Negative layers "
                 f"are not accepted; write {n - 1} for the last."
             )
         if value in out:

@@ -94,6 +94,19 @@ def shown(text: str, keep: int = 60) -> str:
     return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text)} characters)"
 
 
+def shown_value(value: object, keep: int = 80) -> str:
+    """Any argument as a refusal shows it, never itself failing: an integer too long for str() (Python refuses past
+    4300 digits) by its number of digits, any other repr cut to `keep` characters, an object whose repr fails by
+    its type."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a user's object whose __repr__ fails is still refused, by its type
+        return f"a {type(value).__name__}"
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
+
+
 def check_text(text: str, what: str = "the text") -> None:
     """Refuse text a tokenizer cannot read: a lone surrogate (half of a UTF-16 pair, e.g. from a file decoded with
     errors='surrogateescape' or a JSON '\\ud800') is no character and has no UTF-8 form."""

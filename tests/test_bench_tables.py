@@ -102,9 +102,9 @@ def test_results_files_the_tables_read_record_where_they_ran():
 
 
 def test_a_cell_refused_by_ie_lab_records_its_replay(tmp_path):
+    import cell
     import torch
 
-    import cell
     from ie_lab.errors import CapabilityUnsupported
 
     class GraphLens:

@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 
 from ..address import Address, AddressLike
-from ..errors import AddressError, InputError, plural
+from ..errors import AddressError, InputError, plural, shown_value
 from ..ops import steering as ops
 from .handles import as_lm
 from .steer_scope import active_specs, enter_scope, exit_scope
@@ -168,8 +168,11 @@ def _number(name: str, x: Any) -> float:
     elif not isinstance(x, (int, float)) and hasattr(x, "item") and getattr(x, "shape", None) == ():
         x = x.item()  # numpy scalars and 0-d arrays
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise InputError(f"{name} must be a real number, got {x!r} ({type(x).__name__}); {fix}")
-    x = float(x)
+        raise InputError(f"{name} must be a real number, got {shown_value(x)} ({type(x).__name__}); {fix}")
+    try:
+        x = float(x)
+    except OverflowError:  # an integer past float's range
+        raise InputError(f"{name} must be finite, got {shown_value(x)}; {fix}") from None
     if not math.isfinite(x):
         raise InputError(f"{name} must be finite, got {x}; {fix}")
     return x
@@ -213,20 +216,27 @@ def _positions(positions: Any) -> Positions:
         items = positions.tolist() if hasattr(positions, "tolist") else positions  # numpy arrays and scalars
         if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
             raise InputError(
-                f"positions={positions!r} is not a list; pass a list of token indices, e.g. "
-                f"positions=[{positions!r}], or one of {POSITION_KINDS}."
+                f"positions={shown_value(positions)} is not a list; pass a list of token indices, e.g. "
+                f"positions=[3], or one of {POSITION_KINDS}."
             )
         items = list(items)
         n_bool = sum(isinstance(p, bool) for p in items)
         if items and n_bool == len(items):
             return torch.tensor(items, dtype=torch.bool)
         if n_bool:
-            raise InputError(f"positions {items!r} are not token indices: they mix True/False with numbers; {hint}")
+            raise InputError(
+                f"positions {shown_value(items)} are not token indices: they mix True/False with numbers; {hint}"
+            )
         try:
             positions = torch.as_tensor(items) if items else torch.zeros(0, dtype=torch.long)
-        except (TypeError, ValueError, RuntimeError):
-            raise InputError(f"positions {items!r} are not token indices; {hint}") from None
+        except (TypeError, ValueError, RuntimeError, OverflowError):  # OverflowError: an integer past int64
+            raise InputError(f"positions {shown_value(items)} are not token indices; {hint}") from None
     t = positions.detach().cpu()
+    if t.dim() == 0:
+        raise InputError(
+            f"positions is a 0-d tensor ({shown_value(t)}); pass a list of token indices, e.g. positions=[3], "
+            f"a 1-D mask, or one of {POSITION_KINDS}."
+        )
     if t.dtype == torch.bool:
         if t.dim() == 2 and t.shape[0] == 1:
             t = t[0]
@@ -343,7 +353,7 @@ def make_spec(
         parsed.append(a)
     vector = _vector(vector)
     if not isinstance(normalize, bool) and type(normalize).__name__ != "bool_":
-        raise InputError(f"normalize must be True or False, got {normalize!r}.")
+        raise InputError(f"normalize must be True or False, got {shown_value(normalize)}.")
     scale, target = _number("scale", scale), _number("target", target)
     min = None if min is None else _number("min", min)  # noqa: A001
     max = None if max is None else _number("max", max)  # noqa: A001

@@ -26,7 +26,7 @@ from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.sampling import check_generation_args
 from ..core.steer_spec import ForwardState, SteerSpec, check_positions_fit, issued_specs
-from ..errors import CapabilityUnsupported, InputError, RequestFailed, plural
+from ..errors import CapabilityUnsupported, InputError, RequestFailed, plural, shown_value
 from .model import lm_of
 from .steer import running
 from .steer_hooks import steering
@@ -270,8 +270,9 @@ def _check_seeds(seed: Any, n: int, batch: bool) -> list[int | None]:
             )
         for x in seed:
             check_generation_args(1, 0.0, None, None, 0, seed=x) if x is not None else None
-        return list(seed)
-    return [seed] * n
+        return [None if x is None else int(x) for x in seed]
+    # a plain int: torch's manual_seed refuses a numpy integer, which the check accepts as an integer
+    return [None if seed is None else int(seed)] * n
 
 
 @dataclass
@@ -330,7 +331,7 @@ def plan(
                 f"prompt {i} ({plural(r.shape[1], 'token')})" if batch else f"prompt ({plural(r.shape[1], 'token')})"
             )
             raise InputError(
-                f"{which} + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}; "
+                f"{which} + max_new_tokens ({shown_value(max_new_tokens)}) exceeds the model's context of {limit}; "
                 "lower max_new_tokens or shorten the prompt."
             )
     if len(rows) > 1:

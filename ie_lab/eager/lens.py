@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from ..address import Address, layer_list
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import LensResult, token_names
-from ..errors import AddressError, CapabilityUnsupported, InputError, check_flag
+from ..errors import AddressError, CapabilityUnsupported, InputError, check_flag, shown_value
 from ..ops.lens import describe_postprocess, postprocess_logits, topk_rows
 from ..points import Scope, Width
 from ..points import get as get_point
@@ -140,7 +140,8 @@ def logit_lens(
     vocab = lm.facts.vocab_size
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (vocab and k > vocab):
         raise InputError(
-            f"k (how many top tokens per cell) must be an integer from 1 to the vocabulary size {vocab}, got {k!r}."
+            f"k (how many top tokens per cell) must be an integer from 1 to the vocabulary size {vocab}, "
+            f"got {shown_value(k)}."
         )
     check_flag("keep_logits", keep_logits)
     layers = layer_list(layers, lm.facts)

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from .. import points as _points
-from ..address import Address
+from ..address import Address, layer_list
 from ..arch import quirks
 from ..arch.config_facts import ArchFacts
 from ..backend import CancelToken, SessionClosed
@@ -36,7 +36,16 @@ from ..core.projection_args import check_gen, make_encoder, one_address, point_w
 from ..core.results import AttentionResult, GenerationResult, GenStep, LensResult, Projection, token_names
 from ..core.steer_scope import active_specs, enter_scope, exit_scope
 from ..core.steer_spec import check_positions_fit, make_spec
-from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent, RequestFailed, check_flag, plural
+from ..errors import (
+    AddressError,
+    CapabilityUnsupported,
+    InputError,
+    PointAbsent,
+    RequestFailed,
+    check_flag,
+    plural,
+    shown_value,
+)
 from ..loading import resolve_dtype
 from ..ops.lens import describe_postprocess
 from ..ops.projection import to_plain
@@ -969,7 +978,7 @@ class VLLMBackend:
             temperature=temperature,
             top_k=top_k or 0,
             top_p=1.0 if top_p is None else top_p,
-            seed=seed,
+            seed=None if seed is None else int(seed),  # a numpy integer passes the check; vLLM wants an int
             stop=stops or None,
             logprobs=n_logprobs,
             output_kind=RequestOutputKind.DELTA,
@@ -1008,7 +1017,7 @@ class VLLMBackend:
         limit = self.lm.facts.max_positions
         if limit and ids.shape[1] + max_new_tokens > int(limit):
             raise InputError(
-                f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({shown_value(max_new_tokens)}) exceeds the model's "
                 f"context of {limit}; lower max_new_tokens or shorten the prompt."
             )
         if self._len_why and self._max_len and ids.shape[1] + max_new_tokens > self._max_len:  # vLLM would stop early
@@ -1162,9 +1171,14 @@ class VLLMBackend:
         p = _points.get(point)
         if p.width is not Width.D_MODEL or p.scope is not Scope.LAYER:
             raise AddressError(f"a lens decodes d_model-wide per-layer points; {point} is {p.width.value} wide.")
-        if not isinstance(k, int) or k < 1:
-            raise InputError(f"k must be a positive integer, got {k!r}.")
-        layers = list(range(self.lm.facts.n_layers)) if layers is None else [int(x) for x in layers]
+        vocab = self.lm.facts.vocab_size
+        # refused here, as on eager: a k past the vocabulary would reach torch's topk inside the worker
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (vocab and k > vocab):
+            raise InputError(
+                f"k (how many top tokens per cell) must be an integer from 1 to the vocabulary size {vocab}, "
+                f"got {shown_value(k)}."
+            )
+        layers = layer_list(layers, self.lm.facts)
         for L in layers:
             check_served(self.lm, Address(point, L).check(self.lm.facts))
         ids = self._ids(prompt)

@@ -38,6 +38,9 @@ class SteerSite:
     # the liveness tick echoed by this site's hook inside the graph (as the taps' canary): an artifact traced without
     # this very hook (another declaration's) is caught before a steered request returns
     echo: torch.Tensor = dataclasses.field(default_factory=lambda: torch.full((1,), -1, dtype=torch.int64))
+    # [max tokens] bool, written inside the graph: the rows this site's steering made non-finite (nan or inf), which it
+    # handed on unsteered instead, so no later layer writes them into the KV cache; the worker fails their requests
+    bad: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(1, dtype=torch.bool))
     live: bool = False  # some code is not -1 (a forward with no steering here must clear it)
     # per slot: the entry whose vector and numbers the slot holds (copied again only when that changes)
     held: list[Any] = dataclasses.field(default_factory=list)
@@ -54,9 +57,16 @@ def params_of(method: str, kwargs: dict) -> list[float]:
 
 
 def steer_rows(
-    h: torch.Tensor, code: torch.Tensor, slot: torch.Tensor, vecs: torch.Tensor, params: torch.Tensor
+    h: torch.Tensor,
+    code: torch.Tensor,
+    slot: torch.Tensor,
+    vecs: torch.Tensor,
+    params: torch.Tensor,
+    bad: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Inside the compiled trunk: h [n, d_model] with every row steered by its own method, vector and numbers."""
+    """Inside the compiled trunk: h [n, d_model] with every row steered by its own method, vector and numbers. A
+    steered row the steering made non-finite is handed on as it came in (its NaN would reach the KV cache, whose
+    freed blocks other requests reuse) and flagged in ``bad`` for the worker to fail its request."""
     n = h.shape[0]
     c = code[:n]
     s = slot[:n]
@@ -74,7 +84,11 @@ def steer_rows(
     out = h
     for m, i in METHOD_INDEX.items():
         out = steer_ops._blend(out, steer_ops.ROWS[m](h, v, *numbers[m]), c == i)
-    return out
+    if bad is None:
+        return out
+    broke = (c >= 0) & ~torch.isfinite(out).all(dim=-1)
+    bad[:n].copy_(broke)
+    return torch.where(broke[:, None], h, out)
 
 
 class StaticSteer:
@@ -125,6 +139,7 @@ def allocate(points: list[str], max_tokens: int, max_seqs: int, d_model: int, de
             torch.zeros(max_seqs, d_model, dtype=torch.float32, device=device),
             torch.zeros(max_seqs, N_PARAMS, dtype=torch.float32, device=device),
             echo=torch.full((1,), -1, dtype=torch.int64, device=device),
+            bad=torch.zeros(max_tokens, dtype=torch.bool, device=device),
         )
         for p in points
     }
@@ -140,13 +155,13 @@ def steer_hook(site: Any, buffers: SteerSite, slot: torch.Tensor, tick: torch.Te
         def pre(m: Any, args: tuple, kwargs: dict) -> Any:
             t = read(args, kwargs)
             echo.copy_(tick)
-            return write(args, kwargs, steer_rows(t, buffers.code, slot, buffers.vecs, buffers.params))
+            return write(args, kwargs, steer_rows(t, buffers.code, slot, buffers.vecs, buffers.params, buffers.bad))
 
         return "pre", pre
 
     def post(m: Any, args: tuple, out: Any) -> Any:
         t = read(args, out)
         echo.copy_(tick)
-        return write(args, out, steer_rows(t, buffers.code, slot, buffers.vecs, buffers.params))
+        return write(args, out, steer_rows(t, buffers.code, slot, buffers.vecs, buffers.params, buffers.bad))
 
     return "post", post

@@ -235,11 +235,49 @@ class IELabWorker:
                 # Graph mode: the compiled trunk has written every declared point; file the rows outside it.
                 static.check()
                 n = max(r.end for r in self._ie_rows)
+                self._graph_broke(static, n)
                 for point, tap in static.taps.items():
                     self._read(point, tap.buffer[:n], sharded=tap.sharded)
+            if self._ie_rows is not None:
+                self._check_finite(out)
         finally:
             self._ie_rows = None
             self._ie_ids = None
+
+    def _graph_broke(self, static: Any, n: int) -> None:
+        """Graph mode: the requests whose rows a declared site's steering made non-finite in this forward (the
+        compiled site handed those rows on unsteered and flagged them, static_steer.steer_rows) fail, naming it."""
+        live = [(p, site) for p, site in (static.steer.sites.items() if static.steer is not None else ()) if site.live]
+        if not live:
+            return
+        flags = torch.stack([site.bad[:n] for _, site in live]).cpu()  # one device read for every site
+        for (point, _), bad in zip(live, flags):
+            if not bool(bad.any()):
+                continue
+            for r in self._ie_rows or ():
+                broke = bad[r.start : r.end]
+                if r.spec.error is None and bool(broke.any()):
+                    r.spec.error = _non_finite(point, r, broke)
+
+    def _check_finite(self, out: Any) -> None:
+        """The last line: a steered request whose final rows are non-finite although no site's steering made them so
+        (a finite edit that overflowed in a later layer) has written them into the KV cache. It fails, its rows
+        are zeroed for the sampler, and the cache is cleared of non-finite values before any block is reused."""
+        x = _first(out) if not isinstance(out, torch.Tensor) else out
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return
+        dirty = False
+        for r in self._ie_rows or ():
+            if not r.spec.steer or r.spec.error is not None or r.end > x.shape[0]:
+                continue
+            broke = ~torch.isfinite(x[r.start : r.end]).all(dim=-1)
+            if bool(broke.any()):
+                sites = ", ".join(sorted({s["address"] for s in r.spec.steer}))
+                r.spec.error = _non_finite(f"the model's output (after steering {sites})", r, broke.cpu(), cleared=True)
+                x[r.start : r.end].nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+                dirty = True
+        if dirty:
+            _scrub(getattr(self.model_runner, "kv_caches", None))
 
     def _guard(self, hook: Callable) -> Callable:
         """A hook that fails fails the requests it was working for, not the engine: the forward goes on
@@ -389,6 +427,13 @@ class IELabWorker:
                 if mask is not None:
                     mask = mask.to(seg.device)[None]
                 new = fn(seg[None], s["vector_t"].to(seg.device), mask=mask, **s["kwargs"])[0]
+                broke = ~torch.isfinite(new).all(dim=-1)
+                if bool(broke.any()):
+                    # Handed on unsteered: a non-finite row would go into the KV cache, whose freed blocks the next
+                    # requests reuse (a masked slot's weight 0 times NaN is NaN). The request fails instead.
+                    r.spec.error = _non_finite(point, r, broke.cpu())
+                    out[r.start : r.end] = t[r.start : r.end]
+                    continue
                 out[r.start : r.end] = new
             except Exception as e:  # noqa: BLE001
                 r.spec.error = f"steering {point} with {s['method']}: {type(e).__name__}: {e}"
@@ -582,6 +627,35 @@ class IELabWorker:
             "hooks": len(self._ie_handles),
             "installed": bool(getattr(self, "_ie_installed", False)),
         }
+
+
+def _non_finite(where: str, r: Row, broke: torch.Tensor, cleared: bool = False) -> str:
+    """Why a request failed: where its steering made activations non-finite, and at which step (step i chooses
+    generated token i: the prompt's forward is step 0). cleared: the rows reached the KV cache and were cleared
+    from it (the check on the model's output), rather than kept out of it."""
+    first = int(r.positions[broke.nonzero()[0, 0]])
+    step = max(first - r.spec.prompt_len + 1, 0)
+    kept = "they were cleared from the KV cache" if cleared else "they were kept out of the KV cache"
+    return (
+        f"steering made {where} non-finite (nan or inf) at step {step} of request {r.key}; {kept}, so no other "
+        "request sees them, and this request stops. Lower the steering scale (or the vector's norm), or steer fewer "
+        "positions or layers"
+    )
+
+
+def _scrub(caches: Any) -> None:
+    """Every non-finite value in the KV cache (and state caches) set to 0, in place: a freed block that holds one
+    poisons the next request it is handed to (its masked slots weigh 0, and 0 x NaN is NaN)."""
+    if isinstance(caches, torch.Tensor):
+        if caches.is_floating_point():
+            with torch.no_grad():
+                caches.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    elif isinstance(caches, (list, tuple)):
+        for c in caches:
+            _scrub(c)
+    elif isinstance(caches, dict):
+        for c in caches.values():
+            _scrub(c)
 
 
 def _layer_of(point: str) -> int:
