@@ -171,11 +171,11 @@ function render({ model, el }) {
     for (const w of p.warnings) card.append(h("div", { class: "iel-warn", text: "⚠ " + fillLayer(w, layer) }));
     const vt = h("table", { class: "iel-verdicts" });
     for (const [b, bv] of Object.entries(p.verdicts)) {
-      vt.append(h("tr", {}, h("td", { text: b + (b === spec.backend ? (spec.handle === "s" ? " (this session)" : " (shown)") : "") }),
+      vt.append(h("tr", {}, h("td", { text: b + (b === spec.backend ? ({ family: " (shown)", model: " (this model)" }[spec.handle.kind] || " (this session)") : "") }),
         h("td", { class: bv.ok ? "iel-ok-t" : "iel-no-t", text: bv.verdict }), h("td", { text: bv.reason })));
     }
     card.append(vt);
-    const code = snippet(p, layer, spec.handle);
+    const code = snippet(p, layer, spec.handle, spec.family);
     const pre = h("pre", { class: "iel-snippet", text: code });
     const copy = h("button", { class: "iel-btn", type: "button", text: "copy" });
     copy.addEventListener("click", async () => {

@@ -15,6 +15,7 @@ const LABELS = { scale: "coefficient", cap_min: "cap min", cap_max: "cap max", t
 
 function render({ model, el }) {
   const root = h("div", { class: "iel-root iel-steer" });
+  const v = model.get("var_name") || "s"; // the session's variable in the user's code (the kernel finds it)
   const title = h("div", { class: "iel-title" });
   const prompt = h("textarea", { class: "iel-prompt", rows: "2", "aria-label": "prompt", title: "Ctrl+Enter to run" });
   const pointSel = h("select", { "aria-label": "steering point" });
@@ -28,9 +29,9 @@ function render({ model, el }) {
   const missing = h("div", { class: "iel-novector", role: "note" },
     h("b", { text: "No steering vector yet: " }), "the controls change nothing until there is one. Get one by ",
     h("span", { text: "typing two prompt lists below and pressing " }), h("i", { text: "use difference of means" }),
-    ", or from Python: ", h("code", { text: "s.steering_panel(prompt, positive=[...], negative=[...])" }), ", ",
+    ", or from Python: ", h("code", { text: `${v}.steering_panel(prompt, positive=[...], negative=[...])` }), ", ",
     h("code", { text: "vector=" }), " a tensor, a saved .pt / .npy path or a capture (",
-    h("code", { text: "s.capture(...)" }), "), or ", h("code", { text: "panel.set_contrast(positive, negative)" }), ".");
+    h("code", { text: `${v}.capture(...)` }), "), or ", h("code", { text: "panel.set_contrast(positive, negative)" }), ".");
   const pos = h("textarea", { rows: "3", "aria-label": "positive prompts, one per line", placeholder: "positive prompts, one per line" });
   const neg = h("textarea", { rows: "3", "aria-label": "negative prompts, one per line", placeholder: "negative prompts, one per line" });
   const computeBtn = h("button", { class: "iel-btn", type: "button", text: "use difference of means" });

@@ -138,12 +138,20 @@ export function servedAt(point, layer) {
   return { ok, why: ok ? "" : (point.why[String(idx)] || "not served here") };
 }
 
-/** The copyable snippet for a point. */
-export function snippet(point, layer, handle = "s") {
+/**
+ * The copyable snippet for a point. handle: {var, kind} from the kernel: the variable the user's code holds the
+ * session in ("session": var.capture), a model from ie_lab.load ("model": ie_lab.capture(var, ...)), or no model
+ * yet ("family": a first line that makes the session the snippet names). A string is a session's variable.
+ */
+export function snippet(point, layer, handle = { var: "s", kind: "session" }, family = "") {
+  const h = typeof handle === "string" ? { var: handle, kind: "session" } : handle;
   const a = addressOf(point, layer);
-  const call = handle === "s" ? `cache = s.capture("When Mary and John went to the store,", ["${a}"])`
-    : `cache = ie_lab.capture(lm, "When Mary and John went to the store,", ["${a}"])`;
-  return `${call}\ncache["${a}"].shape  # ${point.shape}`;
+  const text = `"When Mary and John went to the store,"`;
+  const lines = [];
+  if (h.kind === "family") lines.push(`${h.var} = ie_lab.Session("path/or/hub-id")  # any ${family || "such"} model`);
+  lines.push(h.kind === "model" ? `cache = ie_lab.capture(${h.var}, ${text}, ["${a}"])` : `cache = ${h.var}.capture(${text}, ["${a}"])`);
+  lines.push(`cache["${a}"].shape  # ${point.shape}`);
+  return lines.join("\n");
 }
 
 /**

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 9746801ab8138381); edit those, not this file
 
 // widgets/util.js
 var VIRIDIS_STOPS = [

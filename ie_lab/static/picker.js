@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 9746801ab8138381); edit those, not this file
 
 // widgets/util.js
 function fillLayer(template, layer) {
@@ -12,11 +12,15 @@ function servedAt(point, layer) {
   const ok = point.served.charAt(idx) === "1";
   return { ok, why: ok ? "" : point.why[String(idx)] || "not served here" };
 }
-function snippet(point, layer, handle = "s") {
+function snippet(point, layer, handle = { var: "s", kind: "session" }, family = "") {
+  const h2 = typeof handle === "string" ? { var: handle, kind: "session" } : handle;
   const a = addressOf(point, layer);
-  const call = handle === "s" ? `cache = s.capture("When Mary and John went to the store,", ["${a}"])` : `cache = ie_lab.capture(lm, "When Mary and John went to the store,", ["${a}"])`;
-  return `${call}
-cache["${a}"].shape  # ${point.shape}`;
+  const text = `"When Mary and John went to the store,"`;
+  const lines = [];
+  if (h2.kind === "family") lines.push(`${h2.var} = ie_lab.Session("path/or/hub-id")  # any ${family || "such"} model`);
+  lines.push(h2.kind === "model" ? `cache = ie_lab.capture(${h2.var}, ${text}, ["${a}"])` : `cache = ${h2.var}.capture(${text}, ["${a}"])`);
+  lines.push(`cache["${a}"].shape  # ${point.shape}`);
+  return lines.join("\n");
 }
 function layoutBlock(st, moe = false, names = null, layer = 0) {
   const has = (n) => names === null || names.has(n);
@@ -395,13 +399,13 @@ function render({ model, el }) {
       vt.append(h(
         "tr",
         {},
-        h("td", { text: b + (b === spec.backend ? spec.handle === "s" ? " (this session)" : " (shown)" : "") }),
+        h("td", { text: b + (b === spec.backend ? { family: " (shown)", model: " (this model)" }[spec.handle.kind] || " (this session)" : "") }),
         h("td", { class: bv.ok ? "iel-ok-t" : "iel-no-t", text: bv.verdict }),
         h("td", { text: bv.reason })
       ));
     }
     card.append(vt);
-    const code = snippet(p, layer, spec.handle);
+    const code = snippet(p, layer, spec.handle, spec.family);
     const pre = h("pre", { class: "iel-snippet", text: code });
     const copy = h("button", { class: "iel-btn", type: "button", text: "copy" });
     copy.addEventListener("click", async () => {

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 9746801ab8138381); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
@@ -57,6 +57,7 @@ var USES = { add: ["scale"], orthogonal: ["scale"], norm_scaled_add: ["scale"], 
 var LABELS = { scale: "coefficient", cap_min: "cap min", cap_max: "cap max", target: "target" };
 function render({ model, el }) {
   const root = h("div", { class: "iel-root iel-steer" });
+  const v = model.get("var_name") || "s";
   const title = h("div", { class: "iel-title" });
   const prompt = h("textarea", { class: "iel-prompt", rows: "2", "aria-label": "prompt", title: "Ctrl+Enter to run" });
   const pointSel = h("select", { "aria-label": "steering point" });
@@ -75,11 +76,11 @@ function render({ model, el }) {
     h("span", { text: "typing two prompt lists below and pressing " }),
     h("i", { text: "use difference of means" }),
     ", or from Python: ",
-    h("code", { text: "s.steering_panel(prompt, positive=[...], negative=[...])" }),
+    h("code", { text: `${v}.steering_panel(prompt, positive=[...], negative=[...])` }),
     ", ",
     h("code", { text: "vector=" }),
     " a tensor, a saved .pt / .npy path or a capture (",
-    h("code", { text: "s.capture(...)" }),
+    h("code", { text: `${v}.capture(...)` }),
     "), or ",
     h("code", { text: "panel.set_contrast(positive, negative)" }),
     "."
@@ -149,13 +150,13 @@ function render({ model, el }) {
     sliders.replaceChildren();
     for (const k of USES[m]) {
       const [lo, hi, step] = k === "scale" ? model.get("scale_range") : model.get("proj_range");
-      const v = model.get(k);
+      const v2 = model.get(k);
       const r = h("input", {
         type: "range",
-        min: String(Math.min(lo, v)),
-        max: String(Math.max(hi, v)),
+        min: String(Math.min(lo, v2)),
+        max: String(Math.max(hi, v2)),
         step: String(step),
-        value: String(v),
+        value: String(v2),
         "aria-label": LABELS[k],
         "data-knob": k
       });
@@ -163,7 +164,7 @@ function render({ model, el }) {
         r.disabled = true;
         r.title = "no steering vector yet";
       }
-      const out = h("output", { text: Number(v).toFixed(2) });
+      const out = h("output", { text: Number(v2).toFixed(2) });
       r.addEventListener("input", () => {
         out.textContent = Number(r.value).toFixed(2);
         sendSoon();
@@ -319,10 +320,10 @@ function render({ model, el }) {
   const onKnob = () => {
     for (const [k, r] of Object.entries(inputs)) {
       if (!r.isConnected || document.activeElement === r) continue;
-      const v = model.get(k);
-      if (Math.abs(Number(r.value) - v) > 1e-9) {
-        r.value = String(v);
-        r.nextSibling.textContent = Number(v).toFixed(2);
+      const v2 = model.get(k);
+      if (Math.abs(Number(r.value) - v2) > 1e-9) {
+        r.value = String(v2);
+        r.nextSibling.textContent = Number(v2).toFixed(2);
       }
     }
   };

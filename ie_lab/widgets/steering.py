@@ -125,6 +125,7 @@ class SteeringPanel(_base.Panel):
     status = traitlets.Unicode("ready").tag(sync=True)
     has_vector = traitlets.Bool(False).tag(sync=True)  # the front end disables the knobs until there is one
     progress = traitlets.List(traitlets.Int(), [0, 0]).tag(sync=True)  # [prompts captured, of] while status == vector
+    var_name = traitlets.Unicode("s").tag(sync=True)  # the session's variable in the code the panel shows
     # Activation memory one forward of the vector job may take (its batches are sized from it by ie_lab.sizing);
     # fixed, as ie_lab.mean_difference's default, so the batch split is reproducible.
     VECTOR_BUDGET_BYTES = 1 * GIB
@@ -145,6 +146,7 @@ class SteeringPanel(_base.Panel):
         target: float = 0.0,
         max_new_tokens: int = 24,
         scale_range: tuple[float, float] = (-10.0, 10.0),
+        var_name: str | None = None,
     ):
         if method not in METHODS:
             raise InputError(f"unknown steering method {method!r}; choose one of {', '.join(METHODS)}.")
@@ -173,6 +175,7 @@ class SteeringPanel(_base.Panel):
             target=float(target),
             max_new_tokens=max_new_tokens,
             scale_range=[lo, hi, (hi - lo) / 200],
+            var_name=_base.var_name(session, var_name, "s"),
         )
         if vector is not None:
             self._vector, self.vector_source = _load_vector(vector, addr)

@@ -107,7 +107,12 @@ test("cards: addresses, served flags, names and snippets", () => {
   assert.equal(fillLayer("blocks.{L}.hook_mlp_out", 7), "blocks.7.hook_mlp_out");
   assert.equal(fillLayer("", 7), "");
   assert.match(snippet(p, 1), /s\.capture\(.*\["mlp_out\.1"\]\)\ncache\["mlp_out\.1"\]\.shape  # \[batch, seq, 64\]/);
-  assert.match(snippet(p, 1, "lm"), /ie_lab\.capture\(lm,/);
+  // issue 33: the snippet names the variable the user has (the kernel finds it), never an undefined `lm`
+  assert.match(snippet(p, 1, { var: "g", kind: "session" }), /^cache = g\.capture\(/);
+  assert.match(snippet(p, 1, { var: "model", kind: "model" }), /^cache = ie_lab\.capture\(model,/);
+  const fam = snippet(p, 1, { var: "s", kind: "family" }, "gemma2");
+  assert.match(fam, /^s = ie_lab\.Session\(.*gemma2.*\ncache = s\.capture\(/);
+  assert.ok(!/\blm\b/.test(fam + snippet(p, 1)));
   assert.equal(showToken(" the"), "·the"); assert.equal(showToken("\n"), "↵"); assert.equal(showToken(""), "∅");
 });
 
