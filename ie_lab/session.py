@@ -1233,6 +1233,15 @@ class Session:
         var = _base.var_name(self, var_name, "s")
         return Picker(self._lm.facts, served, lm=self._lm, layer=layer, handle={"var": var, "kind": "session"})
 
+    def _served_points(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """Per point name: on which layers this model serves it (a "1"/"0" per layer; one character for a trunk
+        point) and why not where it does not: what the picker draws, for panels that offer points."""
+        from .widgets.picker import describe
+
+        self._check_open()
+        served = getattr(self._backend, "served_backend", self.backend)
+        return {p["name"]: (p["served"], p["why"]) for p in describe(self._lm.facts, served, lm=self._lm)["points"]}
+
     def show_attention(self, prompt: Any, layers: Any = None, *, layer: int | None = None, head: int = 0):
         """Attention viewer: head thumbnails per layer, the selected head's pattern fetched on demand."""
         from .widgets.attention import for_session

@@ -1,5 +1,5 @@
 // Steering panel: baseline vs steered continuations; controls regenerate (debounced), tokens stream in.
-import { debounce, diffTokens, showToken } from "./util.js";
+import { debounce, diffTokens, refuse, wholeNumber } from "./util.js";
 
 function h(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -22,6 +22,9 @@ function render({ model, el }) {
   const layerIn = h("input", { type: "number", min: "0", step: "1", class: "iel-num", "aria-label": "layer" });
   const methodSel = h("select", { "aria-label": "method" });
   const sliders = h("div", { class: "iel-sliders" });
+  // what the chosen method does (ie_lab/ops/steering.py's METHOD_HELP, from the kernel): read out under the controls
+  const methodHelp = h("div", { class: "iel-methodhelp iel-muted", id: `iel-mh-${Math.random().toString(36).slice(2)}`, "aria-live": "polite" });
+  methodSel.setAttribute("aria-describedby", methodHelp.id);
   const status = h("span", { class: "iel-status", "aria-live": "polite" });
   const bar = h("progress", { class: "iel-progress", max: "1", value: "0", "aria-label": "vector progress" });
   const stopBtn = h("button", { class: "iel-btn", type: "button", text: "stop", title: "cancel the work in flight" });
@@ -45,7 +48,7 @@ function render({ model, el }) {
     h("div", { class: "iel-row" }, h("label", { class: "iel-grow" }, "prompt", prompt)),
     h("div", { class: "iel-row iel-controls" }, h("label", {}, "point ", pointSel), h("label", {}, "layer ", layerIn),
       h("label", {}, "method ", methodSel), h("span", { class: "iel-busybox" }, status, bar, stopBtn)),
-    missing, sliders, source, contrast,
+    methodHelp, missing, sliders, source, contrast,
     h("div", { class: "iel-cols" },
       h("div", { class: "iel-col" }, h("div", { class: "iel-colhead", text: "baseline" }), baseBox),
       h("div", { class: "iel-col" }, h("div", { class: "iel-colhead" }, "steered ", h("span", { class: "iel-muted", text: "(changed tokens marked)" })), steerBox)),
@@ -69,7 +72,9 @@ function render({ model, el }) {
   function drawTexts() {
     const bt = tokensOf("baseline"), st = tokensOf("steered");
     const d = diffTokens(idsOf("baseline"), idsOf("steered"));
-    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: showToken(t) });
+    // a token's piece of the decoded text, spaces and newlines as they are (CSS keeps them visible), so the text
+    // copied from the page is the text; an empty piece is marked by CSS, which copying leaves out
+    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: t });
     baseBox.replaceChildren(...bt.map((t, i) => span(t, live && live.baseline && i >= bt.length ? "same" : d.a[i] || "same")));
     steerBox.replaceChildren(...st.map((t, i) => span(t, d.b[i] || "same")));
     steerBox.dataset.seq = String(current);
@@ -102,18 +107,32 @@ function render({ model, el }) {
     // and has not sent yet survives a slider move, a new layer or a finished generation.
     syncBox(prompt, "prompt", model.get("prompt"));
     const [name, L] = model.get("address").split(".");
-    if (pointSel.options.length !== model.get("points").length) pointSel.replaceChildren(...model.get("points").map((p) => h("option", { value: p, text: p })));
+    const pts = model.get("points");
+    if ([...pointSel.options].map((o) => o.value).join() !== pts.join()) pointSel.replaceChildren(...pts.map((p) => h("option", { value: p, text: p })));
     pointSel.value = name;
     layerIn.max = String(model.get("n_layers") - 1);
     if (document.activeElement !== layerIn) layerIn.value = L;
-    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p })));
+    markServed();
+    const help = model.get("method_help") || {};
+    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p, title: help[p] || "" })));
     methodSel.value = model.get("method");
+    methodHelp.textContent = help[methodSel.value] || "";
+    methodSel.title = methodHelp.textContent;
     source.textContent = "vector: " + model.get("vector_source");
     syncBox(pos, "positive", model.get("positive").join("\n"));
     syncBox(neg, "negative", model.get("negative").join("\n"));
     const none = !model.get("has_vector");
     missing.hidden = !none;
     if (none && !contrast.open && !openedOnce) { contrast.open = true; openedOnce = true; }
+  }
+  // only the model's own points are offered (the kernel's list); one it lacks at the layer typed is greyed
+  function markServed() {
+    const L = Math.trunc(Number(layerIn.value)), per = model.get("point_layers") || {};
+    for (const o of pointSel.options) {
+      const on = per[o.value] === undefined || per[o.value].charAt(L) === "1";
+      o.disabled = !on;
+      o.title = on ? "" : `not on layer ${L} of this model`;
+    }
   }
   const shown = {};
   let openedOnce = false;
@@ -149,19 +168,33 @@ function render({ model, el }) {
   };
   const sendSoon = debounce(send, 30);
 
-  methodSel.addEventListener("change", () => { model.set("method", methodSel.value); drawSliders(); sendSoon.flush(); send(); });
-  const sendAddress = () => {
-    const L = Math.trunc(Number(layerIn.value));
-    if (!(L >= 0 && L < model.get("n_layers"))) { error.textContent = `layer must be 0..${model.get("n_layers") - 1}`; return; }
+  methodSel.addEventListener("change", () => {
+    methodHelp.textContent = methodSel.title = (model.get("method_help") || {})[methodSel.value] || "";
+    model.set("method", methodSel.value); drawSliders(); sendSoon.flush(); send();
+  });
+  // The input whose value the kernel is checking: refused, it shows the error and takes the value in effect back.
+  let edited = null;
+  const inEffect = () => { const [name, L] = model.get("address").split("."); return { name, L }; };
+  const sendAddress = (e) => {
+    const L = wholeNumber(layerIn.value), n = model.get("n_layers");
+    if (L === null || L < 0 || L >= n) {
+      const keep = inEffect();
+      pointSel.value = keep.name;
+      refuse(layerIn, `${JSON.stringify(layerIn.value.trim())} is not a layer of this model: layers are 0 to ${n - 1}; still steering at ${model.get("address")}.`, error, keep.L);
+      markServed();
+      return;
+    }
+    edited = e && e.target === pointSel ? pointSel : layerIn;
     seq = Math.max(seq, current) + 1;
     model.send({ cmd: "address", seq, address: `${pointSel.value}.${L}` });
   };
   pointSel.addEventListener("change", sendAddress);
   layerIn.addEventListener("change", sendAddress);
+  const sendPrompt = () => { edited = prompt; seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); };
   prompt.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); e.stopPropagation(); seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); }
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); e.stopPropagation(); sendPrompt(); }
   });
-  prompt.addEventListener("change", () => { if (prompt.value !== model.get("prompt")) { seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); } });
+  prompt.addEventListener("change", () => { if (prompt.value !== model.get("prompt")) sendPrompt(); });
   stopBtn.addEventListener("click", () => { sendSoon.flush(); model.send({ cmd: "cancel" }); });
   computeBtn.addEventListener("click", () => {
     const lines = (t) => t.value.split("\n").map((x) => x.trim()).filter(Boolean);
@@ -195,9 +228,13 @@ function render({ model, el }) {
     } else if (msg.type === "error") {
       if (msg.seq === undefined || msg.seq === current) { live = null; drawStatus(); drawTexts(); }
       error.textContent = msg.message;
+      if (edited === prompt) refuse(prompt, msg.message, error); // the typed prompt stays to be fixed; the last good one runs
+      else if (edited) { const keep = inEffect(); pointSel.value = keep.name; refuse(layerIn, msg.message, error, keep.L); markServed(); }
+      edited = null;
     }
   };
   const onState = () => { if (!live) drawTexts(); drawHeader(); drawStatus(); };
+  const onAccepted = () => { edited = null; };
   const onRanges = () => drawSliders();
   const onKnob = () => {
     for (const [k, r] of Object.entries(inputs)) {
@@ -212,6 +249,7 @@ function render({ model, el }) {
   const listeners = [["msg:custom", onMsg], ["change:status", drawStatus], ["change:progress", drawStatus], ["change:error", onError],
     ["change:method", onMethod], ["change:has_vector", onHasVector]];
   for (const k of ["steered", "baseline", "seq", "address", "prompt", "vector_source", "positive", "negative"]) listeners.push(["change:" + k, onState]);
+  listeners.push(["change:address", onAccepted], ["change:prompt", onAccepted]);
   for (const k of ["scale_range", "proj_range"]) listeners.push(["change:" + k, onRanges]);
   for (const k of ["scale", "cap_min", "cap_max", "target"]) listeners.push(["change:" + k, onKnob]);
   for (const [ev, fn] of listeners) model.on(ev, fn);

@@ -115,6 +115,30 @@ export function firstDivergence(a, b) {
   return i;
 }
 
+/**
+ * A refused value in an input: the input shows an error state (aria-invalid, outlined in the error colour, the
+ * reason as its tooltip), the panel's alert line says why, and the input takes back `lastGood` (the value in
+ * effect) when one is given. The error state clears at the next edit.
+ */
+export function refuse(input, message, errorEl, lastGood) {
+  input.setAttribute("aria-invalid", "true");
+  input.classList.add("iel-invalid");
+  input.title = message;
+  if (errorEl) errorEl.textContent = message;
+  if (lastGood !== undefined && lastGood !== null) input.value = String(lastGood);
+  const clear = () => {
+    input.removeAttribute("aria-invalid"); input.classList.remove("iel-invalid"); input.title = "";
+    input.removeEventListener("input", clear);
+  };
+  input.addEventListener("input", clear);
+}
+
+/** A whole number typed in a number box, or null (empty, a fraction, text). */
+export function wholeNumber(text) {
+  const t = String(text).trim();
+  return /^-?\d+$/.test(t) ? Number(t) : null;
+}
+
 /** A token as it should read on screen: visible spaces and newlines, never empty. */
 export function showToken(t) {
   if (t === "") return "∅";

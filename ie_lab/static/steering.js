@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 9746801ab8138381); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 416341716e8ad421); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
@@ -37,9 +37,23 @@ function diffTokens(a, b) {
   }
   return { a: ma, b: mb };
 }
-function showToken(t) {
-  if (t === "") return "∅";
-  return t.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/^ /, "·").replace(/^Ġ/, "·").replace(/^▁/, "·");
+function refuse(input, message, errorEl, lastGood) {
+  input.setAttribute("aria-invalid", "true");
+  input.classList.add("iel-invalid");
+  input.title = message;
+  if (errorEl) errorEl.textContent = message;
+  if (lastGood !== void 0 && lastGood !== null) input.value = String(lastGood);
+  const clear = () => {
+    input.removeAttribute("aria-invalid");
+    input.classList.remove("iel-invalid");
+    input.title = "";
+    input.removeEventListener("input", clear);
+  };
+  input.addEventListener("input", clear);
+}
+function wholeNumber(text) {
+  const t = String(text).trim();
+  return /^-?\d+$/.test(t) ? Number(t) : null;
 }
 
 // widgets/steering.js
@@ -64,6 +78,8 @@ function render({ model, el }) {
   const layerIn = h("input", { type: "number", min: "0", step: "1", class: "iel-num", "aria-label": "layer" });
   const methodSel = h("select", { "aria-label": "method" });
   const sliders = h("div", { class: "iel-sliders" });
+  const methodHelp = h("div", { class: "iel-methodhelp iel-muted", id: `iel-mh-${Math.random().toString(36).slice(2)}`, "aria-live": "polite" });
+  methodSel.setAttribute("aria-describedby", methodHelp.id);
   const status = h("span", { class: "iel-status", "aria-live": "polite" });
   const bar = h("progress", { class: "iel-progress", max: "1", value: "0", "aria-label": "vector progress" });
   const stopBtn = h("button", { class: "iel-btn", type: "button", text: "stop", title: "cancel the work in flight" });
@@ -109,6 +125,7 @@ function render({ model, el }) {
       h("label", {}, "method ", methodSel),
       h("span", { class: "iel-busybox" }, status, bar, stopBtn)
     ),
+    methodHelp,
     missing,
     sliders,
     source,
@@ -137,7 +154,7 @@ function render({ model, el }) {
   function drawTexts() {
     const bt = tokensOf("baseline"), st = tokensOf("steered");
     const d = diffTokens(idsOf("baseline"), idsOf("steered"));
-    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: showToken(t) });
+    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: t });
     baseBox.replaceChildren(...bt.map((t, i) => span(t, live && live.baseline && i >= bt.length ? "same" : d.a[i] || "same")));
     steerBox.replaceChildren(...st.map((t, i) => span(t, d.b[i] || "same")));
     steerBox.dataset.seq = String(current);
@@ -183,12 +200,17 @@ function render({ model, el }) {
     );
     syncBox(prompt, "prompt", model.get("prompt"));
     const [name, L] = model.get("address").split(".");
-    if (pointSel.options.length !== model.get("points").length) pointSel.replaceChildren(...model.get("points").map((p) => h("option", { value: p, text: p })));
+    const pts = model.get("points");
+    if ([...pointSel.options].map((o) => o.value).join() !== pts.join()) pointSel.replaceChildren(...pts.map((p) => h("option", { value: p, text: p })));
     pointSel.value = name;
     layerIn.max = String(model.get("n_layers") - 1);
     if (document.activeElement !== layerIn) layerIn.value = L;
-    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p })));
+    markServed();
+    const help = model.get("method_help") || {};
+    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p, title: help[p] || "" })));
     methodSel.value = model.get("method");
+    methodHelp.textContent = help[methodSel.value] || "";
+    methodSel.title = methodHelp.textContent;
     source.textContent = "vector: " + model.get("vector_source");
     syncBox(pos, "positive", model.get("positive").join("\n"));
     syncBox(neg, "negative", model.get("negative").join("\n"));
@@ -197,6 +219,14 @@ function render({ model, el }) {
     if (none && !contrast.open && !openedOnce) {
       contrast.open = true;
       openedOnce = true;
+    }
+  }
+  function markServed() {
+    const L = Math.trunc(Number(layerIn.value)), per = model.get("point_layers") || {};
+    for (const o of pointSel.options) {
+      const on = per[o.value] === void 0 || per[o.value].charAt(L) === "1";
+      o.disabled = !on;
+      o.title = on ? "" : `not on layer ${L} of this model`;
     }
   }
   const shown = {};
@@ -231,35 +261,46 @@ function render({ model, el }) {
   };
   const sendSoon = debounce(send, 30);
   methodSel.addEventListener("change", () => {
+    methodHelp.textContent = methodSel.title = (model.get("method_help") || {})[methodSel.value] || "";
     model.set("method", methodSel.value);
     drawSliders();
     sendSoon.flush();
     send();
   });
-  const sendAddress = () => {
-    const L = Math.trunc(Number(layerIn.value));
-    if (!(L >= 0 && L < model.get("n_layers"))) {
-      error.textContent = `layer must be 0..${model.get("n_layers") - 1}`;
+  let edited = null;
+  const inEffect = () => {
+    const [name, L] = model.get("address").split(".");
+    return { name, L };
+  };
+  const sendAddress = (e) => {
+    const L = wholeNumber(layerIn.value), n = model.get("n_layers");
+    if (L === null || L < 0 || L >= n) {
+      const keep = inEffect();
+      pointSel.value = keep.name;
+      refuse(layerIn, `${JSON.stringify(layerIn.value.trim())} is not a layer of this model: layers are 0 to ${n - 1}; still steering at ${model.get("address")}.`, error, keep.L);
+      markServed();
       return;
     }
+    edited = e && e.target === pointSel ? pointSel : layerIn;
     seq = Math.max(seq, current) + 1;
     model.send({ cmd: "address", seq, address: `${pointSel.value}.${L}` });
   };
   pointSel.addEventListener("change", sendAddress);
   layerIn.addEventListener("change", sendAddress);
+  const sendPrompt = () => {
+    edited = prompt;
+    seq = Math.max(seq, current) + 1;
+    model.send({ cmd: "prompt", seq, prompt: prompt.value });
+  };
   prompt.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
       e.preventDefault();
       e.stopPropagation();
-      seq = Math.max(seq, current) + 1;
-      model.send({ cmd: "prompt", seq, prompt: prompt.value });
+      sendPrompt();
     }
   });
   prompt.addEventListener("change", () => {
-    if (prompt.value !== model.get("prompt")) {
-      seq = Math.max(seq, current) + 1;
-      model.send({ cmd: "prompt", seq, prompt: prompt.value });
-    }
+    if (prompt.value !== model.get("prompt")) sendPrompt();
   });
   stopBtn.addEventListener("click", () => {
     sendSoon.flush();
@@ -309,12 +350,23 @@ function render({ model, el }) {
         drawTexts();
       }
       error.textContent = msg.message;
+      if (edited === prompt) refuse(prompt, msg.message, error);
+      else if (edited) {
+        const keep = inEffect();
+        pointSel.value = keep.name;
+        refuse(layerIn, msg.message, error, keep.L);
+        markServed();
+      }
+      edited = null;
     }
   };
   const onState = () => {
     if (!live) drawTexts();
     drawHeader();
     drawStatus();
+  };
+  const onAccepted = () => {
+    edited = null;
   };
   const onRanges = () => drawSliders();
   const onKnob = () => {
@@ -347,6 +399,7 @@ function render({ model, el }) {
     ["change:has_vector", onHasVector]
   ];
   for (const k of ["steered", "baseline", "seq", "address", "prompt", "vector_source", "positive", "negative"]) listeners.push(["change:" + k, onState]);
+  listeners.push(["change:address", onAccepted], ["change:prompt", onAccepted]);
   for (const k of ["scale_range", "proj_range"]) listeners.push(["change:" + k, onRanges]);
   for (const k of ["scale", "cap_min", "cap_max", "target"]) listeners.push(["change:" + k, onKnob]);
   for (const [ev, fn] of listeners) model.on(ev, fn);
