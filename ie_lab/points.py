@@ -514,7 +514,7 @@ def get(name: str, rest: str = "") -> Point:
     except KeyError:
         pass
     # the single-stream names first: multi-stream points are on few trunks, and a newcomer's model is rarely one
-    close = (nearest(name[:100], SINGLE_STREAM_NAMES, n=3) or nearest(name[:100], NAMES, n=3))
+    close = nearest(name[:100], SINGLE_STREAM_NAMES, n=3) or nearest(name[:100], NAMES, n=3)
     layer = re.match(r"\.\d{1,6}(?=\.|$)", rest)  # only the layer: a head or stream typed after it may not apply
     coords = layer.group(0) if layer else ""
     guesses = [n + (coords if REGISTRY[n].scope is Scope.LAYER else "") for n in close]

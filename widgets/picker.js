@@ -107,9 +107,11 @@ function render({ model, el }) {
         const w = it.span === 2 ? COLX[2] - COLX[1] + 190 : (it.col === 0 ? 170 : 196);
         const g = s("g", { class: `iel-mod iel-m-${it.role || "trunk"}` });
         g.append(s("rect", { x: x - 12, y: it.y - 9, width: w, height: 18, rx: 4 }));
-        const tx = s("text", { x: x - 4, y: it.y + 4 });
+        const tx = s("text", { x: x - 4, y: it.y + 4, "data-full": it.label, "data-room": String(w - 14) });
         tx.textContent = it.label;
-        g.append(tx);
+        const tip = s("title");
+        tip.textContent = it.label; // the whole label on hover, however it had to be shortened to fit its box
+        g.append(tip, tx);
         fg.append(g);
       } else if (it.kind === "join") {
         const g = s("g", { class: "iel-join" });
@@ -130,8 +132,34 @@ function render({ model, el }) {
       }
     }
     svgWrap.replaceChildren(svg);
+    fitLabels();
     refreshSelection();
   }
+
+  // Each module's label fits its box: a long one (GPT-J's "attention (RoPE on 64 of 256 dims)") is set a size
+  // smaller, and if still too wide cut with "…" (the box's tooltip has it whole). Measured, so it holds for any font;
+  // run again once fonts load and when the diagram first shows (a hidden output measures nothing).
+  function fitLabels() {
+    if (!svg || !svg.isConnected) return;
+    for (const tx of svg.querySelectorAll(".iel-mod text")) {
+      const room = Number(tx.dataset.room), full = tx.dataset.full;
+      tx.textContent = full; tx.style.fontSize = "";
+      if (tx.getComputedTextLength() === 0) return; // not laid out yet: the next call fits it
+      if (tx.getComputedTextLength() <= room) continue;
+      tx.style.fontSize = "10px";
+      if (tx.getComputedTextLength() <= room) continue;
+      let lo = 1, hi = full.length; // the longest prefix that fits with the ellipsis
+      while (lo < hi) {
+        const mid = Math.ceil((lo + hi) / 2);
+        tx.textContent = full.slice(0, mid).trimEnd() + "…";
+        if (tx.getComputedTextLength() <= room) lo = mid; else hi = mid - 1;
+      }
+      tx.textContent = full.slice(0, lo).trimEnd() + "…";
+    }
+  }
+  if (document.fonts) document.fonts.ready.then(fitLabels);
+  const shownObs = typeof IntersectionObserver === "function"
+    ? new IntersectionObserver((es) => { if (es.some((e) => e.isIntersecting)) fitLabels(); }) : null;
 
   function refreshSelection() {
     const selected = new Set(model.get("selected"));
@@ -270,7 +298,9 @@ function render({ model, el }) {
   const sel0 = model.get("selected");
   showCard(sel0.length ? sel0[sel0.length - 1].split(".")[0] : "resid_post");
   requestAnimationFrame(() => { root.dataset.renderMs = (performance.now() - t0).toFixed(1); });
+  if (shownObs) shownObs.observe(svgWrap);
   return () => {
+    if (shownObs) shownObs.disconnect();
     model.off("change:selected", onSelected); model.off("change:layer", onLayer);
     model.off("change:error", onError); model.off("msg:custom", onMsg);
   };

@@ -40,8 +40,7 @@ METHOD_HELP: dict[str, str] = {
     "norm_scaled_add": "norm_scaled_add: h + scale·‖h‖·u. Adds the direction in proportion to each token's own "
     "size, so large and small activations move by the same fraction.",
     "ablate": "ablate: h − (h·u)·u. Removes the direction entirely (its projection set to 0); no knob.",
-    "swap": "swap: h + (target − h·u)·u. Sets every token's projection on the direction to target, whatever it "
-    "was.",
+    "swap": "swap: h + (target − h·u)·u. Sets every token's projection on the direction to target, whatever it was.",
 }
 assert tuple(METHOD_HELP) == METHODS
 

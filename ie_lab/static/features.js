@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 416341716e8ad421); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 9a37fb239b3fa0f8); edit those, not this file
 
 // widgets/util.js
 function asFloat32(buf) {

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 416341716e8ad421); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 9a37fb239b3fa0f8); edit those, not this file
 
 // widgets/util.js
 function fillLayer(template, layer) {
@@ -323,9 +323,11 @@ function render({ model, el }) {
         const w = it.span === 2 ? COLX[2] - COLX[1] + 190 : it.col === 0 ? 170 : 196;
         const g = s("g", { class: `iel-mod iel-m-${it.role || "trunk"}` });
         g.append(s("rect", { x: x - 12, y: it.y - 9, width: w, height: 18, rx: 4 }));
-        const tx = s("text", { x: x - 4, y: it.y + 4 });
+        const tx = s("text", { x: x - 4, y: it.y + 4, "data-full": it.label, "data-room": String(w - 14) });
         tx.textContent = it.label;
-        g.append(tx);
+        const tip = s("title");
+        tip.textContent = it.label;
+        g.append(tip, tx);
         fg.append(g);
       } else if (it.kind === "join") {
         const g = s("g", { class: "iel-join" });
@@ -351,8 +353,33 @@ function render({ model, el }) {
       }
     }
     svgWrap.replaceChildren(svg);
+    fitLabels();
     refreshSelection();
   }
+  function fitLabels() {
+    if (!svg || !svg.isConnected) return;
+    for (const tx of svg.querySelectorAll(".iel-mod text")) {
+      const room = Number(tx.dataset.room), full = tx.dataset.full;
+      tx.textContent = full;
+      tx.style.fontSize = "";
+      if (tx.getComputedTextLength() === 0) return;
+      if (tx.getComputedTextLength() <= room) continue;
+      tx.style.fontSize = "10px";
+      if (tx.getComputedTextLength() <= room) continue;
+      let lo = 1, hi = full.length;
+      while (lo < hi) {
+        const mid = Math.ceil((lo + hi) / 2);
+        tx.textContent = full.slice(0, mid).trimEnd() + "…";
+        if (tx.getComputedTextLength() <= room) lo = mid;
+        else hi = mid - 1;
+      }
+      tx.textContent = full.slice(0, lo).trimEnd() + "…";
+    }
+  }
+  if (document.fonts) document.fonts.ready.then(fitLabels);
+  const shownObs = typeof IntersectionObserver === "function" ? new IntersectionObserver((es) => {
+    if (es.some((e) => e.isIntersecting)) fitLabels();
+  }) : null;
   function refreshSelection() {
     const selected = new Set(model.get("selected"));
     for (const g of svgWrap.querySelectorAll(".iel-pt")) {
@@ -532,7 +559,9 @@ function render({ model, el }) {
   requestAnimationFrame(() => {
     root.dataset.renderMs = (performance.now() - t0).toFixed(1);
   });
+  if (shownObs) shownObs.observe(svgWrap);
   return () => {
+    if (shownObs) shownObs.disconnect();
     model.off("change:selected", onSelected);
     model.off("change:layer", onLayer);
     model.off("change:error", onError);
