@@ -666,6 +666,15 @@ def test_a_refused_value_shows_an_error_and_the_value_in_effect(lab33):
     assert _kernel(srv, page, "sp.prompt") == "Mary went to the"
     prompt.fill("Mary went to the")  # an edit clears the mark
     assert prompt.get_attribute("aria-invalid") is None
+    # an accepted command clears the marks its refusals left (the layer box is not red for good)
+    layer.fill("99")
+    layer.press("Tab")
+    assert layer.get_attribute("aria-invalid") == "true"
+    srv.execute(page, "sp.update(scale=1.0)")
+    page.wait_for_function(
+        "() => !document.querySelector('.iel-steer input[aria-label=\"layer\"]').hasAttribute('aria-invalid')"
+    )
+    assert panel.locator(".iel-error").inner_text() == ""
     # the feature panel's number box: out of range, refused the same way
     feat = page.locator(".iel-feat")
     num = feat.locator('input[aria-label="feature index"]')

@@ -225,6 +225,8 @@ def test_dragging_the_coefficient_slider_turns_the_mood_both_ways(lab):
 @browser
 def test_dark_theme_screenshots(lab):
     srv, page = lab
+    # the slider shows the kernel's coefficient (8, set from Python after the drag), not where the drag left it
+    assert _until(lambda: page.locator('.iel-steer input[data-knob="scale"]').input_value() == "8")
     try:
         _theme(page, "JupyterLab Dark", False)
         for sel, name in (

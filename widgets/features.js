@@ -1,6 +1,6 @@
 // Feature panel: the prompt's tokens coloured by the selected feature; a picker of the prompt's top features; hover a
 // token for its strongest features. The scores stay in the kernel: it sends the selected feature's column.
-import { asFloat32, refuse, showToken, wholeNumber } from "./util.js";
+import { asFloat32, clearRefused, refuse, showToken, wholeNumber } from "./util.js";
 
 function h(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -113,7 +113,7 @@ function render({ model, el }) {
   };
   model.on("change:values", refresh);
   model.on("change:feature", refresh);
-  const onShown = () => { asked = false; };
+  const onShown = () => { asked = false; clearRefused(root); error.textContent = model.get("error"); };
   model.on("change:feature", onShown);
   model.on("change:error", onError);
   model.on("msg:custom", onMsg);

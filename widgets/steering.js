@@ -1,5 +1,5 @@
 // Steering panel: baseline vs steered continuations; controls regenerate (debounced), tokens stream in.
-import { debounce, diffTokens, refuse, wholeNumber } from "./util.js";
+import { clearRefused, debounce, diffTokens, refuse, wholeNumber } from "./util.js";
 
 function h(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -94,6 +94,11 @@ function render({ model, el }) {
       if (!model.get("has_vector")) { r.disabled = true; r.title = "no steering vector yet"; }
       const out = h("output", { text: Number(v).toFixed(2) });
       r.addEventListener("input", () => { out.textContent = Number(r.value).toFixed(2); sendSoon(); });
+      // held by the pointer: the kernel's echo of an older value must not pull the thumb back mid-drag; once let go
+      // (or only focused), the kernel's value is shown, as when Python sets it (panel.update(scale=8))
+      r.addEventListener("pointerdown", () => { r.dataset.held = "1"; });
+      const letGo = () => { delete r.dataset.held; };
+      r.addEventListener("pointerup", letGo); r.addEventListener("change", letGo); r.addEventListener("lostpointercapture", letGo);
       inputs[k] = r;
       sliders.append(h("label", { class: "iel-slider" }, h("span", { text: LABELS[k] }), r, out));
     }
@@ -211,7 +216,7 @@ function render({ model, el }) {
       current = msg.seq;
       live = { steered: [], steered_ids: [] };
       if (msg.baseline) { live.baseline = []; live.baseline_ids = []; }
-      error.textContent = "";
+      error.textContent = ""; clearRefused(root); // an accepted command: the refusal it replaces is over
       drawStatus(); drawTexts();
     } else if (msg.type === "token") {
       if (msg.seq !== current || !live) return;
@@ -238,7 +243,7 @@ function render({ model, el }) {
   const onRanges = () => drawSliders();
   const onKnob = () => {
     for (const [k, r] of Object.entries(inputs)) {
-      if (!r.isConnected || document.activeElement === r) continue;
+      if (!r.isConnected || r.dataset.held) continue;
       const v = model.get(k);
       if (Math.abs(Number(r.value) - v) > 1e-9) { r.value = String(v); r.nextSibling.textContent = Number(v).toFixed(2); }
     }

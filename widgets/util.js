@@ -133,6 +133,13 @@ export function refuse(input, message, errorEl, lastGood) {
   input.addEventListener("input", clear);
 }
 
+/** Clear every refused mark in a panel: a later command was accepted, and the alert line it went with is cleared. */
+export function clearRefused(root) {
+  for (const e of root.querySelectorAll('[aria-invalid="true"]')) {
+    e.removeAttribute("aria-invalid"); e.classList.remove("iel-invalid"); e.title = "";
+  }
+}
+
 /** A whole number typed in a number box, or null (empty, a fraction, text). */
 export function wholeNumber(text) {
   const t = String(text).trim();

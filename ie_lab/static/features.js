@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 9a37fb239b3fa0f8); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e56bb1b67e8da39e); edit those, not this file
 
 // widgets/util.js
 function asFloat32(buf) {
@@ -22,6 +22,13 @@ function refuse(input, message, errorEl, lastGood) {
     input.removeEventListener("input", clear);
   };
   input.addEventListener("input", clear);
+}
+function clearRefused(root) {
+  for (const e of root.querySelectorAll('[aria-invalid="true"]')) {
+    e.removeAttribute("aria-invalid");
+    e.classList.remove("iel-invalid");
+    e.title = "";
+  }
 }
 function wholeNumber(text) {
   const t = String(text).trim();
@@ -173,6 +180,8 @@ function render({ model, el }) {
   model.on("change:feature", refresh);
   const onShown = () => {
     asked = false;
+    clearRefused(root);
+    error.textContent = model.get("error");
   };
   model.on("change:feature", onShown);
   model.on("change:error", onError);

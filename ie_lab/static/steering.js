@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 9a37fb239b3fa0f8); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e56bb1b67e8da39e); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
@@ -50,6 +50,13 @@ function refuse(input, message, errorEl, lastGood) {
     input.removeEventListener("input", clear);
   };
   input.addEventListener("input", clear);
+}
+function clearRefused(root) {
+  for (const e of root.querySelectorAll('[aria-invalid="true"]')) {
+    e.removeAttribute("aria-invalid");
+    e.classList.remove("iel-invalid");
+    e.title = "";
+  }
 }
 function wholeNumber(text) {
   const t = String(text).trim();
@@ -186,6 +193,15 @@ function render({ model, el }) {
         out.textContent = Number(r.value).toFixed(2);
         sendSoon();
       });
+      r.addEventListener("pointerdown", () => {
+        r.dataset.held = "1";
+      });
+      const letGo = () => {
+        delete r.dataset.held;
+      };
+      r.addEventListener("pointerup", letGo);
+      r.addEventListener("change", letGo);
+      r.addEventListener("lostpointercapture", letGo);
       inputs[k] = r;
       sliders.append(h("label", { class: "iel-slider" }, h("span", { text: LABELS[k] }), r, out));
     }
@@ -325,6 +341,7 @@ function render({ model, el }) {
         live.baseline_ids = [];
       }
       error.textContent = "";
+      clearRefused(root);
       drawStatus();
       drawTexts();
     } else if (msg.type === "token") {
@@ -371,7 +388,7 @@ function render({ model, el }) {
   const onRanges = () => drawSliders();
   const onKnob = () => {
     for (const [k, r] of Object.entries(inputs)) {
-      if (!r.isConnected || document.activeElement === r) continue;
+      if (!r.isConnected || r.dataset.held) continue;
       const v2 = model.get(k);
       if (Math.abs(Number(r.value) - v2) > 1e-9) {
         r.value = String(v2);
