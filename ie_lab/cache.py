@@ -77,7 +77,7 @@ class Cache(Mapping[Address, torch.Tensor]):
         n = self.norms()
         fig = go.Figure(go.Bar(x=list(n), y=list(n.values())))
         fig.update_layout(title="mean activation norm per point", xaxis_title="address", yaxis_title="mean ‖x‖")
-        from .core.results import themed
+        from .core.plot_theme import themed
 
         return themed(fig)
 

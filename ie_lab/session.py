@@ -1233,9 +1233,9 @@ class Session:
         var = _base.var_name(self, var_name, "s")
         return Picker(self._lm.facts, served, lm=self._lm, layer=layer, handle={"var": var, "kind": "session"})
 
-    def _served_points(self) -> dict[str, tuple[str, dict[str, str]]]:
+    def served_layers(self) -> dict[str, tuple[str, dict[str, str]]]:
         """Per point name: on which layers this model serves it (a "1"/"0" per layer; one character for a trunk
-        point) and why not where it does not: what the picker draws, for panels that offer points."""
+        point) and, by layer, why not where it does not: what the picker draws, for panels that offer points."""
         from .widgets.picker import describe
 
         self._check_open()

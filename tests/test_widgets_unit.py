@@ -619,3 +619,26 @@ def test_snippets_name_the_variable_the_notebook_has(session):
         session.picker(var_name="not a name")
     for w in (ns["p"], ns["sp"], ns["q"]):
         w.close()
+
+
+def test_figures_follow_the_theme_jupyterlab_saved(tmp_path, monkeypatch):
+    # issue 33: plotly figures stayed white in the dark theme; they are drawn for the theme JupyterLab saved
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from ie_lab.core.plot_theme import jupyterlab_theme, themed
+
+    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(tmp_path))
+    assert jupyterlab_theme() == "light"  # no settings saved: JupyterLab's default
+    f = tmp_path / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+    f.parent.mkdir(parents=True)
+    # JSON5 as JupyterLab writes it: the schema's default commented out above the value chosen
+    f.write_text('{\n    // "theme": "JupyterLab Light",\n    "theme": "JupyterLab Dark"\n}\n')
+    assert jupyterlab_theme() == "dark"
+    fig = themed(go.Figure(go.Bar(x=[1], y=[1])))
+    assert fig.layout.template.layout.font.color == pio.templates["plotly_dark"].layout.font.color
+    assert fig.layout.paper_bgcolor == "rgba(0,0,0,0)" and fig.layout.plot_bgcolor == "rgba(0,0,0,0)"
+    f.write_text('{\n    // "theme": "JupyterLab Dark",\n    "theme": "JupyterLab Light"\n}\n')
+    assert jupyterlab_theme() == "light"
+    monkeypatch.setattr(pio.templates, "default", "seaborn")  # the user's own default template is kept
+    assert themed(go.Figure()).layout.template == go.Figure().layout.template

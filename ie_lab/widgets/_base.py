@@ -37,10 +37,11 @@ def var_name(obj: Any, given: str | None, default: str) -> str:
 
             raise InputError(f"var_name must be a Python variable name such as 's', got {given!r}.")
         return given
-    import sys
+    import inspect
 
     root = __name__.split(".")[0] + "."
-    f = sys._getframe(1)
+    here = inspect.currentframe()
+    f = here.f_back if here is not None else None
     while f is not None:
         mod = f.f_globals.get("__name__", "")
         if not (mod + ".").startswith(root):

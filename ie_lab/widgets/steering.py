@@ -187,7 +187,7 @@ class SteeringPanel(_base.Panel):
         addr = Address.parse(address) if address is not None else default_address(facts.n_layers)
         self._check_address(addr, facts)
         # offered: only the points this model has (the picker's verdicts), not every steerable name in the registry
-        self._served = {n: v for n, v in session._served_points().items() if n in STEERABLE and "1" in v[0]}
+        self._served = {n: v for n, v in session.served_layers().items() if n in STEERABLE and "1" in v[0]}
         self._check_served(addr)
         self._vector: torch.Tensor | None = None
         self._lock = threading.RLock()
