@@ -692,6 +692,19 @@ def test_each_steering_method_is_explained_in_the_panel(lab33):
     method = panel.locator('select[aria-label="method"]')
     described = page.locator("#" + method.get_attribute("aria-describedby"))
     try:
+        # three choices in a row, faster than the kernel answers: the select ends on the last, never flips back
+        page.evaluate(
+            """() => { const s = document.querySelector('.iel-steer select[aria-label="method"]');
+            for (const m of ['swap', 'orthogonal', 'norm_scaled_add']) {
+              s.value = m; s.dispatchEvent(new Event('change', { bubbles: true })); }
+            window._seen = new Set(); window._stop = false;  // what the select shows at every frame from now on
+            const tick = () => { window._seen.add(s.value); if (!window._stop) requestAnimationFrame(tick); }; tick(); }"""
+        )
+        assert _until(lambda: _kernel(srv, page, "[sp.method, sp.status]") == ["norm_scaled_add", "ready"], 60)
+        seen = page.evaluate(
+            "() => new Promise((ok) => requestAnimationFrame(() => { window._stop = true; ok([...window._seen]); }))"
+        )
+        assert seen == ["norm_scaled_add"], seen  # the kernel's echoes of the first two never flipped it back
         for m in ("cap", "ablate", "add"):
             method.select_option(m)
             assert _until(lambda: _kernel(srv, page, "[sp.method, sp.status]") == [m, "ready"], 60), m  # noqa: B023

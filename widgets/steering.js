@@ -84,7 +84,7 @@ function render({ model, el }) {
   }
 
   function drawSliders() {
-    const m = model.get("method");
+    const m = methodNow();
     sliders.replaceChildren();
     for (const k of USES[m]) {
       const [lo, hi, step] = k === "scale" ? model.get("scale_range") : model.get("proj_range");
@@ -106,7 +106,7 @@ function render({ model, el }) {
   }
 
   function drawHeader() {
-    title.replaceChildren(h("b", { text: "steering" }), ` · ${model.get("method")} at `, h("code", { text: model.get("address") }),
+    title.replaceChildren(h("b", { text: "steering" }), ` · ${methodNow()} at `, h("code", { text: model.get("address") }),
       ` · ${model.get("max_new_tokens")} greedy tokens`);
     // Text boxes are written only when the kernel's value changes (not on every redraw), so what the user typed
     // and has not sent yet survives a slider move, a new layer or a finished generation.
@@ -120,7 +120,7 @@ function render({ model, el }) {
     markServed();
     const help = model.get("method_help") || {};
     if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p, title: help[p] || "" })));
-    methodSel.value = model.get("method");
+    methodSel.value = methodNow();
     methodHelp.textContent = help[methodSel.value] || "";
     methodSel.title = methodHelp.textContent;
     source.textContent = "vector: " + model.get("vector_source");
@@ -138,6 +138,13 @@ function render({ model, el }) {
       o.disabled = !on;
       o.title = on ? "" : `not on layer ${L} of this model`;
     }
+  }
+  // The method chosen here and not yet confirmed by the kernel: an echo of an older choice must not flip the
+  // select (and its sliders) back while the newer one is on its way.
+  let pendingMethod = null;
+  function methodNow() {
+    if (pendingMethod !== null && model.get("method") === pendingMethod) pendingMethod = null;
+    return pendingMethod ?? model.get("method");
   }
   const shown = {};
   let openedOnce = false;
@@ -175,7 +182,8 @@ function render({ model, el }) {
 
   methodSel.addEventListener("change", () => {
     methodHelp.textContent = methodSel.title = (model.get("method_help") || {})[methodSel.value] || "";
-    model.set("method", methodSel.value); drawSliders(); sendSoon.flush(); send();
+    pendingMethod = methodSel.value; // shown until the kernel's method is this one (its trait is the kernel's to set)
+    drawSliders(); drawHeader(); sendSoon.flush(); send();
   });
   // The input whose value the kernel is checking: refused, it shows the error and takes the value in effect back.
   let edited = null;

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e56bb1b67e8da39e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources fb75dd2da29a5f4e); edit those, not this file
 
 // widgets/util.js
 function asFloat32(buf) {

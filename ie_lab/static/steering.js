@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e56bb1b67e8da39e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources fb75dd2da29a5f4e); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
@@ -170,7 +170,7 @@ function render({ model, el }) {
     root.classList.toggle("iel-stale", !!(live && live.steered.length === 0));
   }
   function drawSliders() {
-    const m = model.get("method");
+    const m = methodNow();
     sliders.replaceChildren();
     for (const k of USES[m]) {
       const [lo, hi, step] = k === "scale" ? model.get("scale_range") : model.get("proj_range");
@@ -210,7 +210,7 @@ function render({ model, el }) {
   function drawHeader() {
     title.replaceChildren(
       h("b", { text: "steering" }),
-      ` · ${model.get("method")} at `,
+      ` · ${methodNow()} at `,
       h("code", { text: model.get("address") }),
       ` · ${model.get("max_new_tokens")} greedy tokens`
     );
@@ -224,7 +224,7 @@ function render({ model, el }) {
     markServed();
     const help = model.get("method_help") || {};
     if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p, title: help[p] || "" })));
-    methodSel.value = model.get("method");
+    methodSel.value = methodNow();
     methodHelp.textContent = help[methodSel.value] || "";
     methodSel.title = methodHelp.textContent;
     source.textContent = "vector: " + model.get("vector_source");
@@ -244,6 +244,11 @@ function render({ model, el }) {
       o.disabled = !on;
       o.title = on ? "" : `not on layer ${L} of this model`;
     }
+  }
+  let pendingMethod = null;
+  function methodNow() {
+    if (pendingMethod !== null && model.get("method") === pendingMethod) pendingMethod = null;
+    return pendingMethod ?? model.get("method");
   }
   const shown = {};
   let openedOnce = false;
@@ -278,8 +283,9 @@ function render({ model, el }) {
   const sendSoon = debounce(send, 30);
   methodSel.addEventListener("change", () => {
     methodHelp.textContent = methodSel.title = (model.get("method_help") || {})[methodSel.value] || "";
-    model.set("method", methodSel.value);
+    pendingMethod = methodSel.value;
     drawSliders();
+    drawHeader();
     sendSoon.flush();
     send();
   });
