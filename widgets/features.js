@@ -1,6 +1,6 @@
 // Feature panel: the prompt's tokens coloured by the selected feature; a picker of the prompt's top features; hover a
 // token for its strongest features. The scores stay in the kernel: it sends the selected feature's column.
-import { asFloat32, clearRefused, refuse, showToken, wholeNumber } from "./util.js";
+import { asFloat32, clearRefused, plural, refuse, showToken, wholeNumber } from "./util.js";
 
 function h(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -36,7 +36,7 @@ function render({ model, el }) {
   const request = (f) => { root.classList.add("iel-busy"); model.send({ cmd: "select", feature: f }); };
 
   function drawTitle() {
-    title.replaceChildren(h("b", { text: "features" }), ` · ${model.get("title")} at ${model.get("address")} · ${model.get("tokens").length} tokens · ${model.get("n_features")} features · showing feature ${model.get("feature")}`);
+    title.replaceChildren(h("b", { text: "features" }), ` · ${model.get("title")} at ${model.get("address")} · ${plural(model.get("tokens").length, "token")} · ${plural(model.get("n_features"), "feature")} · showing feature ${model.get("feature")}`);
     num.max = String(model.get("n_features") - 1);
     if (document.activeElement !== num) num.value = String(model.get("feature"));
   }

@@ -1,5 +1,5 @@
 // Address picker: one decoder block of this model drawn in forward order; click a point to select it.
-import { addressOf, fillLayer, layerKindLabel, layoutBlock, pointOrder, servedAt, snippet } from "./util.js";
+import { addressOf, fillLayer, layerKindLabel, layoutBlock, plural, pointOrder, servedAt, snippet } from "./util.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const COLX = [36, 196, 400];
@@ -28,9 +28,9 @@ function render({ model, el }) {
   const root = h("div", { class: "iel-root iel-picker" });
   const head = h("div", { class: "iel-head" });
   const title = h("div", { class: "iel-title" });
-  title.append(h("b", { text: spec.family }), ` · ${spec.n_layers} layers · d_model ${spec.d_model} · `
-    + `${spec.n_heads} heads × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}`
-    + (spec.n_experts ? ` · ${spec.n_experts} experts` : "") + ` · backend ${spec.backend}`);
+  title.append(h("b", { text: spec.family }), ` · ${plural(spec.n_layers, "layer")} · d_model ${spec.d_model} · `
+    + `${plural(spec.n_heads, "head")} × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}`
+    + (spec.n_experts ? ` · ${plural(spec.n_experts, "expert")}` : "") + ` · backend ${spec.backend}`);
   const layerBox = h("label", { class: "iel-layer" }, "layer ");
   const prev = h("button", { class: "iel-btn", type: "button", "aria-label": "previous layer", text: "◀" });
   const sel = h("select", { "aria-label": "layer" });

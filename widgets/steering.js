@@ -1,5 +1,5 @@
 // Steering panel: baseline vs steered continuations; controls regenerate (debounced), tokens stream in.
-import { clearRefused, debounce, diffTokens, refuse, wholeNumber } from "./util.js";
+import { clearRefused, debounce, diffTokens, plural, refuse, wholeNumber } from "./util.js";
 
 function h(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -107,7 +107,7 @@ function render({ model, el }) {
 
   function drawHeader() {
     title.replaceChildren(h("b", { text: "steering" }), ` · ${methodNow()} at `, h("code", { text: model.get("address") }),
-      ` · ${model.get("max_new_tokens")} greedy tokens`);
+      ` · ${plural(model.get("max_new_tokens"), "greedy token")}`);
     // Text boxes are written only when the kernel's value changes (not on every redraw), so what the user typed
     // and has not sent yet survives a slider move, a new layer or a finished generation.
     syncBox(prompt, "prompt", model.get("prompt"));
@@ -159,7 +159,7 @@ function render({ model, el }) {
     const st = model.get("status");
     const [done, total] = model.get("progress");
     const vec = st === "vector";
-    status.textContent = vec ? `computing the vector: ${done}/${total} prompts…`
+    status.textContent = vec ? `computing the vector: ${done}/${plural(total, "prompt")}…`
       : live ? "generating…" : (st === "generating" ? "generating…" : st);
     bar.hidden = !vec;
     bar.max = String(Math.max(1, total)); bar.value = String(done);

@@ -140,6 +140,11 @@ export function clearRefused(root) {
   }
 }
 
+/** "1 feature", "2 features": a count with its noun in the right number. */
+export function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
+}
+
 /** A whole number typed in a number box, or null (empty, a fraction, text). */
 export function wholeNumber(text) {
   const t = String(text).trim();

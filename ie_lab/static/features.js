@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources fb75dd2da29a5f4e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources cd5ee27107b3b4f3); edit those, not this file
 
 // widgets/util.js
 function asFloat32(buf) {
@@ -29,6 +29,9 @@ function clearRefused(root) {
     e.classList.remove("iel-invalid");
     e.title = "";
   }
+}
+function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
 }
 function wholeNumber(text) {
   const t = String(text).trim();
@@ -79,7 +82,7 @@ function render({ model, el }) {
     model.send({ cmd: "select", feature: f });
   };
   function drawTitle() {
-    title.replaceChildren(h("b", { text: "features" }), ` · ${model.get("title")} at ${model.get("address")} · ${model.get("tokens").length} tokens · ${model.get("n_features")} features · showing feature ${model.get("feature")}`);
+    title.replaceChildren(h("b", { text: "features" }), ` · ${model.get("title")} at ${model.get("address")} · ${plural(model.get("tokens").length, "token")} · ${plural(model.get("n_features"), "feature")} · showing feature ${model.get("feature")}`);
     num.max = String(model.get("n_features") - 1);
     if (document.activeElement !== num) num.value = String(model.get("feature"));
   }

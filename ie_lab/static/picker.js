@@ -1,6 +1,9 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources fb75dd2da29a5f4e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources cd5ee27107b3b4f3); edit those, not this file
 
 // widgets/util.js
+function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
+}
 function fillLayer(template, layer) {
   return template ? template.split("{L}").join(String(layer)) : "";
 }
@@ -232,7 +235,7 @@ function render({ model, el }) {
   const root = h("div", { class: "iel-root iel-picker" });
   const head = h("div", { class: "iel-head" });
   const title = h("div", { class: "iel-title" });
-  title.append(h("b", { text: spec.family }), ` · ${spec.n_layers} layers · d_model ${spec.d_model} · ${spec.n_heads} heads × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}` + (spec.n_experts ? ` · ${spec.n_experts} experts` : "") + ` · backend ${spec.backend}`);
+  title.append(h("b", { text: spec.family }), ` · ${plural(spec.n_layers, "layer")} · d_model ${spec.d_model} · ${plural(spec.n_heads, "head")} × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}` + (spec.n_experts ? ` · ${plural(spec.n_experts, "expert")}` : "") + ` · backend ${spec.backend}`);
   const layerBox = h("label", { class: "iel-layer" }, "layer ");
   const prev = h("button", { class: "iel-btn", type: "button", "aria-label": "previous layer", text: "◀" });
   const sel = h("select", { "aria-label": "layer" });

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources fb75dd2da29a5f4e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources cd5ee27107b3b4f3); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
@@ -57,6 +57,9 @@ function clearRefused(root) {
     e.classList.remove("iel-invalid");
     e.title = "";
   }
+}
+function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
 }
 function wholeNumber(text) {
   const t = String(text).trim();
@@ -212,7 +215,7 @@ function render({ model, el }) {
       h("b", { text: "steering" }),
       ` · ${methodNow()} at `,
       h("code", { text: model.get("address") }),
-      ` · ${model.get("max_new_tokens")} greedy tokens`
+      ` · ${plural(model.get("max_new_tokens"), "greedy token")}`
     );
     syncBox(prompt, "prompt", model.get("prompt"));
     const [name, L] = model.get("address").split(".");
@@ -262,7 +265,7 @@ function render({ model, el }) {
     const st = model.get("status");
     const [done, total] = model.get("progress");
     const vec = st === "vector";
-    status.textContent = vec ? `computing the vector: ${done}/${total} prompts…` : live ? "generating…" : st === "generating" ? "generating…" : st;
+    status.textContent = vec ? `computing the vector: ${done}/${plural(total, "prompt")}…` : live ? "generating…" : st === "generating" ? "generating…" : st;
     bar.hidden = !vec;
     bar.max = String(Math.max(1, total));
     bar.value = String(done);

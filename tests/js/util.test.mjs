@@ -3,7 +3,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   addressOf, asFloat32, debounce, diffTokens, fillLayer, firstDivergence, layoutBlock, makeLut, patternPixels,
-  pointOrder, servedAt, showToken, snippet, toByte,
+  plural, pointOrder, servedAt, showToken, snippet, toByte,
 } from "../../widgets/util.js";
 
 const PLAIN = { parallel_block: false, sandwich_norms: false, pre_norms: true, gated_mlp: true, qk_norm: false, attn_gate: false, n_streams: 1, moe_layers: [] };
@@ -122,4 +122,11 @@ test("debounce with the real clock (default timers must not lose their this)", a
   f(1); f(2);
   await new Promise((r) => setTimeout(r, 30));
   assert.deepEqual(calls, [2]);
+});
+
+test("counts read in the right number (issue 33: \"1 features\")", () => {
+  assert.equal(plural(1, "feature"), "1 feature");
+  assert.equal(plural(2, "feature"), "2 features");
+  assert.equal(plural(0, "head"), "0 heads");
+  assert.equal(plural(1, "greedy token"), "1 greedy token");
 });
