@@ -338,6 +338,14 @@ def test_picker_card_stays_in_view_at_1100px_with_the_file_browser_open(lab19):
 
     for name in ("lm_head", "embeddings", "mlp_act", "lm_head"):
         hover_and_check(name)
+    hover_and_check("resid_post")
+    # engine names wrap after a "." or "_", never inside a word (issue 33's walk: "blocks.1.hook_r / esid_post")
+    cut = page.evaluate("""() => [...document.querySelectorAll('.iel-picker .iel-kv td code')].flatMap((c) => {
+        const r = document.createRange(), out = [];
+        for (const t of [...c.childNodes].filter((n) => n.nodeType === 3)) {
+          r.selectNodeContents(t); if (!/\\s/.test(t.textContent) && r.getClientRects().length > 1) out.push(t.textContent); }
+        return out; })""")
+    assert not cut, cut
     pt, box = hover_and_check("final_norm")
     diagram = picker.locator(".iel-diagram").bounding_box()
     assert box["x"] >= diagram["x"] + diagram["width"] - 1  # side by side: there is room at this width

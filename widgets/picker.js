@@ -190,7 +190,9 @@ function render({ model, el }) {
     card.append(h("p", { class: "iel-def", text: p.definition }));
     if (p.note) card.append(h("p", { class: "iel-note", text: p.note }));
     const dl = h("table", { class: "iel-kv" });
-    const row = (k, val) => { dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, h("code", { text: val })))); };
+    // a long name breaks after a "." or "_" (blocks.0.hook_ / resid_post), not inside a word; <wbr> copies as nothing
+    const breakable = (val) => { const c = h("code"); String(val).split(/(?<=[._])/).forEach((part, i) => { if (i) c.append(h("wbr")); c.append(part); }); return c; };
+    const row = (k, val) => { dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, breakable(val)))); };
     row("width", p.width);
     row("shape", p.shape);
     const names = [["transformerlens", "TransformerLens"], ["transformerlens_bridge", "TransformerBridge"], ["nnterp", "nnterp"]];

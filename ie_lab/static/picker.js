@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources cd5ee27107b3b4f3); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e9aca3a8e5b49137); edit those, not this file
 
 // widgets/util.js
 function plural(n, one, many = one + "s") {
@@ -415,8 +415,16 @@ function render({ model, el }) {
     card.append(h("p", { class: "iel-def", text: p.definition }));
     if (p.note) card.append(h("p", { class: "iel-note", text: p.note }));
     const dl = h("table", { class: "iel-kv" });
+    const breakable = (val) => {
+      const c = h("code");
+      String(val).split(/(?<=[._])/).forEach((part, i) => {
+        if (i) c.append(h("wbr"));
+        c.append(part);
+      });
+      return c;
+    };
     const row = (k, val) => {
-      dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, h("code", { text: val }))));
+      dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, breakable(val))));
     };
     row("width", p.width);
     row("shape", p.shape);
