@@ -143,13 +143,13 @@ def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: 
     return make_spec(model, address, vector, method=method, **kwargs)
 
 
-def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None):
+def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None, *, var_name: str | None = None):
     """The address picker for a family name, config or ArchFacts, with no weights loaded (see ie_lab.widgets)."""
     from .widgets.picker import cheatsheet as _cheatsheet
 
     if backend not in ("eager", "vllm"):
         raise InputError(f"backend must be 'eager' or 'vllm', got {backend!r}.")
-    return _cheatsheet(family_or_config, backend, layer)
+    return _cheatsheet(family_or_config, backend, layer, var_name=var_name)
 
 
 __all__ = [

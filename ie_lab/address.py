@@ -112,7 +112,7 @@ class Address:
             raise AddressError("empty address; write e.g. 'resid_post.3' or 'embeddings'.")
         parts = raw.split(".")
         name, rest = parts[0], parts[1:]
-        _points.get(name)  # unknown name: error with suggestion before looking at coordinates
+        _points.get(name, raw[len(name) :])  # unknown name: the nearest ones before looking at coordinates
         layer = head = stream = None
         i = 0
         if i < len(rest) and _LAYER.fullmatch(rest[i]):

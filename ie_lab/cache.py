@@ -77,7 +77,9 @@ class Cache(Mapping[Address, torch.Tensor]):
         n = self.norms()
         fig = go.Figure(go.Bar(x=list(n), y=list(n.values())))
         fig.update_layout(title="mean activation norm per point", xaxis_title="address", yaxis_title="mean ‖x‖")
-        return fig
+        from .core.plot_theme import themed
+
+        return themed(fig)
 
     def _rows(self) -> list[tuple[str, str, str, str]]:
         return [

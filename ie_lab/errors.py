@@ -83,6 +83,13 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
     return found[0] if found else None
 
 
+def nearest(word: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
+    """Up to `n` valid spellings nearest to `word`, nearest first (case ignored): a short list to read, where every
+    valid name would be a long one to search."""
+    by_lower = {c.lower(): c for c in choices}
+    return [by_lower[m] for m in difflib.get_close_matches(word.lower(), list(by_lower), n=n, cutoff=cutoff)]
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     best = closest(word, choices)
     return f" Did you mean {best!r}?" if best else ""

@@ -8,6 +8,7 @@ that never load a model.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -503,17 +504,32 @@ NAMES: tuple[str, ...] = tuple(REGISTRY)
 SINGLE_STREAM_NAMES: tuple[str, ...] = tuple(p.name for p in _POINTS if not p.multi_stream_only)
 
 
-def get(name: str) -> Point:
-    """The registry entry for a point name; an AddressError with a suggestion otherwise."""
-    from .errors import AddressError, did_you_mean, shown
+def get(name: str, rest: str = "") -> Point:
+    """The registry entry for a point name; otherwise an AddressError naming the few nearest points (with the
+    coordinates that were typed after the name, `rest`: ".1" of "resid_psot.1") and where every point is listed."""
+    from .errors import AddressError, nearest, shown
 
     try:
         return REGISTRY[name]
     except KeyError:
-        raise AddressError(
-            f"unknown point name {shown(name)}.{did_you_mean(name[:100], NAMES)} Valid names: {', '.join(SINGLE_STREAM_NAMES)}"
-            " (and, on multi-stream trunks, " + ", ".join(n for n in NAMES if n not in SINGLE_STREAM_NAMES) + ")."
-        ) from None
+        pass
+    # the single-stream names first: multi-stream points are on few trunks, and a newcomer's model is rarely one
+    close = nearest(name[:100], SINGLE_STREAM_NAMES, n=3) or nearest(name[:100], NAMES, n=3)
+    layer = re.match(r"\.\d{1,6}(?=\.|$)", rest)  # only the layer: a head or stream typed after it may not apply
+    coords = layer.group(0) if layer else ""
+    guesses = [n + (coords if REGISTRY[n].scope is Scope.LAYER else "") for n in close]
+    hint = ""
+    if guesses:
+        hint = " Did you mean " + (", ".join(guesses[:-1]) + " or " if len(guesses) > 1 else "") + guesses[-1] + "?"
+    if name in ("blocks", "model", "layers", "transformer", "gpt_neox") or name.startswith("hook_"):
+        hint += (
+            " That looks like another engine's hook or module name: ie_lab.mappers.from_engine(name, s, "
+            "'transformerlens') (or 'transformerlens_bridge', 'nnterp') translates it (docs/MAPPERS.md)."
+        )
+    raise AddressError(
+        f"unknown point name {shown(name)}.{hint} Every point this model has, with what each one is: "
+        "s.points() on your Session, or click one in s.picker() (docs/POINTS.md lists them all)."
+    ) from None
 
 
 def all_points() -> tuple[Point, ...]:

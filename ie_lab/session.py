@@ -1301,14 +1301,28 @@ class Session:
     # ---- notebook panels (ie_lab/widgets; JS/CSS in widgets/) ----------------------------------------
     # Each panel's module is imported when one is opened: it loads anywidget and the bundled JS, which a script
     # that never draws a panel should not pay for.
-    def picker(self, layer: int | None = None):
-        """The architecture diagram of this model; clicking a point sets ``picker.address`` (an Address)."""
+    def picker(self, layer: int | None = None, *, var_name: str | None = None):
+        """The architecture diagram of this model; clicking a point sets ``picker.address`` (an Address).
+
+        The card's code snippet calls this session by ``var_name``: by default the variable your code holds it in
+        (``g = Session(...); g.picker()`` writes ``g.capture(...)``), else ``s``."""
+        from .widgets import _base
         from .widgets.picker import Picker
 
         self._check_open()
         # the verdicts of the backend that computes: a remote session's are its server's
         served = getattr(self._backend, "served_backend", self.backend)
-        return Picker(self._lm.facts, served, lm=self._lm, layer=layer)
+        var = _base.var_name(self, var_name, "s")
+        return Picker(self._lm.facts, served, lm=self._lm, layer=layer, handle={"var": var, "kind": "session"})
+
+    def served_layers(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """Per point name: on which layers this model serves it (a "1"/"0" per layer; one character for a trunk
+        point) and, by layer, why not where it does not: what the picker draws, for panels that offer points."""
+        from .widgets.picker import describe
+
+        self._check_open()
+        served = getattr(self._backend, "served_backend", self.backend)
+        return {p["name"]: (p["served"], p["why"]) for p in describe(self._lm.facts, served, lm=self._lm)["points"]}
 
     def show_attention(self, prompt: Any, layers: Any = None, *, layer: int | None = None, head: int = 0):
         """Attention viewer: head thumbnails per layer, the selected head's pattern fetched on demand."""
@@ -1317,12 +1331,17 @@ class Session:
         self._check_open()
         return for_session(self, prompt, layers, layer=layer, head=head)
 
-    def steering_panel(self, prompt: str, address: Any = None, vector: Any = None, **kwargs: Any):
-        """Baseline vs steered text with live controls; see docs/WIDGETS.md for the vector sources."""
+    def steering_panel(
+        self, prompt: str, address: Any = None, vector: Any = None, *, var_name: str | None = None, **kwargs: Any
+    ):
+        """Baseline vs steered text with live controls; see docs/WIDGETS.md for the vector sources. The code the
+        panel shows calls this session by ``var_name`` (by default the variable your code holds it in, else ``s``)."""
+        from .widgets import _base
         from .widgets.steering import SteeringPanel
 
         self._check_open()
-        return SteeringPanel(self, prompt, address=address, vector=vector, **kwargs)
+        var = _base.var_name(self, var_name, "s")
+        return SteeringPanel(self, prompt, address=address, vector=vector, var_name=var, **kwargs)
 
     def feature_panel(self, prompt: Any, address: Any = None, features: Any = None, **kwargs: Any):
         """Tokens coloured by an SAE's (or probes') feature activations, with a feature picker (docs/WIDGETS.md)."""

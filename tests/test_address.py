@@ -44,7 +44,7 @@ def test_examples(text, expected):
 @pytest.mark.parametrize(
     "text,fragment",
     [
-        ("resid_pots.3", "Did you mean 'resid_post'"),
+        ("resid_pots.3", "Did you mean resid_post.3"),
         ("resid_post", "exists once per layer"),
         ("embeddings.0", "trunk point"),
         ("resid_post.3.head-1", "has no head axis"),
@@ -61,11 +61,26 @@ def test_errors_name_the_wrong_part(text, fragment):
     assert fragment in str(e.value)
 
 
-def test_unknown_name_lists_valid_names():
+def test_unknown_name_offers_the_few_nearest_addresses_and_where_to_see_all():
+    # issue 33: a misspelt address listed every point name (~50); a newcomer wants the 3 closest, as addresses
+    # with the layer typed, and where the whole list is
+    with pytest.raises(AddressError) as e:
+        Address.parse("resid_psot.1")
+    msg = str(e.value)
+    assert "Did you mean resid_post.1, resid_pre.1 or resid_mid.1?" in msg, msg
+    assert "s.points()" in msg and "s.picker()" in msg, msg
+    assert "attn_scores" not in msg and "mlp_out_post" not in msg and len(msg) < 300, msg
+    # another engine's spelling: the nearest points, and the translator
     with pytest.raises(AddressError) as e:
         Address.parse("hook_resid_post.3")
     msg = str(e.value)
-    assert "Valid names:" in msg and "resid_pre" in msg and "mlp_out_post" in msg
+    assert "resid_post.3" in msg and "mappers.from_engine" in msg, msg
+    # a head typed after the layer is not carried onto suggestions that have no heads
+    with pytest.raises(AddressError, match=r"Did you mean mlp_out\.2, ") as e:
+        Address.parse("mlp_otu.2.head-1")
+    with pytest.raises(AddressError) as e:
+        Address.parse("zzzz.1")
+    assert "Did you mean" not in str(e.value) and "s.points()" in str(e.value)
 
 
 def test_range_checks_against_a_model():

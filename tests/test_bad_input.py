@@ -19,7 +19,7 @@ def _params(lm):
 @pytest.mark.parametrize(
     "inp,addresses,exc,fragment",
     [
-        ([5, 6, 7], ["resid_psot.0"], ie_lab.AddressError, "Did you mean 'resid_post'"),
+        ([5, 6, 7], ["resid_psot.0"], ie_lab.AddressError, "Did you mean resid_post.0"),
         ([5, 6, 7], ["resid_post.9"], ie_lab.AddressError, "out of range"),
         ([5, 6, 7], ["z.0.head-9"], ie_lab.AddressError, "out of range"),
         ([5, 6, 7], ["router_logits.0"], ie_lab.PointAbsent, "dense MLP layer"),

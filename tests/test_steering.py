@@ -310,3 +310,20 @@ def test_steer_that_is_not_a_spec_is_refused_naming_s_steer():
                 call()
             assert_clean(s._lm)
         assert len(s.generate("Mary", 3).ids) == 3
+
+
+def test_method_help_is_the_one_explanation_and_agrees_with_the_docs_table():
+    # issue 33: the steering panel explains each method from ops.steering.METHOD_HELP (written once); the formula it
+    # gives is docs/STEERING.md's, method by method
+    import os
+    import re
+
+    from ie_lab.ops.steering import METHOD_HELP, METHODS
+
+    assert tuple(METHOD_HELP) == METHODS
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "STEERING.md"), encoding="utf-8") as f:
+        rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]+)`", f.read(), re.M))
+    for m, text in METHOD_HELP.items():
+        name, formula = re.match(r"(\w+): (.+?)\. ", text).groups()
+        assert name == m and rows[m] == formula, (m, formula, rows.get(m))
+        assert len(text) > len(name) + len(formula) + 20  # a sentence of what it does, not the formula alone

@@ -3,6 +3,8 @@
 One server and one notebook per module (the machine is small). Screenshots go to artifacts/widgets/.
 """
 
+import os
+
 import pytest
 
 from benchmarks.widgets_harness import ROOT, Server, available, setup_code
@@ -336,6 +338,14 @@ def test_picker_card_stays_in_view_at_1100px_with_the_file_browser_open(lab19):
 
     for name in ("lm_head", "embeddings", "mlp_act", "lm_head"):
         hover_and_check(name)
+    hover_and_check("resid_post")
+    # engine names wrap after a "." or "_", never inside a word (issue 33's walk: "blocks.1.hook_r / esid_post")
+    cut = page.evaluate("""() => [...document.querySelectorAll('.iel-picker .iel-kv td code')].flatMap((c) => {
+        const r = document.createRange(), out = [];
+        for (const t of [...c.childNodes].filter((n) => n.nodeType === 3)) {
+          r.selectNodeContents(t); if (!/\\s/.test(t.textContent) && r.getClientRects().length > 1) out.push(t.textContent); }
+        return out; })""")
+    assert not cut, cut
     pt, box = hover_and_check("final_norm")
     diagram = picker.locator(".iel-diagram").bounding_box()
     assert box["x"] >= diagram["x"] + diagram["width"] - 1  # side by side: there is room at this width
@@ -504,3 +514,291 @@ def test_attention_plot_has_square_cells_and_every_label(lab19):
     srv.shot(page.locator(".js-plotly-plot").first, "attention-plot-41.png")
     assert abs(geo["w"] - geo["h"]) <= 0.05 * geo["w"], geo  # square cells for a square pattern
     assert geo["x"] == 41 and geo["y"] == 41 and not geo["overlap"], geo
+
+
+# ---- issue 33: the panels as a newcomer meets them (a 1,100 px window, a session not called `s`) ------------------
+# Every family's diagram labels are measured on the fewest diagrams that between them draw every (label, box) pair.
+_LAYOUT_JS = """import { layoutBlock } from %s;
+let d = ''; process.stdin.on('data', (c) => d += c); process.stdin.on('end', () => {
+  const out = {}; for (const [k, [st, layer]] of Object.entries(JSON.parse(d))) {
+    const lay = layoutBlock(st, st.moe_layers.includes(layer), null, layer);
+    out[k] = lay.items.filter((i) => i.kind === 'module' || i.kind === 'trunk')
+      .map((i) => [i.label, i.span === 2 ? 2 : i.col === 0 ? 0 : 1]); }
+  process.stdout.write(JSON.stringify(out)); });"""
+
+
+def _diagrams_covering_every_label():
+    """(family, layer) pairs whose diagrams draw, between them, every module label any family's diagram draws, at
+    every box width it is drawn in (the picker's own layout code, widgets/util.js, run under node)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    from ie_lab.arch.config_facts import ArchFacts
+    from ie_lab.widgets.picker import _structure_from_facts
+    from tests.families import FAMILIES, make_config
+
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    specs = {}
+    for fam in FAMILIES:
+        facts = ArchFacts.from_config(make_config(fam))
+        st = _structure_from_facts(facts)
+        for L in range(facts.n_layers):
+            specs[f"{fam}/{L}"] = [st, L]
+    util = "file://" + os.path.join(ROOT, "widgets", "util.js")
+    r = subprocess.run(
+        ["node", "--input-type=module", "-e", _LAYOUT_JS % json.dumps(util)],
+        input=json.dumps(specs),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    drawn = {k: {tuple(x) for x in v} for k, v in json.loads(r.stdout).items()}
+    todo, chosen = set().union(*drawn.values()), []
+    while todo:  # greedy cover: the diagram drawing the most pairs not yet covered
+        key = max(sorted(drawn), key=lambda k: len(drawn[k] & todo))
+        chosen.append(key)
+        todo -= drawn[key]
+    return [(k.split("/")[0], int(k.split("/")[1])) for k in chosen]
+
+
+def _cells33(cover):
+    return [
+        setup_code("llama") + "g = s; del s  # a session not called s: what the panels' code must call it\n",
+        "p = g.picker(); p",
+        "sp = g.steering_panel('Mary went to the', positive=['happy good day', 'good morning'], "
+        "negative=['sad bad night', 'bad evening'], scale=2.0, max_new_tokens=6); sp",
+        "fp = g.feature_panel('Mary went to the store', 'resid_post.0', torch.randn(3, g.facts.d_model)); fp",
+        "fig = g.attention('Mary went to the store', layers=[0]).plot(0, 0); fig",
+        "from IPython.display import display\nfrom tests.families import make_config\n"
+        f"for _f, _L in {cover!r}:\n    display(ie_lab.cheatsheet(make_config(_f), layer=_L))",
+    ]
+
+
+FIG_CELL = 4
+
+
+@pytest.fixture(scope="module")
+def lab33(server):
+    srv = server
+    cover = _diagrams_covering_every_label()
+    srv.write("issue33.ipynb", _cells33(cover))
+    page = srv.open("issue33.ipynb", width=1100)
+    for sel in (".iel-picker svg", ".iel-steer .iel-text .iel-tok", ".iel-feat .iel-tok", ".js-plotly-plot .nsewdrag"):
+        page.wait_for_selector(sel, timeout=60000)
+    page.wait_for_function(f"() => document.querySelectorAll('.iel-picker svg').length === {1 + len(cover)}")
+    yield srv, page
+    srv.close_page(page)
+
+
+def test_the_pickers_snippet_calls_the_session_the_notebook_has_and_runs(lab33):
+    srv, page = lab33
+    card = page.locator(".iel-picker").first.locator(".iel-card")
+    code = card.locator("pre.iel-snippet").inner_text()
+    assert code.startswith("cache = g.capture("), code
+    out = srv.execute(page, code.splitlines()[0] + "\nprint(tuple(cache[next(iter(cache))].shape))")
+    assert not out.startswith("ERROR") and out.startswith("(1, "), out  # run as copied: no undefined name
+    # a family's cheatsheet (no model loaded): its snippet makes the session it then uses
+    fam = page.locator(".iel-picker").nth(1).locator("pre.iel-snippet").inner_text()
+    assert fam.startswith("s = ie_lab.Session(") and "cache = s.capture(" in fam and "lm" not in fam, fam
+
+
+def test_every_familys_diagram_labels_fit_their_boxes(lab33):
+    srv, page = lab33
+    probe = """() => [...document.querySelectorAll('.iel-picker .iel-mod')].map((g) => {
+        const r = g.querySelector('rect').getBoundingClientRect(), t = g.querySelector('text').getBoundingClientRect();
+        return [g.querySelector('text').dataset.full, r.left, r.right, t.left, t.right,
+                g.querySelector('title') ? g.querySelector('title').textContent : null]; })"""
+    settle(page, probe)
+    boxes = page.evaluate(probe)
+    assert len(boxes) > 10 * (page.locator(".iel-picker").count() - 1)
+    over = [f"{b[0]!r}: text {b[3]:.0f}..{b[4]:.0f} in box {b[1]:.0f}..{b[2]:.0f}" for b in boxes if b[4] > b[2] - 2]
+    assert not over, "\n".join(over)
+    assert all(b[5] == b[0] for b in boxes)  # the full label on hover
+    gptj = [b for b in boxes if b[0].startswith("attention (RoPE on")]
+    assert gptj, "GPT-J's partial-rotary attention label is drawn"
+    srv.shot(page.locator(".iel-picker").nth(1), "picker-issue33-family.png")
+
+
+def test_steering_text_copies_with_its_spaces(lab33):
+    srv, page = lab33
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=srv.base)
+    box = page.locator('.iel-steer [data-which="steered"]')
+    box.evaluate(
+        "(e) => { const r = document.createRange(); r.selectNodeContents(e); const s = getSelection();"
+        " s.removeAllRanges(); s.addRange(r); }"
+    )
+    page.keyboard.press("Control+c")
+    copied = page.evaluate("() => navigator.clipboard.readText()")
+    k = _kernel(srv, page, "[''.join(sp.steered), sp.steered_text]")
+    assert copied == k[0] and copied.strip() == k[1].strip(), (copied, k)
+    assert copied.count(" ") >= len(k[1].split()) - 1 and "·" not in copied, copied  # the text, not marked tokens
+
+
+def test_steering_points_are_the_models_own(lab33):
+    srv, page = lab33
+    offered = page.locator('.iel-steer select[aria-label="steering point"] option').all_text_contents()
+    own = _kernel(
+        srv,
+        page,
+        "[n for n in __import__('ie_lab.widgets.steering', fromlist=['x']).STEERABLE"
+        " if n in {r.name for r in g.points().rows if r.served}]",
+    )
+    assert offered == own and "mixer_in" not in offered, (offered, own)
+
+
+def test_a_refused_value_shows_an_error_and_the_value_in_effect(lab33):
+    srv, page = lab33
+    panel = page.locator(".iel-steer")
+    layer = panel.locator('input[aria-label="layer"]')
+    before = _kernel(srv, page, "sp.address")
+    for typed in ("99", "", "1.5"):
+        layer.fill(typed)
+        layer.press("Tab")
+        assert layer.get_attribute("aria-invalid") == "true", typed
+        assert layer.input_value() == before.split(".")[1], typed  # the layer in effect is back in the box
+        assert "0 to 1" in panel.locator(".iel-error").inner_text(), typed
+    assert _kernel(srv, page, "sp.address") == before
+    srv.shot(panel, "steering-refused-layer.png")
+    # a prompt the kernel refuses: marked, kept in the box to be fixed; the last good prompt still runs
+    prompt = panel.locator('textarea[aria-label="prompt"]')
+    prompt.fill("   ")
+    prompt.press("Control+Enter")
+    page.wait_for_function(
+        "() => document.querySelector('.iel-steer textarea[aria-label=\"prompt\"]').getAttribute('aria-invalid') === 'true'"
+    )
+    assert "non-empty" in panel.locator(".iel-error").inner_text()
+    assert _kernel(srv, page, "sp.prompt") == "Mary went to the"
+    prompt.fill("Mary went to the")  # an edit clears the mark
+    assert prompt.get_attribute("aria-invalid") is None
+    # an accepted command clears the marks its refusals left (the layer box is not red for good)
+    layer.fill("99")
+    layer.press("Tab")
+    assert layer.get_attribute("aria-invalid") == "true"
+    srv.execute(page, "sp.update(scale=1.0)")
+    page.wait_for_function(
+        "() => !document.querySelector('.iel-steer input[aria-label=\"layer\"]').hasAttribute('aria-invalid')"
+    )
+    assert panel.locator(".iel-error").inner_text() == ""
+    # the feature panel's number box: out of range, refused the same way
+    feat = page.locator(".iel-feat")
+    num = feat.locator('input[aria-label="feature index"]')
+    shown = _kernel(srv, page, "fp.feature")
+    num.fill("7")
+    num.press("Enter")
+    assert num.get_attribute("aria-invalid") == "true" and num.input_value() == str(shown)
+    assert "0 to 2" in feat.locator(".iel-error").inner_text()
+
+
+def test_each_steering_method_is_explained_in_the_panel(lab33):
+    srv, page = lab33
+    panel = page.locator(".iel-steer")
+    helps = _kernel(srv, page, "__import__('ie_lab.ops.steering', fromlist=['x']).METHOD_HELP")
+    method = panel.locator('select[aria-label="method"]')
+    described = page.locator("#" + method.get_attribute("aria-describedby"))
+    try:
+        # three choices in a row, faster than the kernel answers: the select ends on the last, never flips back
+        page.evaluate(
+            """() => { const s = document.querySelector('.iel-steer select[aria-label="method"]');
+            for (const m of ['swap', 'orthogonal', 'norm_scaled_add']) {
+              s.value = m; s.dispatchEvent(new Event('change', { bubbles: true })); }
+            window._seen = new Set(); window._stop = false;  // what the select shows at every frame from now on
+            const tick = () => { window._seen.add(s.value); if (!window._stop) requestAnimationFrame(tick); }; tick(); }"""
+        )
+        assert _until(lambda: _kernel(srv, page, "[sp.method, sp.status]") == ["norm_scaled_add", "ready"], 60)
+        seen = page.evaluate(
+            "() => new Promise((ok) => requestAnimationFrame(() => { window._stop = true; ok([...window._seen]); }))"
+        )
+        assert seen == ["norm_scaled_add"], seen  # the kernel's echoes of the first two never flipped it back
+        for m in ("cap", "ablate", "add"):
+            method.select_option(m)
+            assert _until(lambda: _kernel(srv, page, "[sp.method, sp.status]") == [m, "ready"], 60), m  # noqa: B023
+            page.wait_for_function(
+                "([id, m]) => document.getElementById(id).textContent.startsWith(m + ':')",
+                arg=[method.get_attribute("aria-describedby"), m],
+            )
+            assert described.inner_text() == helps[m] and method.get_attribute("title") == helps[m], m
+            assert panel.locator(f'select[aria-label="method"] option[value="{m}"]').get_attribute("title") == helps[m]
+    finally:
+        _until(lambda: _kernel(srv, page, "sp.status") == "ready", 60)
+
+
+def _overlaps(page, root):
+    return page.evaluate(
+        """(root) => { const p = document.querySelector(root);
+        const els = [...p.querySelectorAll('input, select, textarea, button, output, progress, summary, .iel-status')]
+          .filter((e) => e.getClientRects().length && getComputedStyle(e).visibility !== 'hidden');
+        const r = els.map((e) => e.getBoundingClientRect()), bad = [];
+        for (let i = 0; i < r.length; i++) for (let j = i + 1; j < r.length; j++) {
+          const a = r[i], b = r[j];
+          if (els[i].contains(els[j]) || els[j].contains(els[i])) continue;
+          if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1)
+            bad.push([els[i].outerHTML.slice(0, 60), els[j].outerHTML.slice(0, 60)]); }
+        return { n: els.length, bad }; }""",
+        root,
+    )
+
+
+def test_steering_controls_do_not_overlap_at_1100px(lab33):
+    srv, page = lab33
+    panel = page.locator(".iel-steer")
+    method = panel.locator('select[aria-label="method"]')
+    if panel.locator("details.iel-contrast").get_attribute("open") is None:
+        panel.locator(".iel-contrast summary").click()  # its two lists and button in the card too
+    try:
+        for sidebar in (False, True):
+            if sidebar:
+                page.evaluate("() => window.jupyterapp.shell.activateById('filebrowser')")
+                page.wait_for_function("() => document.getElementById('filebrowser')?.offsetWidth > 150")
+            for m in ("cap", "add"):  # cap has two sliders; add one
+                method.select_option(m)
+                assert _until(lambda: _kernel(srv, page, "[sp.method, sp.status]") == [m, "ready"], 60)  # noqa: B023
+                settle(page, *box_probe([".iel-steer", ".iel-steer .iel-controls", ".iel-steer .iel-sliders"]))
+                got = _overlaps(page, ".iel-steer")
+                assert got["n"] >= 10 and not got["bad"], (sidebar, m, got)
+                srv.shot(panel, f"steering-1100px-{m}{'-filebrowser' if sidebar else ''}.png")
+    finally:
+        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+
+
+def _plot_colours(page):
+    """The plot's tick labels' colour and what is behind them: the first opaque background up from the plot
+    (plotly's paper rectangle, else the notebook's output area)."""
+    return page.evaluate(
+        """() => { const p = document.querySelector('.js-plotly-plot');
+        const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+        const paper = parse(getComputedStyle(p.querySelector('.main-svg')).backgroundColor);
+        let bg = paper; for (let x = p; (!bg.length || (bg.length > 3 && bg[3] < 0.5)) && x; x = x.parentElement)
+          bg = parse(getComputedStyle(x).backgroundColor);
+        const tick = p.querySelector('.ytick text'); return { fg: parse(tick.style.fill || getComputedStyle(tick).fill), bg }; }"""
+    )
+
+
+def test_plotly_figures_follow_the_dark_theme(lab33):
+    srv, page = lab33
+    light = _plot_colours(page)
+    try:
+        switch_theme(page, "JupyterLab Dark", False, ".iel-steer")
+        # JupyterLab has saved the theme (its settings file, which the kernel can read): a figure made now is in it
+        saved = os.path.join(srv.tmp, "settings", "@jupyterlab", "apputils-extension", "themes.jupyterlab-settings")
+        assert _until(lambda: os.path.exists(saved) and "JupyterLab Dark" in open(saved).read())
+        page.evaluate(
+            f"() => {{ const nb = window.jupyterapp.shell.currentWidget.content; nb.activeCellIndex = {FIG_CELL};"
+            " return window.jupyterapp.commands.execute('notebook:run-cell'); }"
+        )
+        srv.wait_cells(page)
+        page.wait_for_selector(".js-plotly-plot .ytick text", timeout=30000)
+        settle(
+            page, "() => { const t = document.querySelector('.js-plotly-plot .ytick text'); return t && t.style.fill; }"
+        )
+        dark = _plot_colours(page)
+        lum = lambda c: sum(c[:3]) / 3  # noqa: E731
+        assert lum(dark["bg"]) < 80, dark  # no white block in the dark notebook
+        assert _contrast(dark["fg"] + [1], dark["bg"][:3] + [1]) >= 4.5, dark
+        assert _contrast(light["fg"] + [1], light["bg"][:3] + [1]) >= 4.5, light
+        srv.shot(page.locator(".js-plotly-plot").first, "attention-plot-dark.png")
+    finally:
+        switch_theme(page, "JupyterLab Light", True, ".iel-steer")

@@ -174,6 +174,7 @@ def test_the_feature_panel_lights_the_happy_words_by_the_mood_direction(lab):
         float(x) for x in srv.execute(page, f"print(' '.join(str(v) for v in {proj}.scores[:, 0].tolist()))").split()
     ]
     assert panel.locator(".iel-tok").count() == len(toks) == len(scores)  # one box per token the model read
+    assert " · 1 feature · " in panel.locator(".iel-title").inner_text()  # not "1 features" (issue 33)
     # the panel shows the mood probe's score per token: happy words score above sad ones
     h = [v for t, v in zip(toks, scores) if t.strip() in happy]
     sd = [v for t, v in zip(toks, scores) if t.strip() in sad]
@@ -225,6 +226,8 @@ def test_dragging_the_coefficient_slider_turns_the_mood_both_ways(lab):
 @browser
 def test_dark_theme_screenshots(lab):
     srv, page = lab
+    # the slider shows the kernel's coefficient (8, set from Python after the drag), not where the drag left it
+    assert _until(lambda: page.locator('.iel-steer input[data-knob="scale"]').input_value() == "8")
     try:
         _theme(page, "JupyterLab Dark", False)
         for sel, name in (

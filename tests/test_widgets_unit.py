@@ -137,7 +137,7 @@ def test_cheatsheet_needs_no_weights_and_draws_the_structure():
 
 def test_picker_on_a_session_uses_the_measured_structure(session):
     p = session.picker()
-    assert p.spec["backend"] == "eager" and p.spec["handle"] == "s"
+    assert p.spec["backend"] == "eager" and p.spec["handle"] == {"var": "session", "kind": "session"}
     pts = {q["name"]: q for q in p.spec["points"]}
     assert pts["resid_post"]["width"] == "d_model = 128" and pts["z"]["width"].endswith("= 128")
     table = {r.name: r for r in session.points().rows}
@@ -600,3 +600,45 @@ def test_a_panel_without_a_vector_says_so_until_it_has_one(session):
     finally:
         sp.close()
     assert_clean(session._lm)
+
+
+def test_snippets_name_the_variable_the_notebook_has(session):
+    # issue 33: the picker's snippet called an undefined `lm`; panels now call the session (or model) by the name
+    # the user's code holds it under, found from the calling code (a notebook cell's namespace here), or var_name=
+    ns = {"mysession": session}
+    exec("p = mysession.picker(); sp = mysession.steering_panel('Mary went to the', max_new_tokens=2)", ns)
+    assert ns["p"].spec["handle"] == {"var": "mysession", "kind": "session"}
+    assert ns["sp"].var_name == "mysession"
+    exec("q = ie_lab.cheatsheet(mysession)", {"mysession": session, "ie_lab": ie_lab}, ns)
+    assert ns["q"].spec["handle"] == {"var": "mysession", "kind": "session"}
+    assert session.picker(var_name="sess").spec["handle"]["var"] == "sess"
+    assert ie_lab.cheatsheet("gemma2").spec["handle"] == {"var": "s", "kind": "family"}
+    lm = ie_lab.load(*tiny_model("llama"))
+    assert ie_lab.cheatsheet(lm).spec["handle"] == {"var": "lm", "kind": "model"}
+    with pytest.raises(ie_lab.InputError, match="variable name"):
+        session.picker(var_name="not a name")
+    for w in (ns["p"], ns["sp"], ns["q"]):
+        w.close()
+
+
+def test_figures_follow_the_theme_jupyterlab_saved(tmp_path, monkeypatch):
+    # issue 33: plotly figures stayed white in the dark theme; they are drawn for the theme JupyterLab saved
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from ie_lab.core.plot_theme import jupyterlab_theme, themed
+
+    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(tmp_path))
+    assert jupyterlab_theme() == "light"  # no settings saved: JupyterLab's default
+    f = tmp_path / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+    f.parent.mkdir(parents=True)
+    # JSON5 as JupyterLab writes it: the schema's default commented out above the value chosen
+    f.write_text('{\n    // "theme": "JupyterLab Light",\n    "theme": "JupyterLab Dark"\n}\n')
+    assert jupyterlab_theme() == "dark"
+    fig = themed(go.Figure(go.Bar(x=[1], y=[1])))
+    assert fig.layout.template.layout.font.color == pio.templates["plotly_dark"].layout.font.color
+    assert fig.layout.paper_bgcolor == "rgba(0,0,0,0)" and fig.layout.plot_bgcolor == "rgba(0,0,0,0)"
+    f.write_text('{\n    // "theme": "JupyterLab Dark",\n    "theme": "JupyterLab Light"\n}\n')
+    assert jupyterlab_theme() == "light"
+    monkeypatch.setattr(pio.templates, "default", "seaborn")  # the user's own default template is kept
+    assert themed(go.Figure()).layout.template == go.Figure().layout.template

@@ -21,7 +21,11 @@ def s(tmp_path_factory):
 def test_picker_and_cheatsheet_of_a_vllm_session(s):
     # vLLM binds the model in its worker: the diagram comes from the config, with the vLLM backend's verdicts
     for p in (s.picker(layer=0), ie_lab.cheatsheet(s, layer=0)):
-        assert isinstance(p, Picker) and p.spec["backend"] == "vllm" and p.spec["handle"] == "s"
+        assert (
+            isinstance(p, Picker)
+            and p.spec["backend"] == "vllm"
+            and p.spec["handle"] == {"var": "s", "kind": "session"}
+        )
         pts = {q["name"]: q for q in p.spec["points"]}
         assert pts["resid_post"]["served"] == "1" * s.facts.n_layers
         assert p.select("resid_post.0") == ie_lab.Address("resid_post", 0)

@@ -1,5 +1,5 @@
 // Attention viewer: head thumbnails of one layer; the selected head's pattern, fetched on demand.
-import { asBytes, asFloat32, makeLut, patternGeometry, patternPixels, showToken } from "./util.js";
+import { asBytes, asFloat32, makeLut, patternGeometry, patternPixels, plural, showToken } from "./util.js";
 
 const SVGNS = "http://www.w3.org/2000/svg";
 
@@ -168,7 +168,7 @@ function render({ model, el }) {
 
   function refreshAll() {
     const n = tokens().length;
-    title.replaceChildren(h("b", { text: "attention" }), ` · ${model.get("title")} · ${model.get("tokens").length} tokens · ${model.get("n_heads")} heads · showing layer ${model.get("layer")}, head ${model.get("head")}`);
+    title.replaceChildren(h("b", { text: "attention" }), ` · ${model.get("title")} · ${plural(model.get("tokens").length, "token")} · ${plural(model.get("n_heads"), "head")} · showing layer ${model.get("layer")}, head ${model.get("head")}`);
     if (layerSel.options.length !== model.get("layers").length) {
       layerSel.replaceChildren(...model.get("layers").map((L) => h("option", { value: String(L), text: String(L) })));
     }

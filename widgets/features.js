@@ -1,6 +1,6 @@
 // Feature panel: the prompt's tokens coloured by the selected feature; a picker of the prompt's top features; hover a
 // token for its strongest features. The scores stay in the kernel: it sends the selected feature's column.
-import { asFloat32, showToken } from "./util.js";
+import { asFloat32, clearRefused, plural, refuse, showToken, wholeNumber } from "./util.js";
 
 function h(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -36,7 +36,7 @@ function render({ model, el }) {
   const request = (f) => { root.classList.add("iel-busy"); model.send({ cmd: "select", feature: f }); };
 
   function drawTitle() {
-    title.replaceChildren(h("b", { text: "features" }), ` · ${model.get("title")} at ${model.get("address")} · ${model.get("tokens").length} tokens · ${model.get("n_features")} features · showing feature ${model.get("feature")}`);
+    title.replaceChildren(h("b", { text: "features" }), ` · ${model.get("title")} at ${model.get("address")} · ${plural(model.get("tokens").length, "token")} · ${plural(model.get("n_features"), "feature")} · showing feature ${model.get("feature")}`);
     num.max = String(model.get("n_features") - 1);
     if (document.activeElement !== num) num.value = String(model.get("feature"));
   }
@@ -90,21 +90,36 @@ function render({ model, el }) {
   const onPick = (e) => { const b = e.target.closest(".iel-featbtn"); if (b) request(Number(b.dataset.f)); };
   picks.addEventListener("click", onPick);
   readout.addEventListener("click", onPick);
-  go.addEventListener("click", () => { const f = Number(num.value); if (Number.isInteger(f)) request(f); });
+  let asked = false; // the number box's value is with the kernel: a refusal marks the box and puts back the feature shown
+  go.addEventListener("click", () => {
+    const f = wholeNumber(num.value), n = model.get("n_features");
+    if (f === null || f < 0 || f >= n) {
+      refuse(num, `${JSON.stringify(num.value.trim())} is not a feature here: features run from 0 to ${n - 1}; still showing ${model.get("feature")}.`, error, model.get("feature"));
+      return;
+    }
+    asked = true; request(f);
+  });
   num.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); go.click(); } });
   const onTok = (e) => { const sp = e.target.closest(".iel-tok"); if (!sp) return; focus = Number(sp.dataset.i); drawTokens(); describe(); };
   strip.addEventListener("mouseover", onTok);
   strip.addEventListener("focusin", onTok);
 
   const onError = () => { error.textContent = model.get("error"); };
-  const onMsg = (msg) => { if (msg && msg.type === "error") { error.textContent = msg.message; root.classList.remove("iel-busy"); } };
+  const onMsg = (msg) => {
+    if (!(msg && msg.type === "error")) return;
+    error.textContent = msg.message; root.classList.remove("iel-busy");
+    if (asked) refuse(num, msg.message, error, model.get("feature"));
+    asked = false;
+  };
   model.on("change:values", refresh);
   model.on("change:feature", refresh);
+  const onShown = () => { asked = false; clearRefused(root); error.textContent = model.get("error"); };
+  model.on("change:feature", onShown);
   model.on("change:error", onError);
   model.on("msg:custom", onMsg);
   refresh();
   onError();
-  return () => { model.off("change:values", refresh); model.off("change:feature", refresh); model.off("change:error", onError); model.off("msg:custom", onMsg); };
+  return () => { model.off("change:values", refresh); model.off("change:feature", refresh); model.off("change:feature", onShown); model.off("change:error", onError); model.off("msg:custom", onMsg); };
 }
 
 export default { render };

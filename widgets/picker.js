@@ -1,5 +1,5 @@
 // Address picker: one decoder block of this model drawn in forward order; click a point to select it.
-import { addressOf, fillLayer, layerKindLabel, layoutBlock, pointOrder, servedAt, snippet } from "./util.js";
+import { addressOf, fillLayer, layerKindLabel, layoutBlock, plural, pointOrder, servedAt, snippet } from "./util.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const COLX = [36, 196, 400];
@@ -28,9 +28,9 @@ function render({ model, el }) {
   const root = h("div", { class: "iel-root iel-picker" });
   const head = h("div", { class: "iel-head" });
   const title = h("div", { class: "iel-title" });
-  title.append(h("b", { text: spec.family }), ` · ${spec.n_layers} layers · d_model ${spec.d_model} · `
-    + `${spec.n_heads} heads × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}`
-    + (spec.n_experts ? ` · ${spec.n_experts} experts` : "") + ` · backend ${spec.backend}`);
+  title.append(h("b", { text: spec.family }), ` · ${plural(spec.n_layers, "layer")} · d_model ${spec.d_model} · `
+    + `${plural(spec.n_heads, "head")} × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}`
+    + (spec.n_experts ? ` · ${plural(spec.n_experts, "expert")}` : "") + ` · backend ${spec.backend}`);
   const layerBox = h("label", { class: "iel-layer" }, "layer ");
   const prev = h("button", { class: "iel-btn", type: "button", "aria-label": "previous layer", text: "◀" });
   const sel = h("select", { "aria-label": "layer" });
@@ -107,9 +107,11 @@ function render({ model, el }) {
         const w = it.span === 2 ? COLX[2] - COLX[1] + 190 : (it.col === 0 ? 170 : 196);
         const g = s("g", { class: `iel-mod iel-m-${it.role || "trunk"}` });
         g.append(s("rect", { x: x - 12, y: it.y - 9, width: w, height: 18, rx: 4 }));
-        const tx = s("text", { x: x - 4, y: it.y + 4 });
+        const tx = s("text", { x: x - 4, y: it.y + 4, "data-full": it.label, "data-room": String(w - 14) });
         tx.textContent = it.label;
-        g.append(tx);
+        const tip = s("title");
+        tip.textContent = it.label; // the whole label on hover, however it had to be shortened to fit its box
+        g.append(tip, tx);
         fg.append(g);
       } else if (it.kind === "join") {
         const g = s("g", { class: "iel-join" });
@@ -130,8 +132,34 @@ function render({ model, el }) {
       }
     }
     svgWrap.replaceChildren(svg);
+    fitLabels();
     refreshSelection();
   }
+
+  // Each module's label fits its box: a long one (GPT-J's "attention (RoPE on 64 of 256 dims)") is set a size
+  // smaller, and if still too wide cut with "…" (the box's tooltip has it whole). Measured, so it holds for any font;
+  // run again once fonts load and when the diagram first shows (a hidden output measures nothing).
+  function fitLabels() {
+    if (!svg || !svg.isConnected) return;
+    for (const tx of svg.querySelectorAll(".iel-mod text")) {
+      const room = Number(tx.dataset.room), full = tx.dataset.full;
+      tx.textContent = full; tx.style.fontSize = "";
+      if (tx.getComputedTextLength() === 0) return; // not laid out yet: the next call fits it
+      if (tx.getComputedTextLength() <= room) continue;
+      tx.style.fontSize = "10px";
+      if (tx.getComputedTextLength() <= room) continue;
+      let lo = 1, hi = full.length; // the longest prefix that fits with the ellipsis
+      while (lo < hi) {
+        const mid = Math.ceil((lo + hi) / 2);
+        tx.textContent = full.slice(0, mid).trimEnd() + "…";
+        if (tx.getComputedTextLength() <= room) lo = mid; else hi = mid - 1;
+      }
+      tx.textContent = full.slice(0, lo).trimEnd() + "…";
+    }
+  }
+  if (document.fonts) document.fonts.ready.then(fitLabels);
+  const shownObs = typeof IntersectionObserver === "function"
+    ? new IntersectionObserver((es) => { if (es.some((e) => e.isIntersecting)) fitLabels(); }) : null;
 
   function refreshSelection() {
     const selected = new Set(model.get("selected"));
@@ -162,7 +190,9 @@ function render({ model, el }) {
     card.append(h("p", { class: "iel-def", text: p.definition }));
     if (p.note) card.append(h("p", { class: "iel-note", text: p.note }));
     const dl = h("table", { class: "iel-kv" });
-    const row = (k, val) => { dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, h("code", { text: val })))); };
+    // a long name breaks after a "." or "_" (blocks.0.hook_ / resid_post), not inside a word; <wbr> copies as nothing
+    const breakable = (val) => { const c = h("code"); String(val).split(/(?<=[._])/).forEach((part, i) => { if (i) c.append(h("wbr")); c.append(part); }); return c; };
+    const row = (k, val) => { dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, breakable(val)))); };
     row("width", p.width);
     row("shape", p.shape);
     const names = [["transformerlens", "TransformerLens"], ["transformerlens_bridge", "TransformerBridge"], ["nnterp", "nnterp"]];
@@ -171,11 +201,11 @@ function render({ model, el }) {
     for (const w of p.warnings) card.append(h("div", { class: "iel-warn", text: "⚠ " + fillLayer(w, layer) }));
     const vt = h("table", { class: "iel-verdicts" });
     for (const [b, bv] of Object.entries(p.verdicts)) {
-      vt.append(h("tr", {}, h("td", { text: b + (b === spec.backend ? (spec.handle === "s" ? " (this session)" : " (shown)") : "") }),
+      vt.append(h("tr", {}, h("td", { text: b + (b === spec.backend ? ({ family: " (shown)", model: " (this model)" }[spec.handle.kind] || " (this session)") : "") }),
         h("td", { class: bv.ok ? "iel-ok-t" : "iel-no-t", text: bv.verdict }), h("td", { text: bv.reason })));
     }
     card.append(vt);
-    const code = snippet(p, layer, spec.handle);
+    const code = snippet(p, layer, spec.handle, spec.family);
     const pre = h("pre", { class: "iel-snippet", text: code });
     const copy = h("button", { class: "iel-btn", type: "button", text: "copy" });
     copy.addEventListener("click", async () => {
@@ -270,7 +300,9 @@ function render({ model, el }) {
   const sel0 = model.get("selected");
   showCard(sel0.length ? sel0[sel0.length - 1].split(".")[0] : "resid_post");
   requestAnimationFrame(() => { root.dataset.renderMs = (performance.now() - t0).toFixed(1); });
+  if (shownObs) shownObs.observe(svgWrap);
   return () => {
+    if (shownObs) shownObs.disconnect();
     model.off("change:selected", onSelected); model.off("change:layer", onLayer);
     model.off("change:error", onError); model.off("msg:custom", onMsg);
   };

@@ -1,5 +1,5 @@
 // Steering panel: baseline vs steered continuations; controls regenerate (debounced), tokens stream in.
-import { debounce, diffTokens, showToken } from "./util.js";
+import { clearRefused, debounce, diffTokens, plural, refuse, wholeNumber } from "./util.js";
 
 function h(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -15,12 +15,16 @@ const LABELS = { scale: "coefficient", cap_min: "cap min", cap_max: "cap max", t
 
 function render({ model, el }) {
   const root = h("div", { class: "iel-root iel-steer" });
+  const v = model.get("var_name") || "s"; // the session's variable in the user's code (the kernel finds it)
   const title = h("div", { class: "iel-title" });
   const prompt = h("textarea", { class: "iel-prompt", rows: "2", "aria-label": "prompt", title: "Ctrl+Enter to run" });
   const pointSel = h("select", { "aria-label": "steering point" });
   const layerIn = h("input", { type: "number", min: "0", step: "1", class: "iel-num", "aria-label": "layer" });
   const methodSel = h("select", { "aria-label": "method" });
   const sliders = h("div", { class: "iel-sliders" });
+  // what the chosen method does (ie_lab/ops/steering.py's METHOD_HELP, from the kernel): read out under the controls
+  const methodHelp = h("div", { class: "iel-methodhelp iel-muted", id: `iel-mh-${Math.random().toString(36).slice(2)}`, "aria-live": "polite" });
+  methodSel.setAttribute("aria-describedby", methodHelp.id);
   const status = h("span", { class: "iel-status", "aria-live": "polite" });
   const bar = h("progress", { class: "iel-progress", max: "1", value: "0", "aria-label": "vector progress" });
   const stopBtn = h("button", { class: "iel-btn", type: "button", text: "stop", title: "cancel the work in flight" });
@@ -28,9 +32,9 @@ function render({ model, el }) {
   const missing = h("div", { class: "iel-novector", role: "note" },
     h("b", { text: "No steering vector yet: " }), "the controls change nothing until there is one. Get one by ",
     h("span", { text: "typing two prompt lists below and pressing " }), h("i", { text: "use difference of means" }),
-    ", or from Python: ", h("code", { text: "s.steering_panel(prompt, positive=[...], negative=[...])" }), ", ",
+    ", or from Python: ", h("code", { text: `${v}.steering_panel(prompt, positive=[...], negative=[...])` }), ", ",
     h("code", { text: "vector=" }), " a tensor, a saved .pt / .npy path or a capture (",
-    h("code", { text: "s.capture(...)" }), "), or ", h("code", { text: "panel.set_contrast(positive, negative)" }), ".");
+    h("code", { text: `${v}.capture(...)` }), "), or ", h("code", { text: "panel.set_contrast(positive, negative)" }), ".");
   const pos = h("textarea", { rows: "3", "aria-label": "positive prompts, one per line", placeholder: "positive prompts, one per line" });
   const neg = h("textarea", { rows: "3", "aria-label": "negative prompts, one per line", placeholder: "negative prompts, one per line" });
   const computeBtn = h("button", { class: "iel-btn", type: "button", text: "use difference of means" });
@@ -44,7 +48,7 @@ function render({ model, el }) {
     h("div", { class: "iel-row" }, h("label", { class: "iel-grow" }, "prompt", prompt)),
     h("div", { class: "iel-row iel-controls" }, h("label", {}, "point ", pointSel), h("label", {}, "layer ", layerIn),
       h("label", {}, "method ", methodSel), h("span", { class: "iel-busybox" }, status, bar, stopBtn)),
-    missing, sliders, source, contrast,
+    methodHelp, missing, sliders, source, contrast,
     h("div", { class: "iel-cols" },
       h("div", { class: "iel-col" }, h("div", { class: "iel-colhead", text: "baseline" }), baseBox),
       h("div", { class: "iel-col" }, h("div", { class: "iel-colhead" }, "steered ", h("span", { class: "iel-muted", text: "(changed tokens marked)" })), steerBox)),
@@ -68,7 +72,9 @@ function render({ model, el }) {
   function drawTexts() {
     const bt = tokensOf("baseline"), st = tokensOf("steered");
     const d = diffTokens(idsOf("baseline"), idsOf("steered"));
-    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: showToken(t) });
+    // a token's piece of the decoded text, spaces and newlines as they are (CSS keeps them visible), so the text
+    // copied from the page is the text; an empty piece is marked by CSS, which copying leaves out
+    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: t });
     baseBox.replaceChildren(...bt.map((t, i) => span(t, live && live.baseline && i >= bt.length ? "same" : d.a[i] || "same")));
     steerBox.replaceChildren(...st.map((t, i) => span(t, d.b[i] || "same")));
     steerBox.dataset.seq = String(current);
@@ -78,7 +84,7 @@ function render({ model, el }) {
   }
 
   function drawSliders() {
-    const m = model.get("method");
+    const m = methodNow();
     sliders.replaceChildren();
     for (const k of USES[m]) {
       const [lo, hi, step] = k === "scale" ? model.get("scale_range") : model.get("proj_range");
@@ -88,6 +94,11 @@ function render({ model, el }) {
       if (!model.get("has_vector")) { r.disabled = true; r.title = "no steering vector yet"; }
       const out = h("output", { text: Number(v).toFixed(2) });
       r.addEventListener("input", () => { out.textContent = Number(r.value).toFixed(2); sendSoon(); });
+      // held by the pointer: the kernel's echo of an older value must not pull the thumb back mid-drag; once let go
+      // (or only focused), the kernel's value is shown, as when Python sets it (panel.update(scale=8))
+      r.addEventListener("pointerdown", () => { r.dataset.held = "1"; });
+      const letGo = () => { delete r.dataset.held; };
+      r.addEventListener("pointerup", letGo); r.addEventListener("change", letGo); r.addEventListener("lostpointercapture", letGo);
       inputs[k] = r;
       sliders.append(h("label", { class: "iel-slider" }, h("span", { text: LABELS[k] }), r, out));
     }
@@ -95,24 +106,45 @@ function render({ model, el }) {
   }
 
   function drawHeader() {
-    title.replaceChildren(h("b", { text: "steering" }), ` · ${model.get("method")} at `, h("code", { text: model.get("address") }),
-      ` · ${model.get("max_new_tokens")} greedy tokens`);
+    title.replaceChildren(h("b", { text: "steering" }), ` · ${methodNow()} at `, h("code", { text: model.get("address") }),
+      ` · ${plural(model.get("max_new_tokens"), "greedy token")}`);
     // Text boxes are written only when the kernel's value changes (not on every redraw), so what the user typed
     // and has not sent yet survives a slider move, a new layer or a finished generation.
     syncBox(prompt, "prompt", model.get("prompt"));
     const [name, L] = model.get("address").split(".");
-    if (pointSel.options.length !== model.get("points").length) pointSel.replaceChildren(...model.get("points").map((p) => h("option", { value: p, text: p })));
+    const pts = model.get("points");
+    if ([...pointSel.options].map((o) => o.value).join() !== pts.join()) pointSel.replaceChildren(...pts.map((p) => h("option", { value: p, text: p })));
     pointSel.value = name;
     layerIn.max = String(model.get("n_layers") - 1);
     if (document.activeElement !== layerIn) layerIn.value = L;
-    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p })));
-    methodSel.value = model.get("method");
+    markServed();
+    const help = model.get("method_help") || {};
+    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p, title: help[p] || "" })));
+    methodSel.value = methodNow();
+    methodHelp.textContent = help[methodSel.value] || "";
+    methodSel.title = methodHelp.textContent;
     source.textContent = "vector: " + model.get("vector_source");
     syncBox(pos, "positive", model.get("positive").join("\n"));
     syncBox(neg, "negative", model.get("negative").join("\n"));
     const none = !model.get("has_vector");
     missing.hidden = !none;
     if (none && !contrast.open && !openedOnce) { contrast.open = true; openedOnce = true; }
+  }
+  // only the model's own points are offered (the kernel's list); one it lacks at the layer typed is greyed
+  function markServed() {
+    const L = Math.trunc(Number(layerIn.value)), per = model.get("point_layers") || {};
+    for (const o of pointSel.options) {
+      const on = per[o.value] === undefined || per[o.value].charAt(L) === "1";
+      o.disabled = !on;
+      o.title = on ? "" : `not on layer ${L} of this model`;
+    }
+  }
+  // The method chosen here and not yet confirmed by the kernel: an echo of an older choice must not flip the
+  // select (and its sliders) back while the newer one is on its way.
+  let pendingMethod = null;
+  function methodNow() {
+    if (pendingMethod !== null && model.get("method") === pendingMethod) pendingMethod = null;
+    return pendingMethod ?? model.get("method");
   }
   const shown = {};
   let openedOnce = false;
@@ -127,7 +159,7 @@ function render({ model, el }) {
     const st = model.get("status");
     const [done, total] = model.get("progress");
     const vec = st === "vector";
-    status.textContent = vec ? `computing the vector: ${done}/${total} prompts…`
+    status.textContent = vec ? `computing the vector: ${done}/${plural(total, "prompt")}…`
       : live ? "generating…" : (st === "generating" ? "generating…" : st);
     bar.hidden = !vec;
     bar.max = String(Math.max(1, total)); bar.value = String(done);
@@ -148,19 +180,34 @@ function render({ model, el }) {
   };
   const sendSoon = debounce(send, 30);
 
-  methodSel.addEventListener("change", () => { model.set("method", methodSel.value); drawSliders(); sendSoon.flush(); send(); });
-  const sendAddress = () => {
-    const L = Math.trunc(Number(layerIn.value));
-    if (!(L >= 0 && L < model.get("n_layers"))) { error.textContent = `layer must be 0..${model.get("n_layers") - 1}`; return; }
+  methodSel.addEventListener("change", () => {
+    methodHelp.textContent = methodSel.title = (model.get("method_help") || {})[methodSel.value] || "";
+    pendingMethod = methodSel.value; // shown until the kernel's method is this one (its trait is the kernel's to set)
+    drawSliders(); drawHeader(); sendSoon.flush(); send();
+  });
+  // The input whose value the kernel is checking: refused, it shows the error and takes the value in effect back.
+  let edited = null;
+  const inEffect = () => { const [name, L] = model.get("address").split("."); return { name, L }; };
+  const sendAddress = (e) => {
+    const L = wholeNumber(layerIn.value), n = model.get("n_layers");
+    if (L === null || L < 0 || L >= n) {
+      const keep = inEffect();
+      pointSel.value = keep.name;
+      refuse(layerIn, `${JSON.stringify(layerIn.value.trim())} is not a layer of this model: layers are 0 to ${n - 1}; still steering at ${model.get("address")}.`, error, keep.L);
+      markServed();
+      return;
+    }
+    edited = e && e.target === pointSel ? pointSel : layerIn;
     seq = Math.max(seq, current) + 1;
     model.send({ cmd: "address", seq, address: `${pointSel.value}.${L}` });
   };
   pointSel.addEventListener("change", sendAddress);
   layerIn.addEventListener("change", sendAddress);
+  const sendPrompt = () => { edited = prompt; seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); };
   prompt.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); e.stopPropagation(); seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); }
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); e.stopPropagation(); sendPrompt(); }
   });
-  prompt.addEventListener("change", () => { if (prompt.value !== model.get("prompt")) { seq = Math.max(seq, current) + 1; model.send({ cmd: "prompt", seq, prompt: prompt.value }); } });
+  prompt.addEventListener("change", () => { if (prompt.value !== model.get("prompt")) sendPrompt(); });
   stopBtn.addEventListener("click", () => { sendSoon.flush(); model.send({ cmd: "cancel" }); });
   computeBtn.addEventListener("click", () => {
     const lines = (t) => t.value.split("\n").map((x) => x.trim()).filter(Boolean);
@@ -177,7 +224,7 @@ function render({ model, el }) {
       current = msg.seq;
       live = { steered: [], steered_ids: [] };
       if (msg.baseline) { live.baseline = []; live.baseline_ids = []; }
-      error.textContent = "";
+      error.textContent = ""; clearRefused(root); // an accepted command: the refusal it replaces is over
       drawStatus(); drawTexts();
     } else if (msg.type === "token") {
       if (msg.seq !== current || !live) return;
@@ -194,13 +241,17 @@ function render({ model, el }) {
     } else if (msg.type === "error") {
       if (msg.seq === undefined || msg.seq === current) { live = null; drawStatus(); drawTexts(); }
       error.textContent = msg.message;
+      if (edited === prompt) refuse(prompt, msg.message, error); // the typed prompt stays to be fixed; the last good one runs
+      else if (edited) { const keep = inEffect(); pointSel.value = keep.name; refuse(layerIn, msg.message, error, keep.L); markServed(); }
+      edited = null;
     }
   };
   const onState = () => { if (!live) drawTexts(); drawHeader(); drawStatus(); };
+  const onAccepted = () => { edited = null; };
   const onRanges = () => drawSliders();
   const onKnob = () => {
     for (const [k, r] of Object.entries(inputs)) {
-      if (!r.isConnected || document.activeElement === r) continue;
+      if (!r.isConnected || r.dataset.held) continue;
       const v = model.get(k);
       if (Math.abs(Number(r.value) - v) > 1e-9) { r.value = String(v); r.nextSibling.textContent = Number(v).toFixed(2); }
     }
@@ -211,6 +262,7 @@ function render({ model, el }) {
   const listeners = [["msg:custom", onMsg], ["change:status", drawStatus], ["change:progress", drawStatus], ["change:error", onError],
     ["change:method", onMethod], ["change:has_vector", onHasVector]];
   for (const k of ["steered", "baseline", "seq", "address", "prompt", "vector_source", "positive", "negative"]) listeners.push(["change:" + k, onState]);
+  listeners.push(["change:address", onAccepted], ["change:prompt", onAccepted]);
   for (const k of ["scale_range", "proj_range"]) listeners.push(["change:" + k, onRanges]);
   for (const k of ["scale", "cap_min", "cap_max", "target"]) listeners.push(["change:" + k, onKnob]);
   for (const [ev, fn] of listeners) model.on(ev, fn);

@@ -115,6 +115,42 @@ export function firstDivergence(a, b) {
   return i;
 }
 
+/**
+ * A refused value in an input: the input shows an error state (aria-invalid, outlined in the error colour, the
+ * reason as its tooltip), the panel's alert line says why, and the input takes back `lastGood` (the value in
+ * effect) when one is given. The error state clears at the next edit.
+ */
+export function refuse(input, message, errorEl, lastGood) {
+  input.setAttribute("aria-invalid", "true");
+  input.classList.add("iel-invalid");
+  input.title = message;
+  if (errorEl) errorEl.textContent = message;
+  if (lastGood !== undefined && lastGood !== null) input.value = String(lastGood);
+  const clear = () => {
+    input.removeAttribute("aria-invalid"); input.classList.remove("iel-invalid"); input.title = "";
+    input.removeEventListener("input", clear);
+  };
+  input.addEventListener("input", clear);
+}
+
+/** Clear every refused mark in a panel: a later command was accepted, and the alert line it went with is cleared. */
+export function clearRefused(root) {
+  for (const e of root.querySelectorAll('[aria-invalid="true"]')) {
+    e.removeAttribute("aria-invalid"); e.classList.remove("iel-invalid"); e.title = "";
+  }
+}
+
+/** "1 feature", "2 features": a count with its noun in the right number. */
+export function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
+}
+
+/** A whole number typed in a number box, or null (empty, a fraction, text). */
+export function wholeNumber(text) {
+  const t = String(text).trim();
+  return /^-?\d+$/.test(t) ? Number(t) : null;
+}
+
 /** A token as it should read on screen: visible spaces and newlines, never empty. */
 export function showToken(t) {
   if (t === "") return "∅";
@@ -138,12 +174,20 @@ export function servedAt(point, layer) {
   return { ok, why: ok ? "" : (point.why[String(idx)] || "not served here") };
 }
 
-/** The copyable snippet for a point. */
-export function snippet(point, layer, handle = "s") {
+/**
+ * The copyable snippet for a point. handle: {var, kind} from the kernel: the variable the user's code holds the
+ * session in ("session": var.capture), a model from ie_lab.load ("model": ie_lab.capture(var, ...)), or no model
+ * yet ("family": a first line that makes the session the snippet names). A string is a session's variable.
+ */
+export function snippet(point, layer, handle = { var: "s", kind: "session" }, family = "") {
+  const h = typeof handle === "string" ? { var: handle, kind: "session" } : handle;
   const a = addressOf(point, layer);
-  const call = handle === "s" ? `cache = s.capture("When Mary and John went to the store,", ["${a}"])`
-    : `cache = ie_lab.capture(lm, "When Mary and John went to the store,", ["${a}"])`;
-  return `${call}\ncache["${a}"].shape  # ${point.shape}`;
+  const text = `"When Mary and John went to the store,"`;
+  const lines = [];
+  if (h.kind === "family") lines.push(`${h.var} = ie_lab.Session("path/or/hub-id")  # any ${family || "such"} model`);
+  lines.push(h.kind === "model" ? `cache = ie_lab.capture(${h.var}, ${text}, ["${a}"])` : `cache = ${h.var}.capture(${text}, ["${a}"])`);
+  lines.push(`cache["${a}"].shape  # ${point.shape}`);
+  return lines.join("\n");
 }
 
 /**

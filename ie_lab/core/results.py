@@ -15,6 +15,7 @@ import torch
 from ..address import Address
 from ..cache import Cache
 from ..errors import plural
+from .plot_theme import themed
 
 # ---- generation ----------------------------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ class LensResult:
         fig.update_layout(
             title="Logit lens: top token per layer and position", xaxis_title="position", yaxis_title="layer"
         )
-        return fig
+        return themed(fig)
 
 
 def token_names(tok: Any, ids: list) -> list:
@@ -191,7 +192,7 @@ class AttentionResult:
             xaxis=dict(title="key", tickangle=-90, constrain="domain", **ticks),
             yaxis=dict(title="query", autorange="reversed", scaleanchor="x", scaleratio=1, constrain="domain", **ticks),
         )
-        return fig
+        return themed(fig)
 
 
 # ---- projection -----------------------------------------------------------------------------------------
@@ -258,4 +259,4 @@ class PatchGrid:
         fig.update_layout(
             title=f"Activation patching ({self.metric}); clean={self.clean:.2f}, corrupted={self.corrupted:.2f}"
         )
-        return fig
+        return themed(fig)

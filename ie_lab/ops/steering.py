@@ -28,6 +28,22 @@ import torch
 
 METHODS = ("add", "orthogonal", "cap", "norm_scaled_add", "ablate", "swap")
 
+# What each method does, in a sentence a newcomer can act on, and its knobs: the steering panel shows these (a
+# help line and each option's tooltip) and docs/STEERING.md's table agrees with them (tests/test_steering.py), so
+# the explanation is written once, here.
+METHOD_HELP: dict[str, str] = {
+    "add": "add: h + scale·v. Pushes every token along the vector; scale sets how far (negative: the other way).",
+    "orthogonal": "orthogonal: h − (1 − scale)·(h·u)·u. Rescales the part of h along the direction: 1 leaves it, "
+    "0 removes it, 2 doubles it.",
+    "cap": "cap: h + (clamp(h·u, min, max) − h·u)·u. Clamps how far each token lies along the direction into "
+    "[min, max]; tokens already inside are untouched, so it only reins in the extremes.",
+    "norm_scaled_add": "norm_scaled_add: h + scale·‖h‖·u. Adds the direction in proportion to each token's own "
+    "size, so large and small activations move by the same fraction.",
+    "ablate": "ablate: h − (h·u)·u. Removes the direction entirely (its projection set to 0); no knob.",
+    "swap": "swap: h + (target − h·u)·u. Sets every token's projection on the direction to target, whatever it was.",
+}
+assert tuple(METHOD_HELP) == METHODS
+
 
 def _unit(v: torch.Tensor) -> torch.Tensor:
     n = v.float().norm()

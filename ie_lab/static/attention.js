@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e9aca3a8e5b49137); edit those, not this file
 
 // widgets/util.js
 var VIRIDIS_STOPS = [
@@ -69,6 +69,9 @@ function asBytes(buf) {
   if (!buf) return new Uint8Array(0);
   if (buf instanceof ArrayBuffer) return new Uint8Array(buf);
   return new Uint8Array(buf.buffer, buf.byteOffset || 0, buf.byteLength);
+}
+function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
 }
 function showToken(t) {
   if (t === "") return "∅";
@@ -265,7 +268,7 @@ function render({ model, el }) {
   }
   function refreshAll() {
     const n = tokens().length;
-    title.replaceChildren(h("b", { text: "attention" }), ` · ${model.get("title")} · ${model.get("tokens").length} tokens · ${model.get("n_heads")} heads · showing layer ${model.get("layer")}, head ${model.get("head")}`);
+    title.replaceChildren(h("b", { text: "attention" }), ` · ${model.get("title")} · ${plural(model.get("tokens").length, "token")} · ${plural(model.get("n_heads"), "head")} · showing layer ${model.get("layer")}, head ${model.get("head")}`);
     if (layerSel.options.length !== model.get("layers").length) {
       layerSel.replaceChildren(...model.get("layers").map((L) => h("option", { value: String(L), text: String(L) })));
     }

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e9aca3a8e5b49137); edit those, not this file
 
 // widgets/util.js
 function asFloat32(buf) {
@@ -8,6 +8,34 @@ function asFloat32(buf) {
     return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
   }
   return new Float32Array(bytes.slice().buffer, 0, Math.floor(bytes.byteLength / 4));
+}
+function refuse(input, message, errorEl, lastGood) {
+  input.setAttribute("aria-invalid", "true");
+  input.classList.add("iel-invalid");
+  input.title = message;
+  if (errorEl) errorEl.textContent = message;
+  if (lastGood !== void 0 && lastGood !== null) input.value = String(lastGood);
+  const clear = () => {
+    input.removeAttribute("aria-invalid");
+    input.classList.remove("iel-invalid");
+    input.title = "";
+    input.removeEventListener("input", clear);
+  };
+  input.addEventListener("input", clear);
+}
+function clearRefused(root) {
+  for (const e of root.querySelectorAll('[aria-invalid="true"]')) {
+    e.removeAttribute("aria-invalid");
+    e.classList.remove("iel-invalid");
+    e.title = "";
+  }
+}
+function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
+}
+function wholeNumber(text) {
+  const t = String(text).trim();
+  return /^-?\d+$/.test(t) ? Number(t) : null;
 }
 function showToken(t) {
   if (t === "") return "∅";
@@ -54,7 +82,7 @@ function render({ model, el }) {
     model.send({ cmd: "select", feature: f });
   };
   function drawTitle() {
-    title.replaceChildren(h("b", { text: "features" }), ` · ${model.get("title")} at ${model.get("address")} · ${model.get("tokens").length} tokens · ${model.get("n_features")} features · showing feature ${model.get("feature")}`);
+    title.replaceChildren(h("b", { text: "features" }), ` · ${model.get("title")} at ${model.get("address")} · ${plural(model.get("tokens").length, "token")} · ${plural(model.get("n_features"), "feature")} · showing feature ${model.get("feature")}`);
     num.max = String(model.get("n_features") - 1);
     if (document.activeElement !== num) num.value = String(model.get("feature"));
   }
@@ -116,9 +144,15 @@ function render({ model, el }) {
   };
   picks.addEventListener("click", onPick);
   readout.addEventListener("click", onPick);
+  let asked = false;
   go.addEventListener("click", () => {
-    const f = Number(num.value);
-    if (Number.isInteger(f)) request(f);
+    const f = wholeNumber(num.value), n = model.get("n_features");
+    if (f === null || f < 0 || f >= n) {
+      refuse(num, `${JSON.stringify(num.value.trim())} is not a feature here: features run from 0 to ${n - 1}; still showing ${model.get("feature")}.`, error, model.get("feature"));
+      return;
+    }
+    asked = true;
+    request(f);
   });
   num.addEventListener("keydown", (e) => {
     if (e.key === "Enter") {
@@ -139,13 +173,20 @@ function render({ model, el }) {
     error.textContent = model.get("error");
   };
   const onMsg = (msg) => {
-    if (msg && msg.type === "error") {
-      error.textContent = msg.message;
-      root.classList.remove("iel-busy");
-    }
+    if (!(msg && msg.type === "error")) return;
+    error.textContent = msg.message;
+    root.classList.remove("iel-busy");
+    if (asked) refuse(num, msg.message, error, model.get("feature"));
+    asked = false;
   };
   model.on("change:values", refresh);
   model.on("change:feature", refresh);
+  const onShown = () => {
+    asked = false;
+    clearRefused(root);
+    error.textContent = model.get("error");
+  };
+  model.on("change:feature", onShown);
   model.on("change:error", onError);
   model.on("msg:custom", onMsg);
   refresh();
@@ -153,6 +194,7 @@ function render({ model, el }) {
   return () => {
     model.off("change:values", refresh);
     model.off("change:feature", refresh);
+    model.off("change:feature", onShown);
     model.off("change:error", onError);
     model.off("msg:custom", onMsg);
   };

@@ -1,6 +1,9 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e9aca3a8e5b49137); edit those, not this file
 
 // widgets/util.js
+function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
+}
 function fillLayer(template, layer) {
   return template ? template.split("{L}").join(String(layer)) : "";
 }
@@ -12,11 +15,15 @@ function servedAt(point, layer) {
   const ok = point.served.charAt(idx) === "1";
   return { ok, why: ok ? "" : point.why[String(idx)] || "not served here" };
 }
-function snippet(point, layer, handle = "s") {
+function snippet(point, layer, handle = { var: "s", kind: "session" }, family = "") {
+  const h2 = typeof handle === "string" ? { var: handle, kind: "session" } : handle;
   const a = addressOf(point, layer);
-  const call = handle === "s" ? `cache = s.capture("When Mary and John went to the store,", ["${a}"])` : `cache = ie_lab.capture(lm, "When Mary and John went to the store,", ["${a}"])`;
-  return `${call}
-cache["${a}"].shape  # ${point.shape}`;
+  const text = `"When Mary and John went to the store,"`;
+  const lines = [];
+  if (h2.kind === "family") lines.push(`${h2.var} = ie_lab.Session("path/or/hub-id")  # any ${family || "such"} model`);
+  lines.push(h2.kind === "model" ? `cache = ie_lab.capture(${h2.var}, ${text}, ["${a}"])` : `cache = ${h2.var}.capture(${text}, ["${a}"])`);
+  lines.push(`cache["${a}"].shape  # ${point.shape}`);
+  return lines.join("\n");
 }
 function layoutBlock(st, moe = false, names = null, layer = 0) {
   const has = (n) => names === null || names.has(n);
@@ -228,7 +235,7 @@ function render({ model, el }) {
   const root = h("div", { class: "iel-root iel-picker" });
   const head = h("div", { class: "iel-head" });
   const title = h("div", { class: "iel-title" });
-  title.append(h("b", { text: spec.family }), ` · ${spec.n_layers} layers · d_model ${spec.d_model} · ${spec.n_heads} heads × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}` + (spec.n_experts ? ` · ${spec.n_experts} experts` : "") + ` · backend ${spec.backend}`);
+  title.append(h("b", { text: spec.family }), ` · ${plural(spec.n_layers, "layer")} · d_model ${spec.d_model} · ${plural(spec.n_heads, "head")} × ${spec.head_dim} (${spec.n_kv_heads} kv) · d_mlp ${spec.d_mlp}` + (spec.n_experts ? ` · ${plural(spec.n_experts, "expert")}` : "") + ` · backend ${spec.backend}`);
   const layerBox = h("label", { class: "iel-layer" }, "layer ");
   const prev = h("button", { class: "iel-btn", type: "button", "aria-label": "previous layer", text: "◀" });
   const sel = h("select", { "aria-label": "layer" });
@@ -319,9 +326,11 @@ function render({ model, el }) {
         const w = it.span === 2 ? COLX[2] - COLX[1] + 190 : it.col === 0 ? 170 : 196;
         const g = s("g", { class: `iel-mod iel-m-${it.role || "trunk"}` });
         g.append(s("rect", { x: x - 12, y: it.y - 9, width: w, height: 18, rx: 4 }));
-        const tx = s("text", { x: x - 4, y: it.y + 4 });
+        const tx = s("text", { x: x - 4, y: it.y + 4, "data-full": it.label, "data-room": String(w - 14) });
         tx.textContent = it.label;
-        g.append(tx);
+        const tip = s("title");
+        tip.textContent = it.label;
+        g.append(tip, tx);
         fg.append(g);
       } else if (it.kind === "join") {
         const g = s("g", { class: "iel-join" });
@@ -347,8 +356,33 @@ function render({ model, el }) {
       }
     }
     svgWrap.replaceChildren(svg);
+    fitLabels();
     refreshSelection();
   }
+  function fitLabels() {
+    if (!svg || !svg.isConnected) return;
+    for (const tx of svg.querySelectorAll(".iel-mod text")) {
+      const room = Number(tx.dataset.room), full = tx.dataset.full;
+      tx.textContent = full;
+      tx.style.fontSize = "";
+      if (tx.getComputedTextLength() === 0) return;
+      if (tx.getComputedTextLength() <= room) continue;
+      tx.style.fontSize = "10px";
+      if (tx.getComputedTextLength() <= room) continue;
+      let lo = 1, hi = full.length;
+      while (lo < hi) {
+        const mid = Math.ceil((lo + hi) / 2);
+        tx.textContent = full.slice(0, mid).trimEnd() + "…";
+        if (tx.getComputedTextLength() <= room) lo = mid;
+        else hi = mid - 1;
+      }
+      tx.textContent = full.slice(0, lo).trimEnd() + "…";
+    }
+  }
+  if (document.fonts) document.fonts.ready.then(fitLabels);
+  const shownObs = typeof IntersectionObserver === "function" ? new IntersectionObserver((es) => {
+    if (es.some((e) => e.isIntersecting)) fitLabels();
+  }) : null;
   function refreshSelection() {
     const selected = new Set(model.get("selected"));
     for (const g of svgWrap.querySelectorAll(".iel-pt")) {
@@ -381,8 +415,16 @@ function render({ model, el }) {
     card.append(h("p", { class: "iel-def", text: p.definition }));
     if (p.note) card.append(h("p", { class: "iel-note", text: p.note }));
     const dl = h("table", { class: "iel-kv" });
+    const breakable = (val) => {
+      const c = h("code");
+      String(val).split(/(?<=[._])/).forEach((part, i) => {
+        if (i) c.append(h("wbr"));
+        c.append(part);
+      });
+      return c;
+    };
     const row = (k, val) => {
-      dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, h("code", { text: val }))));
+      dl.append(h("tr", {}, h("th", { text: k }), h("td", {}, breakable(val))));
     };
     row("width", p.width);
     row("shape", p.shape);
@@ -395,13 +437,13 @@ function render({ model, el }) {
       vt.append(h(
         "tr",
         {},
-        h("td", { text: b + (b === spec.backend ? spec.handle === "s" ? " (this session)" : " (shown)" : "") }),
+        h("td", { text: b + (b === spec.backend ? { family: " (shown)", model: " (this model)" }[spec.handle.kind] || " (this session)" : "") }),
         h("td", { class: bv.ok ? "iel-ok-t" : "iel-no-t", text: bv.verdict }),
         h("td", { text: bv.reason })
       ));
     }
     card.append(vt);
-    const code = snippet(p, layer, spec.handle);
+    const code = snippet(p, layer, spec.handle, spec.family);
     const pre = h("pre", { class: "iel-snippet", text: code });
     const copy = h("button", { class: "iel-btn", type: "button", text: "copy" });
     copy.addEventListener("click", async () => {
@@ -528,7 +570,9 @@ function render({ model, el }) {
   requestAnimationFrame(() => {
     root.dataset.renderMs = (performance.now() - t0).toFixed(1);
   });
+  if (shownObs) shownObs.observe(svgWrap);
   return () => {
+    if (shownObs) shownObs.disconnect();
     model.off("change:selected", onSelected);
     model.off("change:layer", onLayer);
     model.off("change:error", onError);

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources a7f24ea0b0b9d41e); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources e9aca3a8e5b49137); edit those, not this file
 
 // widgets/util.js
 function debounce(fn, ms, timers = { set: (f, t) => setTimeout(f, t), clear: (h2) => clearTimeout(h2) }) {
@@ -37,9 +37,33 @@ function diffTokens(a, b) {
   }
   return { a: ma, b: mb };
 }
-function showToken(t) {
-  if (t === "") return "∅";
-  return t.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/^ /, "·").replace(/^Ġ/, "·").replace(/^▁/, "·");
+function refuse(input, message, errorEl, lastGood) {
+  input.setAttribute("aria-invalid", "true");
+  input.classList.add("iel-invalid");
+  input.title = message;
+  if (errorEl) errorEl.textContent = message;
+  if (lastGood !== void 0 && lastGood !== null) input.value = String(lastGood);
+  const clear = () => {
+    input.removeAttribute("aria-invalid");
+    input.classList.remove("iel-invalid");
+    input.title = "";
+    input.removeEventListener("input", clear);
+  };
+  input.addEventListener("input", clear);
+}
+function clearRefused(root) {
+  for (const e of root.querySelectorAll('[aria-invalid="true"]')) {
+    e.removeAttribute("aria-invalid");
+    e.classList.remove("iel-invalid");
+    e.title = "";
+  }
+}
+function plural(n, one, many = one + "s") {
+  return `${n} ${Number(n) === 1 ? one : many}`;
+}
+function wholeNumber(text) {
+  const t = String(text).trim();
+  return /^-?\d+$/.test(t) ? Number(t) : null;
 }
 
 // widgets/steering.js
@@ -57,12 +81,15 @@ var USES = { add: ["scale"], orthogonal: ["scale"], norm_scaled_add: ["scale"], 
 var LABELS = { scale: "coefficient", cap_min: "cap min", cap_max: "cap max", target: "target" };
 function render({ model, el }) {
   const root = h("div", { class: "iel-root iel-steer" });
+  const v = model.get("var_name") || "s";
   const title = h("div", { class: "iel-title" });
   const prompt = h("textarea", { class: "iel-prompt", rows: "2", "aria-label": "prompt", title: "Ctrl+Enter to run" });
   const pointSel = h("select", { "aria-label": "steering point" });
   const layerIn = h("input", { type: "number", min: "0", step: "1", class: "iel-num", "aria-label": "layer" });
   const methodSel = h("select", { "aria-label": "method" });
   const sliders = h("div", { class: "iel-sliders" });
+  const methodHelp = h("div", { class: "iel-methodhelp iel-muted", id: `iel-mh-${Math.random().toString(36).slice(2)}`, "aria-live": "polite" });
+  methodSel.setAttribute("aria-describedby", methodHelp.id);
   const status = h("span", { class: "iel-status", "aria-live": "polite" });
   const bar = h("progress", { class: "iel-progress", max: "1", value: "0", "aria-label": "vector progress" });
   const stopBtn = h("button", { class: "iel-btn", type: "button", text: "stop", title: "cancel the work in flight" });
@@ -75,11 +102,11 @@ function render({ model, el }) {
     h("span", { text: "typing two prompt lists below and pressing " }),
     h("i", { text: "use difference of means" }),
     ", or from Python: ",
-    h("code", { text: "s.steering_panel(prompt, positive=[...], negative=[...])" }),
+    h("code", { text: `${v}.steering_panel(prompt, positive=[...], negative=[...])` }),
     ", ",
     h("code", { text: "vector=" }),
     " a tensor, a saved .pt / .npy path or a capture (",
-    h("code", { text: "s.capture(...)" }),
+    h("code", { text: `${v}.capture(...)` }),
     "), or ",
     h("code", { text: "panel.set_contrast(positive, negative)" }),
     "."
@@ -108,6 +135,7 @@ function render({ model, el }) {
       h("label", {}, "method ", methodSel),
       h("span", { class: "iel-busybox" }, status, bar, stopBtn)
     ),
+    methodHelp,
     missing,
     sliders,
     source,
@@ -136,7 +164,7 @@ function render({ model, el }) {
   function drawTexts() {
     const bt = tokensOf("baseline"), st = tokensOf("steered");
     const d = diffTokens(idsOf("baseline"), idsOf("steered"));
-    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: showToken(t) });
+    const span = (t, mark) => h("span", { class: "iel-tok iel-" + mark, text: t });
     baseBox.replaceChildren(...bt.map((t, i) => span(t, live && live.baseline && i >= bt.length ? "same" : d.a[i] || "same")));
     steerBox.replaceChildren(...st.map((t, i) => span(t, d.b[i] || "same")));
     steerBox.dataset.seq = String(current);
@@ -145,17 +173,17 @@ function render({ model, el }) {
     root.classList.toggle("iel-stale", !!(live && live.steered.length === 0));
   }
   function drawSliders() {
-    const m = model.get("method");
+    const m = methodNow();
     sliders.replaceChildren();
     for (const k of USES[m]) {
       const [lo, hi, step] = k === "scale" ? model.get("scale_range") : model.get("proj_range");
-      const v = model.get(k);
+      const v2 = model.get(k);
       const r = h("input", {
         type: "range",
-        min: String(Math.min(lo, v)),
-        max: String(Math.max(hi, v)),
+        min: String(Math.min(lo, v2)),
+        max: String(Math.max(hi, v2)),
         step: String(step),
-        value: String(v),
+        value: String(v2),
         "aria-label": LABELS[k],
         "data-knob": k
       });
@@ -163,11 +191,20 @@ function render({ model, el }) {
         r.disabled = true;
         r.title = "no steering vector yet";
       }
-      const out = h("output", { text: Number(v).toFixed(2) });
+      const out = h("output", { text: Number(v2).toFixed(2) });
       r.addEventListener("input", () => {
         out.textContent = Number(r.value).toFixed(2);
         sendSoon();
       });
+      r.addEventListener("pointerdown", () => {
+        r.dataset.held = "1";
+      });
+      const letGo = () => {
+        delete r.dataset.held;
+      };
+      r.addEventListener("pointerup", letGo);
+      r.addEventListener("change", letGo);
+      r.addEventListener("lostpointercapture", letGo);
       inputs[k] = r;
       sliders.append(h("label", { class: "iel-slider" }, h("span", { text: LABELS[k] }), r, out));
     }
@@ -176,18 +213,23 @@ function render({ model, el }) {
   function drawHeader() {
     title.replaceChildren(
       h("b", { text: "steering" }),
-      ` · ${model.get("method")} at `,
+      ` · ${methodNow()} at `,
       h("code", { text: model.get("address") }),
-      ` · ${model.get("max_new_tokens")} greedy tokens`
+      ` · ${plural(model.get("max_new_tokens"), "greedy token")}`
     );
     syncBox(prompt, "prompt", model.get("prompt"));
     const [name, L] = model.get("address").split(".");
-    if (pointSel.options.length !== model.get("points").length) pointSel.replaceChildren(...model.get("points").map((p) => h("option", { value: p, text: p })));
+    const pts = model.get("points");
+    if ([...pointSel.options].map((o) => o.value).join() !== pts.join()) pointSel.replaceChildren(...pts.map((p) => h("option", { value: p, text: p })));
     pointSel.value = name;
     layerIn.max = String(model.get("n_layers") - 1);
     if (document.activeElement !== layerIn) layerIn.value = L;
-    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p })));
-    methodSel.value = model.get("method");
+    markServed();
+    const help = model.get("method_help") || {};
+    if (methodSel.options.length !== model.get("methods").length) methodSel.replaceChildren(...model.get("methods").map((p) => h("option", { value: p, text: p, title: help[p] || "" })));
+    methodSel.value = methodNow();
+    methodHelp.textContent = help[methodSel.value] || "";
+    methodSel.title = methodHelp.textContent;
     source.textContent = "vector: " + model.get("vector_source");
     syncBox(pos, "positive", model.get("positive").join("\n"));
     syncBox(neg, "negative", model.get("negative").join("\n"));
@@ -197,6 +239,19 @@ function render({ model, el }) {
       contrast.open = true;
       openedOnce = true;
     }
+  }
+  function markServed() {
+    const L = Math.trunc(Number(layerIn.value)), per = model.get("point_layers") || {};
+    for (const o of pointSel.options) {
+      const on = per[o.value] === void 0 || per[o.value].charAt(L) === "1";
+      o.disabled = !on;
+      o.title = on ? "" : `not on layer ${L} of this model`;
+    }
+  }
+  let pendingMethod = null;
+  function methodNow() {
+    if (pendingMethod !== null && model.get("method") === pendingMethod) pendingMethod = null;
+    return pendingMethod ?? model.get("method");
   }
   const shown = {};
   let openedOnce = false;
@@ -210,7 +265,7 @@ function render({ model, el }) {
     const st = model.get("status");
     const [done, total] = model.get("progress");
     const vec = st === "vector";
-    status.textContent = vec ? `computing the vector: ${done}/${total} prompts…` : live ? "generating…" : st === "generating" ? "generating…" : st;
+    status.textContent = vec ? `computing the vector: ${done}/${plural(total, "prompt")}…` : live ? "generating…" : st === "generating" ? "generating…" : st;
     bar.hidden = !vec;
     bar.max = String(Math.max(1, total));
     bar.value = String(done);
@@ -230,35 +285,47 @@ function render({ model, el }) {
   };
   const sendSoon = debounce(send, 30);
   methodSel.addEventListener("change", () => {
-    model.set("method", methodSel.value);
+    methodHelp.textContent = methodSel.title = (model.get("method_help") || {})[methodSel.value] || "";
+    pendingMethod = methodSel.value;
     drawSliders();
+    drawHeader();
     sendSoon.flush();
     send();
   });
-  const sendAddress = () => {
-    const L = Math.trunc(Number(layerIn.value));
-    if (!(L >= 0 && L < model.get("n_layers"))) {
-      error.textContent = `layer must be 0..${model.get("n_layers") - 1}`;
+  let edited = null;
+  const inEffect = () => {
+    const [name, L] = model.get("address").split(".");
+    return { name, L };
+  };
+  const sendAddress = (e) => {
+    const L = wholeNumber(layerIn.value), n = model.get("n_layers");
+    if (L === null || L < 0 || L >= n) {
+      const keep = inEffect();
+      pointSel.value = keep.name;
+      refuse(layerIn, `${JSON.stringify(layerIn.value.trim())} is not a layer of this model: layers are 0 to ${n - 1}; still steering at ${model.get("address")}.`, error, keep.L);
+      markServed();
       return;
     }
+    edited = e && e.target === pointSel ? pointSel : layerIn;
     seq = Math.max(seq, current) + 1;
     model.send({ cmd: "address", seq, address: `${pointSel.value}.${L}` });
   };
   pointSel.addEventListener("change", sendAddress);
   layerIn.addEventListener("change", sendAddress);
+  const sendPrompt = () => {
+    edited = prompt;
+    seq = Math.max(seq, current) + 1;
+    model.send({ cmd: "prompt", seq, prompt: prompt.value });
+  };
   prompt.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
       e.preventDefault();
       e.stopPropagation();
-      seq = Math.max(seq, current) + 1;
-      model.send({ cmd: "prompt", seq, prompt: prompt.value });
+      sendPrompt();
     }
   });
   prompt.addEventListener("change", () => {
-    if (prompt.value !== model.get("prompt")) {
-      seq = Math.max(seq, current) + 1;
-      model.send({ cmd: "prompt", seq, prompt: prompt.value });
-    }
+    if (prompt.value !== model.get("prompt")) sendPrompt();
   });
   stopBtn.addEventListener("click", () => {
     sendSoon.flush();
@@ -283,6 +350,7 @@ function render({ model, el }) {
         live.baseline_ids = [];
       }
       error.textContent = "";
+      clearRefused(root);
       drawStatus();
       drawTexts();
     } else if (msg.type === "token") {
@@ -308,6 +376,14 @@ function render({ model, el }) {
         drawTexts();
       }
       error.textContent = msg.message;
+      if (edited === prompt) refuse(prompt, msg.message, error);
+      else if (edited) {
+        const keep = inEffect();
+        pointSel.value = keep.name;
+        refuse(layerIn, msg.message, error, keep.L);
+        markServed();
+      }
+      edited = null;
     }
   };
   const onState = () => {
@@ -315,14 +391,17 @@ function render({ model, el }) {
     drawHeader();
     drawStatus();
   };
+  const onAccepted = () => {
+    edited = null;
+  };
   const onRanges = () => drawSliders();
   const onKnob = () => {
     for (const [k, r] of Object.entries(inputs)) {
-      if (!r.isConnected || document.activeElement === r) continue;
-      const v = model.get(k);
-      if (Math.abs(Number(r.value) - v) > 1e-9) {
-        r.value = String(v);
-        r.nextSibling.textContent = Number(v).toFixed(2);
+      if (!r.isConnected || r.dataset.held) continue;
+      const v2 = model.get(k);
+      if (Math.abs(Number(r.value) - v2) > 1e-9) {
+        r.value = String(v2);
+        r.nextSibling.textContent = Number(v2).toFixed(2);
       }
     }
   };
@@ -346,6 +425,7 @@ function render({ model, el }) {
     ["change:has_vector", onHasVector]
   ];
   for (const k of ["steered", "baseline", "seq", "address", "prompt", "vector_source", "positive", "negative"]) listeners.push(["change:" + k, onState]);
+  listeners.push(["change:address", onAccepted], ["change:prompt", onAccepted]);
   for (const k of ["scale_range", "proj_range"]) listeners.push(["change:" + k, onRanges]);
   for (const k of ["scale", "cap_min", "cap_max", "target"]) listeners.push(["change:" + k, onKnob]);
   for (const [ev, fn] of listeners) model.on(ev, fn);

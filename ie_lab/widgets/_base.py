@@ -26,6 +26,34 @@ class Rejected(ValueError):
     pass
 
 
+def var_name(obj: Any, given: str | None, default: str) -> str:
+    """The variable a panel's code snippets call `obj` by: `given` (a panel's ``var_name=``), else the name the
+    caller's code holds it under (``g = Session(...); g.picker()`` gives "g", as the notebook has it), else
+    `default`. Frames inside ie_lab are passed over; IPython's output names (``_``, ``_3``) are not names a user
+    typed."""
+    if given is not None:
+        if not isinstance(given, str) or not given.isidentifier():
+            from ..errors import InputError
+
+            raise InputError(f"var_name must be a Python variable name such as 's', got {given!r}.")
+        return given
+    import inspect
+
+    root = __name__.split(".")[0] + "."
+    here = inspect.currentframe()
+    f = here.f_back if here is not None else None
+    while f is not None:
+        mod = f.f_globals.get("__name__", "")
+        if not (mod + ".").startswith(root):
+            for scope in (f.f_locals, f.f_globals):
+                for k, v in list(scope.items()):
+                    if v is obj and not k.startswith("_") and k.isidentifier():
+                        return k
+            return default  # the first frame outside ie_lab is the caller's: nothing further out is theirs
+        f = f.f_back
+    return default
+
+
 def integer(lo: int, hi: int) -> Callable[[Any], int]:
     def check(x: Any) -> int:
         if isinstance(x, bool) or not isinstance(x, int):

@@ -325,7 +325,8 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
         "layer_kinds_text": layer_kinds_text(mixers),
         "structure": st,
         "points": pts,
-        "handle": "s" if lm is not None else "lm",
+        # how the card's snippet reaches this model (set by Picker: the caller's variable, docs/WIDGETS.md)
+        "handle": {"var": "s", "kind": "family"},
     }
 
 
@@ -341,11 +342,22 @@ class Picker(_base.Panel):
     address = traitlets.Instance(Address, allow_none=True)
     addresses = traitlets.Tuple()
 
-    def __init__(self, facts: ArchFacts, backend: str = "eager", *, lm: Any = None, layer: int | None = None):
+    def __init__(
+        self,
+        facts: ArchFacts,
+        backend: str = "eager",
+        *,
+        lm: Any = None,
+        layer: int | None = None,
+        handle: dict[str, str] | None = None,
+    ):
         if backend not in _points.BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; expected one of {_points.BACKENDS}")
         self._facts = facts
         spec = describe(facts, backend, lm=lm)
+        # {"var": the variable name snippets use, "kind": "session" (var.capture), "model" (ie_lab.capture(var))
+        # or "family" (no model loaded: the snippet says to make a Session first)}
+        spec["handle"] = dict(handle or {"var": "s", "kind": "session" if lm is not None else "family"})
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
             raise AddressError(
                 f"layer must be a layer number (an integer 0..{facts.n_layers - 1}) or None, got {layer!r}."
@@ -414,17 +426,23 @@ class Picker(_base.Panel):
         )
 
 
-def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None) -> Picker:
+def cheatsheet(
+    family_or_config: Any, backend: str = "eager", layer: int | None = None, *, var_name: str | None = None
+) -> Picker:
     """The picker for a family name, a config (object or dict) or ArchFacts: no weights are loaded.
 
     Structure comes from the config and ie_lab's quirks table; on a loaded model use ``session.picker()``,
-    which draws what the binder measured instead.
+    which draws what the binder measured instead. The card's snippet names the session (or model) by
+    ``var_name``: by default the variable your code holds it in; for a family, ``s`` (made by the line it shows).
     """
     src = family_or_config
     if callable(getattr(type(src), "picker", None)):  # a Session, whatever its backend: the measured truth
-        return src.picker(layer=layer)
+        return src.picker(layer=layer, var_name=_base.var_name(src, var_name, "s"))
     if hasattr(src, "binding"):  # a model from ie_lab.load: the measured truth too
-        return Picker(src.facts, src.backend, lm=src, layer=layer)
+        var = _base.var_name(src, var_name, "lm")
+        return Picker(src.facts, src.backend, lm=src, layer=layer, handle={"var": var, "kind": "model"})
+    # no model yet: the snippet's first line makes the session it names
+    family_handle = {"var": "s" if var_name is None else _base.var_name(src, var_name, "s"), "kind": "family"}
     if isinstance(src, ArchFacts):
         facts = src
     elif isinstance(src, str):
@@ -447,4 +465,4 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
                 f"a config (object or dict), ArchFacts or a Session; could not read "
                 f"{type(src).__name__}: {e}"
             ) from None
-    return Picker(facts, backend, layer=layer)
+    return Picker(facts, backend, layer=layer, handle=family_handle)

@@ -24,7 +24,7 @@ import traitlets
 from ..address import Address
 from ..core.files import checked_file
 from ..errors import AddressError, IELabError, InputError, plural
-from ..ops.steering import METHODS
+from ..ops.steering import METHOD_HELP, METHODS
 from ..points import all_points
 from ..sizing import GIB, batch_size_for
 from . import _base, _static
@@ -86,6 +86,29 @@ def _mean_difference_source(address: Any, pos: list, neg: list) -> str:
     return f"difference of means at {address} ({len(pos)} vs {len(neg)} {noun})"
 
 
+class _Pieces:
+    """Each new token's piece of the decoded continuation: the text decoding adds when it is appended, so the
+    pieces joined are the text with its spaces (a word-level or SentencePiece tokenizer's token carries none of the
+    space before it; decoding puts it there). Decoded after a few prompt tokens, so the first piece gets the space
+    between the prompt and the continuation too. Without a tokenizer, or where a piece is not yet whole (a
+    character split over byte tokens), the token's own text."""
+
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int]):
+        self.tok = tokenizer
+        self.ctx = [int(i) for i in list(prompt_ids)[-4:]]
+        self.ids: list[int] = []
+        self.text = tokenizer.decode(self.ctx) if tokenizer is not None else ""
+
+    def add(self, token_id: int, token: str) -> str:
+        if self.tok is None:
+            return token
+        self.ids.append(int(token_id))
+        now = self.tok.decode(self.ctx + self.ids)
+        piece = now[len(self.text) :] if now.startswith(self.text) else token
+        self.text = now
+        return piece
+
+
 class SteeringPanel(_base.Panel):
     """Baseline vs steered text; method, coefficient and caps as controls; tokens stream in."""
 
@@ -109,8 +132,11 @@ class SteeringPanel(_base.Panel):
     prompt = traitlets.Unicode("").tag(sync=True)
     address = traitlets.Unicode("").tag(sync=True)
     n_layers = traitlets.Int(1).tag(sync=True)
+    # the steerable points this model has (on at least one layer), and per point on which layers ("1"/"0" each)
     points = traitlets.List(traitlets.Unicode(), list(STEERABLE)).tag(sync=True)
+    point_layers = traitlets.Dict().tag(sync=True)
     methods = traitlets.List(traitlets.Unicode(), list(METHODS)).tag(sync=True)
+    method_help = traitlets.Dict(dict(METHOD_HELP)).tag(sync=True)  # ie_lab/ops/steering.py: one sentence each
     method = traitlets.Unicode("add").tag(sync=True)
     scale = traitlets.Float(DEFAULT_SCALE).tag(sync=True)
     cap_min = traitlets.Float(-1.0).tag(sync=True)
@@ -131,6 +157,7 @@ class SteeringPanel(_base.Panel):
     status = traitlets.Unicode("ready").tag(sync=True)
     has_vector = traitlets.Bool(False).tag(sync=True)  # the front end disables the knobs until there is one
     progress = traitlets.List(traitlets.Int(), [0, 0]).tag(sync=True)  # [prompts captured, of] while status == vector
+    var_name = traitlets.Unicode("s").tag(sync=True)  # the session's variable in the code the panel shows
     # Activation memory one forward of the vector job may take (its batches are sized from it by ie_lab.sizing);
     # fixed, as ie_lab.mean_difference's default, so the batch split is reproducible.
     VECTOR_BUDGET_BYTES = 1 * GIB
@@ -151,6 +178,7 @@ class SteeringPanel(_base.Panel):
         target: float = 0.0,
         max_new_tokens: int = 24,
         scale_range: tuple[float, float] = (-10.0, 10.0),
+        var_name: str | None = None,
     ):
         if method not in METHODS:
             raise InputError(f"unknown steering method {method!r}; choose one of {', '.join(METHODS)}.")
@@ -164,6 +192,9 @@ class SteeringPanel(_base.Panel):
         facts = session.facts
         addr = Address.parse(address) if address is not None else default_address(facts.n_layers)
         self._check_address(addr, facts)
+        # offered: only the points this model has (the picker's verdicts), not every steerable name in the registry
+        self._served = {n: v for n, v in session.served_layers().items() if n in STEERABLE and "1" in v[0]}
+        self._check_served(addr)
         self._vector: torch.Tensor | None = None
         self._lock = threading.RLock()
         self._active: object | None = None  # the job allowed to commit results; a newer command replaces it
@@ -179,6 +210,9 @@ class SteeringPanel(_base.Panel):
             target=float(target),
             max_new_tokens=max_new_tokens,
             scale_range=[lo, hi, (hi - lo) / 200],
+            var_name=_base.var_name(session, var_name, "s"),
+            points=[n for n in STEERABLE if n in self._served],
+            point_layers={n: v[0] for n, v in self._served.items()},
         )
         if vector is not None:
             self._vector, self.vector_source = _load_vector(vector, addr)
@@ -196,12 +230,27 @@ class SteeringPanel(_base.Panel):
         if addr.name not in STEERABLE or addr.head is not None or addr.stream is not None:
             raise AddressError(f"{addr} cannot be steered: choose a per-layer d_model point ({', '.join(STEERABLE)}).")
 
+    def _check_served(self, addr: Address) -> None:
+        """The point is one this model has at that layer (the picker's verdict and reason otherwise)."""
+        v = self._served.get(addr.name)
+        L = addr.layer or 0
+        if v is None or v[0][L] != "1":
+            why = v[1].get(str(L), "") if v is not None else f"{self._session.facts.model_type} has no such tensor."
+            offered = ", ".join(n for n in STEERABLE if n in self._served)
+            raise AddressError(f"{addr} cannot be steered on this model: {why} Points it has: {offered}.")
+
     def _check_prompt(self, prompt: Any, max_new_tokens: int | None = None) -> None:
         """A prompt the model can continue by max_new_tokens; refused here, before it replaces the current one."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError("the steering panel needs a non-empty text prompt.")
         new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        n = self._session.tokens(prompt).shape[-1]  # refuses a prompt over the model's context itself
+        ids = self._session.tokens(prompt)  # refuses a prompt over the model's context itself
+        n = ids.shape[-1]
+        if not hasattr(self, "_prompt_ids"):
+            self._prompt_ids: dict[str, list[int]] = {}
+        if len(self._prompt_ids) > 8:  # the current prompt and a few earlier ones (a refused prompt puts one back)
+            self._prompt_ids.pop(next(iter(self._prompt_ids)))
+        self._prompt_ids[prompt] = ids.reshape(-1)[-4:].tolist()
         limit = self._session.facts.max_positions
         if limit and n + new > int(limit):
             raise InputError(
@@ -285,6 +334,11 @@ class SteeringPanel(_base.Panel):
         return tok.decode(ids) if tok is not None else "".join(toks)
 
     # ---- generation ---------------------------------------------------------------------------------
+    def _pieces(self) -> _Pieces:
+        # the prompt's ids as _check_prompt read them (on the kernel's thread): a job on the session's loop must not
+        # call back into the session (a remote one would wait on that loop)
+        return _Pieces(self._session.tokenizer, self._prompt_ids.get(self.prompt, []))
+
     def _generate_now(self) -> None:
         """Synchronous baseline + steered (construction and Python-side calls); no streaming."""
         s = self._session
@@ -303,10 +357,11 @@ class SteeringPanel(_base.Panel):
             except BaseException:
                 base.cancel()  # an interrupt or an error: the baseline leaves the batch too
                 raise
+        bp, sp = self._pieces(), self._pieces()
         with self.hold_sync():
-            self.baseline = [st.token for st in b.steps]
+            self.baseline = [bp.add(st.token_id, st.token) for st in b.steps]
             self.baseline_ids = list(b.ids)
-            self.steered = [st.token for st in steps]
+            self.steered = [sp.add(st.token_id, st.token) for st in steps]
             self.steered_ids = [st.token_id for st in steps]
             self.status = self._idle_status()
 
@@ -323,12 +378,14 @@ class SteeringPanel(_base.Panel):
         bids: list[int] = []
 
         async def stream_baseline() -> None:
+            pieces = self._pieces()
             async for st in s.agenerate_stream(self.prompt, self.max_new_tokens, keep_logits=False):
-                btoks.append(st.token)
+                btoks.append(pieces.add(st.token_id, st.token))
                 bids.append(st.token_id)
-                self.send({"type": "token", "seq": seq, "which": "baseline", "token": st.token, "id": st.token_id})
+                self.send({"type": "token", "seq": seq, "which": "baseline", "token": btoks[-1], "id": st.token_id})
 
         try:
+            pieces = self._pieces()
             self.send({"type": "start", "seq": seq, "baseline": baseline})
             toks, ids = [], []
             async for st in s.agenerate_stream(
@@ -336,9 +393,9 @@ class SteeringPanel(_base.Panel):
             ):
                 if baseline and base is None:
                     base = asyncio.ensure_future(stream_baseline())
-                toks.append(st.token)
+                toks.append(pieces.add(st.token_id, st.token))
                 ids.append(st.token_id)
-                self.send({"type": "token", "seq": seq, "which": "steered", "token": st.token, "id": st.token_id})
+                self.send({"type": "token", "seq": seq, "which": "steered", "token": toks[-1], "id": st.token_id})
             if base is not None:
                 await base
                 self.baseline, self.baseline_ids = btoks, bids
@@ -534,6 +591,7 @@ class SteeringPanel(_base.Panel):
         try:
             addr = Address.parse(address)
             self._check_address(addr, self._session.facts)
+            self._check_served(addr)
         except IELabError as e:
             self._reject(str(e))
             return

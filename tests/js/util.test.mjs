@@ -3,7 +3,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   addressOf, asFloat32, debounce, diffTokens, fillLayer, firstDivergence, layoutBlock, makeLut, patternPixels,
-  pointOrder, servedAt, showToken, snippet, toByte,
+  plural, pointOrder, servedAt, showToken, snippet, toByte,
 } from "../../widgets/util.js";
 
 const PLAIN = { parallel_block: false, sandwich_norms: false, pre_norms: true, gated_mlp: true, qk_norm: false, attn_gate: false, n_streams: 1, moe_layers: [] };
@@ -107,7 +107,12 @@ test("cards: addresses, served flags, names and snippets", () => {
   assert.equal(fillLayer("blocks.{L}.hook_mlp_out", 7), "blocks.7.hook_mlp_out");
   assert.equal(fillLayer("", 7), "");
   assert.match(snippet(p, 1), /s\.capture\(.*\["mlp_out\.1"\]\)\ncache\["mlp_out\.1"\]\.shape  # \[batch, seq, 64\]/);
-  assert.match(snippet(p, 1, "lm"), /ie_lab\.capture\(lm,/);
+  // issue 33: the snippet names the variable the user has (the kernel finds it), never an undefined `lm`
+  assert.match(snippet(p, 1, { var: "g", kind: "session" }), /^cache = g\.capture\(/);
+  assert.match(snippet(p, 1, { var: "model", kind: "model" }), /^cache = ie_lab\.capture\(model,/);
+  const fam = snippet(p, 1, { var: "s", kind: "family" }, "gemma2");
+  assert.match(fam, /^s = ie_lab\.Session\(.*gemma2.*\ncache = s\.capture\(/);
+  assert.ok(!/\blm\b/.test(fam + snippet(p, 1)));
   assert.equal(showToken(" the"), "·the"); assert.equal(showToken("\n"), "↵"); assert.equal(showToken(""), "∅");
 });
 
@@ -117,4 +122,11 @@ test("debounce with the real clock (default timers must not lose their this)", a
   f(1); f(2);
   await new Promise((r) => setTimeout(r, 30));
   assert.deepEqual(calls, [2]);
+});
+
+test("counts read in the right number (issue 33: \"1 features\")", () => {
+  assert.equal(plural(1, "feature"), "1 feature");
+  assert.equal(plural(2, "feature"), "2 features");
+  assert.equal(plural(0, "head"), "0 heads");
+  assert.equal(plural(1, "greedy token"), "1 greedy token");
 });
