@@ -10,9 +10,8 @@ the KV cache, and fails that request with an IELabError naming the site and step
 solo run, token for token and logprob for logprob.
 
 One hooks-mode and one graph-mode engine serve the whole module (engine start-ups are the gate's biggest cost).
-Tensor parallelism is not in the gate (a TP=2 engine costs ~30 s or more here): the reproduction at
-tensor_parallel_size=2, hooks and graph mode, was checked by hand on 2026-12-06 (the request fails naming the site
-and step, and the next requests equal their solo runs).
+At tensor_parallel_size=2 the reproduction runs on the engines tests/test_vllm_tp.py already starts (every TP
+family, hooks and graph mode): the request fails naming the site, and the next requests equal their solo runs.
 """
 
 from __future__ import annotations

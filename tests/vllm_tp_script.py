@@ -54,11 +54,23 @@ def main(family: str, root: str) -> dict:
     d = eager.facts.d_model
     last = f"resid_post.{eager.facts.n_layers - 1}"
     v = torch.linspace(-3.0, 3.0, d)
-    g1 = ie_lab.generate(eager, TEXT, 10).ids
+    from ie_lab.errors import CapabilityUnsupported
+
+    def eager_ids(n: int) -> list[int]:
+        """Greedy tokens on eager; where ie_lab's decode loop does not carry the model's cache (Mamba 2's recurrent
+        state), transformers' own generate() under the same `with spec:` hooks."""
+        try:
+            return ie_lab.generate(eager, TEXT, n).ids
+        except CapabilityUnsupported:
+            ids = eager.tokenizer(TEXT, return_tensors="pt").input_ids
+            out = eager.hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            return out[0, ids.shape[1] :].tolist()
+
+    g1 = eager_ids(10)
 
     def eager_steered(addr, n, **kw):
         with make_spec(eager, addr, v, **kw):
-            return ie_lab.generate(eager, TEXT, n).ids
+            return eager_ids(n)
 
     def steered_ids(s):  # one request per site, concurrently: each steered by its own spec
         import asyncio
@@ -69,6 +81,31 @@ def main(family: str, root: str) -> dict:
             )
 
         return [g.ids for g in asyncio.run(both())]
+
+    def contained(s) -> str:
+        """Issue 28 at TP=2: a request whose steering overflows (1e38 x 1e10 at resid_post.0, its generated positions)
+        fails alone, naming the site, and the next requests (other prompts) equal their solo runs, token for token
+        and logprob for logprob, greedy and sampled: nothing it wrote stayed in a cache block they reuse. '' when
+        so, else what differed."""
+        others = ["the cat", "Mary went"]  # short: they live among the freed slots
+        bad = s.steer("resid_post.0", torch.full((d,), 1e38), scale=1e10, positions="generated")
+        for kw in ({}, {"temperature": 0.9, "seed": 3}):
+
+            def runs(kw=kw):
+                out = [s.generate(p, 6, ignore_eos=True, **kw) for p in others]
+                return [(r.ids, [st.logprob for st in r.steps]) for r in out]
+
+            solo = runs()
+            try:
+                s.generate("John gave a drink to", 6, ignore_eos=True, steer=bad, **kw)
+                return f"the overflowing request did not fail ({kw})"
+            except ie_lab.IELabError as e:
+                if "steering made resid_post.0 non-finite" not in str(e):
+                    return f"failed with another message ({kw}): {str(e)[:300]}"
+            after = runs()
+            if after != solo:
+                return f"after it ({kw}) {after} != solo {solo}"
+        return ""
 
     two = ie_lab.Session(path, backend="vllm", engine="async", tensor_parallel_size=2, progress=False, replace=False)
     try:
@@ -84,6 +121,7 @@ def main(family: str, root: str) -> dict:
         if family in hybrids:  # steer the first mixer's output (each rank's out_proj holds part of it before its sum)
             with two.steer("mixer_out.0", v, scale=2.0):
                 steered_last = two.capture(TEXT, [last])[last]
+        isolated = contained(two)
         state = two.worker_state()
         tp = two._lm.info["tp_size"]
     finally:
@@ -110,6 +148,7 @@ def main(family: str, root: str) -> dict:
         c3 = three.capture(TEXT, graph_pts)
         g3 = three.generate(TEXT, 10).ids
         st3 = steered_ids(three)  # graph-mode steering: each rank fills its own buffers, the same rows
+        graph_isolated = contained(three)
     finally:
         three.close()
     # close() must leave no worker or engine-core process behind
@@ -157,6 +196,8 @@ def main(family: str, root: str) -> dict:
         "workers_idle": all(not s["specs"] for s in state),
         "eager_differ": eager_differ,
         "n_workers": len(state),
+        "contained": isolated,
+        "graph_contained": graph_isolated,
     }
 
 
