@@ -116,15 +116,17 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], cwd=str(tmp_path))
     py = str(venv / "bin" / "python")
-    _run([py, *PIP, "install", _torch_requirement()], cwd=str(tmp_path))
+    # Nothing from the checkout or the test venv may leak in: no PYTHONPATH, no inherited virtualenv. (With the
+    # checkout on PYTHONPATH, pip finds its ie_lab.egg-info, says the wheel's requirement is already satisfied and
+    # installs nothing.)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    _run([py, *PIP, "install", _torch_requirement()], cwd=str(tmp_path), env=env)
     constraints = os.path.join(REPO, ".ci", "constraints.txt")
-    _run([py, *PIP, "install", "-c", constraints, whl], cwd=str(tmp_path))
+    _run([py, *PIP, "install", "-c", constraints, whl], cwd=str(tmp_path), env=env)
 
     work = tmp_path / "elsewhere"
     work.mkdir()
     (work / "child.py").write_text(CHILD)
-    # Nothing from the checkout or the test venv may leak in: no PYTHONPATH, no inherited virtualenv.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     stdout = _run([py, str(work / "child.py")], cwd=str(work), env=env)
     (line,) = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
