@@ -515,6 +515,9 @@ def test_an_interrupt_in_a_joined_streams_cell_cancels_only_that_stream(s, ctrl_
             # had finished its 30 tokens before the stream was opened, and the stream then ran alone.
             _wait_for(lambda: stream_request() is not None, "the cell's stream to be queued")
         elif mine_r in batcher.rows and len(mine_r.steps) >= 3:
+            # The cell reads its steps on the main thread, as they are handed out: on a loaded machine it had read
+            # none of the three when the interrupt was taken, so wait until it has read one (it needs no forward).
+            _wait_for(lambda: len(got) >= 1, "the cell to have read a step of its stream")
             sent.append(threading.current_thread())
             signal.raise_signal(signal.SIGINT)
             # The main thread takes a signal raised on this thread when it next runs Python: the forward waits
