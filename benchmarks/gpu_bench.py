@@ -125,23 +125,11 @@ def device_dtype(dry: bool):
 
 
 def make_tokenizer(vocab: int, max_len: int):
-    """A word-level tokenizer covering every id of the model's vocabulary (the engines decode what they generate);
-    the benchmark feeds token ids, so the words themselves do not matter."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A word-level tokenizer covering every id of the model's vocabulary (the engines decode what they generate):
+    ie_lab's toy tokenizer filled up to it. The benchmark feeds token ids, so the words themselves do not matter."""
+    from ie_lab.toy import tokenizer
 
-    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, vocab)]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        model_max_length=max_len,
-    )
+    return tokenizer(vocab, max_len)
 
 
 def build(name: str, out: str, dry: bool) -> dict:

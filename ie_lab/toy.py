@@ -41,13 +41,16 @@ _CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 FAMILIES = tuple(_CONFIGS)
 
 
-def tokenizer():
-    """A word-level tokenizer over a small English vocabulary (512 ids; unknown words map to <unk>)."""
+def tokenizer(size: int = 512, max_len: int = 256):
+    """A word-level tokenizer over a small English vocabulary, filled up to `size` ids with placeholder words
+    w<i> (unknown words map to <unk>); benchmarks/gpu_bench.py sizes it to a real config's vocabulary."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + _PUNCT + _WORDS)}
-    for i in range(len(vocab), 512):
+    if size < len(vocab):
+        raise ValueError(f"tokenizer(size={size}): the English vocabulary alone has {len(vocab)} ids")
+    for i in range(len(vocab), size):
         vocab[f"w{i}"] = i
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -58,7 +61,7 @@ def tokenizer():
         eos_token="</s>",
         pad_token="<pad>",
         unk_token="<unk>",
-        model_max_length=256,
+        model_max_length=max_len,
     )
 
 
