@@ -82,7 +82,7 @@ def doctor_report() -> str:
         return f"  {key:<22}{text}"
 
     lines = [f"ie_lab {version()}: what this machine can run", "", "Versions"]
-    lines.append(row("python", f"{platform.pythonversion()} ({sys.executable})"))
+    lines.append(row("python", f"{platform.python_version()} ({sys.executable})"))
     lines.append(row("platform", platform.platform()))
     lines.append(row("ie_lab", f"{version()} ({os.path.dirname(os.path.abspath(__file__))})"))
     lines.append(row("torch", torch.__version__))
