@@ -7,6 +7,7 @@ function bodies alike: an import moved into a function hides the graph from a re
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import re
 import subprocess
@@ -160,6 +161,7 @@ def imports_of(path: pathlib.Path, root: pathlib.Path = PKG) -> list[tuple[int, 
     return out
 
 
+@functools.cache  # parsed once per run: every test reads the same source (and none changes the graph)
 def graph(root: pathlib.Path = PKG) -> dict[str, list[tuple[int, str]]]:
     return {module_of(p, root): imports_of(p, root) for p in sorted(root.rglob("*.py"))}
 
