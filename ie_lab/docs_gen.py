@@ -36,7 +36,7 @@ def capabilities_md() -> str:
 
 
 def _options_md() -> str:
-    from . import loading  # its OPTIONS table is checked row by row by tests/test_option_audit.py
+    from .eager import loading  # its OPTIONS table is checked row by row by tests/test_option_audit.py
 
     return (
         "\n## Options that change the answer\n\n"

@@ -1,4 +1,6 @@
-"""The points of one loaded model, each with this model's verdict: served, or why not."""
+"""The points of one loaded model, each with this model's verdict: served, or why not, as every backend reports them
+(PointsTable, Row), and the layer-kind line the cheat sheet and the picker print. Each backend builds its own rows:
+the eager one in ie_lab/eager/points_table.py, vLLM's in its backend, the remote one from the wire."""
 
 from __future__ import annotations
 
@@ -6,9 +8,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from .address import Address
-from .errors import CapabilityUnsupported, PointAbsent
-from .points import Needs, Scope, Structure, all_points, width_of  # noqa: F401 - width_of: cli reads it here
+from .points import Structure, width_of  # noqa: F401 - width_of: the vLLM backend and the vLLM sites test read it here
 
 
 def layer_kinds(s: Structure, n_layers: int) -> list[str]:
@@ -55,29 +55,13 @@ class PointsTable:
 
     @classmethod
     def for_model(cls, lm: Any, layer: int | None = None) -> "PointsTable":
-        from .eager.taps import resolve
+        """The eager table of an EagerModel: ie_lab.eager.points_table.points_table, the old way to reach it. This
+        module sits below the backends (the vLLM and remote backends build a PointsTable too), so the import runs
+        up a layer: tests/test_import_contract.py names it in KNOWN_EDGES until the callers (eager/backend.py,
+        widgets/picker.py) call points_table themselves and this method goes."""
+        from .eager.points_table import points_table
 
-        facts = lm.facts
-        layer = facts.n_layers // 2 if layer is None else layer
-        moe = Structure.from_binding(lm.binding).moe_layers
-        rows = []
-        for p in all_points():
-            # several residual streams: a residual point is one stream's, so the example names the first
-            stream = 0 if p.per_stream and facts.n_streams > 1 else None
-            addr = Address(p.name, layer if p.scope is Scope.LAYER else None, stream=stream)
-            if Needs.MOE in p.needs and moe and layer not in moe:  # shown where the model has it
-                addr = Address(p.name, moe[0])
-            verdict = p.verdict(lm.backend)
-            try:
-                if not verdict.verdict.ok:
-                    raise CapabilityUnsupported(p.name, verdict.reason, "")
-                resolve(lm, addr)
-                served, reason = True, verdict.reason
-            except (PointAbsent, CapabilityUnsupported) as e:
-                served, reason = False, getattr(e, "why", str(e))
-            w = width_of(p.width, facts)
-            rows.append(Row(p.name, str(addr), f"{p.width.value} = {w}", served, reason))
-        return cls(rows, lm.backend, facts.model_type)
+        return points_table(lm, layer)
 
     def served(self) -> list[str]:
         return [r.name for r in self.rows if r.served]

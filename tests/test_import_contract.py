@@ -7,91 +7,142 @@ function bodies alike: an import moved into a function hides the graph from a re
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
 
-PKG = pathlib.Path(__file__).resolve().parent.parent / "ie_lab"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "ie_lab"
+PACKAGE = "ie_lab"
 
-# Module prefix -> layer. The longest matching prefix wins; a module no prefix names is "tool" (mappers,
-# points_table, sizing, coverage, docs_gen, toy: helpers above the core that no rule restricts yet).
+# The layers, bottom first. A module imports its own layer and the layers below it, nothing above; layers on one
+# rank are siblings that do not import one another (no backend imports another). docs/ARCHITECTURE.md draws this
+# picture, top first, and test_the_architecture_picture_is_this_table holds the two together.
+ORDER: tuple[tuple[str, ...], ...] = (
+    ("ops",),
+    ("errors",),
+    ("arch",),
+    ("shared",),
+    ("core",),
+    ("protocol",),
+    ("eager", "vllm", "remote"),
+    ("tools",),
+    ("widgets",),
+    ("session",),
+    ("serve",),
+    ("front",),
+)
+RANK = {name: i for i, names in enumerate(ORDER) for name in names}
+
+# Every module of the package, by the table: an entry names a module, or a package and so every module under it
+# (a new file in ie_lab/eager/ is eager's). A module no entry covers fails test_every_module_has_a_layer: a new
+# top-level module gets its row here (and its line in docs/ARCHITECTURE.md) when it is written.
 LAYERS = {
     # Tensor math on torch alone: the steering methods, attention rebuilt from q/k, lens post-processing,
     # projection scores. The vLLM worker runs them in its own process, so they import nothing of ie_lab.
     "ie_lab.ops": "ops",
-    # Plain facts every layer reads: the point registry, the address grammar, the error classes, the Cache type.
-    "ie_lab.points": "shared",
-    "ie_lab.address": "shared",
-    "ie_lab.errors": "shared",
-    "ie_lab.cache": "shared",
+    # The error classes and their sentence helpers: every layer raises them.
+    "ie_lab.errors": "errors",
     # What a model's structure is: config arithmetic, model_type quirks, the binder, the attention-function tap.
     "ie_lab.arch": "arch",
+    # The point registry and the address grammar (an Address is checked against a config's ArchFacts).
+    "ie_lab.points": "shared",
+    "ie_lab.address": "shared",
+    # What every backend shares and none owns: input checks, chat templates, address parsing, result types and the
+    # Cache, steering specs and scopes, sampling, projection and load-argument checks, model handles, what each
+    # backend can do (capabilities), memory sizing, the points table every backend reports.
+    "ie_lab.core": "core",
+    "ie_lab.chat": "core",  # the old path of core/chat.py, for the package __init__
+    "ie_lab.cache": "core",
+    "ie_lab.capabilities": "core",
+    "ie_lab.sizing": "core",
+    "ie_lab.points_table": "core",
     # The Backend protocol every backend implements, and the registry that finds one by name (by import path,
     # so this module imports none of them): a new backend needs nothing else.
     "ie_lab.backend": "protocol",
-    # What both backends share and neither owns: input checks, address parsing, result types, steering specs
-    # and scopes, sampling checks, projection checks, model handles. The chat template rendering is read by
-    # the input checks, so it sits here too.
-    "ie_lab.core": "core",
-    "ie_lab.chat": "core",
-    # What each backend can do and the refusal text: read by every backend and by the remote server.
-    "ie_lab.capabilities": "core",
-    # The backends: one model run in this process through transformers, one served by vLLM.
+    # The backends: one model run in this process through transformers (load() builds its model), one served by
+    # vLLM, one a client of a Session served elsewhere (with the wire format and the op checks it shares with the
+    # server).
     "ie_lab.eager": "eager",
+    "ie_lab.loading": "eager",
     "ie_lab.vllm": "vllm",
-    # The remote backend: a client for a Session served elsewhere, and the server that serves one.
     "ie_lab.remote": "remote",
-    # Sessions and loading: concurrency, lifecycle, choosing a backend.
-    "ie_lab.session": "session",
-    "ie_lab.loading": "session",
-    # Notebook panels: they talk to a Session.
+    # Built on a backend's model: names in other engines (mappers), SAEs, the families survey, tiny test models.
+    "ie_lab.mappers": "tools",
+    "ie_lab.sae": "tools",
+    "ie_lab.coverage": "tools",
+    "ie_lab.toy": "tools",
+    # Notebook panels: Python classes over the public API of the Session (or model) they are given.
     "ie_lab.widgets": "widgets",
+    # The Session: concurrency and lifecycle over the backend it holds; it opens the panels.
+    "ie_lab.session": "session",
+    # `ie-lab serve`: one Session behind HTTP.
+    "ie_lab.remote.server": "serve",
+    "ie_lab.remote.server_defaults": "serve",
+    "ie_lab.remote.command": "serve",
+    # What a user calls: the package __init__ (the free functions), the command line, the generated docs.
+    "ie_lab": "front",
+    "ie_lab.__main__": "front",
+    "ie_lab.cli": "front",
+    "ie_lab.cli_points": "front",
+    "ie_lab.cli_doctor": "front",
+    "ie_lab.cli_common": "front",
+    "ie_lab.docs_gen": "front",
 }
-
-# The package's own __init__ (the free functions users call): a facade over everything, imported by nothing.
-PACKAGE = "ie_lab"
-
-# Layers that must not reach the backends, the sessions or the panels: they sit below all of them.
-BELOW_BACKENDS = ("ops", "shared", "arch", "core", "protocol")
 
 BACKENDS = ("eager", "vllm", "remote")
 
-RULES = {
-    **{f"{b} imports no other backend": (b, tuple(o for o in BACKENDS if o != b)) for b in BACKENDS},
-    **{
-        f"{low} imports no backend, session or widget": (low, (*BACKENDS, "session", "widgets"))
-        for low in BELOW_BACKENDS
-    },
+# Known exceptions, each with why and the fix that removes it: (importer module, layer it may still import) ->
+# why. test_known_exceptions_are_still_needed fails on an entry that no longer matches anything, so the list cannot
+# go stale. Each sits in a file whose owner makes the fix (issue 29 was split by files).
+KNOWN_EDGES: dict[tuple[str, str], str] = {
+    ("ie_lab.points_table", "eager"): (
+        "PointsTable.for_model, kept for eager/backend.py and widgets/picker.py: they call "
+        "ie_lab.eager.points_table.points_table(lm, layer) instead, then for_model is deleted"
+    ),
+    ("ie_lab.vllm.backend", "eager"): (
+        "`from ..loading import resolve_dtype`: the check lives in ie_lab.core.load_checks, import it from there"
+    ),
+    ("ie_lab.remote.client", "session"): (
+        "connect() builds a Session around the RemoteBackend: it moves up to a module of the serve side "
+        "(or the package __init__), and the backend module imports no Session"
+    ),
 }
+# Import cycles still to break: sets of modules (or, for the packages-level check, of rooms: a top-level module or
+# subpackage of ie_lab) that may still import one another, each with why.
+KNOWN_CYCLES: list[tuple[set[str], str]] = [
+    ({"ie_lab.points_table", "ie_lab.eager.points_table"}, "PointsTable.for_model: see KNOWN_EDGES"),
+]
+KNOWN_ROOM_CYCLES: list[tuple[set[str], str]] = [
+    (
+        {"ie_lab.points_table", "ie_lab.eager", "ie_lab.loading"},
+        "PointsTable.for_model (see KNOWN_EDGES); eager/backend.py's `from ..loading import ...`, the old path: it "
+        "imports load from .loading (eager/loading.py) and the checks from ..core.load_checks instead",
+    ),
+]
 
-# Known exceptions, each named with why and removed with the import it excuses: (importer module, layer it may
-# still import), or a set of modules that may still import one another. test_known_exceptions_are_still_needed
-# fails on an entry that no longer matches anything, so the list cannot go stale. None are left: the Session
-# redesign (issue 15 item 1) removed the vLLM session's eager imports, the package imports and the
-# package/loading/session/vllm-session cycle that the core move could not.
-KNOWN_EDGES: set[tuple[str, str]] = set()
-KNOWN_CYCLES: list[set[str]] = []
 
-
-def module_of(path: pathlib.Path) -> str:
-    rel = path.relative_to(PKG.parent).with_suffix("")
+def module_of(path: pathlib.Path, root: pathlib.Path = PKG) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _is_module(name: str) -> bool:
+def _is_module(name: str, root: pathlib.Path = PKG) -> bool:
     rel = pathlib.Path(*name.split("."))
-    return (PKG.parent / rel).with_suffix(".py").is_file() or (PKG.parent / rel / "__init__.py").is_file()
+    return (root.parent / rel).with_suffix(".py").is_file() or (root.parent / rel / "__init__.py").is_file()
 
 
-def imports_of(path: pathlib.Path) -> list[tuple[int, str]]:
+def imports_of(path: pathlib.Path, root: pathlib.Path = PKG) -> list[tuple[int, str]]:
     """(line, module) for every import in the file, wherever it sits; `from pkg import name` names pkg.name when
-    that is a module of ie_lab, else pkg (a name defined in pkg's __init__)."""
-    me = module_of(path)
+    that is a module of the package, else pkg (a name defined in pkg's __init__)."""
+    me = module_of(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -106,22 +157,38 @@ def imports_of(path: pathlib.Path) -> list[tuple[int, str]]:
                 mod = node.module or ""
             for a in node.names:
                 sub = f"{mod}.{a.name}"
-                out.append((node.lineno, sub if mod.startswith(PACKAGE) and _is_module(sub) else mod))
+                out.append((node.lineno, sub if mod.startswith(root.name) and _is_module(sub, root) else mod))
     return out
 
 
-def graph() -> dict[str, list[tuple[int, str]]]:
-    return {module_of(p): imports_of(p) for p in sorted(PKG.rglob("*.py"))}
+@functools.cache  # parsed once per run: every test reads the same source (and none changes the graph)
+def graph(root: pathlib.Path = PKG) -> dict[str, list[tuple[int, str]]]:
+    return {module_of(p, root): imports_of(p, root) for p in sorted(root.rglob("*.py"))}
+
+
+def entry_of(module: str) -> str | None:
+    """The LAYERS entry that covers an ie_lab module: itself, or the nearest package above it that has one (the
+    package __init__'s entry covers only itself)."""
+    if module == PACKAGE:
+        return PACKAGE
+    return max(
+        (e for e in LAYERS if e != PACKAGE and (module == e or module.startswith(e + "."))), key=len, default=None
+    )
 
 
 def layer(module: str) -> str | None:
-    """The layer of an ie_lab module (None outside ie_lab)."""
+    """The layer of an ie_lab module (None outside ie_lab, or for a module the table does not cover)."""
     if module != PACKAGE and not module.startswith(PACKAGE + "."):
         return None
-    if module == PACKAGE:
-        return "package"
-    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len, default=None)
-    return LAYERS[best] if best else "tool"
+    entry = entry_of(module)
+    return LAYERS[entry] if entry else None
+
+
+ABOVE = "{} imports no layer above it"
+SIBLING = "no backend imports another"
+PACKAGE_RULE = "no module imports the package __init__"
+OPS_RULE = "ops imports only torch and the standard library"
+RULES = {ABOVE.format(name) for names in ORDER[:-1] for name in names} | {SIBLING, PACKAGE_RULE, OPS_RULE}
 
 
 def violations(g: dict[str, list[tuple[int, str]]]) -> list[tuple[str, str, int, str]]:
@@ -131,20 +198,22 @@ def violations(g: dict[str, list[tuple[int, str]]]) -> list[tuple[str, str, int,
         mine = layer(mod)
         for line, target in edges:
             theirs = layer(target)
-            if theirs == "package" and mod != PACKAGE:
-                out.append(("no module imports the package __init__", mod, line, target))
-            for rule, (who, banned) in RULES.items():
-                if mine == who and theirs in banned:
-                    out.append((rule, mod, line, target))
+            if target == PACKAGE and mod != PACKAGE:
+                out.append((PACKAGE_RULE, mod, line, target))
+            elif mine is not None and theirs is not None and mod != PACKAGE:
+                if RANK[theirs] > RANK[mine]:
+                    out.append((ABOVE.format(mine), mod, line, target))
+                elif RANK[theirs] == RANK[mine] and theirs != mine:
+                    out.append((SIBLING, mod, line, target))
             if mine == "ops":
                 top = target.split(".")[0]
                 if top != "torch" and top not in sys.stdlib_module_names and not target.startswith("ie_lab.ops"):
-                    out.append(("ops imports only torch and the standard library", mod, line, target))
+                    out.append((OPS_RULE, mod, line, target))
     return out
 
 
 def cycles(g: dict[str, list[tuple[int, str]]]) -> list[set[str]]:
-    """The import cycles among ie_lab's modules: every strongly connected set of two or more."""
+    """The import cycles among the graph's modules: every strongly connected set of two or more."""
     adj = {m: sorted({t for _, t in es if t in g and t != m}) for m, es in g.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -182,8 +251,48 @@ def cycles(g: dict[str, list[tuple[int, str]]]) -> list[set[str]]:
     return out
 
 
+def room(module: str) -> str:
+    """A module's room: its top-level module or subpackage of ie_lab (ie_lab.eager.taps -> ie_lab.eager)."""
+    return ".".join(module.split(".")[:2])
+
+
+def rooms(g: dict[str, list[tuple[int, str]]]) -> dict[str, list[tuple[int, str]]]:
+    """The graph between rooms: chat.py importing core/handles.py while core/inputs.py imports chat.py is a cycle
+    between two rooms although no two modules import each other."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for mod, edges in g.items():
+        out.setdefault(room(mod), []).extend((line, room(t)) for line, t in edges if t.startswith(PACKAGE + "."))
+    return out
+
+
 def _excused(v: tuple[str, str, int, str]) -> bool:
     return (v[1], layer(v[3])) in KNOWN_EDGES
+
+
+def _unknown(found: list[set[str]], known: list[tuple[set[str], str]]) -> list[list[str]]:
+    return [sorted(c) for c in found if not any(c <= k for k, _ in known)]
+
+
+def test_every_module_has_a_layer():
+    uncovered = sorted(m for m in graph() if layer(m) is None)
+    assert not uncovered, (
+        f"modules with no row in LAYERS (add one, and the module to docs/ARCHITECTURE.md): {uncovered}"
+    )
+    assert set(LAYERS.values()) == set(RANK), "every layer of ORDER has modules, every row names a layer of ORDER"
+
+
+def test_a_new_module_without_a_row_fails():
+    # A new top-level module belongs to no entry until it is given one; a new file of a subpackage is that
+    # subpackage's; the package __init__'s entry covers no module below it.
+    assert layer("ie_lab.brand_new") is None
+    assert layer("ie_lab.eager.brand_new") == "eager" and layer("ie_lab.remote.server") == "serve"
+    assert layer("ie_lab.remote.brand_new") == "remote"
+
+
+def test_every_row_names_a_module():
+    g = graph()
+    stale = sorted(e for e in LAYERS if e not in g)
+    assert not stale, f"LAYERS rows that name no module or package of ie_lab (delete or rename them): {stale}"
 
 
 def test_the_layers_hold():
@@ -192,20 +301,35 @@ def test_the_layers_hold():
 
 
 def test_no_import_cycle():
-    bad = [sorted(c) for c in cycles(graph()) if not any(c <= known for known in KNOWN_CYCLES)]
+    bad = _unknown(cycles(graph()), KNOWN_CYCLES)
     assert not bad, f"import cycles in ie_lab (every import counts, inside functions too): {bad}"
+
+
+def test_no_import_cycle_between_rooms():
+    bad = _unknown(cycles(rooms(graph())), KNOWN_ROOM_CYCLES)
+    assert not bad, f"import cycles between ie_lab's top-level modules and subpackages: {bad}"
+
+
+def test_no_import_cycle_in_the_validator():
+    g = graph(ROOT / "validator")
+    assert "validator.spec" in {t for _, t in g["validator.run"]}  # `from . import spec as S`
+    assert "validator.run" in {t for _, t in g["validator.__main__"]}  # inside main()
+    assert not cycles(g), f"import cycles in validator/ (every import counts, inside functions too): {cycles(g)}"
 
 
 def test_known_exceptions_are_still_needed():
     g = graph()
     used = {(v[1], layer(v[3])) for v in violations(g)}
-    stale = sorted(KNOWN_EDGES - used)
+    stale = sorted(set(KNOWN_EDGES) - used)
     assert not stale, f"these known exceptions no longer happen: delete them from KNOWN_EDGES: {stale}"
-    found = cycles(g)
-    gone = [sorted(k) for k in KNOWN_CYCLES if not any(c <= k for c in found)]
-    assert not gone, f"these known cycles are gone: delete them from KNOWN_CYCLES: {gone}"
-    smaller = [(sorted(k), sorted(c)) for k in KNOWN_CYCLES for c in found if c < k]
-    assert not smaller, f"a known cycle shrank: keep only the modules still in it in KNOWN_CYCLES: {smaller}"
+    for found, known, name in (
+        (cycles(g), KNOWN_CYCLES, "KNOWN_CYCLES"),
+        (cycles(rooms(g)), KNOWN_ROOM_CYCLES, "KNOWN_ROOM_CYCLES"),
+    ):
+        gone = [sorted(k) for k, _ in known if not any(c <= k for c in found)]
+        assert not gone, f"these known cycles are gone: delete them from {name}: {gone}"
+        smaller = [(sorted(k), sorted(c)) for k, _ in known for c in found if c < k]
+        assert not smaller, f"a known cycle shrank: keep only the modules still in it in {name}: {smaller}"
 
 
 def test_every_import_is_seen():
@@ -218,21 +342,37 @@ def test_every_import_is_seen():
 
 
 # Each rule fires on the kind of edge it forbids: the import graph the code had before the core existed
-# (issue 15: measured at commit 5d11ce8), reduced to one such edge per rule, and edges a plausible slip would add.
+# (issue 15: measured at commit 5d11ce8) and before issue 29 (chat <-> core, loading -> eager, points_table ->
+# eager.taps, helpers importing upwards), reduced to one such edge per rule, and edges a plausible slip would add.
 BROKEN = {
-    "vllm imports no other backend": {"ie_lab.vllm.session": [(55, "ie_lab.eager.inputs")]},
-    "eager imports no other backend": {"ie_lab.eager.generate": [(1, "ie_lab.vllm.wire")]},
-    "remote imports no other backend": {"ie_lab.remote.client": [(1, "ie_lab.eager.capture")]},
-    "arch imports no backend, session or widget": {"ie_lab.arch.binder": [(387, "ie_lab.eager.attention_tap")]},
-    "core imports no backend, session or widget": {
+    SIBLING: {
+        "ie_lab.vllm.session": [(55, "ie_lab.eager.inputs")],
+        "ie_lab.eager.generate": [(1, "ie_lab.vllm.wire")],
+        "ie_lab.remote.client": [(1, "ie_lab.eager.capture")],
+    },
+    ABOVE.format("ops"): {"ie_lab.ops.lens": [(1, "ie_lab.vllm.worker")]},
+    ABOVE.format("errors"): {"ie_lab.errors": [(1, "ie_lab.points")]},
+    ABOVE.format("arch"): {"ie_lab.arch.binder": [(387, "ie_lab.eager.attention_tap")]},
+    ABOVE.format("shared"): {
+        "ie_lab.address": [(1, "ie_lab.core.results")],
+        "ie_lab.points": [(1, "ie_lab.core.results")],
+    },
+    ABOVE.format("core"): {
         "ie_lab.core.handles": [(1, "ie_lab.eager.model")],
         "ie_lab.chat": [(1, "ie_lab.session")],
+        "ie_lab.points_table": [(58, "ie_lab.eager.taps")],
+        "ie_lab.core.inputs": [(1, "ie_lab.backend")],
     },
-    "shared imports no backend, session or widget": {"ie_lab.cache": [(1, "ie_lab.widgets.picker")]},
-    "ops imports no backend, session or widget": {"ie_lab.ops.lens": [(1, "ie_lab.vllm.worker")]},
-    "protocol imports no backend, session or widget": {"ie_lab.backend": [(1, "ie_lab.eager.backend")]},
-    "no module imports the package __init__": {"ie_lab.eager.capture": [(182, "ie_lab")]},
-    "ops imports only torch and the standard library": {
+    ABOVE.format("protocol"): {"ie_lab.backend": [(1, "ie_lab.eager.backend")]},
+    ABOVE.format("eager"): {"ie_lab.eager.backend": [(1, "ie_lab.session")]},
+    ABOVE.format("vllm"): {"ie_lab.vllm.backend": [(1, "ie_lab.mappers")]},
+    ABOVE.format("remote"): {"ie_lab.remote.client": [(38, "ie_lab.session")]},
+    ABOVE.format("tools"): {"ie_lab.coverage": [(1, "ie_lab.widgets.picker")]},
+    ABOVE.format("widgets"): {"ie_lab.widgets.picker": [(1, "ie_lab.session")]},
+    ABOVE.format("session"): {"ie_lab.session": [(1, "ie_lab.remote.server")]},
+    ABOVE.format("serve"): {"ie_lab.remote.server": [(1, "ie_lab.cli")]},
+    PACKAGE_RULE: {"ie_lab.eager.capture": [(182, "ie_lab")]},
+    OPS_RULE: {
         "ie_lab.ops.steering": [(1, "ie_lab.errors")],
         "ie_lab.ops.attention": [(1, "numpy")],
     },
@@ -240,8 +380,7 @@ BROKEN = {
 
 
 def test_every_rule_is_shown_to_fire():
-    others = {"no module imports the package __init__", "ops imports only torch and the standard library"}
-    assert set(BROKEN) == {*RULES, *others}
+    assert set(BROKEN) == RULES
 
 
 @pytest.mark.parametrize("rule", sorted(BROKEN))
@@ -251,6 +390,19 @@ def test_each_rule_fires(rule):
     assert {(rule, mod) for mod in g} <= fired
 
 
+def test_what_the_rules_allow_is_allowed():
+    # Downward and sideways-within-a-layer edges pass: a rule that fired on everything would pass the tests above.
+    allowed = {
+        "ie_lab.session": [(1, "ie_lab.widgets.picker"), (2, "ie_lab.core.inputs"), (3, "ie_lab.backend")],
+        "ie_lab.eager.backend": [(1, "ie_lab.loading"), (2, "ie_lab.eager.taps"), (3, "ie_lab.points_table")],
+        "ie_lab.widgets.features": [(1, "ie_lab.sae")],
+        "ie_lab.cli": [(1, "ie_lab.remote.command"), (2, "ie_lab.coverage")],
+        "ie_lab.address": [(1, "ie_lab.arch.config_facts"), (2, "ie_lab.errors")],
+        "ie_lab.ops.lens": [(1, "torch"), (2, "math"), (3, "ie_lab.ops.projection")],
+    }
+    assert violations(allowed) == []
+
+
 def test_a_cycle_is_found():
     g = {
         "ie_lab.vllm.worker": [(1, "ie_lab.vllm.static_taps")],
@@ -258,6 +410,57 @@ def test_a_cycle_is_found():
         "ie_lab.points": [],
     }
     assert cycles(g) == [{"ie_lab.vllm.worker", "ie_lab.vllm.static_taps"}]
+    # the cycle issue 29 found: chat.py -> core/handles.py, core/inputs.py -> chat.py (no module pair is a cycle)
+    g = {
+        "ie_lab.chat": [(11, "ie_lab.core.handles")],
+        "ie_lab.core.handles": [(12, "ie_lab.errors")],
+        "ie_lab.core.inputs": [(14, "ie_lab.chat")],
+        "ie_lab.errors": [],
+    }
+    assert cycles(g) == [] and cycles(rooms(g)) == [{"ie_lab.chat", "ie_lab.core"}]
+
+
+# ---- docs/ARCHITECTURE.md: the picture of these layers ----------------------------------------------------------
+
+ARCH_DOC = ROOT / "docs" / "ARCHITECTURE.md"
+# In the picture, a word ending in .py is a module and one ending in / a package, both relative to ie_lab/.
+_NAMED = re.compile(r"(?<![\w./<>-])((?:[a-z_0-9]+/)*[a-z_0-9]+\.py|(?:[a-z_0-9]+/)+)(?![\w/])")
+
+
+def picture() -> list[tuple[str, str]]:
+    """(layer, module or package) for every name in the layer picture of docs/ARCHITECTURE.md: the first code block,
+    whose first column names the layer of the lines it starts."""
+    text = ARCH_DOC.read_text()
+    block = text.split("```\n", 2)[1]
+    out, current = [], None
+    for line in block.splitlines():
+        head = line[:13].strip()
+        if head:
+            current = head.split()[0]
+        for name in _NAMED.findall(line[13:]):
+            assert current is not None, line
+            parts = name.rstrip("/").removesuffix(".py").split("/")
+            if parts[-1] == "__init__":
+                parts.pop()
+            out.append((current, ".".join([PACKAGE, *parts])))
+    return out
+
+
+def test_the_architecture_picture_is_this_table():
+    named = picture()
+    g = graph()
+    assert {where for where, _ in named} == set(RANK), "the picture has one row per layer, named as in ORDER"
+    missing = sorted({m for _, m in named if m not in g})
+    assert not missing, f"docs/ARCHITECTURE.md names modules that do not exist: {missing}"
+    # Every module is drawn in its own layer's row, itself or by its package; a row may mention a module of another
+    # layer (`refuses from capabilities.py`) only where that module is drawn in its own row too.
+    drawn = {(where, m) for where, m in named if layer(m) == where}
+    unnamed = sorted(m for m in g if m != PACKAGE and not any(m == n or m.startswith(n + ".") for _, n in drawn))
+    assert not unnamed, (
+        f"modules docs/ARCHITECTURE.md does not draw in their layer's row (nor their package): {unnamed}"
+    )
+    ranks = [RANK[where] for where, _ in named]
+    assert ranks == sorted(ranks, reverse=True), "the picture runs from the top layer down"
 
 
 def test_the_wire_format_imports_without_side_effects():

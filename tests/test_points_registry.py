@@ -64,11 +64,11 @@ def test_the_config_only_picker_greys_what_the_loaded_model_lacks(family):
 
 
 def test_the_points_table_shows_router_points_where_the_model_routes():
-    from ie_lab.points_table import PointsTable
+    from ie_lab.eager.points_table import points_table
 
     lm = lm_for("qwen2_moe")
     moe = points.Structure.from_binding(lm.binding).moe_layers
-    rows = {r.name: r for r in PointsTable.for_model(lm, layer=0).rows}
+    rows = {r.name: r for r in points_table(lm, layer=0).rows}
     for p in points.all_points():
         if points.Needs.MOE in p.needs:
             assert rows[p.name].example == str(Address(p.name, moe[0]))

@@ -22,16 +22,11 @@ from . import spec as S
 
 
 def _families_all() -> list[str]:
-    from .run import ROOT
+    """Every fixture family the sweep runs (validator.run.families_all: run.py reads it too, and imports nothing
+    of this module)."""
+    from .run import families_all
 
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    from tests.conftest import SUPPORTED
-    from tests.families import VARIANTS
-
-    # the variants are shapes vLLM's own model code can load (Falcon's 4 x d_model MLP) or serve exactly (Cohere 2
-    # within its window): without them the vllm column would have nothing to compare on those families
-    return list(SUPPORTED) + list(VARIANTS)
+    return families_all()
 
 
 def main(argv=None) -> int:

@@ -113,6 +113,18 @@ def survey_path() -> str:
     return coverage.data_path(coverage.installed_version())
 
 
+def families_all() -> list[str]:
+    """Every fixture family the sweep runs: the supported ones of tests/conftest.py and the variants."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from tests.conftest import SUPPORTED
+    from tests.families import VARIANTS
+
+    # the variants are shapes vLLM's own model code can load (Falcon's 4 x d_model MLP) or serve exactly (Cohere 2
+    # within its window): without them the vllm column would have nothing to compare on those families
+    return list(SUPPORTED) + list(VARIANTS)
+
+
 def surveyed_types(include_fixtured: bool = False) -> list[str]:
     """Every model type the committed survey records as bound; by default less those a fixture family already
     covers (tests/families.py builds its own, discriminating instance of them, swept as tiny-<family>)."""
@@ -121,9 +133,7 @@ def surveyed_types(include_fixtured: bool = False) -> list[str]:
     bound = [r["model_type"] for r in survey["rows"] if r["status"] == "bound"]
     if include_fixtured:
         return bound
-    from .__main__ import _families_all
-
-    swept = set(_families_all())  # a fixture the sweep leaves out (qwen3_next, a hybrid) covers nothing
+    swept = set(families_all())  # a fixture the sweep leaves out (qwen3_next, a hybrid) covers nothing
     covered = {t for t, fams in fixture_model_types(all_of=True).items() if swept & set(fams)}
     return [t for t in bound if t not in covered]
 

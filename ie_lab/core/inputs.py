@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import chat
 from ..errors import InputError, check_text
+from . import chat
 
 
 def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | None]:

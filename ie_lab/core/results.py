@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..address import Address
-from ..cache import Cache
 from ..errors import plural
+from .cache import Cache
 from .plot_theme import themed
 
 # ---- generation ----------------------------------------------------------------------------------------
