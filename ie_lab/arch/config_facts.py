@@ -249,6 +249,11 @@ class ArchFacts:
         """The width of one value head, and so of one head of z: wider than head_dim on latent attention."""
         return self.v_head_dim or self.head_dim
 
+    @property
+    def conv_free_mixers(self) -> bool:
+        """This family's mixers carry no convolution, whatever their kind is called (quirks.CONV_FREE_MIXERS)."""
+        return self.model_type in quirks.CONV_FREE_MIXERS
+
     def n_params_estimate(self) -> int:
         """Rough parameter count from dimensions (embeddings + attention + MLP + norms)."""
         attn = self.d_model * (self.q_width + 2 * self.kv_width) + self.q_width * self.d_model

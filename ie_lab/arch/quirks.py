@@ -232,6 +232,12 @@ RECURRENT_MIXERS = {"xlstm": "mlstm", "rwkv": "time_mix"}
 # point table then draw both kinds on every layer, as the live binding does.
 PARALLEL_MIXER = {"falcon_h1": "mamba"}
 
+# Families whose mixer kind's name (as the config gives it) also names mixers with a short convolution elsewhere,
+# but whose own mixers have none: MiniMax's lightning "linear_attention" carries no convolution state (Qwen3-Next's
+# gated delta net, of the same name, has one). A config-only Structure (points.Structure.from_facts, through
+# ArchFacts.conv_free_mixers) then gives these no mixer_conv_state; a loaded model's is measured (arch.mixer_states).
+CONV_FREE_MIXERS = frozenset({"minimax"})
+
 SINGLE_SUBLAYER_BLOCKS = {
     "nemotron_h": (
         "layers_block_type",
