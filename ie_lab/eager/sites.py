@@ -1,16 +1,12 @@
-"""Where each point is read on a bound model, and the hooks that read it.
+"""Where each point is read on a bound model: the eager backend's site table (beside vLLM's, ie_lab/vllm/sites.py).
 
-``resolve`` turns an Address into a Source (which module, which side, which transform) or refuses
-it with the reason the point is absent on this family. ``Taps`` places the hooks for a set of
-sources for the duration of a ``with`` block and collects what they see; every exit path removes
-every hook and the attention-tap listeners.
+``resolve`` turns an Address into a Source (which module, which side, which transform) or refuses it with the
+reason the point is absent on this family; ``TRUNK_SITES`` and ``LAYER_SITES`` hold one reader per point, so a
+point is taught to the eager backend by one row. taps.py places the hooks that read the sources.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -21,10 +17,9 @@ from torch import nn
 from .. import points as _points
 from ..address import Address
 from ..arch import attention_tap
-from ..arch.binder import LayerBinding, first_tensor, gate_values, hidden_arg, split_fused_qkv
+from ..arch.binder import LayerBinding, first_tensor, gate_values, split_fused_qkv
 from ..errors import CapabilityUnsupported, PointAbsent
 from ..ops.attention import scores_and_probs
-from . import hook_calls
 
 # kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output; "post_sum"
 # its first output plus the partner module's, which ran earlier in the same forward),
@@ -119,7 +114,6 @@ def _stream_source(b: Any, addr: Address, structure: _points.Structure) -> Sourc
 def resolve(lm: Any, addr: Address) -> Source:
     """The source of an address on this model, or a PointAbsent / CapabilityUnsupported saying why not."""
     b = lm.binding
-    fam = b.family
     name = addr.name
     p = addr.point
     structure = _points.Structure.from_binding(b)
@@ -131,13 +125,8 @@ def resolve(lm: Any, addr: Address) -> Source:
         from .mixer_state import refuse_hooked
 
         raise refuse_hooked(addr, "reading with a hook (steering, patching, a batched read)")
-    if name == "embeddings":
-        return Source("post", b.embed, lambda t: t)
-    if name == "final_norm":
-        return Source("post", b.final_norm, lambda t: t)
-    if name == "lm_head":
-        return Source("post", b.lm_head, lambda t: t)  # the model's own head output (after any input scale)
-
+    if name in TRUNK_SITES:
+        return TRUNK_SITES[name](b)
     lb: LayerBinding = b.layers[addr.layer]
     if lb.par_mixer is not None and name in _MIXER_AS_SUBLAYER:  # a mixer beside attention (Falcon-H1): its own
         if name == "mixer_in":
@@ -145,147 +134,239 @@ def resolve(lm: Any, addr: Address) -> Source:
         return Source("post", lb.par_mixer, _scaled(lb.par_mixer_multiplier if name == "mixer_out_post" else None))
     # A mixer layer binds its mixer where attention would sit (arch.binder): the same boundaries, its own names.
     name = _MIXER_AS_SUBLAYER.get(name, name)
-    if name == "resid_pre":
-        return Source("pre", lb.layer, lambda t: t)
-    if name == "resid_post":
-        return Source("post", lb.layer, lambda t: t)
-    if name == "attn_in":
-        if lb.norm_residual:  # the input norm's output is also what the residual adds to: read (and link) it there
-            return Source("post", _bound(lb.input_norm), lambda t: t)
-        return Source("pre", lb.attn, lambda t: t)
-    if name in ("q_norm_in", "q_norm_out", "k_norm_in", "k_norm_out"):
-        mod = lb.q_norm if name.startswith("q") else lb.k_norm
-        if mod is None and lb.kv_source is not None:  # measured by the binder: this layer computes no keys
-            raise PointAbsent(
-                str(addr),
-                fam,
-                f"layer {addr.layer} computes no keys or values of its own: its attention reads those of layer "
-                f"{lb.kv_source} (KV sharing), so it has no key norm.",
-                f"capture {name}.{lb.kv_source} (the layer whose keys it reads), or q_norm_in.{addr.layer} / "
-                f"q_norm_out.{addr.layer} for its own queries.",
-            )
-        return Source("pre" if name.endswith("_in") else "post", _bound(mod), _qk_norm_view(lb.qk_norm_layout))
-    if name == "value":
-        if lb.value_source == "interface":
-            return Source("attn", lb.attn, _value_from_call)
-        if lb.value_source == "v_proj":
-            return Source("post", _bound(lb.v_proj), lambda t: t)
-        f = lm.facts
-        layout = lb.fused_qkv_layout
-        assert layout is not None  # measured by the binder for every layer it bound with value_source "fused"
-        return Source(
-            "post", _bound(lb.fused_qkv), lambda t: split_fused_qkv(t, layout, f.n_heads, f.n_kv_heads, f.head_dim)
+    site = LAYER_SITES.get(name)
+    if site is None:
+        raise CapabilityUnsupported(name, "the eager backend has no binding for this point yet.", "see ie_lab.points.")
+    return site(lm, lb, addr, name)
+
+
+# ---- the site table: where each point is read on the eager module tree ------------------------------
+# One reader per point (beside vLLM's Site table, ie_lab/vllm/sites.py): (lm, the layer's binding, the address, the
+# point's name as the layer binds it) -> Source, or the refusal where the binder measured no faithful place.
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _attn_in(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.norm_residual:  # the input norm's output is also what the residual adds to: read (and link) it there
+        return Source("post", _bound(lb.input_norm), lambda t: t)
+    return Source("pre", lb.attn, lambda t: t)
+
+
+def _qk_norm(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    mod = lb.q_norm if name.startswith("q") else lb.k_norm
+    if mod is None and lb.kv_source is not None:  # measured by the binder: this layer computes no keys
+        raise PointAbsent(
+            str(addr),
+            lm.binding.family,
+            f"layer {addr.layer} computes no keys or values of its own: its attention reads those of layer "
+            f"{lb.kv_source} (KV sharing), so it has no key norm.",
+            f"capture {name}.{lb.kv_source} (the layer whose keys it reads), or q_norm_in.{addr.layer} / "
+            f"q_norm_out.{addr.layer} for its own queries.",
         )
-    if name in ("attn_scores", "attn_probs"):
-        if lb.kernel_calls > 1:  # measured by the binder
-            raise CapabilityUnsupported(
-                f"{name} on {fam}",
-                f"layer {addr.layer} calls the attention kernel {lb.kernel_calls} times per forward (differential "
-                "attention: each call mixes one half of the values, and the outputs are combined as out1 - lambda * "
-                "out2 and normed before o_proj), so no single attention pattern mixed the values into z.",
-                f"capture z.{addr.layer} (o_proj's input) or value.{addr.layer} (v_proj's output).",
-            )
-        if lb.uses_attention_interface:
-            if name == "attn_probs" and not lb.kernel_weights_ok:  # measured: its weights are not what mixed v
-                return Source("attn", lb.attn, _probs_rebuilt)
-            return Source("attn", lb.attn, _scores_from_call if name == "attn_scores" else _probs_from_call)
-        if name == "attn_scores":
-            raise CapabilityUnsupported(
-                f"attn_scores on {fam}",
-                f"{fam} computes attention inside its own module instead of through transformers' attention "
-                "interface, so the pre-softmax matrix never leaves that module and ie_lab will not guess it.",
-                f"capture attn_probs.{addr.layer} (served on this family from the model's own probabilities).",
-            )
-        impl = getattr(lm.hf.config, "_attn_implementation", None)
-        if impl != "eager":
-            raise CapabilityUnsupported(
-                f"attn_probs on {fam} running {impl!r} attention",
-                f"{fam} only returns its probabilities from its eager code path; asking a {impl!r} model for them "
-                "switches it onto a different path mid-forward (on Falcon that path even drops the causal mask), "
-                "so the tensor would not be the one your forward used.",
-                "load the model with attn_implementation='eager' "
-                "(AutoModelForCausalLM.from_pretrained(..., attn_implementation='eager')).",
-            )
-        return Source("attn_out_full", lb.attn, _legacy_probs, needs_output_attentions=True)
-    if name == "z":
-        if lb.z_at_kernel:  # o_proj reads z normed (measured): z is what the kernel returned
-            return Source("attn", lb.attn, _z_from_call)
-        return Source("pre", lb.o_proj, lambda t: t)
-    if name == "attn_gate":
-        if lb.attn_gate is None:  # the registry refuses it first where no layer has a gate
-            why = f"the binder measured no output gate on layer {addr.layer}."
-            raise CapabilityUnsupported(name, why, "capture z.")
-        view, fn, H = lb.attn_gate_view, lb.attn_gate_fn, lm.facts.n_heads
-        width = lb.o_proj.in_features if isinstance(lb.o_proj, nn.Linear) else H * lm.facts.head_dim
-        bias = lb.attn_gate_bias
-        return Source("post", lb.attn_gate, lambda t: cast(torch.Tensor, gate_values(t, view, fn, H, width, bias)))
-    if name in ("q_latent", "kv_latent"):  # the measured norm whose output the up-projection reads
-        return Source("post", _bound(lb.q_latent if name == "q_latent" else lb.kv_latent), lambda t: t)
-    if name == "k_nope":
-        f = lm.facts
-        return Source("post_raw", _bound(lb.kv_up), lambda out, shape, n: _k_nope(out, shape, f))
-    if name == "attn_out":
-        if lb.o_bias is not None:  # the bias the layer adds to the projection's output (skip-bias-add), measured
-            return Source("post", lb.o_proj, _biased(lb.o_bias, None))
-        return Source("post", lb.o_proj, lambda t: t)
-    if name == "attn_out_post":
-        if lb.post_attn_norm is not None:
-            return Source("post", lb.post_attn_norm, _scaled(lb.attn_multiplier))
-        if lb.o_bias is not None:
-            return Source("post", lb.o_proj, _biased(lb.o_bias, lb.attn_multiplier))
-        return Source("post", lb.o_proj, _scaled(lb.attn_multiplier))
-    if name == "resid_mid":
-        if lb.pre_mlp_norm is not None:
-            return Source("pre", lb.pre_mlp_norm, lambda t: t)
-        return Source("pre", lb.mlp_in_module, lambda t: t)
-    if name == "mlp_in":
-        if lb.norm_residual:  # likewise the pre-MLP norm's output
-            return Source("post", _bound(lb.pre_mlp_norm), lambda t: t)
-        return Source("pre", lb.mlp_in_module, lambda t: t)
-    if name in ("mlp_pre", "mlp_pre_linear", "mlp_act"):
-        if name == "mlp_act":
-            return Source("pre", _bound(lb.down_proj), lambda t: t)
-        if lb.fused_gate_up is not None:
-            first = (name == "mlp_pre") == lb.fused_gate_first
-            return Source(
-                "post", lb.fused_gate_up, (lambda t: t.chunk(2, -1)[0]) if first else (lambda t: t.chunk(2, -1)[1])
-            )
-        if name == "mlp_pre":
-            mod = lb.gate_proj if lb.gate_proj is not None else lb.up_proj
-            return Source("post", _bound(mod), lambda t: t)
-        return Source("post", _bound(lb.up_proj), lambda t: t)
-    if name in ("router_logits", "expert_weights", "expert_indices"):
-        if name == "router_logits":
-            if lb.router is None:
-                raise CapabilityUnsupported(name, f"no router module was found on {fam}.", "capture expert_weights.")
-            if lb.router_output == -1:
-                raise CapabilityUnsupported(
-                    name,
-                    f"{fam}'s router returns several tensors as wide as the expert count and none of them equals its "
-                    "linear map of its input (the binder's probe forward), so ie_lab cannot tell which are its logits.",
-                    "capture mlp_in and apply the router's weight yourself, or capture expert_weights.",
-                )
-            i = lb.router_output
-            return Source("post_raw", lb.router, lambda out, shape, n: _router_logits(out, shape, n, i))
-        if not lb.routing_args:  # measured by the binder on its probe forward
-            raise CapabilityUnsupported(
-                name,
-                f"{fam}'s experts module is not called with the expert indices and routing weights (the "
-                "binder's probe saw no such pair among its arguments), so ie_lab has nowhere faithful to read them.",
-                "capture router_logits (where served) or mlp_out.",
-            )
-        return Source("moe_args", _bound(lb.experts), _dense_weights if name == "expert_weights" else _dense_indices)
-    if name == "mlp_out":
-        if lb.mlp_side is not None:
-            return _summed(lb, lambda t: t)
-        return Source("post", lb.mlp_out_module, lambda t: t)
-    if name == "mlp_out_post":
-        if lb.post_mlp_norm is not None:
-            return Source("post", lb.post_mlp_norm, _scaled(lb.mlp_multiplier))
-        if lb.mlp_side is not None:
-            return _summed(lb, _scaled(lb.mlp_multiplier))
-        return Source("post", lb.mlp_out_module, _scaled(lb.mlp_multiplier))
-    raise CapabilityUnsupported(name, "the eager backend has no binding for this point yet.", "see ie_lab.points.")
+    return Source("pre" if name.endswith("_in") else "post", _bound(mod), _qk_norm_view(lb.qk_norm_layout))
+
+
+def _value(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.value_source == "interface":
+        return Source("attn", lb.attn, _value_from_call)
+    if lb.value_source == "v_proj":
+        return Source("post", _bound(lb.v_proj), lambda t: t)
+    f = lm.facts
+    layout = lb.fused_qkv_layout
+    assert layout is not None  # measured by the binder for every layer it bound with value_source "fused"
+    return Source(
+        "post", _bound(lb.fused_qkv), lambda t: split_fused_qkv(t, layout, f.n_heads, f.n_kv_heads, f.head_dim)
+    )
+
+
+def _attention_matrix(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    fam = lm.binding.family
+    if lb.kernel_calls > 1:  # measured by the binder
+        raise CapabilityUnsupported(
+            f"{name} on {fam}",
+            f"layer {addr.layer} calls the attention kernel {lb.kernel_calls} times per forward (differential "
+            "attention: each call mixes one half of the values, and the outputs are combined as out1 - lambda * "
+            "out2 and normed before o_proj), so no single attention pattern mixed the values into z.",
+            f"capture z.{addr.layer} (o_proj's input) or value.{addr.layer} (v_proj's output).",
+        )
+    if lb.uses_attention_interface:
+        if name == "attn_probs" and not lb.kernel_weights_ok:  # measured: its weights are not what mixed v
+            return Source("attn", lb.attn, _probs_rebuilt)
+        return Source("attn", lb.attn, _scores_from_call if name == "attn_scores" else _probs_from_call)
+    if name == "attn_scores":
+        raise CapabilityUnsupported(
+            f"attn_scores on {fam}",
+            f"{fam} computes attention inside its own module instead of through transformers' attention "
+            "interface, so the pre-softmax matrix never leaves that module and ie_lab will not guess it.",
+            f"capture attn_probs.{addr.layer} (served on this family from the model's own probabilities).",
+        )
+    impl = getattr(lm.hf.config, "_attn_implementation", None)
+    if impl != "eager":
+        raise CapabilityUnsupported(
+            f"attn_probs on {fam} running {impl!r} attention",
+            f"{fam} only returns its probabilities from its eager code path; asking a {impl!r} model for them "
+            "switches it onto a different path mid-forward (on Falcon that path even drops the causal mask), "
+            "so the tensor would not be the one your forward used.",
+            "load the model with attn_implementation='eager' "
+            "(AutoModelForCausalLM.from_pretrained(..., attn_implementation='eager')).",
+        )
+    return Source("attn_out_full", lb.attn, _legacy_probs, needs_output_attentions=True)
+
+
+def _z(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.z_at_kernel:  # o_proj reads z normed (measured): z is what the kernel returned
+        return Source("attn", lb.attn, _z_from_call)
+    return Source("pre", lb.o_proj, lambda t: t)
+
+
+def _attn_gate(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.attn_gate is None:  # the registry refuses it first where no layer has a gate
+        why = f"the binder measured no output gate on layer {addr.layer}."
+        raise CapabilityUnsupported(name, why, "capture z.")
+    view, fn, H = lb.attn_gate_view, lb.attn_gate_fn, lm.facts.n_heads
+    width = lb.o_proj.in_features if isinstance(lb.o_proj, nn.Linear) else H * lm.facts.head_dim
+    bias = lb.attn_gate_bias
+    return Source("post", lb.attn_gate, lambda t: cast(torch.Tensor, gate_values(t, view, fn, H, width, bias)))
+
+
+def _latent(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    # the measured norm whose output the up-projection reads
+    return Source("post", _bound(lb.q_latent if name == "q_latent" else lb.kv_latent), lambda t: t)
+
+
+def _k_nope_site(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    f = lm.facts
+    return Source("post_raw", _bound(lb.kv_up), lambda out, shape, n: _k_nope(out, shape, f))
+
+
+def _attn_out(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.o_bias is not None:  # the bias the layer adds to the projection's output (skip-bias-add), measured
+        return Source("post", lb.o_proj, _biased(lb.o_bias, None))
+    return Source("post", lb.o_proj, lambda t: t)
+
+
+def _attn_out_post(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.post_attn_norm is not None:
+        return Source("post", lb.post_attn_norm, _scaled(lb.attn_multiplier))
+    if lb.o_bias is not None:
+        return Source("post", lb.o_proj, _biased(lb.o_bias, lb.attn_multiplier))
+    return Source("post", lb.o_proj, _scaled(lb.attn_multiplier))
+
+
+def _resid_mid(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.pre_mlp_norm is not None:
+        return Source("pre", lb.pre_mlp_norm, lambda t: t)
+    return Source("pre", lb.mlp_in_module, lambda t: t)
+
+
+def _mlp_in(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.norm_residual:  # likewise the pre-MLP norm's output
+        return Source("post", _bound(lb.pre_mlp_norm), lambda t: t)
+    return Source("pre", lb.mlp_in_module, lambda t: t)
+
+
+def _mlp_act(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    return Source("pre", _bound(lb.down_proj), lambda t: t)
+
+
+def _mlp_pre(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    """mlp_pre and mlp_pre_linear: a half of a fused gate/up projection's output, or the gate's / up's own."""
+    if lb.fused_gate_up is not None:
+        first = (name == "mlp_pre") == lb.fused_gate_first
+        return Source(
+            "post", lb.fused_gate_up, (lambda t: t.chunk(2, -1)[0]) if first else (lambda t: t.chunk(2, -1)[1])
+        )
+    if name == "mlp_pre":
+        mod = lb.gate_proj if lb.gate_proj is not None else lb.up_proj
+        return Source("post", _bound(mod), lambda t: t)
+    return Source("post", _bound(lb.up_proj), lambda t: t)
+
+
+def _router_logits_site(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    fam = lm.binding.family
+    if lb.router is None:
+        raise CapabilityUnsupported(name, f"no router module was found on {fam}.", "capture expert_weights.")
+    if lb.router_output == -1:
+        raise CapabilityUnsupported(
+            name,
+            f"{fam}'s router returns several tensors as wide as the expert count and none of them equals its "
+            "linear map of its input (the binder's probe forward), so ie_lab cannot tell which are its logits.",
+            "capture mlp_in and apply the router's weight yourself, or capture expert_weights.",
+        )
+    i = lb.router_output
+    return Source("post_raw", lb.router, lambda out, shape, n: _router_logits(out, shape, n, i))
+
+
+def _expert_choice(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    """expert_weights and expert_indices: densified from the experts module's routing arguments."""
+    if not lb.routing_args:  # measured by the binder on its probe forward
+        raise CapabilityUnsupported(
+            name,
+            f"{lm.binding.family}'s experts module is not called with the expert indices and routing weights (the "
+            "binder's probe saw no such pair among its arguments), so ie_lab has nowhere faithful to read them.",
+            "capture router_logits (where served) or mlp_out.",
+        )
+    return Source("moe_args", _bound(lb.experts), _dense_weights if name == "expert_weights" else _dense_indices)
+
+
+def _mlp_out(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.mlp_side is not None:
+        return _summed(lb, lambda t: t)
+    return Source("post", lb.mlp_out_module, lambda t: t)
+
+
+def _mlp_out_post(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    if lb.post_mlp_norm is not None:
+        return Source("post", lb.post_mlp_norm, _scaled(lb.mlp_multiplier))
+    if lb.mlp_side is not None:
+        return _summed(lb, _scaled(lb.mlp_multiplier))
+    return Source("post", lb.mlp_out_module, _scaled(lb.mlp_multiplier))
+
+
+_Reader = Callable[[Any, LayerBinding, Address, str], Source]
+
+# Trunk points: read off the binding's trunk modules.
+TRUNK_SITES: dict[str, Callable[[Any], Source]] = {
+    "embeddings": lambda b: Source("post", b.embed, _same),
+    "final_norm": lambda b: Source("post", b.final_norm, _same),
+    "lm_head": lambda b: Source("post", b.lm_head, _same),  # the model's own head output (after any input scale)
+}
+
+# Layer points, by the name the layer binds them under (a mixer layer's mixer_in / mixer_out / mixer_out_post are
+# read where attention's attn_in / attn_out / attn_out_post would be: _MIXER_AS_SUBLAYER). The multi-stream points
+# and the per-stream residuals are _stream_source's; mixer_state and mixer_conv_state are read by capture, not here.
+LAYER_SITES: dict[str, _Reader] = {
+    "resid_pre": lambda lm, lb, addr, name: Source("pre", lb.layer, _same),
+    "resid_post": lambda lm, lb, addr, name: Source("post", lb.layer, _same),
+    "attn_in": _attn_in,
+    "q_norm_in": _qk_norm,
+    "q_norm_out": _qk_norm,
+    "k_norm_in": _qk_norm,
+    "k_norm_out": _qk_norm,
+    "value": _value,
+    "attn_scores": _attention_matrix,
+    "attn_probs": _attention_matrix,
+    "z": _z,
+    "attn_gate": _attn_gate,
+    "q_latent": _latent,
+    "kv_latent": _latent,
+    "k_nope": _k_nope_site,
+    "attn_out": _attn_out,
+    "attn_out_post": _attn_out_post,
+    "resid_mid": _resid_mid,
+    "mlp_in": _mlp_in,
+    "mlp_pre": _mlp_pre,
+    "mlp_pre_linear": _mlp_pre,
+    "mlp_act": _mlp_act,
+    "router_logits": _router_logits_site,
+    "expert_weights": _expert_choice,
+    "expert_indices": _expert_choice,
+    "mlp_out": _mlp_out,
+    "mlp_out_post": _mlp_out_post,
+}
 
 
 # ---- transforms that need more than one tensor ---------------------------------------------------
@@ -396,133 +477,3 @@ def _dense_weights(routing: tuple[torch.Tensor, torch.Tensor], shape: tuple[int,
 def _dense_indices(routing: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int], n_experts: int) -> torch.Tensor:
     idx, w = routing
     return _dense(n_experts, idx, torch.ones_like(w, dtype=torch.float32), shape)
-
-
-# ---- placing hooks ---------------------------------------------------------------------------------
-
-
-class Taps:
-    """Hooks for a set of addresses; ``collected[base]`` lists one tensor per forward that ran."""
-
-    def __init__(self, lm: Any, addresses: list[Address], grad: bool = False):
-        self.lm = lm
-        self.grad = grad
-        self.bases: list[Address] = []
-        self.sources: dict[Address, Source] = {}
-        for a in addresses:
-            base = a.without_head()
-            if base not in self.sources:
-                self.sources[base] = resolve(lm, base)  # refusals happen here, before any hook exists
-                self.bases.append(base)
-        self.collected: dict[Address, list[torch.Tensor]] = defaultdict(list)
-        self.shape: tuple[int, int] = (0, 0)  # (batch, new tokens) of the forward in flight
-        self._handles: list[Any] = []
-        self._stack: contextlib.ExitStack | None = None
-        # The thread whose forwards these taps read (set on entry; a generation re-sets it before each forward).
-        # Hooks live on shared modules: a forward another thread runs meanwhile (a raw model call outside
-        # ie_lab's locks) must not land in this operation's tensors.
-        self.owner: int | None = None
-
-    def _mine(self) -> bool:
-        return self.owner is None or threading.get_ident() == self.owner
-
-    @property
-    def needs_output_attentions(self) -> bool:
-        return any(s.needs_output_attentions for s in self.sources.values())
-
-    def _keep(self, base: Address, t: torch.Tensor) -> None:
-        b, s = self.shape
-        if t.dim() == 2 and b and t.shape[0] == b * s:
-            t = t.reshape(b, s, -1)  # layers that flatten tokens around the MLP (OPT)
-        # Clone even with grad (clone is differentiable): some families update module outputs in place later.
-        self.collected[base].append(t.clone() if self.grad else t.detach().clone())
-
-    def __enter__(self) -> "Taps":
-        self.owner = threading.get_ident()
-        by_module: dict[tuple[int, str], list[tuple[Address, Source]]] = defaultdict(list)
-        for base, src in self.sources.items():
-            by_module[(id(src.module), src.kind)].append((base, src))
-        listeners: dict[int, Callable] = {}
-        n_experts = self.lm.facts.n_experts
-        try:
-            for (_, kind), items in by_module.items():
-                module = items[0][1].module
-                if kind == "pre":
-
-                    def pre(mod, args, kwargs, items=items):
-                        if not self._mine():
-                            return
-                        h = hidden_arg(args, kwargs)
-                        for base, src in items:
-                            self._keep(base, src.transform(h))
-
-                    self._handles.append(hook_calls.on_input(module, pre))
-                elif kind == "moe_args":
-
-                    def moe(mod, args, kwargs, items=items):
-                        if not self._mine():
-                            return
-                        routing = _routing(args, kwargs)
-                        for base, src in items:
-                            self._keep(base, src.transform(routing, self.shape, n_experts))
-
-                    self._handles.append(hook_calls.on_input(module, moe))
-                elif kind in ("post", "post_raw", "attn_out_full"):
-
-                    def post(mod, args, kwargs, out, items=items, kind=kind):
-                        if not self._mine():
-                            return
-                        for base, src in items:
-                            if kind == "post":
-                                self._keep(base, src.transform(first_tensor(out)))
-                            elif kind == "post_raw":
-                                self._keep(base, src.transform(out, self.shape, n_experts))
-                            else:  # transforms that need the whole output and the forward's shape
-                                self._keep(base, src.transform(out, self.shape))
-
-                    self._handles.append(hook_calls.on_output(module, post))
-                elif kind == "post_sum":
-                    earlier: dict[int, torch.Tensor] = {}  # per thread: the partner's output in the forward in flight
-                    partner = _bound(items[0][1].partner)
-
-                    def keep_partner(mod, args, kwargs, out, earlier=earlier):
-                        if self._mine():
-                            earlier[threading.get_ident()] = first_tensor(out)
-
-                    def post_sum(mod, args, kwargs, out, items=items, earlier=earlier):
-                        if not self._mine():
-                            return
-                        t = first_tensor(out)
-                        total = t + earlier.pop(threading.get_ident()).reshape(t.shape)
-                        for base, src in items:
-                            self._keep(base, src.transform(total))
-
-                    self._handles.append(hook_calls.on_output(partner, keep_partner))
-                    self._handles.append(hook_calls.on_output(module, post_sum))
-                elif kind == "attn":
-
-                    def listen(mod, call, items=items):
-                        if not self._mine():
-                            return
-                        for base, src in items:
-                            self._keep(base, src.transform(call, self.shape))
-
-                    listeners[id(module)] = listen
-            self._stack = contextlib.ExitStack()
-            if listeners:
-                self._stack.enter_context(attention_tap.listening(listeners))
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
-
-    def __exit__(self, *exc) -> None:
-        self.close()
