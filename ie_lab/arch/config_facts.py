@@ -332,7 +332,7 @@ class ArchFacts:
             _first(d, "use_parallel_residual", "parallel_attn", "parallel_block", default=False)
             or mt in quirks.ALWAYS_PARALLEL
         )
-        if mt == "falcon" and d.get("new_decoder_architecture"):
+        if mt in quirks.PARALLEL_SWITCH and d.get(quirks.PARALLEL_SWITCH[mt]):
             parallel = True
         structure = quirks.NORM_PLACEMENT.get(mt, "pre")
         qk = bool(_first(d, "use_qk_norm", "qk_layernorm", "qk_norm", default=False) or mt in quirks.ALWAYS_QK_NORM)

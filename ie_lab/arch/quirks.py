@@ -13,6 +13,11 @@ from __future__ import annotations
 # Attention and MLP read the same layer input (no residual between the sublayers), whatever the config says.
 ALWAYS_PARALLEL = frozenset({"gptj", "phi", "cohere", "cohere2", "cohere2_moe", "codegen", "cohere_compass_text"})
 
+# Families whose blocks are parallel when a config key of their own says so, under a name the generic keys
+# (use_parallel_residual, parallel_attn, parallel_block) do not cover: Falcon's new_decoder_architecture (40B / 180B,
+# ln_attn and ln_mlp feeding attention and the MLP side by side).
+PARALLEL_SWITCH = {"falcon": "new_decoder_architecture"}
+
 # Where the block's norms sit when it is not plain pre-norm:
 #   "sandwich": a norm before and after each sublayer (Gemma 2/3).
 #   "post": only after each sublayer, none before (OLMo 2/3 normalise the sublayer outputs instead).
