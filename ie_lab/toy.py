@@ -1,14 +1,12 @@
 """Tiny random-weight models built locally from transformers config classes, for docs and offline trials.
 
-They compute nothing meaningful, but every point, shape and refusal behaves as on a real checkpoint of
+They compute nothing meaningful (ie_lab/tiny.py builds them, as it builds every tiny model), but every point, shape and refusal behaves as on a real checkpoint of
 the same family, and they build in a fraction of a second with no download.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import torch
 
 _WORDS = (
     "the a an and or but when then after before because so of to in on at for with from into over under "
@@ -66,8 +64,11 @@ def tokenizer(size: int = 512, max_len: int = 256):
 
 
 def tiny_model(family: str = "llama", seed: int = 0):
-    """(model, tokenizer): 2 layers, hidden 128, 4 heads of 32, vocabulary 512, fp32, eval mode."""
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+    """(model, tokenizer): 2 layers, hidden 128, 4 heads of 32, vocabulary 512, fp32, eval mode; built by the one
+    tiny-model builder (ie_lab.tiny.build) from this module's configs."""
+    from transformers import CONFIG_MAPPING
+
+    from .tiny import build
 
     if family not in _CONFIGS:
         raise ValueError(f"no toy config for {family!r}; choose one of {FAMILIES}")
@@ -86,6 +87,4 @@ def tiny_model(family: str = "llama", seed: int = 0):
     if model_type == "gpt2":
         base = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     config = CONFIG_MAPPING[model_type](**{**base, **extra})
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    return model, tokenizer()
+    return build(config, seed=seed), tokenizer()
