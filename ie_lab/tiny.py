@@ -462,7 +462,8 @@ def _discriminating_gains(model: Any, gen: Any) -> None:
                 w = getattr(module, "weight", None)
                 if isinstance(w, nn.Parameter):
                     gain = far_from_one_gain(w.shape)
-                    w.copy_(gain - 1.0 if is_one_plus_weight_norm(type(module)) else gain)
+                    cls: type = type(module)
+                    w.copy_(gain - 1.0 if is_one_plus_weight_norm(cls) else gain)
                 b = getattr(module, "bias", None)
                 if isinstance(b, nn.Parameter):
                     b.copy_(uni(b.shape, -0.5, 0.5))

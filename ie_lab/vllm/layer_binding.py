@@ -87,7 +87,16 @@ def _router(mlp: nn.Module) -> nn.Module | None:
 
 def _sites(i: int, layer: Any, fused: bool = False, **modules: Any) -> LayerSites:
     """A LayerSites with every module not named None (a layer kind names only the modules it has)."""
-    roles = ("attn_mod", "attn_core", "o_proj", "q_norm", "k_norm", "post_attn_norm", "mid_norm", "mlp")
+    roles: tuple[str, ...] = (
+        "attn_mod",
+        "attn_core",
+        "o_proj",
+        "q_norm",
+        "k_norm",
+        "post_attn_norm",
+        "mid_norm",
+        "mlp",
+    )
     roles += ("down_proj", "router", "post_mlp_norm")
     base = {r: modules.pop(r, None) for r in roles}
     return LayerSites(i, layer, fused, **base, **modules)
