@@ -17,11 +17,20 @@ _WORDS = (
 ).split()
 _PUNCT = [".", ",", "!", "?", "'", '"', ":", ";"]
 
+# Every toy: vocabulary 512 (the tokenizer's), the tokenizer's special ids.
+_TOKENS: dict[str, Any] = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# The Llama-style configs' shared sizes: 2 layers, hidden 128, 4 heads of 32 (GPT-2 states its own, in its own keys).
+_SIZES: dict[str, Any] = dict(
+    _TOKENS, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, head_dim=32, max_position_embeddings=256
+)
+
+# family -> (model_type, the config's keys)
 _CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama": ("llama", dict(intermediate_size=256, num_key_value_heads=2)),
+    "llama": ("llama", dict(_SIZES, intermediate_size=256, num_key_value_heads=2)),
     "gemma2": (
         "gemma2",
         dict(
+            _SIZES,
             intermediate_size=256,
             num_key_value_heads=2,
             query_pre_attn_scalar=32,
@@ -29,11 +38,11 @@ _CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             layer_types=["sliding_attention", "full_attention"],
         ),
     ),
-    "gpt2": ("gpt2", dict(n_embd=128, n_layer=2, n_head=4, n_positions=256, n_inner=256)),
-    "qwen3": ("qwen3", dict(intermediate_size=256, num_key_value_heads=2)),
+    "gpt2": ("gpt2", dict(_TOKENS, n_embd=128, n_layer=2, n_head=4, n_positions=256, n_inner=256)),
+    "qwen3": ("qwen3", dict(_SIZES, intermediate_size=256, num_key_value_heads=2)),
     "mixtral": (
         "mixtral",
-        dict(intermediate_size=128, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+        dict(_SIZES, intermediate_size=128, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
     ),
 }
 FAMILIES = tuple(_CONFIGS)
@@ -72,19 +81,6 @@ def tiny_model(family: str = "llama", seed: int = 0):
 
     if family not in _CONFIGS:
         raise ValueError(f"no toy config for {family!r}; choose one of {FAMILIES}")
-    model_type, extra = _CONFIGS[family]
-    base: dict[str, Any] = dict(
-        vocab_size=512,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        head_dim=32,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    if model_type == "gpt2":
-        base = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    config = CONFIG_MAPPING[model_type](**{**base, **extra})
+    model_type, keys = _CONFIGS[family]
+    config = CONFIG_MAPPING[model_type](**keys)
     return build(config, seed=seed), tokenizer()
