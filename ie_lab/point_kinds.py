@@ -57,6 +57,9 @@ class Verdict(str, enum.Enum):
 
 @dataclass(frozen=True)
 class BackendVerdict:
+    """One backend's word on one point: what it does with it, and (where that is not plain "served") why or how.
+    Each backend declares its own, in its own package's verdicts.py."""
+
     verdict: Verdict
     reason: str = ""
 
