@@ -10,6 +10,8 @@ Three kinds of entries, each commented:
 
 from __future__ import annotations
 
+from typing import Any
+
 # Attention and MLP read the same layer input (no residual between the sublayers), whatever the config says.
 ALWAYS_PARALLEL = frozenset({"gptj", "phi", "cohere", "cohere2", "cohere2_moe", "codegen", "cohere_compass_text"})
 
@@ -407,6 +409,37 @@ _COHERE_WINDOW = (
     "convention) where transformers attends to sliding_window, so every token past the window differs"
 )
 VLLM_WINDOW_CAPPED = {"cohere2": _COHERE_WINDOW, "cohere2_moe": _COHERE_WINDOW}
+
+# Layouts of a served family that ie_lab's vLLM worker does not bind, or that vLLM cannot load, refused at load: per
+# model type, (is this config refused: test(config, facts), what is refused, why), the texts filled with the config
+# (cfg) and its 4 x hidden_size (four_hidden). vllm.checks.refuse_unserved_layout raises them.
+VLLM_LAYOUTS_REFUSED: dict[str, tuple[tuple[Any, str, str], ...]] = {
+    "opt": (
+        (
+            lambda cfg, f: (
+                not getattr(cfg, "do_layer_norm_before", True)
+                or getattr(cfg, "word_embed_proj_dim", cfg.hidden_size) != cfg.hidden_size
+            ),
+            "OPT-350m's layout",
+            "this checkpoint normalises after each sublayer and projects its embeddings in and out; ie_lab's vLLM "
+            "worker binds only pre-norm OPT layers, the layout checked against eager.",
+        ),
+    ),
+    "falcon": (
+        (
+            lambda cfg, f: getattr(cfg, "alibi", False) or not f.parallel_block,
+            "Falcon with ALiBi or sequential blocks (Falcon-RW)",
+            "ie_lab's vLLM worker binds Falcon's parallel rotary blocks (7B, 40B, 180B), the layouts checked against "
+            "eager; its attention read-out does not add ALiBi biases.",
+        ),
+        (
+            lambda cfg, f: getattr(cfg, "ffn_hidden_size", None) not in (None, 4 * cfg.hidden_size),
+            "Falcon with ffn_hidden_size={cfg.ffn_hidden_size}",
+            "vLLM's Falcon sizes its MLP as 4 x hidden_size = {four_hidden} (as every released Falcon is) and cannot "
+            "load these weights.",
+        ),
+    ),
+}
 
 # Families whose attention weights leave HF's module only as probabilities (eager refuses attn_scores there):
 # vLLM's scores, rebuilt from q and k, would have nothing to be checked against, so they are refused too. That is so

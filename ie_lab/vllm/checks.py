@@ -229,3 +229,14 @@ class _Work:
     @property
     def empty(self) -> bool:
         return not (self.points or self.attn_layers or self.steer or self.lens or self.project)
+
+
+def refuse_unserved_layout(cfg: Any, facts: Any) -> None:
+    """Refuse, before the engine starts, a served family's layout that ie_lab's worker does not bind or vLLM cannot
+    load (quirks.VLLM_LAYOUTS_REFUSED: OPT-350m's post-norm layout, Falcon-RW, Falcon's MLP not 4 x hidden)."""
+    for refused, what, why in quirks.VLLM_LAYOUTS_REFUSED.get(facts.model_type, ()):
+        if refused(cfg, facts):
+            fill = dict(cfg=cfg, four_hidden=4 * cfg.hidden_size)
+            raise CapabilityUnsupported(
+                what.format(**fill) + " on backend='vllm'", why.format(**fill), "use backend='eager'."
+            )
