@@ -37,6 +37,8 @@ NORM_PLACEMENT = {
 # added to the token embedding, or ALiBi's per-head bias on the scores. Every other family applies RoPE to q and k.
 LEARNED_POSITIONS = frozenset({"gpt2", "opt", "gpt_bigcode", "gpt_neo", "biogpt"})
 ALIBI_POSITIONS = frozenset({"bloom", "mpt"})
+# Families that use ALiBi instead of RoPE when a config key of their own is set: Falcon-RW's alibi.
+ALIBI_SWITCH = {"falcon": "alibi"}
 # Fixed sinusoidal positions added to the token embedding (a buffer or a module computing them, not a learned table).
 SINUSOIDAL_POSITIONS = frozenset({"ctrl", "xglm"})
 # Config keys that switch RoPE off on a family whose config also carries rope_parameters: (key, the value meaning
@@ -48,6 +50,10 @@ ROPE_SWITCH = {"granitemoehybrid": ("position_embedding_type", "rope"), "zamba2"
 # post_attention_layernorm; Falcon's new_decoder_architecture says so in its config). Other parallel blocks
 # (GPT-J, Phi, Cohere, Falcon-7B) share one input norm.
 SEPARATE_PARALLEL_NORMS = frozenset({"gpt_neox"})
+# Families whose parallel blocks carry one norm per branch when their config says so: (the key that must be set, the
+# key whose value must be one of these). Falcon's new_decoder_architecture with num_ln_in_parallel_attn unset or 2
+# (40B / 180B: ln_attn and ln_mlp); with 1 both branches read one norm.
+SEPARATE_NORMS_SWITCH = {"falcon": ("new_decoder_architecture", "num_ln_in_parallel_attn", (None, 2))}
 
 # Families whose MLP is up -> act -> down with no gate branch.
 UNGATED_MLP = frozenset(
