@@ -27,9 +27,10 @@ from timing import interleaved_medians, parser  # noqa: E402
 
 
 def build_model():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
-    torch.manual_seed(0)
+    from ie_lab import tiny
+
     cfg = LlamaConfig(
         hidden_size=512,
         num_hidden_layers=8,
@@ -40,7 +41,7 @@ def build_model():
         vocab_size=4096,
         max_position_embeddings=1024,
     )
-    return LlamaForCausalLM(cfg).eval()
+    return tiny.build(cfg)  # the one builder: seed 0, fp32, eval (the same weights LlamaForCausalLM(cfg) drew)
 
 
 def main() -> int:

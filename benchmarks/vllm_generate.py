@@ -39,9 +39,9 @@ PROMPTS = [
 
 
 def build(path: str) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
 
+    from ie_lab import tiny
     from tests.families import make_tokenizer
 
     cfg = LlamaConfig(
@@ -57,8 +57,7 @@ def build(path: str) -> None:
         eos_token_id=2,
         pad_token_id=0,
     )
-    torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    m = tiny.build(cfg)  # the one tiny-model builder: seed 0, fp32, transformers' own initialisation
     m.save_pretrained(path)
     make_tokenizer().save_pretrained(path)
 

@@ -1,13 +1,17 @@
-"""What each backend can and cannot do: the table every CapabilityUnsupported is built from.
+"""What a backend can be asked to do: the list of capabilities, and the CapabilityUnsupported every refusal raises.
 
 A Session operation a backend does not support refuses from here before the backend is called: each row of
-ie_lab/backend.py's OPERATIONS names the capability it needs."""
+ie_lab/backend.py's OPERATIONS names the capability it needs. Which capabilities there are, and what to use
+instead, is shared and lives here; whether a backend has one is that backend's own word, its package's
+verdicts.CAPABILITIES (ie_lab/eager/verdicts.py, ie_lab/vllm/verdicts.py), read through ``Capability.cell``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from .arch import quirks
+from . import points
 from .errors import CapabilityUnsupported
 
 
@@ -20,17 +24,25 @@ class Capability:
     """
 
     name: str
-    eager: str
-    vllm: str
     instead: str = ""
     refusable: bool = True  # False: a descriptive row (what is covered), not an operation one can ask for
 
+    def cell(self, backend: str) -> str:
+        """The backend's own cell for this row (its package's verdicts.CAPABILITIES)."""
+        return points.verdicts_of(backend).CAPABILITIES[self.name]
+
+    def __getattr__(self, name: str) -> Any:
+        # cap.eager, cap.vllm: cap.cell(name), the spelling callers used when the cells were columns of this table
+        if name in points.BACKENDS:
+            return self.cell(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def supported(self, backend: str) -> bool:
-        return getattr(self, backend).startswith("yes")
+        return self.cell(backend).startswith("yes")
 
     def why_not(self, backend: str) -> str:
         """The reason in the backend's cell, without the cell's "no: " verdict."""
-        cell = getattr(self, backend)
+        cell = self.cell(backend)
         return cell[4:] if cell.startswith("no: ") else cell
 
 
@@ -38,99 +50,32 @@ class Capability:
 LOAD_CAPABILITY = "ie_lab.load(): an in-process model for the free functions (ie_lab.capture and the others)"
 
 CAPABILITIES: tuple[Capability, ...] = (
-    Capability("capture", "yes", "yes", ""),
-    Capability(
-        "attn_scores / attn_probs",
-        "yes",
-        "yes (rebuilt from the post-RoPE q/k the paged-attention kernel received)",
-        "",
-    ),
-    Capability("streaming generation (greedy, sampling, stop strings, top-n logprobs)", "yes", "yes", ""),
-    Capability(
-        "capture during generation (from the cached forwards)",
-        "yes",
-        "yes (covers the positions the model ran: prompt + every generated token but the last)",
-        "",
-    ),
-    Capability(
-        "steering (add, orthogonal, cap, norm_scaled_add, ablate, swap; position masks)",
-        "yes",
-        "yes (per request, with the same arithmetic functions)",
-        "",
-    ),
+    Capability("capture"),
+    Capability("attn_scores / attn_probs"),
+    Capability("streaming generation (greedy, sampling, stop strings, top-n logprobs)"),
+    Capability("capture during generation (from the cached forwards)"),
+    Capability("steering (add, orthogonal, cap, norm_scaled_add, ablate, swap; position masks)"),
     Capability(
         "logit lens, linear transports, fitting a tuned lens",
-        "yes",
-        "logit lens only (read out inside the worker, top-k returned); no transports or fitting",
         "capture the residuals, or use backend='eager' for transports and fitting",
     ),
-    Capability(
-        "concurrent requests batched together",
-        "no: operations on one Session queue behind a lock",
-        "yes",
-        "use backend='vllm'",
-    ),
-    Capability(
-        "tensor parallelism",
-        "no: the eager backend runs transformers' own forward, unsharded, in this process",
-        "yes (sharded points gathered across ranks)",
-        "use backend='vllm'",
-    ),
-    Capability(
-        "activation patching and sweeps",
-        "yes",
-        "no: patching replaces activations mid-forward for one request, which vLLM's batched kernels do not expose",
-        "use backend='eager'",
-    ),
-    Capability(
-        "gradients",
-        "yes (gradients(), attribution_patch(), capture(..., grad=True))",
-        "no: vLLM runs inference-only kernels with no autograd graph",
-        "use backend='eager'",
-    ),
-    Capability(
-        "run(fn) on the model object",
-        "yes",
-        "no: the weights live inside vLLM's workers, not in this process",
-        "use backend='eager'",
-    ),
+    Capability("concurrent requests batched together", "use backend='vllm'"),
+    Capability("tensor parallelism", "use backend='vllm'"),
+    Capability("activation patching and sweeps", "use backend='eager'"),
+    Capability("gradients", "use backend='eager'"),
+    Capability("run(fn) on the model object", "use backend='eager'"),
     Capability(
         LOAD_CAPABILITY,
-        "yes (an EagerModel)",
-        "no: vLLM keeps the model inside its engine, which only a Session drives",
         "ie_lab.Session(path, backend='vllm'), whose methods (s.capture, s.generate and the others) are "
         "the same operations",
     ),
-    Capability(
-        "model families",
-        "every family the binder can measure (docs/FAMILIES.md: each model type of transformers' causal-LM mapping, "
-        "bound with its invariants run on a tiny instance, or refused with the structure the probe measured)",
-        "the families verified point by point against eager: "
-        + ", ".join(f"`{f}`" for f in sorted(quirks.VLLM_VERIFIED))
-        + "; others are refused at load (docs/VLLM.md lists the limits)",
-        "use backend='eager'",
-        refusable=False,
-    ),
-    Capability(
-        "points absent on a family",
-        "refused with PointAbsent naming the reason and a substitute",
-        "refused the same way",
-        "",
-        refusable=False,
-    ),
+    Capability("model families", "use backend='eager'", refusable=False),
+    Capability("points absent on a family", refusable=False),
     Capability(
         "attn_scores on families that compute attention in their own module (Bloom, Falcon, GPT-J)",
-        "no: the pre-softmax matrix never leaves the module",
-        "no: transformers never hands these scores out, so scores rebuilt from vLLM's q and k would have "
-        "nothing to be checked against",
         "capture attn_probs",
     ),
-    Capability(
-        "attn_probs on those families running sdpa",
-        "no: their probabilities exist only on the eager code path",
-        "yes (rebuilt from q and k, checked against transformers' eager path)",
-        "load with attn_implementation='eager'",
-    ),
+    Capability("attn_probs on those families running sdpa", "load with attn_implementation='eager'"),
 )
 
 _BY_NAME = {c.name: c for c in CAPABILITIES}
@@ -151,7 +96,9 @@ def require(name: str, backend: str) -> None:
 
 
 def markdown_table() -> str:
-    rows = ["| capability | eager | vLLM | instead |", "| --- | --- | --- | --- |"]
+    labels = " | ".join(points.verdicts_of(b).LABEL for b in points.BACKENDS)
+    rows = [f"| capability | {labels} | instead |", "| --- | " + "--- | " * len(points.BACKENDS) + "--- |"]
     for c in CAPABILITIES:
-        rows.append(f"| {c.name} | {c.eager} | {c.vllm} | {c.instead or '—'} |")
+        cells = " | ".join(c.cell(b) for b in points.BACKENDS)
+        rows.append(f"| {c.name} | {cells} | {c.instead or '—'} |")
     return "\n".join(rows) + "\n"

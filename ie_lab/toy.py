@@ -1,14 +1,12 @@
 """Tiny random-weight models built locally from transformers config classes, for docs and offline trials.
 
-They compute nothing meaningful, but every point, shape and refusal behaves as on a real checkpoint of
+They compute nothing meaningful (ie_lab/tiny.py builds them, as it builds every tiny model), but every point, shape and refusal behaves as on a real checkpoint of
 the same family, and they build in a fraction of a second with no download.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import torch
 
 _WORDS = (
     "the a an and or but when then after before because so of to in on at for with from into over under "
@@ -19,11 +17,20 @@ _WORDS = (
 ).split()
 _PUNCT = [".", ",", "!", "?", "'", '"', ":", ";"]
 
+# Every toy: vocabulary 512 (the tokenizer's), the tokenizer's special ids.
+_TOKENS: dict[str, Any] = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# The Llama-style configs' shared sizes: 2 layers, hidden 128, 4 heads of 32 (GPT-2 states its own, in its own keys).
+_SIZES: dict[str, Any] = dict(
+    _TOKENS, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, head_dim=32, max_position_embeddings=256
+)
+
+# family -> (model_type, the config's keys)
 _CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama": ("llama", dict(intermediate_size=256, num_key_value_heads=2)),
+    "llama": ("llama", dict(_SIZES, intermediate_size=256, num_key_value_heads=2)),
     "gemma2": (
         "gemma2",
         dict(
+            _SIZES,
             intermediate_size=256,
             num_key_value_heads=2,
             query_pre_attn_scalar=32,
@@ -31,11 +38,11 @@ _CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             layer_types=["sliding_attention", "full_attention"],
         ),
     ),
-    "gpt2": ("gpt2", dict(n_embd=128, n_layer=2, n_head=4, n_positions=256, n_inner=256)),
-    "qwen3": ("qwen3", dict(intermediate_size=256, num_key_value_heads=2)),
+    "gpt2": ("gpt2", dict(_TOKENS, n_embd=128, n_layer=2, n_head=4, n_positions=256, n_inner=256)),
+    "qwen3": ("qwen3", dict(_SIZES, intermediate_size=256, num_key_value_heads=2)),
     "mixtral": (
         "mixtral",
-        dict(intermediate_size=128, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+        dict(_SIZES, intermediate_size=128, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
     ),
 }
 FAMILIES = tuple(_CONFIGS)
@@ -66,26 +73,14 @@ def tokenizer(size: int = 512, max_len: int = 256):
 
 
 def tiny_model(family: str = "llama", seed: int = 0):
-    """(model, tokenizer): 2 layers, hidden 128, 4 heads of 32, vocabulary 512, fp32, eval mode."""
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+    """(model, tokenizer): 2 layers, hidden 128, 4 heads of 32, vocabulary 512, fp32, eval mode; built by the one
+    tiny-model builder (ie_lab.tiny.build) from this module's configs."""
+    from transformers import CONFIG_MAPPING
+
+    from .tiny import build
 
     if family not in _CONFIGS:
         raise ValueError(f"no toy config for {family!r}; choose one of {FAMILIES}")
-    model_type, extra = _CONFIGS[family]
-    base: dict[str, Any] = dict(
-        vocab_size=512,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        head_dim=32,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    if model_type == "gpt2":
-        base = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    config = CONFIG_MAPPING[model_type](**{**base, **extra})
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    return model, tokenizer()
+    model_type, keys = _CONFIGS[family]
+    config = CONFIG_MAPPING[model_type](**keys)
+    return build(config, seed=seed), tokenizer()

@@ -17,13 +17,12 @@ GQA wherever the family supports it, MoE with 4 experts / top-2.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
-import re
 from typing import Any
 
 import torch
-from torch import nn
+
+from ie_lab import tiny
 
 VOCAB_SIZE = 512
 MAX_POS = 256
@@ -375,79 +374,15 @@ def make_config(family: str):
 # --------------------------------------------------------------------------------------
 # Discriminating re-initialisation
 # --------------------------------------------------------------------------------------
-_ONE_PLUS_RE = re.compile(r"\(?\s*1(\.0)?\s*\+\s*self\.weight")
-
-
-@functools.cache
-def _is_one_plus_weight_norm(cls: type) -> bool:
-    """True for Gemma-style norms whose effective gain is ``1 + weight``."""
-    srcs = []
-    for name in ("forward", "_norm"):
-        fn = getattr(cls, name, None)
-        if fn is None:
-            continue
-        try:
-            srcs.append(inspect.getsource(fn))
-        except (OSError, TypeError):
-            pass
-    return any(_ONE_PLUS_RE.search(s) for s in srcs)
-
-
-def is_norm_module(module: nn.Module) -> bool:
-    name = type(module).__name__
-    return isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)) or "Norm" in name
-
-
-def _reinit_discriminating(model: nn.Module, gen: torch.Generator) -> None:
-    def uni(shape, lo, hi):
-        return torch.rand(shape, generator=gen) * (hi - lo) + lo
-
-    def far_from_one_gain(shape):
-        # magnitudes in [0.3, 3.0] but never within 0.35 of 1
-        g = uni(shape, 0.3, 3.0)
-        near = (g - 1).abs() < 0.35
-        g[near] = torch.where(g[near] < 1, g[near] - 0.35, g[near] + 0.35).clamp(0.3, 3.0)
-        return g
-
-    with torch.no_grad():
-        for module in model.modules():
-            if is_norm_module(module):
-                w = getattr(module, "weight", None)
-                if isinstance(w, nn.Parameter):
-                    gain = far_from_one_gain(w.shape)
-                    w.copy_(gain - 1.0 if _is_one_plus_weight_norm(type(module)) else gain)
-                b = getattr(module, "bias", None)
-                if isinstance(b, nn.Parameter):
-                    b.copy_(uni(b.shape, -0.5, 0.5))
-        # every remaining bias parameter (Linear / Conv1D / FalconLinear / fused qkv; also qwen3_next's
-        # GatedDeltaNet ``dt_bias``): random and nonzero
-        for name, p in model.named_parameters():
-            if name.endswith("bias") and p.ndim >= 1:
-                owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-                if is_norm_module(owner):
-                    continue
-                p.copy_(uni(p.shape, 0.02, 0.1) * torch.where(torch.rand(p.shape, generator=gen) < 0.5, -1.0, 1.0))
-        # MoE routing-correction buffers (DeepSeek-V3 ``gate.e_score_correction_bias``): nonzero, so a binder
-        # that ignores them picks different experts
-        for name, buf in model.named_buffers():
-            if name.endswith("correction_bias") and buf.is_floating_point():
-                buf.copy_(uni(buf.shape, -0.05, 0.05))
+# The discriminating re-initialisation is the one tiny-model builder's (ie_lab.tiny, gains="discriminating"):
+# these names stay here for the tests that check it.
+_is_one_plus_weight_norm = tiny.is_one_plus_weight_norm
+is_norm_module = tiny.is_norm_module
 
 
 def make_model(family: str, attn_implementation: str | None = None):
     """Tiny random model (``torch.manual_seed(0)``) in eval mode, with discriminating norms/biases."""
-    from transformers import AutoModelForCausalLM
-
-    config = make_config(family)
-    kwargs = {}
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
-    gen = torch.Generator().manual_seed(1234)
-    _reinit_discriminating(model, gen)
-    model.eval()
-    return model
+    return tiny.build(make_config(family), gains="discriminating", attn_implementation=attn_implementation)
 
 
 # --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ie_lab
-from ie_lab import coverage
+from ie_lab import coverage, tiny
 from ie_lab.errors import IELabError
 from tests.conftest import numbers_differ
 
@@ -210,12 +210,10 @@ def test_router_returning_two_tensors_neither_its_logits_is_refused():
 def test_gpt_neo_binds_through_its_attention_wrapper():
     """GPT-Neo's layer.attn wraps the attention proper (attn.attention holds out_proj): it was refused as having no
     output projection. On eager its own probabilities must reproduce z from the bound value."""
-    from transformers import AutoModelForCausalLM
 
     lm = ie_lab.load(coverage.build_tiny("gpt_neo"), coverage._tokenizer(), quiet=True)
     coverage.check_invariants(lm)
-    torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_config(coverage.tiny_config("gpt_neo"), attn_implementation="eager").eval()
+    eager = tiny.build(coverage.tiny_config("gpt_neo"), attn_implementation="eager")
     lm = ie_lab.load(eager, coverage._tokenizer(), quiet=True)
     x = torch.randint(4, 512, (1, 7), generator=torch.Generator().manual_seed(0))
     f = lm.facts
@@ -282,10 +280,8 @@ def test_codegen_value_blocks_are_measured_per_head():
     on transformers before 5.24 (which reads its value from the attention call). The binder now finds each head's
     value block by the head's own probabilities; the eager kernel's probabilities must reproduce z from that value,
     and the neighbouring head's block (same width) must not."""
-    from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(coverage.tiny_config("codegen"), attn_implementation="eager").eval()
+    model = tiny.build(coverage.tiny_config("codegen"), attn_implementation="eager")
     lm = ie_lab.load(model, coverage._tokenizer(), quiet=True)
     coverage.check_invariants(lm)
     x = torch.randint(4, 500, (1, 7), generator=torch.Generator().manual_seed(0))

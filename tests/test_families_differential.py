@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ie_lab
-from ie_lab import coverage
+from ie_lab import coverage, tiny
 
 TOL = dict(atol=2e-4, rtol=1e-4)
 X = torch.randint(4, 500, (1, 7), generator=torch.Generator().manual_seed(0))
@@ -19,11 +19,9 @@ X = torch.randint(4, 500, (1, 7), generator=torch.Generator().manual_seed(0))
 
 @pytest.fixture(scope="module")
 def eager():
-    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(coverage.tiny_config("diffllama"), attn_implementation="eager").eval()
+    model = tiny.build(coverage.tiny_config("diffllama"), attn_implementation="eager")
     return ie_lab.load(model, coverage._tokenizer(), quiet=True)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ie_lab
-from ie_lab import coverage
+from ie_lab import coverage, tiny
 from ie_lab.errors import StructureError
 
 REFUSED = {
@@ -36,13 +36,11 @@ def test_the_refusal_names_the_structure(family):
 def test_gemma4_without_the_per_layer_branch_binds_and_a_layer_scalar_is_named():
     """Gemma 4 without per-layer inputs binds while its layer_scalar buffer is 1 (every invariant holds); a
     layer_scalar away from 1 rescales the whole stream, and the refusal names it with its value."""
-    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     config = coverage.tiny_config("gemma4_text")
     config.hidden_size_per_layer_input = 0
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = tiny.build(config)
     gen = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for p in model.parameters():

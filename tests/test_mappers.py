@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import ie_lab
-from ie_lab import Address, AddressError
+from ie_lab import Address, AddressError, tiny
 from ie_lab.mappers import ENGINES, from_engine, table, to_engine
 from tests.conftest import SUPPORTED, ids, lm_for
 
@@ -230,7 +230,7 @@ def test_attention_in_module_quirk_matches_the_binder(fam):
 def test_the_reported_glm4_case_answers_only_from_the_model():
     # Issue 13.2: from_engine("blocks.5.hook_mlp_out", "glm4") said mlp_out.5, but GLM-4 normalises each sublayer's
     # output, so a loaded GLM-4 says mlp_out_post. A name (or config) of a family ie_lab never measured refuses.
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+    from transformers import CONFIG_MAPPING
 
     from tests.families import make_tokenizer
 
@@ -247,8 +247,7 @@ def test_the_reported_glm4_case_answers_only_from_the_model():
         bos_token_id=1,
         eos_token_id=2,
     )
-    torch.manual_seed(0)
-    lm = ie_lab.load(AutoModelForCausalLM.from_config(cfg).eval(), make_tokenizer())
+    lm = ie_lab.load(tiny.build(cfg), make_tokenizer())
     assert from_engine("blocks.1.hook_mlp_out", lm) == Address("mlp_out_post", 1)
     for ref in ("glm4", cfg):
         with pytest.raises(AddressError, match="has not measured the block structure of 'glm4'"):

@@ -11,13 +11,12 @@ The measurement that replaced reading the mixer's source is checked on every cac
 from __future__ import annotations
 
 import inspect
-import warnings
 
 import pytest
 import torch
 
 import ie_lab
-from ie_lab import coverage, points
+from ie_lab import coverage, points, tiny
 from ie_lab.errors import CapabilityUnsupported, PointAbsent
 from tests.conftest import assert_clean
 from tests.test_families_hybrid import _load
@@ -31,21 +30,11 @@ TOL = dict(atol=2e-4, rtol=1e-4)
 
 def _recurrent_gemma():
     """Two recurrent layers, then attention (the released pattern), so a previous recurrent layer exists."""
-    from transformers import AutoModelForCausalLM
-
     cfg = coverage.tiny_config("recurrent_gemma")
     cfg.block_types = ["recurrent", "recurrent", "attention"]
     cfg.num_hidden_layers = 3
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():  # gains away from 1 and biases away from 0, as coverage.build_tiny draws them
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                r = torch.rand(p.shape, generator=gen)
-                p.copy_(0.5 + r if name.endswith("weight") else 0.1 * (2 * r - 1))
+    # gains away from 1 and biases away from 0, as coverage.build_tiny draws them
+    model = tiny.build(cfg, gains="survey", quiet=True)
     return ie_lab.load(model, coverage._tokenizer(), quiet=True)
 
 

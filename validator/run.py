@@ -172,15 +172,19 @@ def fixture_model_types(all_of: bool = False) -> dict[str, Any]:
 
 
 def surveyed_models_dir() -> str:
-    """Saved survey instances, keyed by ie_lab/coverage.py's content (the sizes) and the transformers version."""
+    """Saved survey instances, keyed by the content of ie_lab/tiny.py (the sizes and the builder) and
+    ie_lab/coverage.py, and the transformers version."""
     import hashlib
 
     import transformers
 
-    from ie_lab import coverage
+    from ie_lab import coverage, tiny
 
-    with open(coverage.__file__, "rb") as f:
-        h = hashlib.sha256(f.read()).hexdigest()[:10]
+    digest = hashlib.sha256()
+    for mod in (tiny, coverage):
+        with open(mod.__file__, "rb") as f:
+            digest.update(f.read())
+    h = digest.hexdigest()[:10]
     return os.path.join(tempfile.gettempdir(), "ie_lab_validator_surveyed", f"{h}-tf{transformers.__version__}")
 
 

@@ -249,6 +249,11 @@ class ArchFacts:
         """The width of one value head, and so of one head of z: wider than head_dim on latent attention."""
         return self.v_head_dim or self.head_dim
 
+    @property
+    def conv_free_mixers(self) -> bool:
+        """This family's mixers carry no convolution, whatever their kind is called (quirks.CONV_FREE_MIXERS)."""
+        return self.model_type in quirks.CONV_FREE_MIXERS
+
     def n_params_estimate(self) -> int:
         """Rough parameter count from dimensions (embeddings + attention + MLP + norms)."""
         attn = self.d_model * (self.q_width + 2 * self.kv_width) + self.q_width * self.d_model
@@ -327,7 +332,7 @@ class ArchFacts:
             _first(d, "use_parallel_residual", "parallel_attn", "parallel_block", default=False)
             or mt in quirks.ALWAYS_PARALLEL
         )
-        if mt == "falcon" and d.get("new_decoder_architecture"):
+        if mt in quirks.PARALLEL_SWITCH and d.get(quirks.PARALLEL_SWITCH[mt]):
             parallel = True
         structure = quirks.NORM_PLACEMENT.get(mt, "pre")
         qk = bool(_first(d, "use_qk_norm", "qk_layernorm", "qk_norm", default=False) or mt in quirks.ALWAYS_QK_NORM)

@@ -10,8 +10,15 @@ Three kinds of entries, each commented:
 
 from __future__ import annotations
 
+from typing import Any
+
 # Attention and MLP read the same layer input (no residual between the sublayers), whatever the config says.
 ALWAYS_PARALLEL = frozenset({"gptj", "phi", "cohere", "cohere2", "cohere2_moe", "codegen", "cohere_compass_text"})
+
+# Families whose blocks are parallel when a config key of their own says so, under a name the generic keys
+# (use_parallel_residual, parallel_attn, parallel_block) do not cover: Falcon's new_decoder_architecture (40B / 180B,
+# ln_attn and ln_mlp feeding attention and the MLP side by side).
+PARALLEL_SWITCH = {"falcon": "new_decoder_architecture"}
 
 # Where the block's norms sit when it is not plain pre-norm:
 #   "sandwich": a norm before and after each sublayer (Gemma 2/3).
@@ -30,6 +37,8 @@ NORM_PLACEMENT = {
 # added to the token embedding, or ALiBi's per-head bias on the scores. Every other family applies RoPE to q and k.
 LEARNED_POSITIONS = frozenset({"gpt2", "opt", "gpt_bigcode", "gpt_neo", "biogpt"})
 ALIBI_POSITIONS = frozenset({"bloom", "mpt"})
+# Families that use ALiBi instead of RoPE when a config key of their own is set: Falcon-RW's alibi.
+ALIBI_SWITCH = {"falcon": "alibi"}
 # Fixed sinusoidal positions added to the token embedding (a buffer or a module computing them, not a learned table).
 SINUSOIDAL_POSITIONS = frozenset({"ctrl", "xglm"})
 # Config keys that switch RoPE off on a family whose config also carries rope_parameters: (key, the value meaning
@@ -41,6 +50,10 @@ ROPE_SWITCH = {"granitemoehybrid": ("position_embedding_type", "rope"), "zamba2"
 # post_attention_layernorm; Falcon's new_decoder_architecture says so in its config). Other parallel blocks
 # (GPT-J, Phi, Cohere, Falcon-7B) share one input norm.
 SEPARATE_PARALLEL_NORMS = frozenset({"gpt_neox"})
+# Families whose parallel blocks carry one norm per branch when their config says so: (the key that must be set, the
+# key whose value must be one of these). Falcon's new_decoder_architecture with num_ln_in_parallel_attn unset or 2
+# (40B / 180B: ln_attn and ln_mlp); with 1 both branches read one norm.
+SEPARATE_NORMS_SWITCH = {"falcon": ("new_decoder_architecture", "num_ln_in_parallel_attn", (None, 2))}
 
 # Families whose MLP is up -> act -> down with no gate branch.
 UNGATED_MLP = frozenset(
@@ -232,6 +245,12 @@ RECURRENT_MIXERS = {"xlstm": "mlstm", "rwkv": "time_mix"}
 # point table then draw both kinds on every layer, as the live binding does.
 PARALLEL_MIXER = {"falcon_h1": "mamba"}
 
+# Families whose mixer kind's name (as the config gives it) also names mixers with a short convolution elsewhere,
+# but whose own mixers have none: MiniMax's lightning "linear_attention" carries no convolution state (Qwen3-Next's
+# gated delta net, of the same name, has one). A config-only Structure (points.Structure.from_facts, through
+# ArchFacts.conv_free_mixers) then gives these no mixer_conv_state; a loaded model's is measured (arch.mixer_states).
+CONV_FREE_MIXERS = frozenset({"minimax"})
+
 SINGLE_SUBLAYER_BLOCKS = {
     "nemotron_h": (
         "layers_block_type",
@@ -396,6 +415,37 @@ _COHERE_WINDOW = (
     "convention) where transformers attends to sliding_window, so every token past the window differs"
 )
 VLLM_WINDOW_CAPPED = {"cohere2": _COHERE_WINDOW, "cohere2_moe": _COHERE_WINDOW}
+
+# Layouts of a served family that ie_lab's vLLM worker does not bind, or that vLLM cannot load, refused at load: per
+# model type, (is this config refused: test(config, facts), what is refused, why), the texts filled with the config
+# (cfg) and its 4 x hidden_size (four_hidden). vllm.checks.refuse_unserved_layout raises them.
+VLLM_LAYOUTS_REFUSED: dict[str, tuple[tuple[Any, str, str], ...]] = {
+    "opt": (
+        (
+            lambda cfg, f: (
+                not getattr(cfg, "do_layer_norm_before", True)
+                or getattr(cfg, "word_embed_proj_dim", cfg.hidden_size) != cfg.hidden_size
+            ),
+            "OPT-350m's layout",
+            "this checkpoint normalises after each sublayer and projects its embeddings in and out; ie_lab's vLLM "
+            "worker binds only pre-norm OPT layers, the layout checked against eager.",
+        ),
+    ),
+    "falcon": (
+        (
+            lambda cfg, f: getattr(cfg, "alibi", False) or not f.parallel_block,
+            "Falcon with ALiBi or sequential blocks (Falcon-RW)",
+            "ie_lab's vLLM worker binds Falcon's parallel rotary blocks (7B, 40B, 180B), the layouts checked against "
+            "eager; its attention read-out does not add ALiBi biases.",
+        ),
+        (
+            lambda cfg, f: getattr(cfg, "ffn_hidden_size", None) not in (None, 4 * cfg.hidden_size),
+            "Falcon with ffn_hidden_size={cfg.ffn_hidden_size}",
+            "vLLM's Falcon sizes its MLP as 4 x hidden_size = {four_hidden} (as every released Falcon is) and cannot "
+            "load these weights.",
+        ),
+    ),
+}
 
 # Families whose attention weights leave HF's module only as probabilities (eager refuses attn_scores there):
 # vLLM's scores, rebuilt from q and k, would have nothing to be checked against, so they are refused too. That is so

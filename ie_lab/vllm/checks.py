@@ -20,6 +20,7 @@ from ..arch import quirks
 from ..core.client_model import ClientModel
 from ..core.sampling import check_generation_args
 from ..errors import AddressError, CapabilityUnsupported, InputError, PointAbsent
+from . import verdicts
 from .wire import RECOMPUTED
 
 
@@ -41,7 +42,7 @@ def check_served(lm: VLLMModel, addr: Address, steering: bool = False) -> None:
         raise CapabilityUnsupported(
             f"{addr} in generation-only mode (mode='generate')", GENERATE_ONLY_WHY, GENERATE_ONLY_FIX
         )
-    v = p.verdict("vllm")
+    v = verdicts.POINTS[p.name]
     if not v.verdict.ok:
         raise CapabilityUnsupported(
             f"{addr} on backend='vllm'",
@@ -122,12 +123,12 @@ def steer_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
     for n in names:
         a = n if isinstance(n, Address) else Address.parse(str(n))
         p = a.point
-        if not p.steerable or a.head is not None or not p.tappable:
+        if not p.steerable or a.head is not None or not verdicts.tappable(p.name):
             raise CapabilityUnsupported(
                 f"{a} as a graph-mode steering site",
                 "steering adds a d_model vector, so it edits per-layer d_model-wide points read by one module.",
                 "declare some of "
-                + ", ".join(x.name for x in _points.all_points() if x.steerable and x.tappable)
+                + ", ".join(x.name for x in _points.all_points() if x.steerable and verdicts.tappable(x.name))
                 + " with their layer, e.g. steer_points=['resid_post.3'].",
             )
         if a.layer is not None and not 0 <= a.layer < facts.n_layers:
@@ -161,16 +162,16 @@ def graph_point_names(facts: Any, names: Iterable[Any], allow_empty: bool = Fals
     for n in names:
         a = n if isinstance(n, Address) else Address.parse(str(n))
         p = a.point
-        if not p.tappable:
+        if not verdicts.tappable(p.name):
             why = (
                 "rebuilt from every q/k of a request after it ends, not read from one module"
-                if p.recomputed
-                else p.vllm.reason or f"{p.name} is not read by a module hook on vLLM"
+                if verdicts.recomputed(p.name)
+                else verdicts.POINTS[p.name].reason or f"{p.name} is not read by a module hook on vLLM"
             )
             raise CapabilityUnsupported(
                 f"{a} as a graph-mode point",
                 why + ".",
-                f"declare some of {', '.join(_points.tappable())}, or create the Session without graph_points.",
+                f"declare some of {', '.join(verdicts.tappable_names())}, or create the Session without graph_points.",
             )
         if p.scope is _points.Scope.LAYER and a.layer is not None:  # Address refuses a layer point without one
             if not 0 <= a.layer < facts.n_layers:
@@ -228,3 +229,14 @@ class _Work:
     @property
     def empty(self) -> bool:
         return not (self.points or self.attn_layers or self.steer or self.lens or self.project)
+
+
+def refuse_unserved_layout(cfg: Any, facts: Any) -> None:
+    """Refuse, before the engine starts, a served family's layout that ie_lab's worker does not bind or vLLM cannot
+    load (quirks.VLLM_LAYOUTS_REFUSED: OPT-350m's post-norm layout, Falcon-RW, Falcon's MLP not 4 x hidden)."""
+    for refused, what, why in quirks.VLLM_LAYOUTS_REFUSED.get(facts.model_type, ()):
+        if refused(cfg, facts):
+            fill = dict(cfg=cfg, four_hidden=4 * cfg.hidden_size)
+            raise CapabilityUnsupported(
+                what.format(**fill) + " on backend='vllm'", why.format(**fill), "use backend='eager'."
+            )

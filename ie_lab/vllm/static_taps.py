@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .sites import _tp_size, bind_vllm, hook_targets, site_table
+from .layer_binding import _tp_size, bind_vllm
+from .sites import hook_targets, site_table
 from .static_steer import StaticSteer, allocate, steer_hook
 
 LOAD_FORMAT = "ie_lab_static"
