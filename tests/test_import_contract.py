@@ -51,6 +51,8 @@ LAYERS = {
     "ie_lab.arch": "arch",
     # The point registry and the address grammar (an Address is checked against a config's ArchFacts).
     "ie_lab.points": "shared",
+    "ie_lab.point_kinds": "shared",
+    "ie_lab.point_structure": "shared",
     "ie_lab.address": "shared",
     # What every backend shares and none owns: input checks, chat templates, address parsing, result types and the
     # Cache, steering specs and scopes, sampling, projection and load-argument checks, model handles, what each
@@ -76,6 +78,7 @@ LAYERS = {
     "ie_lab.sae": "tools",
     "ie_lab.coverage": "tools",
     "ie_lab.toy": "tools",
+    "ie_lab.tiny": "tools",
     # Notebook panels: Python classes over the public API of the Session (or model) they are given.
     "ie_lab.widgets": "widgets",
     # The Session: concurrency and lifecycle over the backend it holds; it opens the panels.

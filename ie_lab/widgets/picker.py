@@ -57,7 +57,7 @@ def _positions(f: ArchFacts) -> list[str]:
     mt = f.model_type
     if mt in quirks.LEARNED_POSITIONS:
         return ["learned"] * f.n_layers
-    if mt in quirks.ALIBI_POSITIONS or (mt == "falcon" and raw.get("alibi")):
+    if mt in quirks.ALIBI_POSITIONS or (mt in quirks.ALIBI_SWITCH and raw.get(quirks.ALIBI_SWITCH[mt])):
         return ["alibi"] * f.n_layers
     if mt in quirks.SINUSOIDAL_POSITIONS:
         return ["sinusoidal"] * f.n_layers
@@ -106,10 +106,9 @@ def _labels(f: ArchFacts, st: dict[str, Any]) -> None:
 
 def _structure_from_facts(f: ArchFacts) -> dict[str, Any]:
     raw = f.raw or {}
+    switch = quirks.SEPARATE_NORMS_SWITCH.get(f.model_type)  # (key that turns it on, key of the count, counts)
     separate = f.model_type in quirks.SEPARATE_PARALLEL_NORMS or (
-        f.model_type == "falcon"
-        and bool(raw.get("new_decoder_architecture"))
-        and raw.get("num_ln_in_parallel_attn") in (None, 2)
+        switch is not None and bool(raw.get(switch[0])) and raw.get(switch[1]) in switch[2]
     )
     st = {
         "parallel_block": f.parallel_block,
@@ -239,10 +238,10 @@ def describe(facts: ArchFacts, backend: str, *, lm: Any = None) -> dict[str, Any
     n = facts.n_layers
     tables: dict[int, dict[str, Any]] = {}
     if measured:
-        from ..points_table import PointsTable
+        from ..eager.points_table import points_table
 
         for layer in range(n):
-            tables[layer] = {r.name: r for r in PointsTable.for_model(lm, layer).rows}
+            tables[layer] = {r.name: r for r in points_table(lm, layer).rows}
     ambiguous = _ambiguous_names(model_ref, facts.model_type, st)
     from ..points_table import layer_kinds_text
 
