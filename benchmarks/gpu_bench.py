@@ -573,7 +573,8 @@ def drive(out: str, dry: bool, models: list[str], peer_python: dict[str, str], b
             )
             t0 = time.time()
             try:
-                r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=left)
+                limit = left if math.isfinite(left) else None  # --budget inf (the dry run): no limit here
+                r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=limit)
                 ok = r.returncode == 0
                 tail = (r.stderr or "").strip().splitlines()[-1:] or [""]
             except subprocess.TimeoutExpired:
@@ -683,7 +684,9 @@ def main(argv=None) -> int:
     ap.add_argument("--phase", choices=[e for e in ENGINES if e != "bare"])
     ap.add_argument("--model", action="append", choices=list(MODELS))
     ap.add_argument("--peer-python", action="append", default=[], help="ENGINE=PATH of a peer's python")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds for every phase together")
+    ap.add_argument(
+        "--budget", type=float, default=420.0, help="seconds for every phase together (inf: no budget, the dry run)"
+    )
     args = ap.parse_args(argv)
     if args.phase:
         phase(args.model[0], args.phase, args.out, args.dry_run)

@@ -30,7 +30,7 @@ def dry(tmp_path_factory):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=3600,  # a hang guard only: ~2 minutes quiet, ~6 with both cores busy
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, json.load(open(out / "results.json"))
