@@ -54,7 +54,9 @@ def _replace_output(out: Any, new: torch.Tensor) -> Any:
 
 
 def _bound_norm(norm: torch.nn.Module | None) -> torch.nn.Module:
-    assert norm is not None  # a norm-residual layer has both norms (arch.binder._norm_residual binds none without)
+    assert (
+        norm is not None
+    )  # a norm-residual layer has both norms (arch.measure_residual._norm_residual binds none without)
     return norm
 
 
