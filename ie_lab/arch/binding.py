@@ -32,7 +32,7 @@ class LayerBinding:
     mlp_multiplier: float | None = None
     # A residual taken after each sublayer's input norm (MiniMax's alpha/beta factors): resid_mid = attn_alpha *
     # attn_in + attn_out_post and resid_post = mlp_alpha * mlp_in + mlp_out_post, the betas being attn_multiplier and
-    # mlp_multiplier. Measured, and bound only with the factors the config states (_norm_residual); None elsewhere.
+    # mlp_multiplier. Measured, and bound only with the factors the config states (measure_residual._norm_residual); None elsewhere.
     attn_alpha: float | None = None
     mlp_alpha: float | None = None
     q_norm: nn.Module | None = None
