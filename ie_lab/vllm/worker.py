@@ -17,6 +17,9 @@ Life of a request with work attached:
 
 Head- and neuron-sharded points are gathered across tensor-parallel ranks inside the hook (every rank
 runs the same hooks on the same layout, so the collective is matched); only rank 0 keeps the data.
+
+This module installs the hooks and runs them; what is kept per request is in worker_requests.py, and the read-out
+(``ie_drain``, ``ie_collect``, attention rebuilt from q/k) in worker_readout.py, a base of IELabWorker.
 """
 
 from __future__ import annotations
@@ -28,24 +31,13 @@ from typing import Any
 import torch
 
 from ..ops import steering as steer_ops
-from ..ops.attention import scores_and_probs
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
 from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, hook_targets, site_table
 from .static_steer import METHOD_INDEX, StaticSteer, params_of
-from .wire import RECOMPUTED, pack, unpack  # what crosses to the client: plain data (vllm/wire.py)
-from .wire import by_position as _by_position
-from .wire import dedupe_order as _dedupe_order
-from .worker_requests import GraphSteer, Row, Spec, layer_of, non_finite, position_mask, scrub
-
-
-def _tp_rank() -> int:
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        return get_tensor_model_parallel_rank()
-    except Exception:  # noqa: BLE001
-        return 0
+from .wire import RECOMPUTED, unpack  # what crosses to the client: plain data (vllm/wire.py)
+from .worker_readout import WorkerReadout
+from .worker_requests import GraphSteer, Row, Spec, layer_of, non_finite, position_mask, scrub, tp_rank
 
 
 def _gather(t: torch.Tensor) -> torch.Tensor:
@@ -56,8 +48,9 @@ def _gather(t: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
 
 
-class IELabWorker:
-    """Mixed into vLLM's worker class; every public method here is reachable through collective_rpc."""
+class IELabWorker(WorkerReadout):
+    """Mixed into vLLM's worker class; every public method here (and of its base WorkerReadout) is reachable through
+    collective_rpc."""
 
     model_runner: Any  # vLLM's worker has it; this class is only ever mixed into one
     _ie_info: dict
@@ -258,7 +251,7 @@ class IELabWorker:
 
     # ---- reading ----------------------------------------------------------------------------------
     def _file(self, rows: list[Row], point: str, t: torch.Tensor) -> None:
-        keep = _tp_rank() == 0
+        keep = tp_rank() == 0
         for r in rows:
             if point in r.spec.points:
                 if keep:
@@ -295,7 +288,7 @@ class IELabWorker:
             logits = self._ie_model.compute_logits(x)
         finally:
             self._ie_busy = False
-        if logits is None or _tp_rank() != 0:
+        if logits is None or tp_rank() != 0:
             return
         off = 0
         for r in want:
@@ -428,7 +421,7 @@ class IELabWorker:
             q, k = (kwargs[n] if n in kwargs else args[i] for i, n in enumerate(("query", "key")))
             qg = _gather(q.reshape(q.shape[0], -1))
             kg = k.reshape(k.shape[0], -1) if s.kv_replicated else _gather(k.reshape(k.shape[0], -1))
-            if _tp_rank() == 0:
+            if tp_rank() == 0:
                 for r in rows:
                     if L in r.spec.attn_layers:
                         r.spec.qk[L].append(
@@ -483,92 +476,6 @@ class IELabWorker:
             params = torch.tensor(params_of(s["method"], s["kwargs"]), dtype=torch.float32)
             out.append(GraphSteer(point, METHOD_INDEX[s["method"]], s["positions"], vec.to(device), params.to(device)))
         return out, None
-
-    def ie_drain(self, key: str) -> dict:
-        """The point rows filed for a request since the last drain (a streamed capture), handed over and
-        forgotten here so a long stream holds nothing twice; {"error": ...} once a hook failed for it."""
-        spec = self._ie_specs.get(key)
-        if spec is None or _tp_rank() != 0:
-            return {}
-        if spec.error is not None:
-            return {"error": spec.error}
-        out: dict[str, Any] = {}
-        for point, parts in list(spec.store.items()):
-            if parts:
-                pos, t = _by_position(parts)
-                out[point] = {"positions": pack(pos), "rows": pack(t)}
-                parts.clear()
-        # Attention rows of the queries filed since the last drain, against every key so far (a query's later
-        # keys are masked). The q/k stay: later queries need every key, and ie_collect rebuilds the whole matrix.
-        attn: dict[int, Any] = {}
-        for L in spec.attn_layers:
-            if not spec.qk.get(L):
-                continue
-            pos, scores, probs = self._attention(spec, L)
-            new = pos >= spec.attn_sent.get(L, 0)
-            if bool(new.any()):
-                attn[L] = {
-                    "positions": pack(pos[new]),
-                    "scores": pack(scores[0][:, new]),
-                    "probs": pack(probs[0][:, new]),
-                }
-                spec.attn_sent[L] = int(pos.max()) + 1
-        return {"points": out, "attn": attn}
-
-    def _attention(self, spec: Spec, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Positions, scores and probabilities of layer L rebuilt from every q/k the request has filed so far."""
-        parts = spec.qk[L]
-        pos = torch.cat([p for p, _, _ in parts])
-        q = torch.cat([x for _, x, _ in parts])
-        k = torch.cat([x for _, _, x in parts])
-        order = _dedupe_order(pos)
-        q, k = q[order], k[order]
-        s = self._ie_layers[L]
-        core = s.attn_core
-        hd = core.head_size
-        T = q.shape[0]
-        qh = q.reshape(T, -1, hd).transpose(0, 1)[None]
-        kh = k.reshape(T, -1, hd).transpose(0, 1)[None]
-        impl = core.impl
-        scores, probs = scores_and_probs(
-            qh,
-            kh,
-            scaling=float(impl.scale),
-            softcap=getattr(impl, "logits_soft_cap", None) or None,
-            sliding_window=getattr(core, "sliding_window", None) or None,
-            sinks=s.sinks,
-        )
-        return pos[order], scores, probs
-
-    def ie_collect(self, key: str) -> dict:
-        spec = self._ie_specs.pop(key, None)
-        if spec is None or _tp_rank() != 0:
-            return {}
-        if spec.error is not None:
-            return {"error": spec.error}
-        out: dict[str, Any] = {"points": {}, "attn": {}, "lens": {}, "forwards": spec.forwards}
-        for point, parts in spec.store.items():
-            if not parts:  # everything was drained during a stream
-                continue
-            pos, t = _by_position(parts)
-            out["points"][point] = pack(t)
-            out.setdefault("positions", pack(pos))
-            out.setdefault("point_positions", {})[point] = pack(pos)
-        for L in spec.qk:
-            _, scores, probs = self._attention(spec, L)
-            if f"attn_scores.{L}" in spec.points or L in spec.attn_layers:
-                out["attn"][L] = {"scores": pack(scores[0]), "probs": pack(probs[0])}
-        for point, parts in spec.proj_store.items():
-            pos, sc = _by_position(parts)
-            out.setdefault("project", {})[point] = {"positions": pack(pos), "scores": pack(sc)}
-        for L, rows in spec.lens_rows.items():
-            pos = torch.cat([p for p, _, _ in rows])
-            order = _dedupe_order(pos)
-            out["lens"][L] = {
-                "ids": pack(torch.cat([i for _, i, _ in rows])[order]),
-                "probs": pack(torch.cat([v for _, _, v in rows])[order]),
-            }
-        return out
 
     def ie_release(self, key: str) -> bool:
         return self._ie_specs.pop(key, None) is not None

@@ -2,7 +2,7 @@
 
 A Spec is what ``ie_register`` stored (points, steering, lens, projections, and what was read so far); a Row is one
 request's slice of the forward in flight. Imported by the worker in vLLM's worker process: torch and the standard
-library only, as the worker itself.
+library only (vLLM's tensor-parallel rank is asked for when called).
 """
 
 from __future__ import annotations
@@ -116,3 +116,14 @@ def position_mask(
         out[ok] = full[absolute[ok]]
         return out
     return torch.isin(absolute, torch.as_tensor(list(positions), dtype=absolute.dtype, device=dev))
+
+
+def tp_rank() -> int:
+    """This worker's tensor-parallel rank: every rank runs the hooks (their gathers are collectives), only rank 0
+    keeps and hands back a request's data."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except Exception:  # noqa: BLE001
+        return 0
