@@ -20,6 +20,8 @@ The result types are in arch.binding; the names below are re-exported for the ea
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -83,10 +85,24 @@ def bind(model: nn.Module, facts: ArchFacts | None = None) -> Binding:
 
 
 def _bind(model: nn.Module, facts: ArchFacts) -> Binding:
+    """Nominate by name, measure on the probe forward, then find where each mixer leaves its states."""
     binding = nominate(model, facts)
     _measure(model, binding)
     mixer_states.measure(model, binding)
     return binding
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode for a probe forward, each module's own training flag put back after (model.train(flag)
+    would flatten a mixed state)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, flag in modes:
+            m.training = flag
 
 
 @torch.no_grad()
@@ -98,15 +114,11 @@ def _future_leak(model: nn.Module, facts: ArchFacts) -> float | None:
     ids = torch.randint(0, vocab, (1, PROBE_LEN), generator=gen).to(next(model.parameters()).device)
     other = ids.clone()
     other[0, -1] = (other[0, -1] + 1) % vocab
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
     try:
-        a, b = (getattr(model(input_ids=x), "logits", None) for x in (ids, other))
+        with _eval_mode(model):
+            a, b = (getattr(model(input_ids=x), "logits", None) for x in (ids, other))
     except Exception:  # noqa: BLE001 - the structural refusal stands on its own
         return None
-    finally:
-        for m, flag in modes:
-            m.training = flag
     if a is None or b is None or a.shape != b.shape or a.dim() != 3:
         return None
     leak = float((a[:, :-1].float() - b[:, :-1].float()).abs().max())
@@ -134,18 +146,13 @@ def _probe(model: nn.Module, binding: Binding, rec: Recorder, **kwargs: Any) -> 
         if id(module) not in weights_ok:
             weights_ok[id(module)] = weights_explain_output(call)
 
-    modes = [(m, m.training) for m in model.modules()]  # per module: model.train(flag) would flatten a mixed state
-    model.eval()
     try:
-        with rec, attention_tap.listening({id(lb.attn): listener for lb in binding.layers}):
+        with _eval_mode(model), rec, attention_tap.listening({id(lb.attn): listener for lb in binding.layers}):
             model(input_ids=ids, use_cache=False, **kwargs)
     except StructureError:
         raise
     except Exception as e:
         raise StructureError(f"{binding.family}: the probe forward failed ({type(e).__name__}: {e}).") from e
-    finally:
-        for m, flag in modes:
-            m.training = flag
     return seen
 
 
