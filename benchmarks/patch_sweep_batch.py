@@ -13,7 +13,7 @@ Variants, interleaved:
 - batched: several cells per forward, each over the whole prompt (batch_size=None without reusing the prefix:
   the previous implementation);
 - prefix: patch_sweep as it runs now (batch_size=None): each forward computes only the positions from its first
-  patched one on, on the corrupted run's cached prefix (ie_lab/eager/patching.py).
+  patched one on, on the corrupted run's cached prefix (ie_lab/eager/sweep.py).
 
 Before timing the three grids must agree to 1e-5, or the script reports nothing. After timing each variant runs
 once more for its peak memory (the process's RSS growth, measured as eager_batch.peak_rss_growth says). The load
@@ -50,7 +50,7 @@ def main() -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
 
     import ie_lab
-    from ie_lab.eager import patching
+    from ie_lab.eager import sweep
     from ie_lab.eager.means import auto_batch_size
 
     model, model_desc = load_model(args.model)
@@ -62,7 +62,7 @@ def main() -> int:
     metric = ie_lab.logit_diff(5, 6)
 
     def whole_prompt(bs):
-        return patching._patch_sweep(
+        return sweep._patch_sweep(
             lm,
             clean,
             corrupt,
@@ -99,7 +99,7 @@ def main() -> int:
         "grid": f"resid_pre, {lm.facts.n_layers} layers x {args.tokens} positions",
         "cells": cells,
         "auto_batch_size": bs,
-        "prefix_forwards": len(patching._prefix_chunks(lm.facts.n_layers, args.tokens, bs, 1, 64.0)),
+        "prefix_forwards": len(sweep._prefix_chunks(lm.facts.n_layers, args.tokens, bs, 1, 64.0)),
         "threads": args.threads,
         "repeats": args.repeats,
         "device": "cpu",

@@ -90,7 +90,7 @@ def _patch_sweep_batch(r: dict) -> list[str]:
             f"{verdict} |",
             "",
         ]
-    # patch_sweep now (the cached prefix skipped, ie_lab/eager/patching.py) beside the two whole-prompt variants
+    # patch_sweep now (the cached prefix skipped, ie_lab/eager/sweep.py) beside the two whole-prompt variants
     return out + [
         f"| patch_sweep now: batched, the corrupted run's cached prefix skipped ({r['prefix_forwards']} forwards) | "
         f"{_t(r['prefix_s'])} | {_mb(peak.get('prefix'))} |",

@@ -54,7 +54,9 @@ def test_tuned_lens_batch_size_is_checked_before_any_forward():
 def test_attribution_patch_reads_both_prompts_in_one_forward_and_equals_the_unbatched_estimate(fam):
     """The points and metrics of clean and corrupted come from one 2-row forward (then the gradient pass): two
     forwards where there were five, and the grid equal to the one computed from separate reads."""
-    from ie_lab.eager.patching import _forward, _scalar, capture_batch, gradients
+    from ie_lab.eager.patch_checks import plain_forward as _forward
+    from ie_lab.eager.patch_checks import scalar as _scalar
+    from ie_lab.eager.patching import capture_batch, gradients
 
     lm = lm_for(fam)
     clean = torch.tensor([[5, 9, 14, 20, 33, 41, 57]])

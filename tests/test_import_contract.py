@@ -76,6 +76,7 @@ LAYERS = {
     # Built on a backend's model: names in other engines (mappers), SAEs, the families survey, tiny test models.
     "ie_lab.mappers": "tools",
     "ie_lab.sae": "tools",
+    "ie_lab.sae_files": "tools",
     "ie_lab.coverage": "tools",
     "ie_lab.toy": "tools",
     "ie_lab.tiny": "tools",

@@ -16,7 +16,7 @@ import torch
 
 import ie_lab
 from ie_lab.core.inputs import prepare
-from ie_lab.eager import patching
+from ie_lab.eager import sweep
 from tests.conftest import assert_clean, lm_for
 from tests.families import FAMILIES, make_model, make_tokenizer
 
@@ -113,7 +113,7 @@ def test_sweep_equals_one_full_forward_per_cell(name, metric):
     want = _reference(lm, clean, corrupt, metric)
     assert want.std() > 1e-3  # cells differ, so a cell computed at the wrong place would show
     reuses = name in PREFIX_MODELS
-    assert patching._prefix_reusable(lm) == reuses
+    assert sweep._prefix_reusable(lm) == reuses
     for bs in (None, 1, 3, 7):  # 3: below 4 layers (the demo's), one position's layers over two forwards
         with _Lengths(lm) as seen:
             grid = ie_lab.patch_sweep(lm, clean, corrupt, metric, progress=False, batch_size=bs)
@@ -139,12 +139,12 @@ def test_neighbouring_answers_fail_the_comparison(name):
     c_ids, x_ids = prepare(lm, clean)[0], prepare(lm, corrupt)[0]
     addrs = [ie_lab.Address("resid_pre", L) for L in range(lm.facts.n_layers)]
     src = ie_lab.capture(lm, c_ids, [str(a) for a in addrs])
-    good, wrong = patching._prefix_base(lm, x_ids), patching._prefix_base(lm, c_ids)
+    good, wrong = sweep._prefix_base(lm, x_ids), sweep._prefix_base(lm, c_ids)
     assert good is not None and wrong is not None
     for p in (2, 7):  # after the early difference (position 1): the clean prefix differs from the corrupted one
         chunk = [(i, j) for j in range(p, SEQ) for i in range(len(addrs))]
-        right = patching._prefix_batch(lm, good, x_ids, src, addrs, chunk)
-        bad = patching._prefix_batch(lm, wrong, x_ids, src, addrs, chunk)
+        right = sweep._prefix_batch(lm, good, x_ids, src, addrs, chunk)
+        bad = sweep._prefix_batch(lm, wrong, x_ids, src, addrs, chunk)
         got = torch.tensor([float(_last(v)) for v in right])
         torch.testing.assert_close(got, torch.tensor([float(want[i, j]) for i, j in chunk]), **TOL)
         off = torch.tensor([float(_last(v)) for v in bad])
@@ -190,7 +190,7 @@ def test_steering_in_force_falls_back_and_is_steered_alike():
     v = torch.randn(lm.facts.d_model, generator=torch.Generator().manual_seed(3))
     with ie_lab.steer(lm, "resid_post.0", v, scale=2.0, positions=[4]):
         want = _reference(lm, clean, corrupt, _last)
-        assert not patching._prefix_reusable(lm)
+        assert not sweep._prefix_reusable(lm)
         with _Lengths(lm) as seen:
             grid = ie_lab.patch_sweep(lm, clean, corrupt, _last, progress=False)
     assert all(s[1] == SEQ for s in seen.seen)
@@ -211,7 +211,7 @@ def test_the_measured_cache_refuses_sliding_layers_even_if_the_facts_did_not(nam
         x = _prompts(lm)[1]
         with torch.no_grad():
             out = lm.hf(input_ids=x, use_cache=True)
-        assert (patching._plain_kv(getattr(out, _cache_keyword(lm.hf)), tuple(x.shape)) is not None) == ok
+        assert (sweep._plain_kv(getattr(out, _cache_keyword(lm.hf)), tuple(x.shape)) is not None) == ok
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -225,7 +225,7 @@ def test_every_family_gives_the_whole_prompt_grid(family):
     def metric(logits):
         return _last(logits) + 0.1 * _every_position(logits)
 
-    want = patching._patch_sweep(
+    want = sweep._patch_sweep(
         lm,
         clean,
         corrupt,
@@ -239,7 +239,7 @@ def test_every_family_gives_the_whole_prompt_grid(family):
     )
     assert want.values.std() > 1e-4
     sliding = any(k == "sliding" for k in lm.facts.layer_kinds)
-    assert patching._prefix_reusable(lm) == (not sliding and not any(lb.mixer_kind for lb in lm.binding.layers))
+    assert sweep._prefix_reusable(lm) == (not sliding and not any(lb.mixer_kind for lb in lm.binding.layers))
     grid = ie_lab.patch_sweep(lm, clean, corrupt, metric, progress=False, batch_size=3)
     torch.testing.assert_close(grid.values, want.values, **TOL)
     assert_clean(lm)

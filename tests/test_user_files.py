@@ -111,7 +111,7 @@ def test_directions_and_steering_vectors_from_a_fifo_are_refused(tmp_path):
     fifo = str(tmp_path / "directions.safetensors")
     os.mkfifo(fifo)
     _refused(lambda: make_encoder(D, fifo), [fifo], "directions.safetensors")
-    from ie_lab.widgets.steering import _load_vector
+    from ie_lab.widgets.steering_vector import load_vector as _load_vector
 
     for name in ("vector.pt", "vector.npy"):
         f = str(tmp_path / name)

@@ -31,7 +31,8 @@ def test_counts_of_one_read_singular(session):
 
 
 def test_a_steering_vectors_source_counts_its_prompts():
-    from ie_lab.widgets.steering import _load_vector, _mean_difference_source
+    from ie_lab.widgets.steering_vector import load_vector as _load_vector
+    from ie_lab.widgets.steering_vector import mean_difference_source as _mean_difference_source
 
     assert _mean_difference_source("resid_post.1", ["a"], ["b"]).endswith("(1 vs 1 prompt)")
     assert _mean_difference_source("resid_post.1", ["a"] * 6, ["b"] * 6).endswith("(6 vs 6 prompts)")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..address import Address, AddressLike
-from ..arch.binder import first_tensor, hidden_arg
+from ..arch.recorder import first_tensor, hidden_arg
 from ..cache import Cache
 from ..core.addresses import head_count, parse_addresses, slice_head
 from ..core.inputs import prepare, prepare_prompts, str_tokens

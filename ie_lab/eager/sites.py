@@ -17,7 +17,9 @@ from torch import nn
 from .. import points as _points
 from ..address import Address
 from ..arch import attention_tap
-from ..arch.binder import LayerBinding, first_tensor, gate_values, split_fused_qkv
+from ..arch.binding import LayerBinding
+from ..arch.measure_attention import gate_values, split_fused_qkv
+from ..arch.recorder import first_tensor
 from ..errors import CapabilityUnsupported, PointAbsent
 from ..ops.attention import scores_and_probs
 

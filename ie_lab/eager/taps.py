@@ -14,7 +14,7 @@ import torch
 
 from ..address import Address
 from ..arch import attention_tap
-from ..arch.binder import first_tensor, hidden_arg
+from ..arch.recorder import first_tensor, hidden_arg
 from . import hook_calls
 
 # The site table lived here before sites.py held it: its callers import these names from this module still.

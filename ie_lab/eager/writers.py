@@ -18,7 +18,8 @@ import torch
 
 from .. import points as _points
 from ..address import Address
-from ..arch.binder import LayerBinding, first_tensor, hidden_arg
+from ..arch.binding import LayerBinding
+from ..arch.recorder import first_tensor, hidden_arg
 from ..errors import CapabilityUnsupported
 from . import hook_calls
 
@@ -54,7 +55,8 @@ def _replace_output(out: Any, new: torch.Tensor) -> Any:
 
 
 def _bound_norm(norm: torch.nn.Module | None) -> torch.nn.Module:
-    assert norm is not None  # a norm-residual layer has both norms (arch.binder._norm_residual binds none without)
+    # a norm-residual layer has both norms (arch.measure_residual._norm_residual binds none without)
+    assert norm is not None
     return norm
 
 

@@ -17,35 +17,27 @@ Life of a request with work attached:
 
 Head- and neuron-sharded points are gathered across tensor-parallel ranks inside the hook (every rank
 runs the same hooks on the same layout, so the collective is matched); only rank 0 keeps the data.
+
+This module installs the hooks and runs them; what is kept per request is in worker_requests.py, and the read-out
+(``ie_drain``, ``ie_collect``, attention rebuilt from q/k) in worker_readout.py, a base of IELabWorker.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..ops import steering as steer_ops
-from ..ops.attention import scores_and_probs
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
 from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, hook_targets, site_table
 from .static_steer import METHOD_INDEX, StaticSteer, params_of
-from .wire import RECOMPUTED, pack, unpack  # what crosses to the client: plain data (vllm/wire.py)
-from .wire import by_position as _by_position
-from .wire import dedupe_order as _dedupe_order
-
-
-def _tp_rank() -> int:
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        return get_tensor_model_parallel_rank()
-    except Exception:  # noqa: BLE001
-        return 0
+from .wire import RECOMPUTED, unpack  # what crosses to the client: plain data (vllm/wire.py)
+from .worker_readout import WorkerReadout
+from .worker_requests import GraphSteer, Row, Spec, layer_of, non_finite, position_mask, scrub, tp_rank
 
 
 def _gather(t: torch.Tensor) -> torch.Tensor:
@@ -56,53 +48,9 @@ def _gather(t: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
 
 
-@dataclass
-class Row:
-    key: str
-    spec: "Spec"
-    start: int
-    end: int
-    positions: torch.Tensor  # absolute positions of this request's tokens in the forward
-    slot: int = 0  # the request's index in the runner's batch (graph mode's per-request steering buffers)
-
-
-@dataclass
-class Spec:
-    points: set[str]  # base addresses "name.L" / "name"
-    attn_layers: set[int]
-    steer: list[dict]
-    lens: dict | None
-    prompt_len: int
-    special_ids: frozenset[int] = frozenset()
-    store: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
-    qk: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
-    lens_rows: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
-    forwards: int = 0
-    attn_sent: dict[int, int] = field(default_factory=dict)  # per layer: attention rows a stream has been handed
-    error: str | None = None  # set when a hook failed for this request: its work stops, ie_collect reports it
-    # project(): point -> (encoder, head, head_dim); only the [tokens, k] scores are kept and cross back
-    project: dict[str, tuple[Any, int | None, int]] = field(default_factory=dict)
-    proj_store: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
-    graph_steer: list["GraphSteer"] = field(default_factory=list)  # graph mode: the steer entries, prepared once
-
-
-@dataclass
-class GraphSteer:
-    """One steering entry of a request in graph mode: what StaticSteer.fill copies into a site's buffers."""
-
-    point: str
-    method: int  # index in ops.steering.METHODS
-    positions: Any
-    graph_vec: torch.Tensor  # the direction the method's row formula takes (ops.steering.direction), on the device
-    graph_params: torch.Tensor  # scale, min, max, target (static_steer.params_of)
-
-
-class IELabWorker:
-    """Mixed into vLLM's worker class; every public method here is reachable through collective_rpc."""
+class IELabWorker(WorkerReadout):
+    """Mixed into vLLM's worker class; every public method here (and of its base WorkerReadout) is reachable through
+    collective_rpc."""
 
     model_runner: Any  # vLLM's worker has it; this class is only ever mixed into one
     _ie_info: dict
@@ -257,7 +205,7 @@ class IELabWorker:
             for r in self._ie_rows or ():
                 broke = bad[r.start : r.end]
                 if r.spec.error is None and bool(broke.any()):
-                    r.spec.error = _non_finite(point, r, broke)
+                    r.spec.error = non_finite(point, r, broke)
 
     def _check_finite(self, out: Any) -> None:
         """The last line: a steered request whose final rows are non-finite although no site's steering made them so
@@ -273,11 +221,11 @@ class IELabWorker:
             broke = ~torch.isfinite(x[r.start : r.end]).all(dim=-1)
             if bool(broke.any()):
                 sites = ", ".join(sorted({s["address"] for s in r.spec.steer}))
-                r.spec.error = _non_finite(f"the model's output (after steering {sites})", r, broke.cpu(), cleared=True)
+                r.spec.error = non_finite(f"the model's output (after steering {sites})", r, broke.cpu(), cleared=True)
                 x[r.start : r.end].nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
                 dirty = True
         if dirty:
-            _scrub(getattr(self.model_runner, "kv_caches", None))
+            scrub(getattr(self.model_runner, "kv_caches", None))
 
     def _guard(self, hook: Callable) -> Callable:
         """A hook that fails fails the requests it was working for, not the engine: the forward goes on
@@ -303,7 +251,7 @@ class IELabWorker:
 
     # ---- reading ----------------------------------------------------------------------------------
     def _file(self, rows: list[Row], point: str, t: torch.Tensor) -> None:
-        keep = _tp_rank() == 0
+        keep = tp_rank() == 0
         for r in rows:
             if point in r.spec.points:
                 if keep:
@@ -318,7 +266,7 @@ class IELabWorker:
 
     def _wanted(self, rows: list[Row], point: str) -> bool:
         return any(point in r.spec.points or point in r.spec.project for r in rows) or any(
-            r.spec.lens is not None and point == f"{r.spec.lens['point']}.{_layer_of(point)}" for r in rows
+            r.spec.lens is not None and point == f"{r.spec.lens['point']}.{layer_of(point)}" for r in rows
         )
 
     def _lens_all(self, rows: list[Row], point: str, t: torch.Tensor) -> None:
@@ -327,8 +275,8 @@ class IELabWorker:
             r
             for r in rows
             if r.spec.lens is not None
-            and f"{r.spec.lens['point']}.{_layer_of(point)}" == point
-            and _layer_of(point) in r.spec.lens["layers"]
+            and f"{r.spec.lens['point']}.{layer_of(point)}" == point
+            and layer_of(point) in r.spec.lens["layers"]
         ]
         if not want:
             return
@@ -340,7 +288,7 @@ class IELabWorker:
             logits = self._ie_model.compute_logits(x)
         finally:
             self._ie_busy = False
-        if logits is None or _tp_rank() != 0:
+        if logits is None or tp_rank() != 0:
             return
         off = 0
         for r in want:
@@ -349,7 +297,7 @@ class IELabWorker:
             lens = r.spec.lens
             assert lens is not None  # want holds only requests with a lens
             vals, idx = probs.topk(int(lens["k"]), dim=-1)
-            r.spec.lens_rows[_layer_of(point)].append((r.positions, idx.cpu(), vals.cpu()))
+            r.spec.lens_rows[layer_of(point)].append((r.positions, idx.cpu(), vals.cpu()))
             off += n
 
     def _read(self, point: str, t: torch.Tensor, sharded: bool = False) -> None:
@@ -416,7 +364,7 @@ class IELabWorker:
                 continue
             try:  # one request's steering failing fails that request only; the others in this forward go on
                 seg = out[r.start : r.end]
-                mask = _position_mask(
+                mask = position_mask(
                     s["positions"],
                     r.positions,
                     r.spec.prompt_len,
@@ -431,7 +379,7 @@ class IELabWorker:
                 if bool(broke.any()):
                     # Handed on unsteered: a non-finite row would go into the KV cache, whose freed blocks the next
                     # requests reuse (a masked slot's weight 0 times NaN is NaN). The request fails instead.
-                    r.spec.error = _non_finite(point, r, broke.cpu())
+                    r.spec.error = non_finite(point, r, broke.cpu())
                     out[r.start : r.end] = t[r.start : r.end]
                     continue
                 out[r.start : r.end] = new
@@ -445,7 +393,7 @@ class IELabWorker:
         entries = []
         for r in rows:
             for g in r.spec.graph_steer:
-                mask = _position_mask(
+                mask = position_mask(
                     g.positions,
                     r.positions,
                     r.spec.prompt_len,
@@ -473,7 +421,7 @@ class IELabWorker:
             q, k = (kwargs[n] if n in kwargs else args[i] for i, n in enumerate(("query", "key")))
             qg = _gather(q.reshape(q.shape[0], -1))
             kg = k.reshape(k.shape[0], -1) if s.kv_replicated else _gather(k.reshape(k.shape[0], -1))
-            if _tp_rank() == 0:
+            if tp_rank() == 0:
                 for r in rows:
                     if L in r.spec.attn_layers:
                         r.spec.qk[L].append(
@@ -529,92 +477,6 @@ class IELabWorker:
             out.append(GraphSteer(point, METHOD_INDEX[s["method"]], s["positions"], vec.to(device), params.to(device)))
         return out, None
 
-    def ie_drain(self, key: str) -> dict:
-        """The point rows filed for a request since the last drain (a streamed capture), handed over and
-        forgotten here so a long stream holds nothing twice; {"error": ...} once a hook failed for it."""
-        spec = self._ie_specs.get(key)
-        if spec is None or _tp_rank() != 0:
-            return {}
-        if spec.error is not None:
-            return {"error": spec.error}
-        out: dict[str, Any] = {}
-        for point, parts in list(spec.store.items()):
-            if parts:
-                pos, t = _by_position(parts)
-                out[point] = {"positions": pack(pos), "rows": pack(t)}
-                parts.clear()
-        # Attention rows of the queries filed since the last drain, against every key so far (a query's later
-        # keys are masked). The q/k stay: later queries need every key, and ie_collect rebuilds the whole matrix.
-        attn: dict[int, Any] = {}
-        for L in spec.attn_layers:
-            if not spec.qk.get(L):
-                continue
-            pos, scores, probs = self._attention(spec, L)
-            new = pos >= spec.attn_sent.get(L, 0)
-            if bool(new.any()):
-                attn[L] = {
-                    "positions": pack(pos[new]),
-                    "scores": pack(scores[0][:, new]),
-                    "probs": pack(probs[0][:, new]),
-                }
-                spec.attn_sent[L] = int(pos.max()) + 1
-        return {"points": out, "attn": attn}
-
-    def _attention(self, spec: Spec, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Positions, scores and probabilities of layer L rebuilt from every q/k the request has filed so far."""
-        parts = spec.qk[L]
-        pos = torch.cat([p for p, _, _ in parts])
-        q = torch.cat([x for _, x, _ in parts])
-        k = torch.cat([x for _, _, x in parts])
-        order = _dedupe_order(pos)
-        q, k = q[order], k[order]
-        s = self._ie_layers[L]
-        core = s.attn_core
-        hd = core.head_size
-        T = q.shape[0]
-        qh = q.reshape(T, -1, hd).transpose(0, 1)[None]
-        kh = k.reshape(T, -1, hd).transpose(0, 1)[None]
-        impl = core.impl
-        scores, probs = scores_and_probs(
-            qh,
-            kh,
-            scaling=float(impl.scale),
-            softcap=getattr(impl, "logits_soft_cap", None) or None,
-            sliding_window=getattr(core, "sliding_window", None) or None,
-            sinks=s.sinks,
-        )
-        return pos[order], scores, probs
-
-    def ie_collect(self, key: str) -> dict:
-        spec = self._ie_specs.pop(key, None)
-        if spec is None or _tp_rank() != 0:
-            return {}
-        if spec.error is not None:
-            return {"error": spec.error}
-        out: dict[str, Any] = {"points": {}, "attn": {}, "lens": {}, "forwards": spec.forwards}
-        for point, parts in spec.store.items():
-            if not parts:  # everything was drained during a stream
-                continue
-            pos, t = _by_position(parts)
-            out["points"][point] = pack(t)
-            out.setdefault("positions", pack(pos))
-            out.setdefault("point_positions", {})[point] = pack(pos)
-        for L in spec.qk:
-            _, scores, probs = self._attention(spec, L)
-            if f"attn_scores.{L}" in spec.points or L in spec.attn_layers:
-                out["attn"][L] = {"scores": pack(scores[0]), "probs": pack(probs[0])}
-        for point, parts in spec.proj_store.items():
-            pos, sc = _by_position(parts)
-            out.setdefault("project", {})[point] = {"positions": pack(pos), "scores": pack(sc)}
-        for L, rows in spec.lens_rows.items():
-            pos = torch.cat([p for p, _, _ in rows])
-            order = _dedupe_order(pos)
-            out["lens"][L] = {
-                "ids": pack(torch.cat([i for _, i, _ in rows])[order]),
-                "probs": pack(torch.cat([v for _, _, v in rows])[order]),
-            }
-        return out
-
     def ie_release(self, key: str) -> bool:
         return self._ie_specs.pop(key, None) is not None
 
@@ -627,65 +489,6 @@ class IELabWorker:
             "hooks": len(self._ie_handles),
             "installed": bool(getattr(self, "_ie_installed", False)),
         }
-
-
-def _non_finite(where: str, r: Row, broke: torch.Tensor, cleared: bool = False) -> str:
-    """Why a request failed: where its steering made activations non-finite, and at which step (step i chooses
-    generated token i: the prompt's forward is step 0). cleared: the rows reached the KV cache and were cleared
-    from it (the check on the model's output), rather than kept out of it."""
-    first = int(r.positions[broke.nonzero()[0, 0]])
-    step = max(first - r.spec.prompt_len + 1, 0)
-    kept = "they were cleared from the KV cache" if cleared else "they were kept out of the KV cache"
-    return (
-        f"steering made {where} non-finite (nan or inf) at step {step} of request {r.key}; {kept}, so no other "
-        "request sees them, and this request stops. Lower the steering scale (or the vector's norm), or steer fewer "
-        "positions or layers"
-    )
-
-
-def _scrub(caches: Any) -> None:
-    """Every non-finite value in the KV cache (and state caches) set to 0, in place: a freed block that holds one
-    poisons the next request it is handed to (its masked slots weigh 0, and 0 x NaN is NaN)."""
-    if isinstance(caches, torch.Tensor):
-        if caches.is_floating_point():
-            with torch.no_grad():
-                caches.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-    elif isinstance(caches, (list, tuple)):
-        for c in caches:
-            _scrub(c)
-    elif isinstance(caches, dict):
-        for c in caches.values():
-            _scrub(c)
-
-
-def _layer_of(point: str) -> int:
-    tail = point.rsplit(".", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
-
-
-def _position_mask(
-    positions: Any, absolute: torch.Tensor, prompt_len: int, ids: torch.Tensor | None, special: frozenset[int]
-) -> torch.Tensor | None:
-    """Which of this request's rows a steering spec edits, counted over prompt + generated positions."""
-    dev = absolute.device
-    if isinstance(positions, str):
-        if positions == "all":
-            return None
-        if positions == "prompt":
-            return absolute < prompt_len
-        if positions == "generated":
-            return absolute >= prompt_len
-        if positions == "special":
-            if ids is None or not special:
-                return torch.zeros_like(absolute, dtype=torch.bool)
-            return torch.isin(ids.cpu(), torch.tensor(sorted(special), dtype=ids.dtype))
-    if isinstance(positions, torch.Tensor):
-        full = positions.reshape(-1)
-        ok = absolute < full.shape[0]
-        out = torch.zeros_like(absolute, dtype=torch.bool)
-        out[ok] = full[absolute[ok]]
-        return out
-    return torch.isin(absolute, torch.as_tensor(list(positions), dtype=absolute.dtype, device=dev))
 
 
 # Graph mode's model loader must be known wherever this module is imported: the client (which validates

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,12 +21,13 @@ import torch
 import traitlets
 
 from ..address import Address
-from ..core.files import checked_file
 from ..errors import AddressError, IELabError, InputError, plural
 from ..ops.steering import METHOD_HELP, METHODS
 from ..points import all_points
 from ..sizing import GIB, batch_size_for
 from . import _base, _static
+from .steering_vector import load_vector, mean_difference_source
+from .token_pieces import TokenPieces
 
 STEERABLE = tuple(p.name for p in all_points() if p.steerable and not p.multi_stream_only)
 MAX_NEW_TOKENS = 256
@@ -45,68 +45,6 @@ def default_address(n_layers: int) -> Address:
 
 
 _N = _base.number(-1e6, 1e6)
-
-
-def _load_vector(vector: Any, address: Address) -> tuple[torch.Tensor, str]:
-    """A 1-D float vector and a short description of where it came from."""
-    from ..cache import Cache
-
-    if isinstance(vector, (str, os.PathLike)):
-        path = checked_file(vector, "vector=", "vector")
-        if path.endswith(".npy"):
-            import numpy as np
-
-            t = torch.from_numpy(np.load(path, allow_pickle=False))
-        else:
-            t = torch.load(path, map_location="cpu", weights_only=True)
-            if isinstance(t, dict) and len(t) == 1:
-                t = next(iter(t.values()))
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"{path} holds a {type(t).__name__}, not a tensor.")
-        src = f"saved tensor {os.path.basename(path)}"
-    elif isinstance(vector, Cache):
-        key = str(address) if str(address) in vector else (next(iter(vector)) if len(vector) == 1 else None)
-        if key is None:
-            raise InputError(f"the cache holds {', '.join(map(str, vector))}; none is {address}.")
-        t = vector[key]
-        src = f"capture of {key}"
-    else:
-        t = torch.as_tensor(vector)
-        src = "given tensor"
-    t = t.detach().float().cpu()
-    if t.dim() > 1:
-        src += f" (mean over {plural(t.shape[:-1].numel(), 'position')})"
-        t = t.reshape(-1, t.shape[-1]).mean(0)
-    return t, src
-
-
-def _mean_difference_source(address: Any, pos: list, neg: list) -> str:
-    """How a difference-of-means vector was made, as the panel shows it ("6 vs 6 prompts", "1 vs 1 prompt")."""
-    noun = "prompt" if max(len(pos), len(neg)) == 1 else "prompts"
-    return f"difference of means at {address} ({len(pos)} vs {len(neg)} {noun})"
-
-
-class _Pieces:
-    """Each new token's piece of the decoded continuation: the text decoding adds when it is appended, so the
-    pieces joined are the text with its spaces (a word-level or SentencePiece tokenizer's token carries none of the
-    space before it; decoding puts it there). Decoded after a few prompt tokens, so the first piece gets the space
-    between the prompt and the continuation too. Without a tokenizer, or where a piece is not yet whole (a
-    character split over byte tokens), the token's own text."""
-
-    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int]):
-        self.tok = tokenizer
-        self.ctx = [int(i) for i in list(prompt_ids)[-4:]]
-        self.ids: list[int] = []
-        self.text = tokenizer.decode(self.ctx) if tokenizer is not None else ""
-
-    def add(self, token_id: int, token: str) -> str:
-        if self.tok is None:
-            return token
-        self.ids.append(int(token_id))
-        now = self.tok.decode(self.ctx + self.ids)
-        piece = now[len(self.text) :] if now.startswith(self.text) else token
-        self.text = now
-        return piece
 
 
 class SteeringPanel(_base.Panel):
@@ -215,7 +153,7 @@ class SteeringPanel(_base.Panel):
             point_layers={n: v[0] for n, v in self._served.items()},
         )
         if vector is not None:
-            self._vector, self.vector_source = _load_vector(vector, addr)
+            self._vector, self.vector_source = load_vector(vector, addr)
             self._check_vector()
         elif positive is not None or negative is not None:
             self.set_contrast(list(positive or []), list(negative or []), regenerate=False)
@@ -334,10 +272,10 @@ class SteeringPanel(_base.Panel):
         return tok.decode(ids) if tok is not None else "".join(toks)
 
     # ---- generation ---------------------------------------------------------------------------------
-    def _pieces(self) -> _Pieces:
+    def _pieces(self) -> TokenPieces:
         # the prompt's ids as _check_prompt read them (on the kernel's thread): a job on the session's loop must not
         # call back into the session (a remote one would wait on that loop)
-        return _Pieces(self._session.tokenizer, self._prompt_ids.get(self.prompt, []))
+        return TokenPieces(self._session.tokenizer, self._prompt_ids.get(self.prompt, []))
 
     def _generate_now(self) -> None:
         """Synchronous baseline + steered (construction and Python-side calls); no streaming."""
@@ -457,7 +395,7 @@ class SteeringPanel(_base.Panel):
                     self.has_vector = True
                     self.address = address
                     self.positive, self.negative = pos, neg
-                    self.vector_source = _mean_difference_source(address, pos, neg)
+                    self.vector_source = mean_difference_source(address, pos, neg)
                     self._apply_ranges(ranges)
                     self.status = "generating"
                 spec = self._spec()
@@ -562,7 +500,7 @@ class SteeringPanel(_base.Panel):
         self._vector = self._session.mean_difference(pos, neg, a).detach().float().cpu()
         self.has_vector = True
         self.positive, self.negative = pos, neg
-        self.vector_source = _mean_difference_source(a, pos, neg)
+        self.vector_source = mean_difference_source(a, pos, neg)
         if regenerate:
             self._set_ranges()
 
