@@ -48,6 +48,8 @@ import torch
 from .address import Address
 from .backend import BACKENDS, OPERATIONS, Backend, Operation, OperationCancelled, SessionClosed, backend_class
 from .backend import CancelToken as _CancelToken
+from .core import calls
+from .core.calls import Record, signature_with
 from .core.demo import DEMO_MODEL
 from .core.inputs import PROMPT_PARAMETERS, check_prepend_bos, with_bos
 from .core.results import GenerationResult
@@ -59,7 +61,14 @@ _LIVE: "dict[Any, weakref.ref[Session]]" = {}
 _LIVE_LOCK = threading.Lock()
 
 
-_DEFAULT: Any = object()  # a keyword not passed: the Session's own setting applies
+class _SessionSetting:
+    """A keyword not passed: the Session's own setting applies (what help() shows as its default)."""
+
+    def __repr__(self) -> str:
+        return "<the Session's>"
+
+
+_DEFAULT: Any = _SessionSetting()
 
 
 def _is_tokenizer(x: Any) -> bool:
@@ -852,23 +861,19 @@ class Session:
         padded = tok.pad({"input_ids": [r.tolist() for r in rows]}, return_tensors="pt")["input_ids"]
         return padded.to(rows[0].device)
 
-    def _with_bos(self, method: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """An operation's arguments with its prompts' text turned into ids by prepend_bos (the call's keyword, else
-        the Session's); nothing changes while both are None. Done here, before any backend sees the call, so every
-        backend (eager, vLLM, a remote server) runs the same ids."""
-        bos = self._bos(kwargs.pop("prepend_bos", _DEFAULT))
+    def _door(self, record: type[Record], args: tuple, kwargs: dict) -> Any:
+        """The record of one call (ie_lab/core/calls.py), built and checked here, at the door, before any backend
+        sees it; its prompts' text turned into ids by prepend_bos (the call's keyword, else the Session's; nothing
+        changes while both are None), so every backend (eager, vLLM, a remote server) runs the same ids."""
+        kwargs = dict(kwargs)
+        prepend_bos = kwargs.pop("prepend_bos", _DEFAULT)
+        call = record.build(args, kwargs, door=("prepend_bos",))
+        bos = self._bos(prepend_bos)
         if bos is None:
-            return args, kwargs
-        try:
-            bound = inspect.signature(getattr(Backend, method)).bind(None, *args, **kwargs)
-        except TypeError:
-            return args, kwargs  # the backend refuses the call itself, with its own words
+            return call
         tok = self._lm.tokenizer
-        for name in PROMPT_PARAMETERS:
-            if name in bound.arguments:
-                bound.arguments[name] = with_bos(tok, bound.arguments[name], bos)
-        extra = bound.arguments.pop("kwargs", {}) if "kwargs" in bound.arguments else {}
-        return tuple(bound.args[1:]), {**bound.kwargs, **extra}
+        prompts = {n: with_bos(tok, getattr(call, n), bos) for n in PROMPT_PARAMETERS if hasattr(call, n)}
+        return call.replace(**prompts)
 
     def describe(self) -> str:
         """One paragraph on what this model is, as ie_lab measured it."""
@@ -896,44 +901,45 @@ class Session:
     # ---- operations: generated from OPERATIONS (ie_lab/backend.py), below the class ----------------
     def _issue(self, op: Operation, args: tuple, kwargs: dict) -> Any:
         """What the backend makes of one call, made here, in the caller's context (the steering of its `with`
-        blocks is read now); an operation the backend cannot do refuses from the capabilities table first."""
+        blocks is read now); an operation the backend cannot do refuses from the capabilities table first, then
+        the call becomes its record (checked), which the backend receives as it is."""
         self._check_open()
         if op.capability is not None:
             self._backend.require(op.capability)
-        args, kwargs = self._with_bos(op.method, args, dict(kwargs))
-        return getattr(self._backend, op.method)(*args, **kwargs)
+        return self._issue_call(op, self._door(op.record, args, kwargs))
+
+    def _issue_call(self, op: Operation, call: Record) -> Any:
+        return getattr(self._backend, op.method)(call)
 
     def _issued(self, steer: Any) -> Any:
         self._check_open()
         return self._backend.issued(steer)
 
-    def generate(self, prompt: Any, max_new_tokens: int = 32, *, print_tokens: bool = False, **kwargs: Any):
-        """Generate to the end. print_tokens=True streams the text into the cell as it is produced; a capture
-        covers prompt + every generated token."""
+    def generate(self, *args: Any, print_tokens: bool = False, **kwargs: Any):
         self._check_open()
         check_flag("print_tokens", print_tokens)
-        (prompt, max_new_tokens), kwargs = self._with_bos("generate", (prompt, max_new_tokens), dict(kwargs))
+        call = self._door(calls.Generate, args, kwargs)
         if not print_tokens:
-            return self._dispatch(self._issue(_OPS["generate"], (prompt, max_new_tokens), kwargs))
-        self._backend.check_printable(prompt)
+            return self._dispatch(self._issue_call(_OPS["generate"], call))
+        self._backend.check_printable(call.prompt)
         steps = []
-        for step in self.generate_stream(prompt, max_new_tokens, **kwargs):
+        stream = calls.GenerateStream(*call.positional(), **call.keywords())
+        for step in self._generate_stream(stream.replace(steer=self._issued(stream.steer))):
             print(step.token, end=" ", flush=True)
             steps.append(step)
         print()
+        prompt = call.prompt
         ids = self._lm.to_tokens(prompt)  # text, ids or a conversation, read as the stream read them
         text = self._lm.tokenizer.decode([s.token_id for s in steps]) if self._lm.tokenizer else ""
         return GenerationResult(
             ids, [s.token_id for s in steps], text, steps, "streamed", steps[-1].cache if steps else None
         )  # with capture=, the last step holds it all
 
-    def _astream(
-        self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict, early: "_Handoff | None" = None
-    ) -> AsyncGenerator:
+    def _astream(self, token: _CancelToken, call: Any, early: "_Handoff | None" = None) -> AsyncGenerator:
         """The stream on the session loop (awaited twins and the pumped plain stream)."""
         if self._backend.on_loop:
-            return self._backend.astream(token, prompt, max_new_tokens, kwargs)
-        return self._loop_stream(self._locked_stream(token, prompt, max_new_tokens, kwargs, early))
+            return self._backend.astream(token, call)
+        return self._loop_stream(self._locked_stream(token, call, early))
 
     async def _loop_stream(self, steps: AsyncGenerator) -> AsyncGenerator:
         """An eager stream on the loop thread counts as awaited work there until it is closed (`_loop_work_done`)."""
@@ -945,9 +951,7 @@ class Session:
         finally:
             self._loop_work_done()
 
-    async def _locked_stream(
-        self, token: _CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict, early: "_Handoff | None" = None
-    ) -> AsyncGenerator:
+    async def _locked_stream(self, token: _CancelToken, call: Any, early: "_Handoff | None" = None) -> AsyncGenerator:
         """An eager stream on the session loop: the model-side generator is created, advanced and closed on this
         one thread, as it holds the model's lock between steps. A batched stream (its prompt refused here, before
         anything is queued) joins the eager batch at once: while another operation holds the lock, the steps the
@@ -959,7 +963,7 @@ class Session:
             early.it.close()
         self._check_open()
         lock = self._lock()
-        it: Any = early.it if early is not None else self._backend.stream(prompt, max_new_tokens, **kwargs)
+        it: Any = early.it if early is not None else self._backend.stream(call)
         held = False
         ended = [False]
         try:
@@ -1067,18 +1071,18 @@ class Session:
             finally:
                 waiter.cancel()
 
-    def agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
-        """Async iterator of GenStep objects, from any event loop; cancelling the consumer stops the stream."""
+    def agenerate_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator:
         self._check_open()
-        (prompt, max_new_tokens), kwargs = self._with_bos("stream", (prompt, max_new_tokens), dict(kwargs))
-        kwargs["steer"] = self._issued(kwargs.get("steer"))  # fixed here, in the caller's context
-        return self._agenerate_stream(prompt, max_new_tokens, **kwargs)
+        call = self._door(calls.GenerateStream, args, kwargs)
+        return self._agenerate_stream(
+            call.replace(steer=self._issued(call.steer))
+        )  # fixed here, in the caller's context
 
-    async def _agenerate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> AsyncIterator:
+    async def _agenerate_stream(self, call: Any) -> AsyncIterator:
         token = _CancelToken()
         if asyncio.get_running_loop() is self._loop:
             try:
-                async with contextlib.aclosing(self._astream(token, prompt, max_new_tokens, kwargs)) as steps:
+                async with contextlib.aclosing(self._astream(token, call)) as steps:
                     async for step in steps:
                         yield step
             finally:
@@ -1088,7 +1092,7 @@ class Session:
         caller = asyncio.get_running_loop()
         early = None
         if not self._backend.on_loop:
-            it: Any = self._backend.stream(prompt, max_new_tokens, **kwargs)  # a bad prompt is refused here
+            it: Any = self._backend.stream(call)  # a bad prompt is refused here
             early = _Handoff(it, caller)
             if getattr(it, "ready", None) is not None:
                 # a batched stream joins now, from this side, as an awaited generate does: the loop may be busy
@@ -1100,14 +1104,7 @@ class Session:
         _OmpPool.release()  # this thread waits while the loop computes: no second pool beside the loop's
         try:
             fut = asyncio.run_coroutine_threadsafe(
-                self._pump(
-                    token,
-                    prompt,
-                    max_new_tokens,
-                    kwargs,
-                    lambda item: caller.call_soon_threadsafe(q.put_nowait, item),
-                    early,
-                ),
+                self._pump(token, call, lambda item: caller.call_soon_threadsafe(q.put_nowait, item), early),
                 self._loop,
             )
         except RuntimeError:  # the loop is closed
@@ -1148,9 +1145,7 @@ class Session:
                 if watched:
                     _AwaitedInterrupts.remove(token)
 
-    async def _pump(
-        self, token, prompt, max_new_tokens, kwargs, put: Callable[[tuple], Any], early: "_Handoff | None" = None
-    ) -> None:
+    async def _pump(self, token, call, put: Callable[[tuple], Any], early: "_Handoff | None" = None) -> None:
         def send(msg: tuple) -> bool:
             try:
                 put(msg)
@@ -1160,7 +1155,7 @@ class Session:
                 return False
 
         try:
-            async with contextlib.aclosing(self._astream(token, prompt, max_new_tokens, kwargs, early)) as steps:
+            async with contextlib.aclosing(self._astream(token, call, early)) as steps:
                 async for step in steps:
                     if not send(("step", step)):
                         return
@@ -1169,21 +1164,21 @@ class Session:
             return
         send(("done", None))
 
-    def generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
-        """Yield GenStep objects as tokens are produced; an interrupt stops within one token."""
+    def generate_stream(self, *args: Any, **kwargs: Any) -> Iterator:
         self._check_open()
-        (prompt, max_new_tokens), kwargs = self._with_bos("stream", (prompt, max_new_tokens), dict(kwargs))
-        kwargs["steer"] = self._issued(kwargs.get("steer"))  # fixed here, in the caller's context
-        return self._generate_stream(prompt, max_new_tokens, **kwargs)
+        call = self._door(calls.GenerateStream, args, kwargs)
+        return self._generate_stream(
+            call.replace(steer=self._issued(call.steer))
+        )  # fixed here, in the caller's context
 
-    def _generate_stream(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Iterator:
+    def _generate_stream(self, call: Any) -> Iterator:
         self._check_open()
         self._refuse_nested("generate_stream")
         if not self._backend.on_loop:
-            return self._local_stream(prompt, max_new_tokens, kwargs)
-        return self._pumped_stream(prompt, max_new_tokens, kwargs)
+            return self._local_stream(call)
+        return self._pumped_stream(call)
 
-    def _local_stream(self, prompt: Any, max_new_tokens: int, kwargs: dict) -> Iterator:
+    def _local_stream(self, call: Any) -> Iterator:
         """The eager stream on the caller's thread: this thread takes the lock, computes every step, and closes the
         model-side generator itself (it holds the model's re-entrant lock, which only its owner can give back:
         closed on the loop thread, it stayed held and every other thread hung). Between steps the caller's loop
@@ -1201,7 +1196,7 @@ class Session:
         guard.install()
         try:
             _leases().append(lease)
-            it = self._backend.stream(prompt, max_new_tokens, **kwargs)
+            it = self._backend.stream(call)
             _bind(it, token)
             ready = getattr(it, "ready", None)
             if ready is not None:
@@ -1248,11 +1243,11 @@ class Session:
                 _forget(lease)
                 guard.end()
 
-    def _pumped_stream(self, prompt: Any, max_new_tokens: int, kwargs: dict) -> Iterator:
+    def _pumped_stream(self, call: Any) -> Iterator:
         """A backend whose stream is a coroutine on the loop (vLLM): steps are relayed to this thread."""
         token = _CancelToken()
         inbox: queue.SimpleQueue = queue.SimpleQueue()
-        fut = asyncio.run_coroutine_threadsafe(self._pump(token, prompt, max_new_tokens, kwargs, inbox.put), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._pump(token, call, inbox.put), self._loop)
         try:
             while True:
                 try:
@@ -1370,22 +1365,44 @@ def _twins(op: Operation) -> tuple[Callable[..., Any], Callable[..., Any]]:
             return await self._on_loop(work)
         return await self._async(work)
 
-    def name(fn: Any, name: str, doc: str) -> None:
-        fn.__name__, fn.__qualname__, fn.__doc__ = name, f"Session.{name}", doc
-        fn.__signature__ = inspect.signature(getattr(Backend, op.method))  # help(s.capture) shows the arguments
-
-    name(plain, op.name, op.doc)
-    name(awaited, "a" + op.name, f"Awaitable twin of Session.{op.name}: {op.doc}")
     return plain, awaited
 
+
+def _named(fn: Any, name: str, record: type[Record], doc: str, **door: Any) -> None:
+    """fn shows the operation's real parameters: help(s.capture) lists the record's fields (grad=, ...), then the
+    keywords of the Session's door (prepend_bos, and generate's print_tokens)."""
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, f"Session.{name}", doc
+    fn.__signature__ = signature_with(record, before=("self",), door={"prepend_bos": _DEFAULT, **door})
+
+
+_BOS_DOC = " prepend_bos: True / False put a BOS token first or not (default: the Session's setting; docs/PORTING.md)."
 
 for _op in OPERATIONS:
     if _op.kind == "stream":  # streams are the class's own (a lease held across steps): generate_stream above
         assert callable(Session.__dict__[_op.name]) and callable(Session.__dict__["a" + _op.name])
+        _named(Session.__dict__[_op.name], _op.name, _op.record, _op.doc + _BOS_DOC)
+        _named(
+            Session.__dict__["a" + _op.name],
+            "a" + _op.name,
+            _op.record,
+            "Async iterator of GenStep objects, from any event loop; cancelling the consumer stops the stream. "
+            + _op.doc
+            + _BOS_DOC,
+        )
         continue
     _plain, _awaited = _twins(_op)
-    if _op.name not in Session.__dict__:  # generate: the class adds print_tokens around the same dispatch
+    if _op.name in Session.__dict__:  # generate: the class adds print_tokens around the same dispatch
+        _named(
+            Session.__dict__[_op.name],
+            _op.name,
+            _op.record,
+            _op.doc + " print_tokens=True streams the text into the cell as it is produced." + _BOS_DOC,
+            print_tokens=False,
+        )
+    else:
+        _named(_plain, _op.name, _op.record, _op.doc + _BOS_DOC)
         setattr(Session, _op.name, _plain)
+    _named(_awaited, "a" + _op.name, _op.record, f"Awaitable twin of Session.{_op.name}: {_op.doc}{_BOS_DOC}")
     setattr(Session, "a" + _op.name, _awaited)
 del _op, _plain, _awaited
 

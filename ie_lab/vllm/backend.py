@@ -30,6 +30,7 @@ from ..arch.config_facts import ArchFacts
 from ..backend import CancelToken, SessionClosed
 from ..cache import Cache
 from ..capabilities import require
+from ..core import calls
 from ..core.addresses import parse_addresses, slice_head
 from ..core.inputs import prepare, str_tokens
 from ..core.projection_args import check_gen, make_encoder, one_address, point_width
@@ -799,14 +800,14 @@ class VLLMBackend:
         return ids
 
     # ---- capture ----------------------------------------------------------------------------------
-    async def _acapture(self, tokens_or_text: Any, addresses: Any, grad: bool = False) -> Cache:
+    async def _acapture(self, tokens_or_text: Any, addresses: Any, grad: bool = False, steer: Any = None) -> Cache:
         from vllm import SamplingParams
 
         self._refuse_in_generate_mode("capture")
         if grad:
             require("gradients", "vllm")
         ids = self._ids(tokens_or_text)
-        addrs, work = self._work_for(addresses, None)
+        addrs, work = self._work_for(addresses, steer)
         if not addrs:
             raise AddressError("no addresses given: name at least one point, e.g. ['resid_post.0'].")
         self._check_room(ids.shape[1], "a capture")
@@ -832,8 +833,8 @@ class VLLMBackend:
             out[a] = slice_head(a, full, self.lm.facts)
         return Cache(out, tokens=ids, str_tokens=str_tokens(self.lm, ids))
 
-    def capture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any) -> Any:
-        return self._acapture(tokens_or_text, addresses, **kwargs)
+    def capture(self, call: calls.Capture) -> Any:
+        return self._acapture(call.tokens_or_text, call.addresses, call.grad, call.steer)
 
     # ---- difference of means ----------------------------------------------------------------------
     async def _amean_difference(
@@ -872,9 +873,11 @@ class VLLMBackend:
         pos, neg = [await mean_of(side) for side in sides]
         return pos - neg
 
-    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any) -> Any:
-        """mean(positive) - mean(negative) at `address`; the prompts run as concurrent vLLM requests."""
-        return self._amean_difference(positive, negative, address, **kwargs)
+    def mean_difference(self, call: calls.MeanDifference) -> Any:
+        """mean(positive) - mean(negative) at `address`; the prompts run as concurrent vLLM requests (no bar:
+        progress is checked as on eager, and has nothing to draw)."""
+        check_flag("progress", call.progress)
+        return self._amean_difference(call.positive, call.negative, call.address, batch_size=call.batch_size)
 
     # ---- projection -------------------------------------------------------------------------------
     async def _aproject(
@@ -951,9 +954,9 @@ class VLLMBackend:
         text = tok.decode(generated) if (tok is not None and generated) else ""
         return Projection(addr, sc, read, str_tokens(self.lm, read[None])[0], generated, text)
 
-    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any) -> Any:
+    def project(self, call: calls.Project) -> Any:
         """Per-token scores [tokens, k] computed in the worker; see docs/PROJECTION.md."""
-        return self._aproject(prompt, address, directions, **kwargs)
+        return self._aproject(*call.positional(), **call.keywords())
 
     # ---- generation -------------------------------------------------------------------------------
     def _params(self, max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs, ignore_eos=False):
@@ -987,30 +990,29 @@ class VLLMBackend:
             ignore_eos=bool(ignore_eos),
         )
 
-    async def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncGenerator:
-        kwargs = dict(kwargs)
-        streaming = "_result" not in kwargs  # generate() collects once at the end; a stream drains every step
-        box: dict = kwargs.pop("_result", None) if "_result" in kwargs else {}
-        capture = kwargs.pop("capture", None)
-        steer = kwargs.pop("steer", None)
+    def astream(self, token: CancelToken, call: calls.GenerateStream) -> AsyncGenerator:
+        return self._astream(token, call, None)
+
+    async def _astream(self, token: CancelToken, call: calls.Generate, box: dict | None) -> AsyncGenerator:
+        """The steps of one generation; with `box` (generate()), collected once at the end instead of drained at
+        every step. keep_logits is not read: the logits stay in the worker on vLLM."""
+        streaming = box is None
+        box = {} if box is None else box
+        prompt, max_new_tokens, capture, steer = call.prompt, call.max_new_tokens, call.capture, call.steer
         if capture or steer is not None or (self._mode == "generate" and self._entered_specs()):
             self._refuse_in_generate_mode("generation with capture= or steering")
-        kwargs.pop("keep_logits", None)  # logits stay in the worker on vLLM
-        unknown = set(kwargs) - {"temperature", "top_k", "top_p", "seed", "stop", "n_logprobs", "ignore_eos"}
-        if unknown:
-            raise InputError(f"unknown generation argument(s) {sorted(unknown)}.")
         # every argument is checked before the prompt is even prepared: nothing unchecked reaches the engine
         params = self._params(
             max_new_tokens,
-            kwargs.get("temperature", 0.0),
-            kwargs.get("top_k"),
-            kwargs.get("top_p"),
-            kwargs.get("seed"),
-            kwargs.get("stop"),
-            kwargs.get("n_logprobs", 0),
-            kwargs.get("ignore_eos", False),
+            call.temperature,
+            call.top_k,
+            call.top_p,
+            call.seed,
+            call.stop,
+            call.n_logprobs,
+            call.ignore_eos,
         )
-        n_lp = int(kwargs.get("n_logprobs", 0))
+        n_lp = int(call.n_logprobs)
         ids = self._ids(prompt)
         if ids.shape[0] != 1:
             raise InputError("generate takes one prompt per call; concurrent calls are batched by vLLM.")
@@ -1109,11 +1111,11 @@ class VLLMBackend:
             out[a] = slice_head(a, t[None].to(self.lm.dtype), self.lm.facts)
         return out
 
-    async def _agenerate(self, prompt: Any, max_new_tokens: int, **kwargs: Any):
+    async def _agenerate(self, call: calls.Generate):
         box: dict = {}
         token = CancelToken()
-        steps = [s async for s in self.astream(token, prompt, max_new_tokens, dict(kwargs, _result=box))]
-        ids = self._ids(prompt)
+        steps = [s async for s in self._astream(token, call, box)]
+        ids = self._ids(call.prompt)
         gen_ids = box.get("ids", [s.token_id for s in steps])
         tok = self.lm.tokenizer
         text = tok.decode(gen_ids) if tok is not None else " ".join(map(str, gen_ids))
@@ -1123,9 +1125,9 @@ class VLLMBackend:
             cache = Cache(box["captured"], tokens=full, str_tokens=str_tokens(self.lm, full))
         return GenerationResult(ids, gen_ids, text, steps, box.get("reason", "length"), cache)
 
-    def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Any:
+    def generate(self, call: calls.Generate) -> Any:
         """Generate to the end. A capture covers prompt + every generated token, as on eager."""
-        return self._agenerate(prompt, max_new_tokens, **kwargs)
+        return self._agenerate(call)
 
     def issued(self, steer: Any) -> Any:
         return steer  # a request reads the caller's `with` blocks itself, where it is issued (_work_for)
@@ -1204,8 +1206,8 @@ class VLLMBackend:
             describe_postprocess(self.lm.facts) + "; read out inside the vLLM worker",
         )
 
-    def logit_lens(self, prompt: Any, **kwargs: Any) -> Any:
-        return self._alogit_lens(prompt, **kwargs)
+    def logit_lens(self, call: calls.LogitLens) -> Any:
+        return self._alogit_lens(*call.positional(), **call.keywords())
 
     async def _aattention(self, prompt: Any, layers: Any = None):
         self._refuse_in_generate_mode("attention()")
@@ -1235,8 +1237,8 @@ class VLLMBackend:
             notes,
         )
 
-    def attention(self, prompt: Any, layers: Any = None) -> Any:
-        return self._aattention(prompt, layers)
+    def attention(self, call: calls.Attention) -> Any:
+        return self._aattention(call.prompt, call.layers)
 
     # ---- refusals by mode -----------------------------------------------------------------------
     def _refuse_in_graph_mode(self, what: str):
