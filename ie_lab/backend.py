@@ -1,9 +1,9 @@
 """The contract between a Session and the backend it holds: what a new backend must provide.
 
-A Session (session.py) owns the concurrency and the lifecycle: its loop thread, cancellation, the operation lock
+A Session (ie_lab/session/) owns the concurrency and the lifecycle: its loop thread, cancellation, the operation lock
 and its leases, SIGINT handling, replacing a re-created session, reprs. Everything about the model is the
 backend's: loading it, the operations, the facts, closing it. Backends are composed into the Session, never
-subclassed from it, and import nothing from session.py; this module is what both sides share.
+subclassed from it, and import nothing from ie_lab/session/; this module is what both sides share.
 
 The twin methods of a Session (``s.capture`` and ``await s.acapture``, ...) are generated from OPERATIONS, one row
 per operation: its record (ie_lab/core/calls.py: the arguments, their defaults, the signature help() shows), the
@@ -167,7 +167,7 @@ class Backend(Protocol):
     def astream(self, token: CancelToken, call: calls.GenerateStream) -> AsyncGenerator[Any, None]: ...
 
 
-# backend= name -> "module:class". Named, not imported: session.py imports no backend, and a backend whose
+# backend= name -> "module:class". Named, not imported: ie_lab/session/ imports no backend, and a backend whose
 # engine is an optional dependency (vLLM) is imported only when a Session asks for it.
 BACKENDS: dict[str, str] = {
     "eager": "ie_lab.eager.backend:EagerBackend",
