@@ -153,6 +153,8 @@ def test_the_door_names_what_is_missing_or_doubled(session):
         session.capture("The cat", "resid_post.0", None)
     with pytest.raises(ie_lab.InputError, match="did you mean 'prepend_bos'"):
         session.capture("The cat", "resid_post.0", prepend_bo=True)
+    with pytest.raises(ie_lab.InputError, match="did you mean 'print_tokens'"):
+        session.generate("The cat", 2, print_token=True)
 
 
 def test_a_record_is_built_once_and_handed_down(session, monkeypatch):

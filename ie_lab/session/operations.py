@@ -181,13 +181,13 @@ class _Operations:
             if watched:
                 _AwaitedInterrupts.remove(token)
 
-    def _door(self, record: type[Record], args: tuple, kwargs: dict) -> Any:
+    def _door(self, record: type[Record], args: tuple, kwargs: dict, door: tuple[str, ...] = ("prepend_bos",)) -> Any:
         """The record of one call (ie_lab/core/calls.py), built and checked here, at the door, before any backend
         sees it; its prompts' text turned into ids by prepend_bos (the call's keyword, else the Session's; nothing
         changes while both are None), so every backend (eager, vLLM, a remote server) runs the same ids."""
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", _DEFAULT)
-        call = record.build(args, kwargs, door=("prepend_bos",))
+        call = record.build(args, kwargs, door=door)  # door: this method's own keywords, offered as near matches
         bos = self._bos(prepend_bos)
         if bos is None:
             return call
@@ -195,7 +195,7 @@ class _Operations:
         prompts = {n: with_bos(tok, getattr(call, n), bos) for n in PROMPT_PARAMETERS if hasattr(call, n)}
         return call.replace(**prompts)
 
-    # ---- operations: generated from OPERATIONS (ie_lab/backend.py), below the class ----------------
+    # ---- operations: generated from OPERATIONS (ie_lab/backend.py) by install(), below ------------------
     def _issue(self, op: Operation, args: tuple, kwargs: dict) -> Any:
         """What the backend makes of one call, made here, in the caller's context (the steering of its `with`
         blocks is read now); an operation the backend cannot do refuses from the capabilities table first, then
@@ -215,7 +215,7 @@ class _Operations:
     def generate(self, *args: Any, print_tokens: bool = False, **kwargs: Any):
         self._check_open()
         check_flag("print_tokens", print_tokens)
-        call = self._door(calls.Generate, args, kwargs)
+        call = self._door(calls.Generate, args, kwargs, door=("prepend_bos", "print_tokens"))
         if not print_tokens:
             return self._dispatch(self._issue_call(_OPS["generate"], call))
         self._backend.check_printable(call.prompt)
