@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import points
 from .address import Address
+from .core import calls as _calls
 from .core.demo import DEMO_MODEL
 from .errors import (
     AddressError,
@@ -32,19 +33,10 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from . import sizing
     from .cache import Cache
     from .chat import apply_chat_template, message_spans
-    from .eager.attention import attention
-    from .eager.lens import fit_tuned_lens, logit_lens
-    from .eager.means import mean_difference
-    from .eager.patching import (
-        attribution_patch,
-        gradients,
-        logit_diff,
-        patch,
-        patch_sweep,
-        run_with_patches,
-    )
+    from .eager.lens import fit_tuned_lens
+    from .eager.patching import attribution_patch, logit_diff, run_with_patches
     from .loading import load  # an EagerModel whatever the backend: see its docstring
-    from .remote.client import connect  # a Session on a model served by `ie-lab serve`: docs/REMOTE.md
+    from .remote.connect import connect  # a Session on a model served by `ie-lab serve`: docs/REMOTE.md
     from .session import OperationCancelled, Session, SessionClosed
 
 # Name -> (module, attribute; None for the module itself): the same names as the TYPE_CHECKING block above
@@ -54,18 +46,12 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Cache": (".cache", "Cache"),
     "apply_chat_template": (".chat", "apply_chat_template"),
     "message_spans": (".chat", "message_spans"),
-    "attention": (".eager.attention", "attention"),
     "fit_tuned_lens": (".eager.lens", "fit_tuned_lens"),
-    "logit_lens": (".eager.lens", "logit_lens"),
-    "mean_difference": (".eager.means", "mean_difference"),
     "attribution_patch": (".eager.patching", "attribution_patch"),
-    "gradients": (".eager.patching", "gradients"),
     "logit_diff": (".eager.patching", "logit_diff"),
-    "patch": (".eager.patching", "patch"),
-    "patch_sweep": (".eager.patching", "patch_sweep"),
     "run_with_patches": (".eager.patching", "run_with_patches"),
     "load": (".loading", "load"),
-    "connect": (".remote.client", "connect"),
+    "connect": (".remote.connect", "connect"),
     "OperationCancelled": (".session", "OperationCancelled"),
     "Session": (".session", "Session"),
     "SessionClosed": (".session", "SessionClosed"),
@@ -89,43 +75,36 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-def capture(model: Any, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Cache:
-    from .core.steer_spec import issued_specs
-    from .eager.capture import capture as _capture
-    from .eager.model import lm_of
-    from .eager.steer import run_issued
-
-    lm = lm_of(model)
-    specs = issued_specs(lm, steer)  # the `with` blocks open in this context, then steer=
-    return run_issued(lm, specs, lambda: _capture(lm, tokens_or_text, addresses, **kwargs))
+# ---- the operations on a model object: ie_lab.capture(lm, ...) --------------------------------------------
+# Thin doors onto the same records a Session's methods build (ie_lab/core/calls.py): the call becomes its record
+# here (an unknown keyword is refused naming the nearest one), and ie_lab.eager.backend.compute runs it on the
+# model, on this thread. A Session (ie_lab.Session) is the interface for everything else (queueing, interrupts,
+# batching, other backends); these take an EagerModel or a transformers model and run it at once.
 
 
-capture.__doc__ = "See ie_lab.eager.capture.capture."
+def _free(record: type[_calls.Record]) -> Any:
+    def operation(model: Any, *args: Any, **kwargs: Any) -> Any:
+        from .eager.backend import compute
+
+        return compute(model, record.build(args, kwargs))
+
+    operation.__name__ = operation.__qualname__ = record.op
+    operation.__module__ = __name__
+    operation.__doc__ = f"{record.doc} On a model object, at once; Session.{record.op} is the same call on a Session."
+    operation.__signature__ = _calls.signature_with(record, before=("model",))  # type: ignore[attr-defined]
+    return operation
 
 
-def generate(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
-    """Generate to the end; see ie_lab.eager.generate.generate_stream for the arguments."""
-    from .eager.generate import generate as _generate
-
-    return _generate(model, prompt, max_new_tokens, **kwargs)
-
-
-def generate_stream(model: Any, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
-    """Yield one GenStep per token (greedy by default; temperature/top_k/top_p/seed to sample)."""
-    from .core.steer_spec import issued_specs
-    from .eager.generate import generate_stream as _stream
-    from .eager.model import lm_of
-
-    lm = lm_of(model)
-    kwargs["steer"] = issued_specs(lm, kwargs.get("steer"))  # read now, where the stream is issued
-    return _stream(lm, prompt, max_new_tokens, **kwargs)
-
-
-def project(model: Any, prompt: Any, address: Any, directions: Any, **kwargs: Any):
-    """Per-token scores [tokens, k] of one point against probes or an SAE encoder; see docs/PROJECTION.md."""
-    from .eager.project import project as _project
-
-    return _project(model, prompt, address, directions, **kwargs)
+capture = _free(_calls.Capture)
+generate = _free(_calls.Generate)
+generate_stream = _free(_calls.GenerateStream)
+attention = _free(_calls.Attention)
+logit_lens = _free(_calls.LogitLens)
+project = _free(_calls.Project)
+patch = _free(_calls.Patch)
+patch_sweep = _free(_calls.PatchSweep)
+gradients = _free(_calls.Gradients)
+mean_difference = _free(_calls.MeanDifference)
 
 
 def load_sae(path: Any, model: Any = None, **kwargs: Any):

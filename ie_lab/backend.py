@@ -1,13 +1,15 @@
 """The contract between a Session and the backend it holds: what a new backend must provide.
 
-A Session (session.py) owns the concurrency and the lifecycle: its loop thread, cancellation, the operation lock
+A Session (ie_lab/session/) owns the concurrency and the lifecycle: its loop thread, cancellation, the operation lock
 and its leases, SIGINT handling, replacing a re-created session, reprs. Everything about the model is the
 backend's: loading it, the operations, the facts, closing it. Backends are composed into the Session, never
-subclassed from it, and import nothing from session.py; this module is what both sides share.
+subclassed from it, and import nothing from ie_lab/session/; this module is what both sides share.
 
 The twin methods of a Session (``s.capture`` and ``await s.acapture``, ...) are generated from OPERATIONS, one row
-per operation: the backend method it calls, its kind, and the capability row (ie_lab/capabilities.py) a backend
-must support for it, so an operation a backend cannot do refuses from that table before the backend is called.
+per operation: its record (ie_lab/core/calls.py: the arguments, their defaults, the signature help() shows), the
+backend method it calls, its kind, and the capability row (ie_lab/capabilities.py) a backend must support for it,
+so an operation a backend cannot do refuses from that table before the backend is called. A backend receives the
+record the Session built and checked, never loose keywords.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .core import calls
+from .core.calls import Record
 from .errors import IELabError
 
 
@@ -38,72 +42,38 @@ class CancelToken:
 
 @dataclass(frozen=True)
 class Operation:
-    """One row of OPERATIONS: ``s.<name>(...)`` and ``await s.a<name>(...)`` call ``backend.<method>(...)``.
+    """One row of OPERATIONS: ``s.<name>(...)`` and ``await s.a<name>(...)`` build the operation's record
+    (ie_lab/core/calls.py) and hand it to ``backend.<method>(record)``.
 
     kind "call": one result. kind "stream": an iterator of steps (a plain stream, and an async iterator for the
     ``a`` twin). capability: the row of ie_lab/capabilities.py a backend needs for it (None: every backend)."""
 
-    name: str
+    record: type[Record]
     method: str
     kind: str = "call"
     capability: str | None = None
-    doc: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.record.op
+
+    @property
+    def doc(self) -> str:
+        return self.record.doc
 
 
 OPERATIONS: tuple[Operation, ...] = (
-    Operation("capture", "capture", doc="One forward; the activations at `addresses` in a Cache."),
-    Operation(
-        "generate",
-        "generate",
-        doc="Generate to the end. print_tokens=True streams the text into the cell as "
-        "it is produced; a capture covers prompt + every generated token.",
-    ),
-    Operation(
-        "generate_stream",
-        "stream",
-        "stream",
-        doc="Yield GenStep objects as tokens are produced; an interrupt stops within one token.",
-    ),
-    Operation("attention", "attention", doc="Attention patterns (and values) of one prompt, for the viewers."),
-    Operation(
-        "logit_lens", "logit_lens", doc="The logit lens: each layer's residual read out through the unembedding."
-    ),
-    Operation(
-        "project",
-        "project",
-        doc="Per-token scores [tokens, k] of one point against probe directions or an SAE "
-        "encoder, computed where the activation is read (docs/PROJECTION.md).",
-    ),
-    Operation(
-        "patch",
-        "patch",
-        capability="activation patching and sweeps",
-        doc="Run the prompt with activations replaced from `source` at `addresses`.",
-    ),
-    Operation(
-        "patch_sweep",
-        "patch_sweep",
-        capability="activation patching and sweeps",
-        doc="Patch every (layer, position) of the clean run into the corrupted one; the metric per cell.",
-    ),
-    Operation(
-        "gradients",
-        "gradients",
-        capability="gradients",
-        doc="Gradients of metric(logits) with respect to the activations at `addresses`.",
-    ),
-    Operation(
-        "mean_difference",
-        "mean_difference",
-        doc="mean(positive) - mean(negative) at `address`, the prompts in batches (see ie_lab.mean_difference).",
-    ),
-    Operation(
-        "run",
-        "run",
-        capability="run(fn) on the model object",
-        doc="Run fn(model) queued behind the session's other operations (for custom analyses), on the calling "
-        "thread; interrupts stop it between layers.",
-    ),
+    Operation(calls.Capture, "capture"),
+    Operation(calls.Generate, "generate"),
+    Operation(calls.GenerateStream, "stream", "stream"),
+    Operation(calls.Attention, "attention"),
+    Operation(calls.LogitLens, "logit_lens"),
+    Operation(calls.Project, "project"),
+    Operation(calls.Patch, "patch", capability="activation patching and sweeps"),
+    Operation(calls.PatchSweep, "patch_sweep", capability="activation patching and sweeps"),
+    Operation(calls.Gradients, "gradients", capability="gradients"),
+    Operation(calls.MeanDifference, "mean_difference"),
+    Operation(calls.Run, "run", capability="run(fn) on the model object"),
 )
 
 
@@ -133,14 +103,15 @@ class Backend(Protocol):
       stop()            the session is closing and its loop still runs: shut engines down (idempotent).
       close()           the loop has stopped: give back what the model held (idempotent).
 
-    Operations (each named by a row of OPERATIONS; arguments as the user passed them):
+    Operations (each named by a row of OPERATIONS; each receives the operation's record, ie_lab/core/calls.py,
+    built and checked by the Session: `call.prompt`, `call.keywords()`, ...):
       require(capability)  raise CapabilityUnsupported for a capability row (ie_lab/capabilities.py) this backend
                         does not support; called before an operation that names one. Eager and vLLM read their
                         column of the table; a new backend may read a column it adds, or answer for itself.
       capture, generate, attention, logit_lens, project, mean_difference; patch, patch_sweep, gradients and run
       where `require` lets them through (otherwise they are never called, and need not exist).
-      stream(prompt, max_new_tokens, **kw) -> Iterator[GenStep] (on_loop False), or
-      astream(token, prompt, max_new_tokens, kw) -> AsyncIterator[GenStep] (on_loop True).
+      stream(call: GenerateStream) -> Iterator[GenStep] (on_loop False), or
+      astream(token, call: GenerateStream) -> AsyncIterator[GenStep] (on_loop True).
       issued(steer)     the steering of the caller's context, read where a stream is issued.
       add_cancel_hooks(token) -> handles   (on_loop False) hooks that raise OperationCancelled at the next layer.
       .bind(token)      optional, on a returned function or stream (on_loop False): the Session hands the
@@ -167,17 +138,17 @@ class Backend(Protocol):
     def stop(self) -> None: ...
     def close(self) -> None: ...
 
-    # The operations, with the signatures the Session's generated methods show (help(s.capture)).
-    def capture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Any: ...
-    def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Any: ...
-    def attention(self, prompt: Any, layers: Any = None) -> Any: ...
-    def logit_lens(self, prompt: Any, **kwargs: Any) -> Any: ...
-    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any) -> Any: ...
-    def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any) -> Any: ...
-    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any) -> Any: ...
-    def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None) -> Any: ...
-    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any) -> Any: ...
-    def run(self, fn: Callable[[Any], Any]) -> Any: ...
+    # The operations: each takes its record (ie_lab/core/calls.py), whose fields are the arguments.
+    def capture(self, call: calls.Capture) -> Any: ...
+    def generate(self, call: calls.Generate) -> Any: ...
+    def attention(self, call: calls.Attention) -> Any: ...
+    def logit_lens(self, call: calls.LogitLens) -> Any: ...
+    def project(self, call: calls.Project) -> Any: ...
+    def patch(self, call: calls.Patch) -> Any: ...
+    def patch_sweep(self, call: calls.PatchSweep) -> Any: ...
+    def gradients(self, call: calls.Gradients) -> Any: ...
+    def mean_difference(self, call: calls.MeanDifference) -> Any: ...
+    def run(self, call: calls.Run) -> Any: ...
     def issued(self, steer: Any) -> Any: ...
     def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any) -> Any: ...
     def check_printable(self, prompt: Any) -> None: ...
@@ -189,16 +160,14 @@ class Backend(Protocol):
     def headline(self) -> str: ...
 
     # on_loop False only (a loop-style backend need not have them):
-    def stream(self, prompt: Any, max_new_tokens: int, **kwargs: Any) -> Iterator[Any]: ...
+    def stream(self, call: calls.GenerateStream) -> Iterator[Any]: ...
     def add_cancel_hooks(self, token: CancelToken) -> list: ...
 
     # on_loop True only:
-    def astream(
-        self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict
-    ) -> AsyncGenerator[Any, None]: ...
+    def astream(self, token: CancelToken, call: calls.GenerateStream) -> AsyncGenerator[Any, None]: ...
 
 
-# backend= name -> "module:class". Named, not imported: session.py imports no backend, and a backend whose
+# backend= name -> "module:class". Named, not imported: ie_lab/session/ imports no backend, and a backend whose
 # engine is an optional dependency (vLLM) is imported only when a Session asks for it.
 BACKENDS: dict[str, str] = {
     "eager": "ie_lab.eager.backend:EagerBackend",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any
 
 from .points import Structure, width_of  # noqa: F401 - width_of: the vLLM backend and the vLLM sites test read it here
 
@@ -52,16 +51,6 @@ class Row:
 class PointsTable:
     def __init__(self, rows: list[Row], backend: str, family: str):
         self.rows, self.backend, self.family = rows, backend, family
-
-    @classmethod
-    def for_model(cls, lm: Any, layer: int | None = None) -> "PointsTable":
-        """The eager table of an EagerModel: ie_lab.eager.points_table.points_table, the old way to reach it. This
-        module sits below the backends (the vLLM and remote backends build a PointsTable too), so the import runs
-        up a layer: tests/test_import_contract.py names it in KNOWN_EDGES until the callers (eager/backend.py,
-        widgets/picker.py) call points_table themselves and this method goes."""
-        from .eager.points_table import points_table
-
-        return points_table(lm, layer)
 
     def served(self) -> list[str]:
         return [r.name for r in self.rows if r.served]

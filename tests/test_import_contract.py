@@ -87,7 +87,10 @@ LAYERS = {
     # `ie-lab serve`: one Session behind HTTP.
     "ie_lab.remote.server": "serve",
     "ie_lab.remote.server_defaults": "serve",
+    "ie_lab.remote.server_tokens": "serve",
+    "ie_lab.remote.server_app": "serve",
     "ie_lab.remote.command": "serve",
+    "ie_lab.remote.connect": "serve",
     # What a user calls: the package __init__ (the free functions), the command line, the generated docs.
     "ie_lab": "front",
     "ie_lab.__main__": "front",
@@ -103,31 +106,9 @@ BACKENDS = ("eager", "vllm", "remote")
 # Known exceptions, each with why and the fix that removes it: (importer module, layer it may still import) ->
 # why. test_known_exceptions_are_still_needed fails on an entry that no longer matches anything, so the list cannot
 # go stale. Each sits in a file whose owner makes the fix (issue 29 was split by files).
-KNOWN_EDGES: dict[tuple[str, str], str] = {
-    ("ie_lab.points_table", "eager"): (
-        "PointsTable.for_model, kept for eager/backend.py and widgets/picker.py: they call "
-        "ie_lab.eager.points_table.points_table(lm, layer) instead, then for_model is deleted"
-    ),
-    ("ie_lab.vllm.backend", "eager"): (
-        "`from ..loading import resolve_dtype`: the check lives in ie_lab.core.load_checks, import it from there"
-    ),
-    ("ie_lab.remote.client", "session"): (
-        "connect() builds a Session around the RemoteBackend: it moves up to a module of the serve side "
-        "(or the package __init__), and the backend module imports no Session"
-    ),
-}
-# Import cycles still to break: sets of modules (or, for the packages-level check, of rooms: a top-level module or
-# subpackage of ie_lab) that may still import one another, each with why.
-KNOWN_CYCLES: list[tuple[set[str], str]] = [
-    ({"ie_lab.points_table", "ie_lab.eager.points_table"}, "PointsTable.for_model: see KNOWN_EDGES"),
-]
-KNOWN_ROOM_CYCLES: list[tuple[set[str], str]] = [
-    (
-        {"ie_lab.points_table", "ie_lab.eager", "ie_lab.loading"},
-        "PointsTable.for_model (see KNOWN_EDGES); eager/backend.py's `from ..loading import ...`, the old path: it "
-        "imports load from .loading (eager/loading.py) and the checks from ..core.load_checks instead",
-    ),
-]
+KNOWN_EDGES: dict[tuple[str, str], str] = {}
+KNOWN_CYCLES: list[tuple[set[str], str]] = []
+KNOWN_ROOM_CYCLES: list[tuple[set[str], str]] = []
 
 
 def module_of(path: pathlib.Path, root: pathlib.Path = PKG) -> str:

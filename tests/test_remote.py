@@ -375,7 +375,7 @@ def test_tokens_are_revoked_and_added_without_a_restart(server, tokens, tokens_f
 
 
 def _tokens_module():
-    from ie_lab.remote import server as served
+    from ie_lab.remote import server_tokens as served
 
     return served
 

@@ -71,14 +71,15 @@ class ToyBackend:
     async def _where(self, *args: Any) -> tuple:
         return args, threading.current_thread().name
 
-    def capture(self, tokens_or_text: Any, addresses: Any, **kwargs: Any) -> Any:
-        return self._where("capture", tokens_or_text, addresses)
+    # each operation receives its record (ie_lab/core/calls.py), built and checked by the Session
+    def capture(self, call: Any) -> Any:
+        return self._where("capture", call.tokens_or_text, call.addresses)
 
-    def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Any:
-        return self._where("generate", prompt, max_new_tokens)
+    def generate(self, call: Any) -> Any:
+        return self._where("generate", call.prompt, call.max_new_tokens)
 
-    async def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict):
-        for i in range(max_new_tokens):
+    async def astream(self, token: CancelToken, call: Any):
+        for i in range(call.max_new_tokens):
             yield (i, threading.current_thread().name)
 
     def issued(self, steer: Any) -> Any:

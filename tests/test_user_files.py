@@ -135,7 +135,7 @@ def test_a_model_folder_with_a_fifo_for_a_file_is_refused(tmp_path):
 
 
 def test_a_fifo_as_the_servers_tokens_file_is_refused_at_start_and_revokes_when_running(tmp_path, capsys):
-    from ie_lab.remote.server import Tokens
+    from ie_lab.remote.server_tokens import Tokens
 
     fifo = str(tmp_path / "tokens")
     os.mkfifo(fifo)

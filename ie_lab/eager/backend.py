@@ -17,11 +17,12 @@ from tqdm.auto import tqdm
 from ..address import Address
 from ..backend import OperationCancelled, SessionClosed
 from ..capabilities import require
+from ..core import calls
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare, prepare_prompts
+from ..core.load_checks import check_tokenizer_arg, pick_device, resolve_dtype
 from ..core.steer_spec import issued_specs
 from ..errors import InputError, plural
-from ..loading import check_tokenizer_arg, load, pick_device, resolve_dtype
 from ..points_table import PointsTable
 from .attention import attention
 from .batcher import (
@@ -37,8 +38,11 @@ from .batcher import (
 from .capture import capture
 from .generate import generate, generate_stream, plan
 from .lens import logit_lens
+from .loading import load
 from .means import auto_batch_size, mean_difference
+from .model import lm_of
 from .patching import gradients, patch, patch_sweep
+from .points_table import points_table
 from .project import project
 from .steer import make_spec, run_issued
 from .taps import resolve
@@ -52,10 +56,38 @@ def _check_callable(fn: Any) -> None:
         )
 
 
-_PLAN_ARGS = frozenset(
-    ("temperature", "top_k", "top_p", "seed", "stop", "n_logprobs", "capture", "steer", "keep_logits", "ignore_eos")
-)
 _REQUEST_ARGS = frozenset(("temperature", "top_k", "top_p", "n_logprobs", "keep_logits"))
+
+
+def compute(model: Any, call: calls.Record) -> Any:
+    """One operation's record computed on an eager model, on this thread, by itself (no batch, no lock): what
+    the free functions run (`ie_lab.capture(lm, ...)` builds the record and calls this) and what EagerBackend runs
+    for a call it does not batch. A generation's steering, and capture's, is read here, where it is issued."""
+    lm = lm_of(model)
+    if isinstance(call, calls.Capture):
+        specs = issued_specs(lm, call.steer)  # the `with` blocks open in this context, then steer=
+        return run_issued(lm, specs, lambda: capture(lm, call.tokens_or_text, call.addresses, grad=call.grad))
+    if isinstance(call, calls.GenerateStream):
+        kw = call.keywords()
+        kw["steer"] = issued_specs(lm, call.steer)  # read now, where the stream is issued, not at its first step
+        return generate_stream(lm, call.prompt, call.max_new_tokens, **kw)
+    if isinstance(call, calls.Generate):
+        return generate(lm, call.prompt, call.max_new_tokens, **call.keywords())
+    if isinstance(call, calls.Run):
+        _check_callable(call.fn)
+        return call.fn(lm)
+    return _COMPUTE[type(call)](lm, *call.positional(), **call.keywords())
+
+
+_COMPUTE: dict[type, Callable[..., Any]] = {
+    calls.Attention: attention,
+    calls.LogitLens: logit_lens,
+    calls.Project: project,
+    calls.Patch: patch,
+    calls.PatchSweep: patch_sweep,
+    calls.Gradients: gradients,
+    calls.MeanDifference: mean_difference,
+}
 
 
 class EagerBackend:
@@ -151,16 +183,16 @@ class EagerBackend:
     def issued(self, steer: Any) -> Any:
         return issued_specs(self.lm, steer)
 
-    def capture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any):
+    def capture(self, call: calls.Capture):
         lm = self.lm
-        batched = self._capture_request(tokens_or_text, addresses, steer, kwargs)
+        batched = self._capture_request(call)
         if batched is not None:
             return batched
-        if prepare_prompts(lm, tokens_or_text) is None:  # bad input is refused here, before the call queues
-            prepare(lm, tokens_or_text)
-        return self._steered(steer, lambda: capture(lm, tokens_or_text, addresses, **kwargs))
+        if prepare_prompts(lm, call.tokens_or_text) is None:  # bad input is refused here, before the call queues
+            prepare(lm, call.tokens_or_text)
+        return self._steered(call.steer, lambda: capture(lm, call.tokens_or_text, call.addresses, grad=call.grad))
 
-    def _capture_request(self, tokens_or_text: Any, addresses: Any, steer: Any, kwargs: dict) -> Any:
+    def _capture_request(self, call: calls.Capture) -> Any:
         """A capture as requests (one per prompt of a list) that are read together with the captures queued
         meanwhile (ie_lab/eager/batcher.py), checked now (every prompt read, points and steering resolved, so no
         request can fail another's forward); None where it runs on its own: a [batch, seq] tensor (one batch,
@@ -169,54 +201,54 @@ class EagerBackend:
         activations alive; concurrent gradients() calls, whose backward is the operation's own, do share one
         forward and backward (Batcher.gradients)."""
         batcher = self._batcher
-        if batcher is None or set(kwargs) - {"grad"} or kwargs.get("grad", False) is not False:
+        if batcher is None or call.grad is not False:
             return None
         lm = self.lm
-        addrs = parse_addresses(lm, addresses)
+        addrs = parse_addresses(lm, call.addresses)
         if any(a.name in ("mixer_state", "mixer_conv_state") for a in addrs):
             return None  # read from the cache of a forward of its own (eager.mixer_state), not by the batch's hooks
-        many = prepare_prompts(lm, tokens_or_text)
+        many = prepare_prompts(lm, call.tokens_or_text)
         if many is not None:
             prompts: list[tuple[Any, Any]] = [(ids, None) for ids in many]
         else:
-            ids, mask = prepare(lm, tokens_or_text)
+            ids, mask = prepare(lm, call.tokens_or_text)
             if ids.shape[0] != 1:
                 return None
             prompts = [(ids, mask)]
-        specs = list(issued_specs(lm, steer))
+        specs = list(issued_specs(lm, call.steer))
         for a in {a.without_head() for a in addrs} | {a for sp in specs for a in sp.addresses}:
             resolve(lm, a)  # an absent point is refused here, in the caller's words
         reqs = [CaptureRequest(ids, mask, addrs, specs) for ids, mask in prompts]
         return BatchedCapture(batcher, reqs, lambda width, points: auto_batch_size(lm, width, points), many is not None)
 
-    def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any):
+    def generate(self, call: calls.Generate):
         lm = self.lm
-        kwargs["steer"] = self.issued(kwargs.get("steer"))
-        batcher, reqs, batch = self._request(prompt, max_new_tokens, kwargs, stream=False)
+        call = call.replace(steer=self.issued(call.steer))
+        batcher, reqs, batch = self._request(call, stream=False)
         if batcher is not None:
             return BatchedCall(batcher, reqs, batch)
-        return lambda: generate(lm, prompt, max_new_tokens, **kwargs)
+        return lambda: generate(lm, call.prompt, call.max_new_tokens, **call.keywords())
 
-    def stream(self, prompt: Any, max_new_tokens: int, **kwargs: Any) -> Iterator:
-        batcher, reqs, _ = self._request(prompt, max_new_tokens, kwargs, stream=True)
+    def stream(self, call: calls.GenerateStream) -> Iterator:
+        batcher, reqs, _ = self._request(call, stream=True)
         if batcher is not None:
             return BatchedStream(batcher, reqs)
-        return generate_stream(self.lm, prompt, max_new_tokens, **kwargs)
+        return generate_stream(self.lm, call.prompt, call.max_new_tokens, **call.keywords())
 
-    def _request(
-        self, prompt: Any, max_new_tokens: Any, kwargs: dict, stream: bool
-    ) -> tuple[Batcher | None, list[Request], bool]:
+    def _request(self, call: calls.Generate, stream: bool) -> tuple[Batcher | None, list[Request], bool]:
         """A generation as requests of the shared batch (ie_lab/eager/batcher.py), one per prompt of a list, each
         with that prompt's seed and the call's steering, captures, stops and length; checked now, every prompt
-        before any request is queued. No batcher where it runs on its own: a model that cannot pad, an argument
-        only generate_stream knows (it refuses it in its own words)."""
+        before any request is queued. No batcher where it runs on its own: a model that cannot pad."""
         batcher = self._batcher
-        if batcher is None or not set(kwargs) <= _PLAN_ARGS:
+        if batcher is None:
             return None, [], False
-        p = plan(self.lm, prompt, max_new_tokens, **kwargs)
+        kwargs = call.keywords()
+        p = plan(self.lm, call.prompt, call.max_new_tokens, **kwargs)
         own = {k: v for k, v in kwargs.items() if k in _REQUEST_ARGS}
         reqs = [
-            Request(replace(p, rows=[row], seeds=[seed], batch=False), max_new_tokens, stream=stream, index=i, **own)
+            Request(
+                replace(p, rows=[row], seeds=[seed], batch=False), call.max_new_tokens, stream=stream, index=i, **own
+            )
             for i, (row, seed) in enumerate(zip(p.rows, p.seeds))
         ]
         return batcher, reqs, p.batch
@@ -228,37 +260,31 @@ class EagerBackend:
                 "s.generate_stream(prompts) and print step.token by step.prompt_index."
             )
 
-    def attention(self, prompt: Any, layers: Any = None):
-        lm = self.lm
-        return self._steered(None, lambda: attention(lm, prompt, layers))
+    def attention(self, call: calls.Attention):
+        return self._steered(None, lambda: compute(self.lm, call))
 
-    def logit_lens(self, prompt: Any, **kwargs: Any):
-        lm = self.lm
-        return self._steered(None, lambda: logit_lens(lm, prompt, **kwargs))
+    def logit_lens(self, call: calls.LogitLens):
+        return self._steered(None, lambda: compute(self.lm, call))
 
-    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any):
+    def project(self, call: calls.Project):
         lm = self.lm
-        kwargs["steer"] = self.issued(kwargs.get("steer"))
-        return lambda: project(lm, prompt, address, directions, **kwargs)
+        call = call.replace(steer=self.issued(call.steer))  # read now, where it is issued
+        return lambda: compute(lm, call)
 
-    def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any):
-        lm = self.lm
-        return self._steered(None, lambda: patch(lm, prompt, source, addresses, **kwargs))
+    def patch(self, call: calls.Patch):
+        return self._steered(None, lambda: compute(self.lm, call))
 
-    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, **kwargs: Any):
-        lm = self.lm
-        return self._steered(None, lambda: patch_sweep(lm, clean, corrupted, metric, **kwargs))
+    def patch_sweep(self, call: calls.PatchSweep):
+        return self._steered(None, lambda: compute(self.lm, call))
 
-    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any):
-        lm = self.lm
-        return self._steered(None, lambda: mean_difference(lm, positive, negative, address, **kwargs))
+    def mean_difference(self, call: calls.MeanDifference):
+        return self._steered(None, lambda: compute(self.lm, call))
 
-    def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None):
-        lm = self.lm
-        batched = self._gradients_request(prompt, metric, addresses, of)
+    def gradients(self, call: calls.Gradients):
+        batched = self._gradients_request(call.prompt, call.metric, call.addresses, call.of)
         if batched is not None:
             return batched
-        return self._steered(None, lambda: gradients(lm, prompt, metric, addresses, of=of))
+        return self._steered(None, lambda: compute(self.lm, call))
 
     def _gradients_request(self, prompt: Any, metric: Any, addresses: Any, of: Any) -> Any:
         """A one-prompt, unsteered gradients() as a request computed together with those queued meanwhile, in one
@@ -286,10 +312,10 @@ class EagerBackend:
 
         return BatchedCapture(batcher, [req], rows_for, False)
 
-    def run(self, fn: Callable[[Any], Any]):
-        _check_callable(fn)
+    def run(self, call: calls.Run):
+        _check_callable(call.fn)
         lm = self.lm
-        return self._steered(None, lambda: fn(lm))
+        return self._steered(None, lambda: call.fn(lm))
 
     def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
         return make_spec(self.lm, address, vector, method=method, **kwargs)
@@ -324,7 +350,7 @@ class EagerBackend:
         return " ".join(parts)
 
     def points(self) -> PointsTable:
-        return PointsTable.for_model(self.lm)
+        return points_table(self.lm)
 
     def summary(self) -> str:
         f = self.lm.facts
@@ -337,4 +363,4 @@ class EagerBackend:
         return f"backend eager, {self.describe()}"
 
 
-__all__ = ["EagerBackend"]
+__all__ = ["EagerBackend", "compute"]

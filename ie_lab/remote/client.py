@@ -30,12 +30,12 @@ import torch
 
 from ..backend import CancelToken
 from ..cache import Cache
+from ..core import calls
 from ..core.addresses import parse_addresses
 from ..core.client_model import ClientModel
 from ..core.inputs import prepare_prompts
 from ..core.steer_spec import issued_specs, make_spec
 from ..errors import CapabilityUnsupported, IELabError, InputError, RequestFailed, check_flag
-from ..session import Session
 from .metrics import from_callable
 from .wire import (
     COMPRESS_HEADER,
@@ -306,18 +306,31 @@ class RemoteBackend:
             raise self._refusal(r.status_code, r.content)
         return r
 
-    def _with_steer(self, kwargs: dict, specs: Any) -> dict:
+    def _frame(self, call: calls.Record) -> dict:
+        """A record as it travels (ie_lab/remote/wire.py encodes it): its positional arguments, the keywords that
+        differ from their defaults, and the steering of the caller's context read now, where it is issued (the
+        record's own steer= first, for an operation that has one). The client's own encodings: a patch source
+        Cache as its tensors, a metric as data (ie_lab.remote.metrics), patch_sweep's layers as a list; what
+        stays here (patch_sweep's progress: the server draws no bar) is checked as locally and not sent."""
+        wire = call.wire_checks()
+        kwargs = {k: v for k, v in call.given().items() if wire.get(k) != "local"}
+        if "progress" in wire and wire["progress"] == "local":
+            check_flag("progress", call.progress)  # type: ignore[attr-defined]
+        args = list(call.positional())
+        if isinstance(call, calls.Patch) and isinstance(call.source, Cache):
+            args[1] = self._cache_tensors(call.source, call.addresses)
+        if isinstance(call, (calls.PatchSweep, calls.Gradients)):
+            args[2 if isinstance(call, calls.PatchSweep) else 1] = from_callable(call.metric)
+        if isinstance(kwargs.get("layers"), (range, tuple)):
+            kwargs["layers"] = list(kwargs["layers"])
+        specs = issued_specs(self.lm, kwargs.pop("steer", None))
         if specs:
             kwargs["steer"] = list(specs)
-        else:
-            kwargs.pop("steer", None)
-        return kwargs
+        return {"args": args, "kwargs": kwargs}
 
-    def _call(self, name: str, args: tuple, kwargs: dict, steer: Any = None) -> Any:
-        """The request, encoded now (in the caller's thread: a value that cannot travel refuses here), with the
-        steering of the caller's context read now, where it is issued."""
-        kwargs = self._with_steer(dict(kwargs), issued_specs(self.lm, steer))
-        return self._post(name, self._body({"args": list(args), "kwargs": kwargs}))
+    def _call(self, call: calls.Record) -> Any:
+        """The request, encoded now (in the caller's thread: a value that cannot travel refuses here)."""
+        return self._post(call.op, self._body(self._frame(call)))
 
     def _body(self, header: dict) -> bytes:
         frame = encode(header)
@@ -328,20 +341,17 @@ class RemoteBackend:
         return decode(r.content, results=True)["result"]
 
     # ---- operations: each returns a coroutine the Session runs on its loop ----------------------------
-    def capture(self, tokens_or_text: Any, addresses: Any, *, steer: Any = None, **kwargs: Any) -> Any:
-        return self._call("capture", (tokens_or_text, addresses), kwargs, steer)
+    # Each operation is its record sent as it is (_call): the server checks the same fields (ie_lab/remote/ops.py
+    # reads them from ie_lab/core/calls.py) and builds the same record at its Session's door.
+    def capture(self, call: calls.Capture) -> Any:
+        return self._call(call)
 
-    def generate(self, prompt: Any, max_new_tokens: int = 32, **kwargs: Any) -> Any:
-        steer = kwargs.pop("steer", None)
-        return self._call("generate", (prompt, max_new_tokens), kwargs, steer)
+    def generate(self, call: calls.Generate) -> Any:
+        return self._call(call)
 
-    async def astream(self, token: CancelToken, prompt: Any, max_new_tokens: int, kwargs: dict) -> AsyncIterator:
+    async def astream(self, token: CancelToken, call: calls.GenerateStream) -> AsyncIterator:
         httpx = _httpx()
-        kwargs = dict(kwargs)
-        steer = kwargs.pop("steer", None)
-        body = self._body(
-            {"args": [prompt, max_new_tokens], "kwargs": self._with_steer(kwargs, issued_specs(self.lm, steer))}
-        )
+        body = self._body(self._frame(call))
         if self._http is None:
             raise RequestFailed(f"the remote Session on {self.url} is closed; connect again.")
         try:
@@ -379,23 +389,20 @@ class RemoteBackend:
         except httpx.TransportError as e:
             raise self._gone(e) from None
 
-    def attention(self, prompt: Any, layers: Any = None) -> Any:
-        return self._call("attention", (prompt, layers), {})
+    def attention(self, call: calls.Attention) -> Any:
+        return self._call(call)
 
-    def logit_lens(self, prompt: Any, **kwargs: Any) -> Any:
-        return self._call("logit_lens", (prompt,), kwargs)
+    def logit_lens(self, call: calls.LogitLens) -> Any:
+        return self._call(call)
 
-    def project(self, prompt: Any, address: Any, directions: Any, **kwargs: Any) -> Any:
-        steer = kwargs.pop("steer", None)
-        return self._call("project", (prompt, address, directions), kwargs, steer)
+    def project(self, call: calls.Project) -> Any:
+        return self._call(call)
 
-    def mean_difference(self, positive: Any, negative: Any, address: Any, **kwargs: Any) -> Any:
-        return self._call("mean_difference", (positive, negative, address), kwargs)
+    def mean_difference(self, call: calls.MeanDifference) -> Any:
+        return self._call(call)
 
-    def patch(self, prompt: Any, source: Any, addresses: Any, **kwargs: Any) -> Any:
-        if isinstance(source, Cache):
-            source = self._cache_tensors(source, addresses)
-        return self._call("patch", (prompt, source, addresses), kwargs)
+    def patch(self, call: calls.Patch) -> Any:
+        return self._call(call)
 
     def _cache_tensors(self, cache: Cache, addresses: Any) -> dict:
         """A patch source Cache as it travels: the tensors at `addresses` (all of them where one is missing or
@@ -408,16 +415,13 @@ class RemoteBackend:
             return {str(a): t for a, t in cache.items()}
         return {str(a): cache[a] for a in wanted}
 
-    def patch_sweep(self, clean: Any, corrupted: Any, metric: Any, *, progress: bool = True, **kwargs: Any) -> Any:
-        check_flag("progress", progress)  # the server draws no bar; the flag is checked as locally
-        if isinstance(kwargs.get("layers"), (range, tuple)):
-            kwargs["layers"] = list(kwargs["layers"])
-        return self._call("patch_sweep", (clean, corrupted, from_callable(metric)), kwargs)
+    def patch_sweep(self, call: calls.PatchSweep) -> Any:
+        return self._call(call)
 
-    def gradients(self, prompt: Any, metric: Any, addresses: Any, *, of: Any = None) -> Any:
-        return self._call("gradients", (prompt, from_callable(metric), addresses), {} if of is None else {"of": of})
+    def gradients(self, call: calls.Gradients) -> Any:
+        return self._call(call)
 
-    def run(self, fn: Callable[[Any], Any]) -> Any:
+    def run(self, call: calls.Run) -> Any:
         self.require("run(fn) on the model object")  # raises: no code crosses to the server
 
     def issued(self, steer: Any) -> Any:
@@ -458,11 +462,4 @@ class RemoteBackend:
         return f"remote at {self.url}: {self._hello.get('describe', '')}"
 
 
-def connect(url: str, token: str | None = None, **kwargs: Any) -> Session:
-    """A Session on the model an `ie-lab serve` runs at url: the same methods, plain and awaited, as a local one.
-
-    token: the bearer token the server's operator gave you (default: $IE_LAB_TOKEN). See docs/REMOTE.md."""
-    return Session(url, backend="remote", token=token, **kwargs)
-
-
-__all__ = ["RemoteBackend", "RemoteModel", "connect"]
+__all__ = ["RemoteBackend", "RemoteModel"]

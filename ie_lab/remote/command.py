@@ -42,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     if missing:
         print(f"ie-lab serve needs {' and '.join(missing)}: pip install 'ie_lab[serve]'.", file=sys.stderr)
         return 2
-    from .server import serve
+    from .server_app import serve
 
     return serve(args)
 

@@ -16,6 +16,7 @@ import torch
 
 from ..address import Address
 from ..cache import Cache
+from ..core import calls
 from ..core.projection_args import SAE_KEYS
 from ..errors import IELabError, InputError
 from .metrics import KINDS, Metric
@@ -208,15 +209,32 @@ def _source(op: str, name: str, x: Any) -> Any:
     return PROMPTS(op, name, x)
 
 
-GEN = {
-    "temperature": _real,
-    "top_k": optional(_int),
-    "top_p": optional(_real),
+# The checks a record's field names (ie_lab/core/calls.py: `arg(..., wire="prompts")`): the server's per-argument
+# checks are read from the records, so an operation's arguments are declared once, there.
+CHECKS: dict[str, Check] = {
+    "prompt": PROMPT,
+    "prompts": PROMPTS,
+    "prompt_list": list_of(PROMPT),
+    "address": ADDRESS,
+    "addresses": ADDRESSES,
+    "optional_addresses": CAPTURE,
+    "layers": LAYERS,
+    "steer": STEER,
+    "text": _text,
+    "optional_text": optional(_text),
+    "int": _int,
+    "optional_int": optional(_int),
+    "real": _real,
+    "optional_real": optional(_real),
+    "flag": _flag,
     "seed": optional(one_of(_int, list_of(_int), want="an integer or a list of them")),
     "stop": optional(one_of(_text, list_of(_text), want="a string or a list of them")),
-    "n_logprobs": _int,
-    "keep_logits": _flag,
-    "ignore_eos": _flag,
+    "directions": _directions,
+    "optional_vector": optional(lambda o, n, x: _tensor(o, n, x, dims=1)),
+    "threshold": optional(one_of(_real, lambda o, n, x: _tensor(o, n, x, dims=1), want="a number or a tensor")),
+    "source": _source,
+    "optional_positions": optional(_index_list),
+    "metric": _metric,
 }
 
 
@@ -260,66 +278,38 @@ class RemoteOp:
         return out_args, out_kw
 
 
-_gen_params = (("prompt", PROMPTS, True), ("max_new_tokens", _int, False))
-_gen_keywords = {**GEN, "capture": CAPTURE, "steer": STEER}
+def served(record: type[calls.Record]) -> RemoteOp:
+    """The served operation of a record: its positional fields in order, its keyword fields that cross (a field
+    whose check is None stays local and is refused here by name; "local" ones are the client's own), and steer=
+    for the client's `with` blocks where the record has no steer= of its own."""
+    wire = record.wire_checks()
+    params: list[tuple[str, Check, bool]] = []
+    keywords: dict[str, Check] = {}
+    for p in record.parameters():
+        check = CHECKS.get(wire[p.name] or "")
+        if p.kind is p.POSITIONAL_OR_KEYWORD:
+            assert check is not None, (record.op, p.name)  # a served operation's positional arguments all cross
+            params.append((p.name, check, p.default is p.empty))
+        elif check is not None:
+            keywords[p.name] = check
+    scoped = "steer" not in wire
+    if scoped:
+        keywords["steer"] = STEER
+    return RemoteOp(
+        record.op,
+        tuple(params),
+        keywords,
+        stream=record is calls.GenerateStream,
+        tokens=record.tokens,
+        scoped_steer=scoped,
+    )
 
+
+# Every operation but run(fn) (code, which never crosses), then the facts, which take no arguments.
 OPS: dict[str, RemoteOp] = {
     op.name: op
     for op in (
-        RemoteOp("capture", (("tokens_or_text", PROMPTS, True), ("addresses", ADDRESSES, True)), {"steer": STEER}),
-        RemoteOp("generate", _gen_params, _gen_keywords, tokens="max_new_tokens"),
-        RemoteOp("generate_stream", _gen_params, _gen_keywords, stream=True, tokens="max_new_tokens"),
-        RemoteOp(
-            "attention", (("prompt", PROMPT, True), ("layers", LAYERS, False)), {"steer": STEER}, scoped_steer=True
-        ),
-        RemoteOp(
-            "logit_lens",
-            (("prompt", PROMPT, True),),
-            {"layers": LAYERS, "k": _int, "point": _text, "keep_logits": _flag, "steer": STEER},
-            scoped_steer=True,
-        ),
-        RemoteOp(
-            "project",
-            (("prompt", PROMPT, True), ("address", ADDRESS, True), ("directions", _directions, True)),
-            {
-                "bias": optional(lambda o, n, x: _tensor(o, n, x, dims=1)),
-                "activation": optional(_text),
-                "threshold": optional(
-                    one_of(_real, lambda o, n, x: _tensor(o, n, x, dims=1), want="a number or a tensor")
-                ),
-                "k": optional(_int),
-                "max_new_tokens": _int,
-                "steer": STEER,
-                **GEN,
-            },
-            tokens="max_new_tokens",
-        ),
-        RemoteOp(
-            "mean_difference",
-            (("positive", list_of(PROMPT), True), ("negative", list_of(PROMPT), True), ("address", ADDRESS, True)),
-            {"batch_size": optional(_int), "steer": STEER},
-            scoped_steer=True,
-        ),
-        # Patching and gradients: addresses, positions and layers as data; the metric one of metrics.KINDS.
-        RemoteOp(
-            "patch",
-            (("prompt", PROMPTS, True), ("source", _source, True), ("addresses", ADDRESSES, True)),
-            {"positions": optional(_index_list), "steer": STEER},
-            scoped_steer=True,
-        ),
-        RemoteOp(
-            "patch_sweep",
-            (("clean", PROMPTS, True), ("corrupted", PROMPTS, True), ("metric", _metric, True)),
-            {"point": _text, "over": _text, "layers": LAYERS, "batch_size": optional(_int), "steer": STEER},
-            scoped_steer=True,
-        ),
-        RemoteOp(
-            "gradients",
-            (("prompt", PROMPTS, True), ("metric", _metric, True), ("addresses", ADDRESSES, True)),
-            {"of": CAPTURE, "steer": STEER},
-            scoped_steer=True,
-        ),
-        # the facts: no arguments
+        *(served(r) for r in calls.RECORDS.values() if r is not calls.Run),
         RemoteOp("describe"),
         RemoteOp("points"),
         RemoteOp("facts"),

@@ -18,27 +18,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
-import hmac
 import os
 import struct
-import sys
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
-import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..capabilities import CAPABILITIES
-from ..core.files import read_bytes
-from ..errors import IELabError, InputError, RequestFailed
+from ..errors import IELabError
 from ..session import Session
 from .costs import Costs
 from .ops import OPS, ArgError
 from .server_defaults import DEFAULTS
+from .server_tokens import Tokens
 from .wire import (
     COMPRESS_HEADER,
     COMPRESSION,
@@ -49,7 +45,6 @@ from .wire import (
     VERSION_HEADER,
     LimitExceeded,
     SteerPayload,
-    WireError,
     accepts_compression,
     compress,
     encode,
@@ -59,11 +54,8 @@ from .wire import (
     protocol_mismatch,
     tensor_bytes,
 )
-from .wire import decode as decode_frame
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-TOKENS_ENV = "IE_LAB_SERVE_TOKENS"  # "alice:TOKEN,bob:TOKEN", for a server started without a tokens file
-MIN_TOKEN = 32  # characters: a shorter token is guessable, and refuses the file that holds it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,153 +68,6 @@ class Limits:
     max_concurrent: int = DEFAULTS["max_concurrent"][1][0]  # requests running at once per user
     request_timeout: float = DEFAULTS["request_timeout"][1][0]  # seconds, a stream's whole length included
     max_request_bytes: int = DEFAULTS["max_request_bytes"][1][0]
-
-
-MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-
-
-class Tokens:
-    """Bearer tokens, one per user: `NAME TOKEN` per line of the file (`#` starts a comment, blank lines are
-    skipped), or TOKENS_ENV's `name:token,name:token`. A token has at least MIN_TOKEN visible ASCII characters and
-    belongs to one user; a line that is not that refuses the whole file, naming the line (at start the server
-    does not start; on a running server no token of the file is valid until it is fixed). The file is read again
-    on every request and parsed again whenever its content changes (its hash: an edit that keeps the file's size
-    and modification time still counts), so adding or revoking a user needs no restart. A token is compared in
-    constant time against every known one."""
-
-    def __init__(self, path: str | None, env: str | None = None):
-        self.path = path
-        self._lock = threading.Lock()
-        self._digest: bytes | None = None
-        self._users: list[tuple[str, bytes]] = []
-        self._env = self._parse_env(env) if env else []
-        self._reload(strict=True)
-
-    @staticmethod
-    def _malformed(where: str, problem: str) -> InputError:
-        return InputError(
-            f"{where}: {problem}. Each line of a tokens file is 'NAME TOKEN': a name, a space, then a token of "
-            f"{MIN_TOKEN} or more visible ASCII characters that no other line holds ('#' starts a comment); make a "
-            f"token with: {MAKE_TOKEN}. Every token of the file is refused until the line is fixed."
-        )
-
-    @staticmethod
-    def _token(where: str, name: str, tok: str) -> bytes:
-        if len(tok) < MIN_TOKEN:
-            raise Tokens._malformed(
-                where, f"the token of {name!r} is {len(tok)} characters, shorter than {MIN_TOKEN} characters"
-            )
-        if not all(33 <= ord(c) <= 126 for c in tok):
-            raise Tokens._malformed(where, f"the token of {name!r} holds a character other than visible ASCII")
-        return tok.encode()
-
-    @staticmethod
-    def _parse(text: str, where: str) -> list[tuple[str, bytes]]:
-        users: list[tuple[str, bytes]] = []
-        seen: dict[bytes, int] = {}
-        for n, line in enumerate(text.splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            at = f"{where} line {n}"
-            parts = line.split()
-            if len(parts) != 2:
-                what = (
-                    "one field, 'NAME:TOKEN' (the environment's form: the file takes a space between them)"
-                    if len(parts) == 1 and ":" in parts[0]
-                    else "one field alone (a name without a token, or a token without a name)"
-                    if len(parts) == 1
-                    else f"{len(parts)} fields"
-                )
-                raise Tokens._malformed(at, f"the line holds {what}, not 'NAME TOKEN'")
-            name, tok = parts
-            key = Tokens._token(at, name, tok)
-            if key in seen:
-                raise Tokens._malformed(at, f"the token of {name!r} is the one on line {seen[key]} too")
-            seen[key] = n
-            users.append((name, key))
-        return users
-
-    @staticmethod
-    def _parse_env(env: str) -> list[tuple[str, bytes]]:
-        users: list[tuple[str, bytes]] = []
-        for i, item in enumerate((x.strip() for x in env.split(",")), 1):
-            if not item:
-                continue
-            name, sep, tok = item.partition(":")
-            at = f"${TOKENS_ENV} item {i}"
-            if not sep or not name.strip() or not tok.strip() or len(item.split()) != 1:
-                raise InputError(
-                    f"{at} is not 'name:token' (it is not shown here: it may be a secret). {TOKENS_ENV} holds "
-                    "'name:token,name:token' "
-                    f"(tokens of {MIN_TOKEN}+ visible ASCII characters; make one with: {MAKE_TOKEN})."
-                )
-            if len(tok) < MIN_TOKEN or not all(33 <= ord(c) <= 126 for c in tok):
-                raise InputError(
-                    f"{at}: the token of {name!r} is not {MIN_TOKEN}+ visible ASCII characters. {TOKENS_ENV} "
-                    f"holds 'name:token,name:token'; make a token with: {MAKE_TOKEN}."
-                )
-            users.append((name, tok.encode()))
-        return users
-
-    def _reload(self, strict: bool = False) -> None:
-        """Read the file; parse it again if its content changed. strict (at start): refuse rather than log."""
-        if self.path is None:
-            self._users = self._env
-            return
-        if not os.path.lexists(self.path):
-            if strict:
-                raise InputError(f"no tokens file at {self.path}: write 'NAME TOKEN' lines there.") from None
-            self._digest, self._users = None, self._env  # the file is gone: its users are revoked
-            return
-        try:
-            data = read_bytes(self.path, "the tokens file", "text")  # a FIFO or a huge file is refused, never read
-        except (OSError, InputError) as e:
-            if strict:
-                raise InputError(f"cannot read the tokens file {self.path}: {e}") from None
-            if self._digest != b"unreadable":
-                print(
-                    f"ie-lab serve: cannot read {self.path}: {e}; no file token is valid until it can be read.",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            self._digest, self._users = b"unreadable", self._env
-            return
-        digest = hashlib.sha256(data).digest()
-        if digest == self._digest:
-            return
-        self._digest = digest
-        try:
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(f"{self.path} is not UTF-8 text ({e}).") from None
-            users = self._parse(text, self.path)
-        except InputError as e:
-            if strict:
-                raise
-            print(f"ie-lab serve: {e}", file=sys.stderr, flush=True)  # once per content: the digest is kept
-            users = []
-        self._users = users + self._env
-
-    def user(self, header: str | None) -> str | None:
-        """The user a request's Authorization header names, or None."""
-        with self._lock:
-            self._reload()
-            users = list(self._users)
-        if not header or not header.startswith("Bearer "):
-            return None
-        given = header[7:].strip().encode()
-        found = None
-        for name, tok in users:  # every token is compared, whichever matches: the time does not tell which
-            if hmac.compare_digest(tok, given) and found is None:
-                found = name
-        return found
-
-    def count(self) -> int:
-        with self._lock:
-            self._reload()
-            return len(self._users)
 
 
 # How to ask for a smaller answer, per operation (the fix a max_capture_bytes refusal names).
@@ -619,167 +464,3 @@ def _tokenizer_files(tok: Any) -> dict[str, torch.Tensor]:
                 with open(path, "rb") as f:
                     out[name] = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
         return out
-
-
-def build_app(server: Server) -> FastAPI:
-    app = FastAPI(title="ie_lab", docs_url=None, redoc_url=None, openapi_url=None)  # no unauthenticated pages
-
-    def authorized(request: Request) -> str | None:
-        return server.tokens.user(request.headers.get("authorization"))
-
-    def unauthorized() -> Response:
-        server.refused += 1
-        return JSONResponse(
-            {
-                "error": {
-                    "class": "RequestFailed",
-                    "message": "no valid bearer token: send the header "
-                    "'Authorization: Bearer <token>' with a token from the server's tokens file "
-                    "(ie_lab.connect(url, token=...)).",
-                }
-            },
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-    @app.get("/v1/hello")
-    async def hello(request: Request) -> Response:
-        if authorized(request) is None:
-            return unauthorized()
-        return _protocol_refusal(request) or _framed(encode({"hello": server.hello()}), request)
-
-    @app.get("/v1/stats")
-    async def stats(request: Request) -> Response:
-        if authorized(request) is None:
-            return unauthorized()
-        return JSONResponse(
-            {
-                "operations": server.operations,
-                "running": server.running,
-                "refused": server.refused,
-                "cancelled": server.cancelled,
-                "forwards": server.forwards,
-            }
-        )
-
-    @app.post("/v1/op/{name}")
-    async def operation(name: str, request: Request) -> Response:
-        user = authorized(request)
-        if user is None:
-            return unauthorized()
-        mismatch = _protocol_refusal(request)
-        if mismatch is not None:
-            return mismatch
-        release = None
-        try:
-            if name not in OPS:
-                raise InputError(f"unknown operation {name[:60]!r}; this server runs {', '.join(sorted(OPS))}.")
-            body = await server.body(request)
-            args, kwargs = server.prepare(
-                name, decode_frame(body, results=False, limit=server.limits.max_request_bytes)
-            )
-            release = server.slot(user)  # before the costs are counted: at most max_concurrent at once per user
-            await server.admit(name, args, kwargs)
-            server.operations += 1
-            if OPS[name].stream:
-                held, release = release, None  # the stream gives it back when it ends
-                return await server.stream(
-                    args, kwargs, held, zipped=accepts_compression(request.headers.get(COMPRESS_HEADER))
-                )
-            result = await server.run(request, name, args, kwargs)
-            return _framed(encode({"result": result}, limit=server.limits.max_capture_bytes), request)
-        except _ClientGone:
-            return Response(status_code=499)
-        except (WireError, ArgError, IELabError) as e:
-            return _refusal(e)
-        except Exception as e:  # noqa: BLE001 - any other failure is this request's, reported as RequestFailed
-            return _refusal(RequestFailed(f"the server failed on this {name} request: {type(e).__name__}: {e}"))
-        finally:
-            if release is not None:
-                release()
-
-    return app
-
-
-# ---- the command -------------------------------------------------------------------------------------------
-
-
-def serve(args: Any) -> int:
-    """`ie-lab serve` (its options: command.py)."""
-    from ..core.demo import DEMO_MODEL
-
-    try:
-        tokens = Tokens(args.tokens_file, os.environ.get(TOKENS_ENV))
-    except InputError as e:  # a malformed line, a short token: the message names the line and the fix
-        print(f"ie-lab serve: {e}", file=sys.stderr)
-        return 2
-    if tokens.count() == 0:
-        print(
-            f"ie-lab serve: no usable token: write 'NAME TOKEN' lines (tokens of {MIN_TOKEN}+ characters) to a file "
-            f"and pass --tokens-file, or set {TOKENS_ENV}='name:token,...'. A server without tokens would refuse "
-            "every request.",
-            file=sys.stderr,
-        )
-        return 2
-    if args.host not in LOOPBACK:
-        print(
-            f"ie-lab serve: WARNING: listening on {args.host}, beyond this machine, over plain HTTP: tokens and "
-            "tensors cross the network unencrypted. Put it behind a TLS reverse proxy (docs/REMOTE.md) or an SSH "
-            "tunnel, and keep --host 127.0.0.1 for the server itself.",
-            file=sys.stderr,
-            flush=True,
-        )
-    limits = Limits(**{k: getattr(args, k) for k in DEFAULTS})
-    model = DEMO_MODEL if args.model == "demo" else args.model
-    options: dict[str, Any] = {}
-    if args.backend == "vllm" and args.tensor_parallel_size != 1:
-        options["tensor_parallel_size"] = args.tensor_parallel_size
-    for name in ("graph_points", "steer_points"):
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        if args.backend != "vllm":
-            print(
-                f"ie-lab serve: --{name.replace('_', '-')} is vLLM's graph mode; the eager backend taps every point "
-                "without it. Drop the option, or pass --backend vllm.",
-                file=sys.stderr,
-            )
-            return 2
-        options[name] = value
-    try:
-        session = Session(
-            model, backend=args.backend, device=args.device, dtype=args.dtype, progress=False, replace=False, **options
-        )
-    except IELabError as e:  # a refusal at load (an option this model or backend cannot take): its text is the fix
-        print(f"ie-lab serve: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    name = "ie_lab.DEMO_MODEL" if model == DEMO_MODEL else str(args.model)
-    server = Server(session, tokens, limits, name)
-    config = uvicorn.Config(
-        build_app(server),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        lifespan="off",
-        timeout_graceful_shutdown=5,
-    )
-    web = uvicorn.Server(config)
-
-    async def main() -> None:
-        task = asyncio.ensure_future(web.serve())
-        while not web.started and not task.done():
-            await asyncio.sleep(0.05)
-        if web.started:
-            port = web.servers[0].sockets[0].getsockname()[1]
-            print(
-                f"ie-lab serve: {name} on backend={session.backend} at http://{args.host}:{port} "
-                f"({tokens.count()} user token(s))",
-                flush=True,
-            )
-        await task
-
-    try:
-        asyncio.run(main())
-    finally:
-        session.close()
-    return 0

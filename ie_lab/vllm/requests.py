@@ -1,0 +1,264 @@
+"""Building and submitting vLLM requests for a VLLMBackend: what a request captures and steers (`_work_for`,
+checked before it reaches the engine), its sampling parameters, its prompt's ids, the request itself (registered
+with the worker, streamed, collected), and the steering specs a Session hands out. A room of VLLMBackend
+(ie_lab/vllm/backend.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import torch
+
+from ..address import Address
+from ..core.addresses import parse_addresses
+from ..core.inputs import prepare
+from ..core.steer_scope import active_specs, enter_scope, exit_scope
+from ..core.steer_spec import make_spec
+from ..errors import (
+    CapabilityUnsupported,
+    InputError,
+)
+from .checks import (
+    _Work,
+    check_graph_steer,
+    check_sampling,
+    check_served,
+)
+
+# vllm itself is imported inside the methods that build requests (SamplingParams, TokensPrompt): it is an optional,
+# heavy dependency, and importing this module must not import it.
+from .results import _raise_if_failed
+from .wire import RECOMPUTED, pack
+
+
+def _steer_payload(spec: Any) -> list[dict]:
+    kwargs = spec.method_kwargs()
+    pos = spec.positions
+    if isinstance(pos, torch.Tensor):
+        pos = pack(pos.to(torch.uint8))
+    elif not isinstance(pos, str):
+        pos = [int(x) for x in pos]
+    return [
+        {
+            "address": str(a),
+            "method": spec.method,
+            "kwargs": kwargs,
+            "vector": pack(spec.vector.float()),
+            "positions": pos,
+        }
+        for a in spec.addresses
+    ]
+
+
+def _as_specs(steer: Any) -> list[Any]:
+    if steer is None:
+        return []
+    items = [steer] if not isinstance(steer, (list, tuple)) else list(steer)
+    return [s.spec if isinstance(s, _VLLMSteer) else s for s in items]
+
+
+class _Requests:
+    """Requests: what they carry, checked before the engine sees them, and submitting one."""
+
+    # ---- the request path -------------------------------------------------------------------------
+    def _work_for(self, capture: Any, steer: Any) -> tuple[list[Address], _Work]:
+        addrs = parse_addresses(self.lm, capture) if capture else []
+        points: list[str] = []
+        attn: list[Any] = []  # layers of the recomputed attention points
+        for a in addrs:
+            check_served(self.lm, a)
+            base = a.without_head()
+            if a.name in RECOMPUTED:
+                attn.append(a.layer)
+            else:
+                points.append(str(base))
+        # The `with spec:` blocks of the calling context (read now, as the request is issued) and steer=. A spec
+        # entered twice, or also passed as steer=, applies once.
+        specs: list = []
+        for sp in self._entered_specs() + _as_specs(steer):
+            if not any(sp is x for x in specs):
+                specs.append(sp)
+        payload = []
+        for sp in specs:
+            if getattr(sp, "lm", None) is not self.lm:
+                raise InputError("this steering spec was made on another model; make it with this Session's steer().")
+            payload += _steer_payload(sp)
+        if self._graph is not None:
+            sites = [p["address"] for p in payload]
+            for a in sites:
+                check_graph_steer(self.lm, Address.parse(a))
+            twice = sorted({a for a in sites if sites.count(a) > 1})
+            if twice:
+                raise CapabilityUnsupported(
+                    f"steering {', '.join(twice)} with {sites.count(twice[0])} specs in one request in graph mode",
+                    "each declared site holds one method, vector and set of numbers per request in the compiled "
+                    "trunk's buffers.",
+                    "steer each site with one spec per request (several add specs are one add of their summed "
+                    "vectors), or create the Session without graph_points / steer_points (hooks apply them in turn).",
+                )
+        return addrs, _Work(sorted(set(points)), sorted(set(attn)), payload, specs=specs)
+
+    def _entered_specs(self) -> list:
+        """This Session's specs entered with `with spec:` in the calling context (task, thread, or cell): the
+        scope contract every backend shares (docs/STEERING.md, ie_lab/core/steer_scope.py). The request runs in a copy
+        of the caller's context (run_coroutine_threadsafe copies it), so this reads the caller's blocks."""
+        return active_specs(self.lm)
+
+    def _check_room(self, n_tokens: int, what: str) -> None:
+        """vLLM schedules an output token after every sequence it runs, so a sequence needs one free position."""
+        if self._max_len and n_tokens + 1 > self._max_len:
+            raise CapabilityUnsupported(
+                f"{what} of {n_tokens} tokens on backend='vllm'",
+                f"vLLM computes a sequence only while scheduling one more token after it, so it needs one free "
+                f"position: {n_tokens} + 1 exceeds the context of {self._max_len}."
+                + (f" {self._len_why}" if self._len_why else ""),
+                "shorten the prompt (or max_new_tokens) by one token, or use backend='eager', which captures a full "
+                "context.",
+            )
+
+    async def _request(
+        self, ids: list[int], params: Any, work: _Work, box: dict, tail: Callable[[], list[int]] | None = None
+    ) -> AsyncGenerator[Any, None]:
+        """Submit one request; yield its output deltas; put what the worker collected into box['collected'].
+
+        With ``tail`` (a capture during generation), the last generated token has not been through the model when
+        the request ends: one more forward over prompt + generated runs under the same spec and cache salt, so
+        the prefix cache serves everything but the last block and the capture covers every position."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_open()
+        rid = uuid.uuid4().hex
+        prompt = TokensPrompt(prompt_token_ids=list(ids))
+        registered = False
+        if not work.empty:
+            spec = {
+                "points": work.points,
+                "attn_layers": work.attn_layers,
+                "steer": work.steer,
+                "lens": work.lens,
+                "prompt_len": len(ids),
+                "project": work.project,
+                "special_ids": sorted(getattr(self.lm.tokenizer, "all_special_ids", []) or []),
+            }
+            await self._driver.rpc("ie_register", rid, spec)
+            registered = True
+            params.extra_args = {"ie_lab": rid}
+            prompt["cache_salt"] = rid  # never share KV blocks with other requests: they are read or edited
+        self._inflight.add(rid)
+        box["rid"] = rid
+        done = False
+        try:
+            async with contextlib.aclosing(self._driver.generate(prompt, params, rid)) as stream:
+                async for out in stream:
+                    yield out
+                    done = out.finished
+            extra = tail() if (registered and tail is not None and done) else []
+            if extra:
+                follow = TokensPrompt(prompt_token_ids=list(ids) + list(extra), cache_salt=rid)
+                fparams = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"ie_lab": rid})
+                fid = uuid.uuid4().hex
+                self._inflight.add(fid)
+                try:
+                    async with contextlib.aclosing(self._driver.generate(follow, fparams, fid)) as stream:
+                        async for _ in stream:
+                            pass
+                finally:
+                    self._inflight.discard(fid)
+            if registered:
+                res = (await self._driver.rpc("ie_collect", rid))[0]
+                registered = False
+                _raise_if_failed(res)
+                box["collected"] = res
+        finally:
+            self._inflight.discard(rid)
+            if registered:  # aborted, failed or abandoned: the worker forgets the request
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._driver.rpc("ie_release", rid))
+            box["done"] = done
+
+    def _ids(self, prompt: Any) -> torch.Tensor:
+        ids, mask = prepare(self.lm, prompt)
+        if mask is not None and not bool(mask.all()):
+            raise InputError(
+                "prompts of different lengths: on backend='vllm' pass one prompt per call (concurrent "
+                "calls are batched by vLLM)."
+            )
+        return ids
+
+    def _params(self, max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs, ignore_eos=False):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        max_logprobs = getattr(getattr(self._driver, "args", None), "max_logprobs", None)
+        stops = check_sampling(
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            stop,
+            n_logprobs,
+            ignore_eos,
+            vocab=self.lm.facts.vocab_size,
+            max_logprobs=max_logprobs,
+        )
+        return SamplingParams(
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k or 0,
+            top_p=1.0 if top_p is None else top_p,
+            seed=None if seed is None else int(seed),  # a numpy integer passes the check; vLLM wants an int
+            stop=stops or None,
+            logprobs=n_logprobs,
+            output_kind=RequestOutputKind.DELTA,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            ignore_eos=bool(ignore_eos),
+        )
+
+    def issued(self, steer: Any) -> Any:
+        return steer  # a request reads the caller's `with` blocks itself, where it is issued (_work_for)
+
+    def check_printable(self, prompt: Any) -> None:
+        pass  # one prompt per call: the request itself refuses a list
+
+    # ---- steering ---------------------------------------------------------------------------------
+    def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
+        """A steering spec on this model: pass steer=spec to generate / capture, or `with spec:` to steer the
+        requests issued inside the block from the same task or thread (other tasks and threads are untouched)."""
+        self._check_open()
+        self._refuse_in_generate_mode("steering")
+        spec = make_spec(self.lm, address, vector, method=method, **kwargs)
+        for a in spec.addresses:
+            check_graph_steer(self.lm, a)  # first: in graph mode only declared sites are bound at all
+            check_served(self.lm, a, steering=True)
+        return _VLLMSteer(spec, self)
+
+
+class _VLLMSteer:
+    """A steering spec on vLLM: pass as steer=..., or `with spec:` to steer the requests this context issues inside."""
+
+    def __init__(self, spec: Any, session: Any):
+        self.spec, self.session = spec, session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.spec, name)
+
+    def __enter__(self) -> "_VLLMSteer":
+        # Steers the requests issued inside the block from this context only (a ContextVar of open scopes: each
+        # asyncio task gets a copy when it is created, a new thread starts empty). No hook is placed: vLLM
+        # requests carry their specs to the worker.
+        self.session._check_open()
+        enter_scope(self.spec)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        exit_scope(self.spec)
+
+    def __repr__(self) -> str:
+        return repr(self.spec).replace("SteerSpec(", "SteerSpec[vllm](", 1)
