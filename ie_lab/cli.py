@@ -35,6 +35,7 @@ from .coverage import build_tiny, causal_lm_types
 from .errors import IELabError, InputError, plural
 from .points_table import layer_kinds, layer_kinds_text, width_of
 from .remote.command import add_serve_command
+from .sizing.command import add_size_command
 
 # Exit codes: 2 for a command line that cannot work as written (argparse's own convention), 1 for a refusal or an
 # environment that lacks something, 0 otherwise.
@@ -687,6 +688,7 @@ def parser() -> argparse.ArgumentParser:
     )
     doc.set_defaults(run=_doctor, takes_extra=False)
     add_serve_command(sub)  # `ie-lab serve`: its options in ie_lab/remote/command.py
+    add_size_command(sub)  # `ie-lab size`: its options in ie_lab/sizing/command.py
     return top
 
 
