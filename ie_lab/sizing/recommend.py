@@ -223,7 +223,11 @@ class Sizing:
     # ---- text ----
     def summary(self) -> str:
         p = self.params
-        q = f" ({self.quant.method}, {self.quant.bits_per_weight:.2f} bits per packed weight)" if self.quant else ""
+        q = (
+            f" ({self.quant.method} at {self.quant.bits_per_weight:.2f} bits per packed weight, the rest in {self.dtype})"
+            if self.quant
+            else f" in {self.dtype}"
+        )
         moe = f", {p.active / 1e9:.2f}B active per token" if p.active != p.total else ""
         mtp = (
             f"; the checkpoint's {p.mtp_layers} multi-token-prediction layer(s) add ~{p.mtp_params / 1e9:.2f}B "
@@ -231,7 +235,7 @@ class Sizing:
             if p.mtp_layers and p.mtp_params
             else ""
         )
-        counts = ", ".join(f"{n} {k}" for k, n in self.layout.counts().items())
+        counts = ", ".join(f"{n} {_KIND_WORDS[k]}" for k, n in self.layout.counts().items())
         state = f" + {self.state_bytes / 2**20:.1f} MiB of fixed state per sequence" if self.layout.state else ""
         window = (
             " (sliding-window layers stop growing at their window)"
@@ -240,7 +244,7 @@ class Sizing:
         )
         return (
             f"{self.name}: {p.total / 1e9:.2f}B parameters{moe} ({p.source}){mtp}\n"
-            f"weights {self.weights_bytes / GIB:.1f} GiB in {self.dtype}{q}\n"
+            f"weights {self.weights_bytes / GIB:.1f} GiB{q}\n"
             f"KV cache {self.kv_bytes_per_token / 1024:.1f} KiB per token{state}{window} in {self.kv_dtype}; "
             f"layers: {counts}"
         )
@@ -294,6 +298,12 @@ class Sizing:
 
 
 _KV_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1}
+_KIND_WORDS = {
+    "attention": "full-attention",
+    "sliding": "sliding-window",
+    "latent": "latent-attention",
+    "state": "state",
+}
 
 
 def _k(n: int | None) -> str:
