@@ -296,6 +296,28 @@ def test_size_command(tmp_path, capsys):
     assert "61 latent" in out and "8x H200 141GB" in out
     assert main(["size", str(tmp_path / "missing")]) == 2
     assert "download the config first" in capsys.readouterr().err
+    assert main(["size", "bart"]) == 1  # refused as ie_lab refuses it: an encoder-decoder's decoder stack
+    assert "encoder-decoder" in capsys.readouterr().err
+
+
+def test_unknown_model_type_falls_back_to_config_arithmetic_and_says_so():
+    """A config.json of a family this transformers does not know (a trust_remote_code model): config arithmetic,
+    labelled; Llama-3-8B's shape under another name is still 8.03B."""
+    d = {
+        "model_type": "mystery_lm",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+    }
+    s = sizing.size(d, tokens=16384)
+    assert s.params.source.startswith("config arithmetic") and round(s.params.total / 1e7) == 803
+    assert s.kv_bytes_per_token == 32 * 8 * 128 * 2 * 2
+    assert s.plan("H100").max_model_len == 8192 and any("context is 8192 tokens" in n for n in s.notes())
+    assert "note: the model's context is 8192" in repr(s)
 
 
 def test_panel_shows_verdict_and_a_row_per_gpu():

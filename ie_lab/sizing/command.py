@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import IELabError
+from ..errors import IELabError, InputError
 from .gpus import GPUS
 from .params import DTYPE_BYTES, WEIGHT_ONLY
 
@@ -67,6 +67,8 @@ def _size_cmd(args: argparse.Namespace) -> int:
         )
         print(repr(s))
     except IELabError as e:
+        # 2: a command line that cannot work as written (an unknown model or GPU); 1: a refusal (a family ie_lab
+        # does not bind), as every ie-lab command answers (docs/CLI.md)
         print(f"ie-lab size: {e}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(e, InputError) else 1
     return 0

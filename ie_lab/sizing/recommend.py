@@ -281,15 +281,26 @@ class Sizing:
         rows = [tuple(head)] + self.rows()
         widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
-        notes = "".join(f"\nnote: {n}" for n in self.layout.notes) + (
-            f"\nnote: {self.quant.note}" if self.quant and self.quant.note else ""
-        )
+        notes = "".join(f"\nnote: {n}" for n in self.notes())
         return (
             f"{self.summary()}\n{self.verdict()}\n\n"
             + "\n".join(lines)
             + "\n(decode: one sequence, memory-bandwidth bound; prefill: compute bound at the datasheet's dense bf16"
             " peak; both are limits no engine exceeds)" + notes
         )
+
+    def notes(self) -> list[str]:
+        """What the numbers leave out or cap: unsized mixer state, an unknown quantization, the model's context."""
+        out = list(self.layout.notes)
+        if self.quant is not None and self.quant.note:
+            out.append(self.quant.note)
+        max_pos = self.facts.max_positions
+        if isinstance(max_pos, int) and 0 < max_pos < self.tokens:
+            out.append(
+                f"the model's context is {max_pos} tokens (max_position_embeddings): max_model_len stops there, the "
+                f"cache is still sized for {self.tokens}"
+            )
+        return out
 
     def _repr_html_(self) -> str:
         from ..widgets.sizing import sizing_html

@@ -41,7 +41,7 @@ def sizing_html(s: Any) -> str:
         cells += [f"<td style='{_CELL}'>{e(c)}</td>" for c in row[1:-1]]
         cells.append(f"<td style='{_CELL};{'' if plan.fits else _NO}'>{e(row[-1])}</td>")
         body.append(f"<tr class='iel-sizing-row' data-fits='{int(plan.fits)}'>{''.join(cells)}</tr>")
-    notes = "".join(f"<div style='{_MUTED}'>note: {e(n)}</div>" for n in s.layout.notes)
+    notes = "".join(f"<div style='{_MUTED}'>note: {e(n)}</div>" for n in s.notes())
     return (
         f"<div class='iel-sizing' style='{_STYLE}'>"
         f"<div style='{_MUTED};margin-bottom:4px'><b style='color:var(--jp-ui-font-color1,#222);font-size:14px'>"
