@@ -57,7 +57,7 @@ def sweep(tmp_path_factory):
     from transformers import CONFIG_MAPPING
 
     root = tmp_path_factory.mktemp("configs")
-    out: dict[str, tuple[int, sizing.ParamCount]] = {}
+    out: dict[str, tuple[int, sizing.ParamCount, object]] = {}
     unbuildable: dict[str, str] = {}
     for mt in _survey_types():
         config = None
@@ -77,7 +77,7 @@ def sweep(tmp_path_factory):
         folder = root / mt
         folder.mkdir()
         config.save_pretrained(folder)
-        out[mt] = (ref, sizing.count_params(sizing.resolve_config(str(folder))))
+        out[mt] = (ref, sizing.count_params(sizing.resolve_config(str(folder))), config)
     return out, unbuildable
 
 
@@ -88,11 +88,11 @@ def test_parameter_count_equals_meta_instantiation_on_every_coverage_type(sweep)
     assert len(counted) >= 170
     wrong = {
         mt: (ref, p.total, p.source)
-        for mt, (ref, p) in counted.items()
+        for mt, (ref, p, _) in counted.items()
         if abs(p.total - ref) > 0.01 * ref or not p.source.startswith("meta-device")
     }
     assert not wrong, wrong
-    for mt, (_, p) in counted.items():  # the breakdown partitions the total
+    for mt, (_, p, _) in counted.items():  # the breakdown partitions the total
         assert p.embedding + p.lm_head + p.quantizable <= p.total, mt
         assert 0 <= p.experts <= p.quantizable and p.active <= p.total, mt
 
@@ -112,6 +112,30 @@ def test_parameter_counts_match_published_totals(sweep):
     assert counted["mamba2"][1].total == counted["mamba2"][0]
     # tied embeddings have no separate head; untied ones do
     assert counted["gemma2"][1].lm_head == 0 and counted["llama"][1].lm_head == 32000 * 4096
+
+
+# The trunks the config-arithmetic fallback must size exactly (it answers for model types transformers cannot build
+# here, e.g. trust_remote_code checkpoints): dense, MoE with shared experts and dense prefixes, latent attention,
+# Mamba, Mamba 2, and the hybrids whose parts it knows. The arithmetic before issue 30 was 8.8x off on DeepSeek-V3
+# and 1.81x on Mamba 2.
+ARITHMETIC_EXACT = (
+    "llama mistral qwen2 qwen3 gemma2 phi3 granite mixtral qwen2_moe qwen3_moe olmoe glm4_moe gpt_oss deepseek_v2 "
+    "deepseek_v3 mamba mamba2 jamba falcon_h1 qwen3_next"
+).split()
+
+
+def test_config_arithmetic_within_one_percent_of_the_meta_count(sweep):
+    from ie_lab.arch.config_facts import ArchFacts
+    from ie_lab.sizing.params import arithmetic_count
+
+    counted, _ = sweep
+    off = {}
+    for mt in ARITHMETIC_EXACT:
+        ref, _, config = counted[mt]
+        n = arithmetic_count(ArchFacts.from_config(config))
+        if abs(n - ref) > 0.01 * ref:
+            off[mt] = round(n / ref, 3)
+    assert not off, off
 
 
 def test_quantized_weights_bytes_from_quantization_config():

@@ -149,7 +149,7 @@ def count_params(config: Any) -> ParamCount:
                 f"cannot size model type {d.get('model_type')!r}: transformers cannot build it ({why}) and its "
                 "config states no hidden size, layer count and head count the arithmetic could use."
             )
-        n = facts.n_params_estimate()
+        n = arithmetic_count(facts)
         emb = facts.vocab_size * facts.d_model
         return ParamCount(
             total=n,
@@ -200,6 +200,106 @@ def count_params(config: Any) -> ParamCount:
         mtp_params=mtp_params,
         source=f"meta-device instantiation of {type(model).__name__}",
         matrices=matrices,
+    )
+
+
+def arithmetic_count(f: ArchFacts) -> int:
+    """Parameters from config keys alone: the fallback for a model type transformers cannot build here.
+
+    Covers the common trunk shapes: GQA or latent (MLA) attention with optional biases and q/k norms, gated or
+    plain MLPs, routed experts with shared experts and a dense prefix, Mamba and Mamba 2 mixers, pre/sandwich
+    norms, tied or untied embeddings. tests/test_sizing.py holds it to 1% of the meta-device count on Llama,
+    Mistral, Qwen3, Gemma 2, Mixtral, Qwen3-MoE, DeepSeek-V3, Mamba and Mamba 2; a family with other parts
+    (per-layer embeddings, hyper-connections, exotic mixers) is off by what those parts weigh."""
+    d, dm = f.d_model, f.raw
+    bias = bool(dm.get("attention_bias") or dm.get("qkv_bias") or dm.get("bias"))
+    if f.n_heads == 0:
+        attn = 0
+    elif f.kv_lora_rank:
+        nope, rope, v = int(dm.get("qk_nope_head_dim") or 0), int(dm.get("qk_rope_head_dim") or 0), f.value_head_dim
+        qk = nope + rope
+        q = d * f.q_lora_rank + f.q_lora_rank + f.q_lora_rank * f.n_heads * qk if f.q_lora_rank else d * f.n_heads * qk
+        kv = d * (f.kv_lora_rank + rope) + f.kv_lora_rank + f.kv_lora_rank * f.n_heads * (nope + v)
+        attn = q + kv + f.n_heads * v * d
+    else:
+        attn = d * (f.q_width + 2 * f.kv_width) + f.q_width * d
+        attn += (f.q_width + 2 * f.kv_width + d) * bias + 2 * f.head_dim * f.qk_norm
+        attn += d * f.q_width * f.attn_gate  # a gated attention's q_proj also projects the gate
+    mlp_bias = bool(dm.get("mlp_bias"))
+
+    def mlp(width: int) -> int:
+        return (3 if f.gated_mlp else 2) * d * width + (2 * width + d if mlp_bias else 0)
+
+    dense = mlp(int(dm.get("intermediate_size") or f.d_mlp))
+    moe_width = int(dm.get("moe_intermediate_size") or f.d_mlp)
+    shared = int(dm.get("n_shared_experts") or dm.get("num_shared_experts") or 0) * mlp(moe_width)
+    if dm.get("shared_expert_intermediate_size"):
+        shared += mlp(int(dm["shared_expert_intermediate_size"])) + d  # and its sigmoid gate
+    routed = (
+        f.n_experts * mlp(moe_width) + d * f.n_experts + (f.n_experts if dm.get("topk_method") == "noaux_tc" else 0)
+    )
+    mixer = _ssm_mixer_count(f, dm)
+    norms = (4 if f.sandwich_norms else 2) * d
+    total = 0
+    moe = set(f.moe_layers)
+    for i in range(f.n_layers):
+        kind = f.mixer_kinds[i] if i < len(f.mixer_kinds) else ""
+        sub = f.block_sublayers[i] if i < len(f.block_sublayers) else ""
+        if sub:  # a single-sublayer trunk (Nemotron-H): one mixer, attention or MLP block and its norm
+            total += d + {"mixer": mixer, "attention": attn}.get(sub, routed + shared if i in moe else dense)
+            continue
+        if kind == "state_space":  # a Mamba block: the mixer and one norm, no MLP
+            total += mixer + d
+            continue
+        token_mixer = (attn if not kind else mixer) + (mixer if f.parallel_mixer else 0)
+        total += token_mixer + norms + (routed + shared if i in moe else dense)
+    emb = f.vocab_size * d
+    return total + d + emb * (1 if f.tie_word_embeddings else 2)
+
+
+def _ssm_mixer_count(f: ArchFacts, dm: dict[str, Any]) -> int:
+    """One Mamba (selective scan), Mamba 2 (SSD) or Gated DeltaNet mixer's parameters, from the keys kv.py reads."""
+    d = f.d_model
+    if dm.get("linear_num_value_heads"):  # Gated DeltaNet (Qwen3-Next, Qwen3.5)
+        nk, nv = dm["linear_num_key_heads"], dm["linear_num_value_heads"]
+        dk, dv, k = dm["linear_key_head_dim"], dm["linear_value_head_dim"], dm.get("linear_conv_kernel_dim") or 4
+        # in_proj to (q, k, v, z) and (beta, a); depthwise conv over q, k, v; dt_bias and A_log per value head;
+        # the gated norm over a head; out_proj
+        return d * (2 * nk * dk + 2 * nv * dv) + d * 2 * nv + (2 * nk * dk + nv * dv) * k + 2 * nv + dv + nv * dv * d
+    n = dm.get("state_size") or dm.get("mamba_d_state") or 0
+    k = dm.get("conv_kernel") or dm.get("mamba_d_conv") or 4
+    if not n:
+        return 0
+    if f.model_type == "mamba2" or dm.get("mamba_n_heads"):
+        heads = dm.get("num_heads") if f.model_type == "mamba2" else dm.get("mamba_n_heads")
+        hd = dm.get("head_dim") if f.model_type == "mamba2" else dm.get("mamba_d_head")
+        inner = dm.get("mamba_d_ssm") or heads * hd
+        g = dm.get("n_groups") or dm.get("mamba_n_groups") or 1
+        conv = inner + 2 * g * n
+        gated_norm = inner if dm.get("mamba_rms_norm", True) else 0
+        # in_proj to (z, x, B, C, dt); depthwise conv with bias; dt_bias, A_log, D per head; gated norm; out_proj
+        return d * (2 * inner + 2 * g * n + heads) + conv * k + conv + 3 * heads + gated_norm + inner * d
+    if f.model_type in ("mamba", "falcon_mamba"):
+        inner = dm.get("intermediate_size") or 2 * d
+    else:  # a hybrid's intermediate_size is its MLP's
+        inner = int((dm.get("mamba_expand") or dm.get("expand") or 2) * d)
+    rank = dm.get("time_step_rank", dm.get("mamba_dt_rank"))
+    rank = -(-d // 16) if rank in (None, "auto") else int(rank)
+    # Jamba normalises dt, B and C inside its mixer (a model-type fact no config key states; sizing keeps it here
+    # rather than in arch.quirks, which describes the residual stream)
+    inner_norms = rank + 2 * n if f.model_type == "jamba" else 0
+    # in_proj to (x, z); conv with bias; x_proj to (dt, B, C); dt_proj with bias; A_log; D; out_proj
+    return (
+        d * 2 * inner
+        + inner * k
+        + inner
+        + inner * (rank + 2 * n)
+        + rank * inner
+        + inner
+        + inner * n
+        + inner
+        + inner * d
+        + inner_norms
     )
 
 
