@@ -151,6 +151,30 @@ def test_quantized_weights_bytes_from_quantization_config():
     assert sizing.size(cfg, dtype="bfloat16").weights_bytes == s.params.total * 2
 
 
+def test_modules_a_quantization_config_keeps_unquantized():
+    """compressed-tensors' `ignore` ("re:" patterns) and GPTQ's modules_to_not_convert (names, globs) leave those
+    matrices at 16 bits: here the MoE routers."""
+    from transformers import CONFIG_MAPPING
+
+    cfg = CONFIG_MAPPING["qwen3_moe"]().to_dict()
+    scheme = {"weights": {"num_bits": 4, "strategy": "group", "group_size": 128, "symmetric": True}}
+    routers = cfg["num_hidden_layers"] * cfg["hidden_size"] * cfg["num_local_experts"]  # mlp.gate: d -> experts
+    bpw = 4 + 16 / 128
+    full = sizing.size(
+        dict(cfg, quantization_config={"quant_method": "compressed-tensors", "config_groups": {"g": scheme}})
+    )
+    for qc in (
+        {"quant_method": "compressed-tensors", "config_groups": {"g": scheme}, "ignore": ["lm_head", "re:.*mlp.gate$"]},
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False, "modules_to_not_convert": ["mlp.gate"]},
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False, "modules_to_not_convert": ["*.mlp.gate"]},
+    ):
+        s = sizing.size(dict(cfg, quantization_config=qc))
+        bits = bpw if qc["quant_method"] == "compressed-tensors" else 4 + 20 / 128
+        packed = s.params.quantizable - routers
+        assert s.weights_bytes == pytest.approx((s.params.total - packed) * 2 + packed * bits / 8, rel=1e-12), qc
+    assert full.weights_bytes < s.weights_bytes
+
+
 def test_mxfp4_packs_the_experts_only():
     from transformers import CONFIG_MAPPING
 

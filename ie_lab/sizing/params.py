@@ -8,6 +8,7 @@ allocating a byte (a 671B DeepSeek-V3 in a tenth of a second), so the count is t
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -336,8 +337,11 @@ class Quantization:
     def applies(self, name: str) -> bool:
         module = name.rsplit(".", 1)[0]
         for s in self.skip:
-            if s.startswith("re:"):
+            if s.startswith("re:"):  # compressed-tensors' regular expressions
                 if re.search(s[3:], module):
+                    return False
+            elif "*" in s:  # glob patterns (gpt-oss: "model.layers.*.self_attn")
+                if fnmatch.fnmatchcase(module, s) or fnmatch.fnmatchcase(module, s + ".*"):
                     return False
             elif module == s or module.endswith("." + s) or ("." + s + ".") in ("." + module + "."):
                 return False
