@@ -250,6 +250,9 @@ def _cache_bytes(cache) -> int:
         ("jamba", {}),  # Mamba + attention
         ("falcon_h1", {}),  # Mamba 2 beside attention in every layer
         ("zamba2", {}),  # Mamba 2 + a shared attention block
+        ("nemotron_h", {}),  # single-sublayer blocks: Mamba 2, attention, MLP
+        ("kimi_linear", {}),  # Kimi Delta Attention + latent attention
+        ("lfm2", {}),  # short convolutions + attention
     ],
 )
 def test_kv_equals_the_cache_transformers_allocates(model_type, keys):

@@ -6,8 +6,8 @@ Four kinds of layer, four rules:
   token attends to itself and those);
 - latent attention (MLA: DeepSeek-V2/V3, MiniCPM 3, Kimi K2): the compressed latent and the shared rotary key,
   kv_lora_rank + qk_rope_head_dim values per token, not K and V per head (vLLM and transformers both cache that);
-- linear attention and state-space mixers (Mamba, Mamba 2, Gated DeltaNet): a convolution window and a recurrent
-  state of fixed size per sequence, whatever its length.
+- linear attention and state-space mixers (Mamba, Mamba 2, Gated DeltaNet, Kimi Delta Attention, LFM2's short
+  convolutions): a convolution window and a recurrent state of fixed size per sequence, whatever its length.
 Hybrids mix them per layer. tests/test_sizing.py checks every rule against the cache transformers allocates.
 """
 
@@ -78,6 +78,11 @@ def _state_values(d: dict[str, Any], facts: ArchFacts) -> int | None:
         dk, dv = d["linear_key_head_dim"], d["linear_value_head_dim"]
         kernel = d.get("linear_conv_kernel_dim") or 4
         return (2 * nk * dk + nv * dv) * kernel + nv * dk * dv
+    if d.get("linear_num_heads") and d.get("linear_head_dim"):  # Kimi Delta Attention: conv over q, k, v; S per head
+        heads, hd = d["linear_num_heads"], d["linear_head_dim"]
+        return 3 * heads * hd * (d.get("linear_conv_kernel_dim") or 4) + heads * hd * hd
+    if d.get("conv_L_cache"):  # LFM2's short convolutions: the last conv_L_cache inputs, d_model wide
+        return facts.d_model * int(d["conv_L_cache"])
     n_state = _first(d, *_SSM_STATE)
     kernel = _first(d, *_SSM_CONV)
     if not n_state or not kernel:
