@@ -341,6 +341,7 @@ def test_size_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Qwen3-32B: 32.76B parameters" in out
     assert "Qwen3-32B on one A100 80GB with ~" in out and "--max-model-len 8192" in out
+    assert f"vllm serve {tmp_path / 'Qwen3-32B'} --tensor-parallel-size 1" in out  # the folder, ready to run
     assert "H100" not in out  # --gpu: that one row
     assert main(["size", "deepseek_v3", "--dtype", "fp8", "--gpu", "H200"]) == 0
     out = capsys.readouterr().out

@@ -86,6 +86,8 @@ class Sizing:
     gpu_memory_utilization: float = 0.9
     gpus: tuple[GPU, ...] = GPUS
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    # what `vllm serve` is given: the folder sized, the config's hub id, else a placeholder to fill in
+    serve_as: str = "MODEL"
 
     # ---- bytes ----
     @property
@@ -255,7 +257,7 @@ class Sizing:
             return f"{self.name} does not fit {self.tokens} tokens on 8 of any GPU in the table; quantize it."
         cache = f"~{_k(b.kv_tokens)} tokens of KV cache" if b.kv_tokens is not None else "a fixed-size cache"
         where = "one" if b.tp == 1 else f"{b.tp}x"
-        return f"{self.name} on {where} {b.gpu.name} with {cache}: {b.command(self.name)}"
+        return f"{self.name} on {where} {b.gpu.name} with {cache}: {b.command(self.serve_as)}"
 
     def rows(self) -> list[tuple[str, ...]]:
         out = []
@@ -387,6 +389,7 @@ def size(
     name = _name(model, d)
     return Sizing(
         name=name,
+        serve_as=_serve_as(model, d),
         facts=facts,
         params=params,
         dtype=unquantized,
@@ -398,6 +401,20 @@ def size(
         gpus=gpus,
         raw=raw,
     )
+
+
+def _serve_as(model: Any, d: dict[str, Any]) -> str:
+    if isinstance(model, (str, os.PathLike)):
+        text = os.fspath(model)
+        if os.path.isdir(text):
+            return text
+        if os.path.isfile(text):
+            return os.path.dirname(text) or "."
+        if "/" in text:
+            return text  # a hub id from the local cache
+        return "MODEL"  # a model type: its reference size has no checkpoint of its own
+    name = str(d.get("_name_or_path") or "")
+    return name if name and "/" in name else "MODEL"
 
 
 def _name(model: Any, d: dict[str, Any]) -> str:
