@@ -25,6 +25,7 @@ from typing import Any
 from . import cli_doctor, cli_points
 from .cli_common import FAILED, USAGE, version
 from .remote.command import add_serve_command
+from .sizing.command import add_size_command
 
 __all__ = ["COMMANDS", "FAILED", "USAGE", "lab_command", "main", "parser"]
 
@@ -158,6 +159,7 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (
     cli_points.add_command,
     cli_doctor.add_command,
     add_serve_command,  # `ie-lab serve`: its options in ie_lab/remote/command.py
+    add_size_command,  # `ie-lab size`: its options in ie_lab/sizing/command.py
 )
 
 

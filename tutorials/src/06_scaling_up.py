@@ -22,6 +22,26 @@ print(f"~{est.n_params / 1e9:.1f}B parameters, {est.weights_bytes / 2**30:.1f} G
 ie_lab.sizing.table(gemma2_2b, "bfloat16", context=8192)
 
 # %% [markdown]
+# ## Which GPU, which vLLM settings, how much KV cache: the sizing panel
+#
+# `ie_lab.sizing.size` counts the parameters on the meta device (exact on MoE, latent-attention, state-space and
+# hybrid trunks alike), reads the checkpoint's quantization, lays out the cache layer by layer (sliding windows,
+# MLA latents, SSM state), and for each GPU finds the smallest tensor-parallel size that holds the weights and the
+# tokens you ask for, with a roofline of decode and prefill speed. It takes a config dict, a folder with
+# `config.json`, or a model type (its reference size); nothing is downloaded. `docs/SIZING.md` has the rules.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+qwen3_32b = {"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
+             "tie_word_embeddings": False, "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+s = ie_lab.sizing.size(qwen3_32b, gpu="A100 80GB", tokens=8192)
+print(s.verdict())
+
+# %%
+ie_lab.sizing.panel(qwen3_32b, tokens=32768)  # every GPU of the table; the smallest set that fits is starred
+
+# %% [markdown]
 # ## GPT-2 and Gemma 2 on a GPU
 
 # %%

@@ -7,7 +7,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from .arch.config_facts import ArchFacts
+from ..arch.config_facts import ArchFacts
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1, "int4": 0.5}
 # Usable memory of common accelerators in GiB (what the device reports, before any framework overhead).
@@ -124,7 +124,7 @@ def batch_size_for(
     (a single row is what the unbatched code runs anyway) and at most `cap` (past a few dozen rows a forward is
     compute-bound, so more rows buy no speed). `facts` is an ArchFacts or a config.
     """
-    from .errors import InputError
+    from ..errors import InputError
 
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
         raise InputError(f"batch_size_for: n_tokens must be a positive integer, got {n_tokens!r}.")
