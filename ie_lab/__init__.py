@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from . import points
 from .address import Address
 from .core import calls as _calls
-from .core.demo import DEMO_MODEL
+from .core.demo import DEMO_MODEL, DEMO_SAE
 from .errors import (
     AddressError,
     ArchitectureUnsupported,
@@ -107,9 +107,9 @@ gradients = _free(_calls.Gradients)
 mean_difference = _free(_calls.MeanDifference)
 
 
-def load_sae(path: Any, model: Any = None, **kwargs: Any):
-    """A sparse autoencoder from a SAELens folder or a safetensors dict, attached to the point its hook name means on
-    model; see docs/SAE.md."""
+def load_sae(path: Any = None, model: Any = None, **kwargs: Any):
+    """A sparse autoencoder from a SAELens folder or a safetensors dict (or a published one by release= and sae_id=),
+    attached to the point its hook name means on model; see docs/SAE.md."""
     from .sae import load_sae as _load_sae
 
     return _load_sae(path, model, **kwargs)
@@ -145,6 +145,7 @@ __all__ = [
     "RequestFailed",
     "StructureError",
     "DEMO_MODEL",
+    "DEMO_SAE",
     "apply_chat_template",
     "attention",
     "attribution_patch",

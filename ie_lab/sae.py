@@ -135,7 +135,18 @@ class SAE:
         return f"SAE({self.activation}, d_in={self.d_in}, d_sae={self.d_sae}, at {where}, hook {self.hook_name!r})"
 
 
-def load_sae(path: Any, model: Any = None, *, address: Any = None, engine: str = "transformerlens") -> SAE:
+def load_sae(
+    path: Any = None,
+    model: Any = None,
+    *,
+    address: Any = None,
+    engine: str = "transformerlens",
+    release: Any = None,
+    sae_id: Any = None,
+    repo_id: Any = None,
+    revision: Any = None,
+    cache_dir: Any = None,
+) -> SAE:
     """Load an SAE: a SAELens folder (cfg.json + sae_weights.safetensors), or a plain .safetensors dict with SAELens'
     names (W_enc [d, n], b_enc [n], W_dec [n, d], b_dec [d], threshold [n] for JumpReLU; ReLU without threshold).
 
@@ -145,7 +156,14 @@ def load_sae(path: Any, model: Any = None, *, address: Any = None, engine: str =
 
     Everything is checked before the SAE is built (docs/SAE.md, "Refused, with the reason"): the config's fields,
     the tensors' names, dtypes, shapes and values, the two against each other, and the point; each refusal is an
-    InputError (or an AddressError for the point) naming the file, the field and the fix."""
+    InputError (or an AddressError for the point) naming the file, the field and the fix.
+
+    release= and sae_id= (SAELens' registry names), or repo_id= and sae_id= (the folder in that repo), name a
+    published SAE instead of path: its folder comes from the Hugging Face cache (ie_lab/sae_release.py)."""
+    if any(v is not None for v in (release, sae_id, repo_id, revision, cache_dir)):
+        from .sae_release import resolve
+
+        path = resolve(path, release, sae_id, repo_id, revision, cache_dir)
     try:
         path = os.fsdecode(os.fspath(path))
     except TypeError:

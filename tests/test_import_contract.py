@@ -77,6 +77,7 @@ LAYERS = {
     "ie_lab.mappers": "tools",
     "ie_lab.sae": "tools",
     "ie_lab.sae_files": "tools",
+    "ie_lab.sae_release": "tools",
     "ie_lab.coverage": "tools",
     "ie_lab.toy": "tools",
     "ie_lab.tiny": "tools",
