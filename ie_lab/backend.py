@@ -15,6 +15,8 @@ record the Session built and checked, never loose keywords.
 from __future__ import annotations
 
 import importlib
+import threading
+import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,6 +40,25 @@ class CancelToken:
     def __init__(self) -> None:
         self.cancelled = False
         self.interrupted = False  # set with cancelled by a SIGINT the caller's event loop did not turn into a cancel
+
+
+# Coroutines a backend asks its Session's loop to run as that loop ends (ie_lab/session/handoff.py's _serve_loop),
+# after its tasks are cancelled: a backend stopped on the loop's own thread cannot wait there for a coroutine (an
+# HTTP client's aclose), and a task it started would be cancelled with the rest before it finished.
+_LOOP_CLOSERS: weakref.WeakKeyDictionary[Any, list[Callable[[], Any]]] = weakref.WeakKeyDictionary()
+_LOOP_CLOSERS_LOCK = threading.Lock()
+
+
+def close_with_loop(loop: Any, closer: Callable[[], Any]) -> None:
+    """Run closer() (a coroutine function) on loop when the Session's loop thread ends."""
+    with _LOOP_CLOSERS_LOCK:
+        _LOOP_CLOSERS.setdefault(loop, []).append(closer)
+
+
+def loop_closers(loop: Any) -> list[Callable[[], Any]]:
+    """The closers registered for loop, handed over once (the loop thread runs them)."""
+    with _LOOP_CLOSERS_LOCK:
+        return _LOOP_CLOSERS.pop(loop, [])
 
 
 @dataclass(frozen=True)

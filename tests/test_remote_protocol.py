@@ -254,6 +254,36 @@ def test_a_script_that_ends_with_remote_sessions_open_or_closed_exits_cleanly(se
     assert not noise, r.stderr[-3000:]
 
 
+OWN_LOOP_SCRIPT = """
+import sys
+import ie_lab
+s = ie_lab.connect(sys.argv[1], token=sys.argv[2], replace=False, progress=False)
+s.generate("The cat", max_new_tokens=2)
+client = s._backend._http
+s._loop.call_soon_threadsafe(s.close)  # closed on the session's own loop thread (a callback or coroutine there)
+s._thread.join(timeout=60)
+print("client closed on the loop thread:", client.is_closed, "thread ended:", not s._thread.is_alive())
+"""
+
+
+def test_a_remote_session_closed_on_its_own_loop_thread_closes_its_client(server, token):
+    """Closing on the loop thread cannot wait there for the HTTP client's aclose: the loop runs it as it ends
+    (backend.close_with_loop), so the connections shut and no "unclosed" warning is printed."""
+    r = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error::ResourceWarning", "-c", OWN_LOOP_SCRIPT, server.url, token],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONASYNCIODEBUG": "0"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[-1] == "client closed on the loop thread: True thread ended: True", r.stdout
+    noise = [
+        ln for ln in r.stderr.splitlines() if re.search(r"Exception ignored|Traceback|ResourceWarning|nclosed", ln)
+    ]
+    assert not noise, r.stderr[-3000:]
+
+
 def test_prepend_bos_is_applied_before_the_wire(server, token, local):
     """A remote Session turns text into ids by prepend_bos itself: the server runs what a local Session would."""
     with ie_lab.connect(server.url, token=token, replace=False, progress=False, prepend_bos=False) as s:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..backend import CancelToken
+from ..backend import CancelToken, close_with_loop
 from ..cache import Cache
 from ..core import calls
 from ..core.addresses import parse_addresses
@@ -245,7 +245,10 @@ class RemoteBackend:
             return
         atexit.unregister(self._close_at_exit)
         loop = getattr(self, "_loop", None)
-        if loop is None or loop.is_closed() or threading.current_thread().name == self.thread_name:
+        if loop is None or loop.is_closed():
+            return
+        if threading.current_thread().name == self.thread_name:  # stopped on the loop's own thread: it cannot wait
+            close_with_loop(loop, http.aclose)  # here, so the loop runs aclose as it ends (session/handoff.py)
             return
         coro = http.aclose()
         try:

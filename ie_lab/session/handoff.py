@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..backend import CancelToken as _CancelToken
-from ..backend import OperationCancelled, SessionClosed
+from ..backend import OperationCancelled, SessionClosed, loop_closers
 
 _WORKING = threading.local()  # .leases: the operations this thread holds the lock of (computing, or a paused stream)
 _END = object()
@@ -113,6 +113,9 @@ def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
                 t.cancel()
             if tasks:
                 loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            for closer in loop_closers(loop):  # a backend stopped on this thread (a remote client's aclose)
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(asyncio.wait_for(closer(), timeout=5))
             loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()  # its selector and wake-up pipe: three file descriptors per session
 
