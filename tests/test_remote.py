@@ -25,6 +25,8 @@ import time
 import pytest
 import torch
 
+from tests.numerics import assert_batched_close
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -670,8 +672,8 @@ def test_sixteen_concurrent_clients_each_equal_their_solo_run(server, local, tok
         assert [str(a) for a in results[i][1]] == points[i]
         for a in points[i]:
             # concurrent generations share the eager server's batched decode loop (issue 16): equal up to a batched
-            # matmul's float32 rounding (relative; these steered activations reach ~20)
-            torch.testing.assert_close(results[i][1][a], solo[i][1][a], atol=1e-5, rtol=1e-5)
+            # matmul's float32 rounding at the tensor's scale (these steered activations reach ~20)
+            assert_batched_close(results[i][1][a], solo[i][1][a], f"client {i} {a}")
     assert len({tuple(r[0]) for r in results}) > 1  # the clients did steer differently
 
 

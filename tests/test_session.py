@@ -11,6 +11,7 @@ import torch
 import ie_lab
 from ie_lab.toy import tiny_model
 from tests.conftest import assert_clean
+from tests.numerics import assert_batched_close, batched_close
 
 
 def test_sync_and_async_twins_agree(session):
@@ -100,7 +101,10 @@ def test_concurrent_threads_queue_and_get_their_own_answers(session):
         t.join()
     assert not errors
     for p in prompts:
-        assert torch.equal(out[p], expected[p])
+        # queued together, captures read in one padded forward: equal to the solo run up to float32 rounding
+        assert_batched_close(out[p], expected[p], p)
+        # and to no other prompt's answer (the check fails a neighbour's row of the same shape)
+        assert not any(batched_close(out[p], expected[q]) for q in prompts if q != p), p
 
 
 def test_async_tasks_at_once_do_not_interleave_a_stream_with_a_steered_capture(session):
