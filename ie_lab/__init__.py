@@ -1,5 +1,11 @@
 """ie_lab: a Jupyter-first workbench for looking inside language models.
 
+The interface is the Session: `s = ie_lab.Session(model)` (an HF id, a folder, a model object and its tokenizer,
+or a server's address), then `s.capture(...)`, `s.generate(...)`, `s.steer(...)` and the other operations, plain
+and awaited (`s.acapture`), the same on every backend (docs/SESSION.md). The free functions `ie_lab.capture(model,
+...)`, `ie_lab.generate(model, ...)` and the rest are thin doors onto the same calls over a model object: each is
+the Session method of the same name, with the same arguments, computed at once on the calling thread.
+
 `import ie_lab` imports neither torch nor transformers: the errors, Address, the point registry and DEMO_MODEL are
 plain Python, and every other name (Session, load, connect, Cache, the analyses...) is imported where it is first
 read (a module-level __getattr__, PEP 562), so `ie-lab --help` answers before any of them loads.
@@ -75,11 +81,11 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-# ---- the operations on a model object: ie_lab.capture(lm, ...) --------------------------------------------
-# Thin doors onto the same records a Session's methods build (ie_lab/core/calls.py): the call becomes its record
-# here (an unknown keyword is refused naming the nearest one), and ie_lab.eager.backend.compute runs it on the
-# model, on this thread. A Session (ie_lab.Session) is the interface for everything else (queueing, interrupts,
-# batching, other backends); these take an EagerModel or a transformers model and run it at once.
+# ---- the operations on a model object: ie_lab.capture(model, ...) is s.capture(...) -------------------------
+# The Session (ie_lab.Session) is the interface. These are thin doors onto the same records its methods build
+# (ie_lab/core/calls.py): the call becomes its record here (an unknown keyword is refused naming the nearest one),
+# and ie_lab.eager.backend.compute runs it on the model, on this thread. They take an EagerModel or a
+# transformers model and compute at once; queueing, interrupts, batching and the other backends are the Session's.
 
 
 def _free(record: type[_calls.Record]) -> Any:
@@ -90,7 +96,10 @@ def _free(record: type[_calls.Record]) -> Any:
 
     operation.__name__ = operation.__qualname__ = record.op
     operation.__module__ = __name__
-    operation.__doc__ = f"{record.doc} On a model object, at once; Session.{record.op} is the same call on a Session."
+    operation.__doc__ = (
+        f"{record.doc}\n\nie_lab.{record.op}(model, ...) is s.{record.op}(...) on a Session over model (ie_lab.Session, "
+        f"the interface), with the same arguments, computed at once on this thread."
+    )
     operation.__signature__ = _calls.signature_with(record, before=("model",))  # type: ignore[attr-defined]
     return operation
 
@@ -116,7 +125,8 @@ def load_sae(path: Any = None, model: Any = None, **kwargs: Any):
 
 
 def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: Any):
-    """A steering spec: `with ie_lab.steer(lm, "resid_post.3", v, scale=4): ...` or generate(..., steer=spec)."""
+    """A steering spec on model: s.steer(address, vector, ...) on a Session over model (ie_lab.Session, the
+    interface). `with s.steer("resid_post.3", v, scale=4): ...` or s.generate(..., steer=spec)."""
     from .eager.steer import make_spec
 
     return make_spec(model, address, vector, method=method, **kwargs)

@@ -41,7 +41,7 @@ def _options_md() -> str:
 
     return (
         "\n## Options that change the answer\n\n"
-        "What each option of `ie_lab.load` / `Session` does to the tensors you get back on the eager backend. Each "
+        "What each option of `Session` (and `ie_lab.load`) does to the tensors you get back on the eager backend. Each "
         "either gives the raw transformers model's answer under the same option or refuses; the load line says "
         "which kernel, dtype and device were used and whether your model object was copied or put in eval mode.\n\n"
         + loading.options_markdown()

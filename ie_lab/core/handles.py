@@ -33,5 +33,5 @@ def as_lm(model: Any, adopt: Callable[[Any], Any] | None = None) -> Any:
         return adopt(model)
     raise InputError(
         f"model must be a Session, a model from ie_lab.load(...), or a transformers model; got "
-        f"{type(model).__name__}. Load one first: lm = ie_lab.load('path or HF id')."
+        f"{type(model).__name__}. Open one first: s = ie_lab.Session('path or HF id')."
     )

@@ -82,7 +82,7 @@ class EagerModel:
                 ComputeDiffersWarning(
                     f"{self.name} runs {impl!r} attention, which changes its answers: {'; '.join(drops)}. To compute "
                     f"what the model defines, load it with attn_implementation={quirks.FAITHFUL_ATTENTION!r} (a folder or "
-                    f"id: ie_lab.load(path) picks it), or call model.set_attn_implementation("
+                    f"id: ie_lab.Session(path) picks it), or call model.set_attn_implementation("
                     f"{quirks.FAITHFUL_ATTENTION!r}) on your object first."
                 ),
                 stacklevel=_caller_level(),

@@ -17,7 +17,7 @@ _MHC = BackendVerdict(Verdict.SERVED, "Only on trunks that carry several residua
 _MIXER_STATE = BackendVerdict(
     Verdict.SERVED,
     "Read after the forward from where the mixer leaves it, as the binder measured at load: the cache transformers "
-    "fills for the layer (ie_lab.capture runs the forward with one), the cache the model returns (xLSTM), or the mixer "
+    "fills for the layer (a capture runs the forward with one), the cache the model returns (xLSTM), or the mixer "
     "module itself (RecurrentGemma, put back as it was after); capture only.",
 )
 
