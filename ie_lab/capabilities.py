@@ -124,7 +124,10 @@ class GradSupport:
         """Raise CapabilityUnsupported for `what` (an operation's words) unless gradients are available."""
         if not self.available:
             raise CapabilityUnsupported(
-                what, "; ".join(self.reasons), self.instead or "use backend='eager'", backend=f"backend={self.backend!r}"
+                what,
+                "; ".join(self.reasons),
+                self.instead or "use backend='eager'",
+                backend=f"backend={self.backend!r}",
             )
 
 

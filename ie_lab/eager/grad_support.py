@@ -9,8 +9,10 @@ Known blockers, each named in the verdict:
   the calling thread itself inside torch.inference_mode(), where no graph is recorded at all (torch.enable_grad()
   does not lift it);
 - a module whose forward is decorated with torch.no_grad() or torch.inference_mode() (a custom kernel's wrapper):
-  nothing flows back through it. Rotary embeddings are left out: transformers decorates theirs so, and their
-  output (cos, sin) depends on positions alone, never on an activation.
+  nothing flows back through it. Left out are the modules transformers itself decorates so whose output carries
+  no derivative anyway: rotary and sinusoidal position embeddings (cos, sin or a table of positions alone, never a
+  function of an activation) and sparse attention's indexers (DeepSeek V3.2's: a top-k choice of keys, discrete;
+  the attention over the chosen keys keeps its gradient).
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ import torch
 from ..capabilities import GradSupport, table_grad_support
 from .model import lm_of
 
-_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
+_FLOAT8 = tuple(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
 # bitsandbytes' parameter classes: stored as uint8 / int8, with matmuls whose backward reaches the input
 _DIFFERENTIABLE_QUANTIZED = ("Params4bit", "Int8Params")
 _SHOWN = 3  # names listed per reason; the rest counted
+# class-name parts of the no_grad-decorated modules whose output has no derivative to lose (the module docstring)
+_NO_DERIVATIVE = ("Rotary", "Positional", "Indexer")
 
 
 def _listed(what: str, items: list[str]) -> str:
@@ -90,7 +98,7 @@ def grad_support(model: Any) -> GradSupport:
     blocked = []
     for name, m in lm.hf.named_modules():
         ctx = _no_grad_forward(m)
-        if ctx is not None and "Rotary" not in type(m).__name__:  # positions only: see the module's docstring
+        if ctx is not None and not any(part in type(m).__name__ for part in _NO_DERIVATIVE):
             blocked.append((name or "the model", type(m).__name__, ctx))
     if blocked:
         ctxs = sorted({c for _, _, c in blocked})

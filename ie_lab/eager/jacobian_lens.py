@@ -167,9 +167,7 @@ def fit_jacobian_lens(
     device = lm.device
     acc = [torch.zeros(d, d, dtype=acc_dtype, device=device) for _ in layers]
     n = 0
-    bar = tqdm(
-        total=sum(r.shape[1] for r in rows) * d, desc="fitting Jacobian lens", disable=not progress, leave=False
-    )
+    bar = tqdm(total=sum(r.shape[1] for r in rows) * d, desc="fitting Jacobian lens", disable=not progress, leave=False)
     try:
         with lm.lock:
             for ids in rows:
