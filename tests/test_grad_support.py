@@ -15,6 +15,7 @@ from ie_lab import capabilities
 from ie_lab.eager.grad_support import grad_support
 from ie_lab.toy import tiny_model
 from tests.conftest import assert_clean, hook_count
+from tests.remote_fixtures import server_fixture, token_fixture  # noqa: F401 (pytest fixtures: server, token)
 
 
 def _lm():
@@ -161,3 +162,15 @@ def test_a_remote_session_reads_the_servers_verdict():
     assert not verdict and verdict.reasons == ("parameter w (int8) holds ...",) and verdict.backend == "remote (eager)"
     backend._hello = {"backend": "vllm"}  # a server from before the verdict: its backend's cell
     assert backend.grad_support() == capabilities.table_grad_support("vllm")
+
+
+def test_a_served_model_sends_its_verdict_and_the_jacobian_lens_stays_local(server, token):
+    pytest.importorskip("fastapi")
+    remote = ie_lab.connect(server.url, token=token, replace=False, progress=False)
+    try:
+        verdict = remote.grad_support()
+        assert verdict and verdict.backend == "remote (eager)" and verdict.reasons == ()
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="fit_jacobian_lens on a remote Session"):
+            remote.fit_jacobian_lens("The cat")
+    finally:
+        remote.close()
