@@ -10,6 +10,7 @@ the output) are shown to be far from the reference, so the comparison can fail.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import pytest
@@ -112,8 +113,9 @@ def test_the_jacobian_is_the_finite_difference_of_the_final_residual(family):
         # the neighbours a wrong implementation would return are far from the reference
         assert _rel(J.T[:, cols], want) > 1e-2, "the transpose"
         assert _rel(jl.jacobian(1 - L)[:, cols], want) > 1e-2, "another layer's Jacobian"
-        assert _rel(want, _fd_columns(lm, L, read="norm")) > 1e-2, "the final norm's output, not the residual"
-        assert _rel(want, _fd_columns(lm, L, same_position=False)) > 1e-2, "every output position summed"
+        if L == 0:  # the two other definitions are far from this one (one layer shows it; each costs a sweep)
+            assert _rel(want, _fd_columns(lm, L, read="norm")) > 1e-2, "the final norm's output, not the residual"
+            assert _rel(want, _fd_columns(lm, L, same_position=False)) > 1e-2, "every output position summed"
         # the transport is h -> h @ J^T: it maps a change of the layer's residual to the final residual's change
         A, b = jl.transports[L]
         torch.testing.assert_close(A, J.T) and torch.testing.assert_close(b, torch.zeros_like(b))
@@ -147,6 +149,10 @@ def test_the_transports_go_to_the_logit_lens():
 def test_a_session_fits_it_and_refuses_bad_input_before_any_hook(session):
     jl = session.fit_jacobian_lens(["The cat sat", "A dog"], [0], progress=False)
     assert isinstance(jl, JacobianLens) and list(jl.transports) == [0]
+    awaited = asyncio.run(session.afit_jacobian_lens(["The cat sat", "A dog"], [0], progress=False))
+    torch.testing.assert_close(awaited.jacobian(0), jl.jacobian(0))  # the twin computes on the loop thread
+    free = ie_lab.fit_jacobian_lens(session._lm, ["The cat sat", "A dog"], [0], progress=False)
+    torch.testing.assert_close(free.jacobian(0), jl.jacobian(0))
     lm = session._lm
     with pytest.raises(ie_lab.InputError, match="prompt 1"):
         session.fit_jacobian_lens([[5, 6, 7], [1, 10**6]], progress=False)
