@@ -113,6 +113,7 @@ project = _free(_calls.Project)
 patch = _free(_calls.Patch)
 patch_sweep = _free(_calls.PatchSweep)
 gradients = _free(_calls.Gradients)
+fit_jacobian_lens = _free(_calls.FitJacobianLens)
 mean_difference = _free(_calls.MeanDifference)
 
 
@@ -161,6 +162,7 @@ __all__ = [
     "attribution_patch",
     "capture",
     "cheatsheet",
+    "fit_jacobian_lens",
     "fit_tuned_lens",
     "generate",
     "generate_stream",

@@ -93,6 +93,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(calls.Patch, "patch", capability="activation patching and sweeps"),
     Operation(calls.PatchSweep, "patch_sweep", capability="activation patching and sweeps"),
     Operation(calls.Gradients, "gradients", capability="gradients"),
+    Operation(calls.FitJacobianLens, "fit_jacobian_lens", capability="gradients"),
     Operation(calls.MeanDifference, "mean_difference"),
     Operation(calls.Run, "run", capability="run(fn) on the model object"),
 )
@@ -129,8 +130,9 @@ class Backend(Protocol):
       require(capability)  raise CapabilityUnsupported for a capability row (ie_lab/capabilities.py) this backend
                         does not support; called before an operation that names one. Eager and vLLM read their
                         column of the table; a new backend may read a column it adds, or answer for itself.
-      capture, generate, attention, logit_lens, project, mean_difference; patch, patch_sweep, gradients and run
-      where `require` lets them through (otherwise they are never called, and need not exist).
+      capture, generate, attention, logit_lens, project, mean_difference; patch, patch_sweep, gradients,
+      fit_jacobian_lens and run where `require` lets them through (otherwise they are never called, and need not
+      exist).
       stream(call: GenerateStream) -> Iterator[GenStep] (on_loop False), or
       astream(token, call: GenerateStream) -> AsyncIterator[GenStep] (on_loop True).
       issued(steer)     the steering of the caller's context, read where a stream is issued.
@@ -143,7 +145,9 @@ class Backend(Protocol):
       check_printable(prompt)  refuse what generate(print_tokens=True) cannot print.
 
     Facts and reprs: raw_model(), describe(), points(), summary() (the repr's fields after the name), headline()
-    (the HTML repr's text).
+    (the HTML repr's text), grad_support() (a capabilities.GradSupport: whether gradients are available on this
+    model here and what blocks them, answered without a forward; capabilities.table_grad_support(column) for a
+    backend with no model in this process to look at).
     """
 
     name: str
@@ -168,6 +172,7 @@ class Backend(Protocol):
     def patch(self, call: calls.Patch) -> Any: ...
     def patch_sweep(self, call: calls.PatchSweep) -> Any: ...
     def gradients(self, call: calls.Gradients) -> Any: ...
+    def fit_jacobian_lens(self, call: calls.FitJacobianLens) -> Any: ...
     def mean_difference(self, call: calls.MeanDifference) -> Any: ...
     def run(self, call: calls.Run) -> Any: ...
     def issued(self, steer: Any) -> Any: ...
@@ -179,6 +184,7 @@ class Backend(Protocol):
     def points(self) -> Any: ...
     def summary(self) -> str: ...
     def headline(self) -> str: ...
+    def grad_support(self) -> Any: ...
 
     # on_loop False only (a loop-style backend need not have them):
     def stream(self, call: calls.GenerateStream) -> Iterator[Any]: ...

@@ -95,6 +95,51 @@ def require(name: str, backend: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class GradSupport:
+    """Whether gradients with respect to activations (gradients(), attribution_patch(), capture(..., grad=True),
+    fit_jacobian_lens()) are available on one model and backend, and what blocks them, read before any run.
+
+    available: True when nothing known blocks them. reasons: one sentence per blocker (empty when available),
+    each naming what blocks (the backend, a parameter, a module). instead: what to use where they are blocked.
+    `bool(verdict)` is `available`."""
+
+    available: bool
+    reasons: tuple[str, ...] = ()
+    backend: str = ""
+    instead: str = ""
+
+    def __bool__(self) -> bool:
+        return self.available
+
+    def __repr__(self) -> str:
+        if self.available:
+            return f"GradSupport(available=True, backend={self.backend!r})"
+        why = "; ".join(self.reasons)
+        return f"GradSupport(available=False, backend={self.backend!r}: {why}" + (
+            f". Instead: {self.instead})" if self.instead else ")"
+        )
+
+    def require(self, what: str) -> None:
+        """Raise CapabilityUnsupported for `what` (an operation's words) unless gradients are available."""
+        if not self.available:
+            raise CapabilityUnsupported(
+                what,
+                "; ".join(self.reasons),
+                self.instead or "use backend='eager'",
+                backend=f"backend={self.backend!r}",
+            )
+
+
+def table_grad_support(backend: str) -> GradSupport:
+    """A backend's gradient verdict from its cell of the table alone (a backend with no model in this process to
+    look at: vLLM's workers; a new backend that reads vLLM's column)."""
+    cap = _BY_NAME["gradients"]
+    if cap.supported(backend):
+        return GradSupport(True, (), backend)
+    return GradSupport(False, (cap.why_not(backend),), backend, cap.instead)
+
+
 def markdown_table() -> str:
     labels = " | ".join(points.verdicts_of(b).LABEL for b in points.BACKENDS)
     rows = [f"| capability | {labels} | instead |", "| --- | " + "--- | " * len(points.BACKENDS) + "--- |"]

@@ -66,6 +66,7 @@ def _computations():
     from ie_lab.eager.attention import attention
     from ie_lab.eager.capture import capture
     from ie_lab.eager.generate import generate_stream
+    from ie_lab.eager.jacobian_lens import fit_jacobian_lens
     from ie_lab.eager.lens import logit_lens
     from ie_lab.eager.means import mean_difference
     from ie_lab.eager.patching import gradients, patch, patch_sweep
@@ -81,6 +82,7 @@ def _computations():
         "patch": patch,
         "patch_sweep": patch_sweep,
         "gradients": gradients,
+        "fit_jacobian_lens": fit_jacobian_lens,
         "mean_difference": mean_difference,
     }
 

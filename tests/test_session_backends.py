@@ -88,6 +88,9 @@ class ToyBackend:
     def summary(self) -> str:
         return "backend=toy"
 
+    def grad_support(self) -> Any:
+        return capabilities.table_grad_support("vllm")  # no model here to look at: the table's words
+
     def ping(self) -> str:
         return "pong"
 
@@ -132,6 +135,8 @@ def test_a_new_backend_is_the_protocol_alone(toy):
         (lambda s: s.patch("p", None, ["resid_post.0"]), "activation patching and sweeps"),
         (lambda s: s.patch_sweep("a", "b", None), "activation patching and sweeps"),
         (lambda s: s.gradients("p", None, ["resid_post.0"]), "gradients"),
+        (lambda s: s.fit_jacobian_lens(["p"]), "gradients"),
+        (lambda s: asyncio.run(s.afit_jacobian_lens("p")), "gradients"),
         (lambda s: s.run(lambda lm: lm), "run(fn) on the model object"),
         (lambda s: asyncio.run(s.apatch("p", None, ["resid_post.0"])), "activation patching and sweeps"),
         (lambda s: asyncio.run(s.arun(lambda lm: lm)), "run(fn) on the model object"),
@@ -142,6 +147,19 @@ def test_unsupported_operations_refuse_from_the_capabilities_table(toy, call, ro
         call(toy)  # ToyBackend has no such method: only the table can have answered
     with pytest.raises(ie_lab.CapabilityUnsupported) as want:
         capabilities.require(row, "vllm")
+    assert str(e.value) == str(want.value)
+
+
+def test_the_gradient_verdict_is_the_backends_own_and_needs_no_run(toy):
+    verdict = toy.grad_support()  # ToyBackend has no model and runs nothing: the table answers for vLLM
+    assert not verdict and verdict.available is False and verdict.backend == "vllm"
+    row = next(c for c in capabilities.CAPABILITIES if c.name == "gradients")
+    assert verdict.reasons == (row.why_not("vllm"),) and "autograd" in verdict.reasons[0]
+    assert verdict.instead == "use backend='eager'" and "use backend='eager'" in repr(verdict)
+    with pytest.raises(ie_lab.CapabilityUnsupported) as e:
+        verdict.require("gradients")
+    with pytest.raises(ie_lab.CapabilityUnsupported) as want:
+        capabilities.require("gradients", "vllm")
     assert str(e.value) == str(want.value)
 
 

@@ -273,6 +273,22 @@ class Gradients(Record):
 
 
 @dataclass(frozen=True)
+class FitJacobianLens(Record):
+    op: ClassVar[str] = "fit_jacobian_lens"
+    doc: ClassVar[str] = (
+        "The Jacobian lens: per layer, the Jacobian of the final residual (what the final norm reads) with respect "
+        "to `point` at the same position, averaged over every position of `prompts` (autograd; eager only). Its "
+        ".transports go to logit_lens(transports=...) (docs/LENS.md)."
+    )
+    prompts: Any = arg(wire="prompts")
+    layers: Any = arg(None, wire="layers")
+    _: KW_ONLY
+    point: str = arg("resid_post", wire="text")
+    batch_size: int | None = arg(None, wire="optional_int")
+    progress: bool = arg(True)
+
+
+@dataclass(frozen=True)
 class MeanDifference(Record):
     op: ClassVar[str] = "mean_difference"
     doc: ClassVar[str] = (
@@ -300,7 +316,7 @@ class Run(Record):
 RECORDS: dict[str, type[Record]] = {
     r.op: r
     for r in (Capture, Generate, GenerateStream, Attention, LogitLens, Project, Patch, PatchSweep, Gradients)
-    + (MeanDifference, Run)
+    + (FitJacobianLens, MeanDifference, Run)
 }
 
 

@@ -177,7 +177,7 @@ def prepare_prompts(lm: Any, prompts: Any, *, rows: bool = False) -> list[torch.
 # ---- prepend_bos (TransformerLens' switch) ------------------------------------------------------------------
 
 # The parameters of the Backend protocol's operations that take prompts (ie_lab/backend.py).
-PROMPT_PARAMETERS = ("tokens_or_text", "prompt", "source", "clean", "corrupted", "positive", "negative")
+PROMPT_PARAMETERS = ("tokens_or_text", "prompt", "prompts", "source", "clean", "corrupted", "positive", "negative")
 
 
 def check_prepend_bos(value: Any) -> None:

@@ -37,6 +37,8 @@ from .batcher import (
 )
 from .capture import capture
 from .generate import generate, generate_stream, plan
+from .grad_support import grad_support
+from .jacobian_lens import fit_jacobian_lens
 from .lens import logit_lens
 from .loading import load
 from .means import auto_batch_size, mean_difference
@@ -86,6 +88,7 @@ _COMPUTE: dict[type, Callable[..., Any]] = {
     calls.Patch: patch,
     calls.PatchSweep: patch_sweep,
     calls.Gradients: gradients,
+    calls.FitJacobianLens: fit_jacobian_lens,
     calls.MeanDifference: mean_difference,
 }
 
@@ -280,6 +283,9 @@ class EagerBackend:
     def mean_difference(self, call: calls.MeanDifference):
         return self._steered(None, lambda: compute(self.lm, call))
 
+    def fit_jacobian_lens(self, call: calls.FitJacobianLens):
+        return self._steered(None, lambda: compute(self.lm, call))
+
     def gradients(self, call: calls.Gradients):
         batched = self._gradients_request(call.prompt, call.metric, call.addresses, call.of)
         if batched is not None:
@@ -351,6 +357,9 @@ class EagerBackend:
 
     def points(self) -> PointsTable:
         return points_table(self.lm)
+
+    def grad_support(self) -> Any:
+        return grad_support(self.lm)
 
     def summary(self) -> str:
         f = self.lm.facts

@@ -81,7 +81,7 @@ CAPABILITIES: dict[str, str] = {
     "concurrent requests batched together": "no: operations on one Session queue behind a lock",
     "tensor parallelism": "no: the eager backend runs transformers' own forward, unsharded, in this process",
     "activation patching and sweeps": "yes",
-    "gradients": "yes (gradients(), attribution_patch(), capture(..., grad=True))",
+    "gradients": "yes (gradients(), attribution_patch(), capture(..., grad=True), fit_jacobian_lens())",
     "run(fn) on the model object": "yes",
     "ie_lab.load(): an in-process model for the free functions (ie_lab.capture and the others)": "yes (an EagerModel)",
     "model families": (

@@ -30,6 +30,7 @@ import torch
 
 from ..backend import CancelToken, close_with_loop
 from ..cache import Cache
+from ..capabilities import GradSupport, table_grad_support
 from ..core import calls
 from ..core.addresses import parse_addresses
 from ..core.client_model import ClientModel
@@ -427,6 +428,16 @@ class RemoteBackend:
     def run(self, call: calls.Run) -> Any:
         self.require("run(fn) on the model object")  # raises: no code crosses to the server
 
+    def fit_jacobian_lens(self, call: calls.FitJacobianLens) -> Any:
+        raise CapabilityUnsupported(
+            "fit_jacobian_lens on a remote Session",
+            "its result is transports for logit_lens(transports=...), which a remote server does not take (they "
+            "may be code), so the server does not fit them either",
+            "run ie_lab where the model is (Session(model, backend='eager')) to fit and use a Jacobian lens, or "
+            "take gradients() here with a metric of ie_lab.remote.metrics",
+            backend="backend='remote'",
+        )
+
     def issued(self, steer: Any) -> Any:
         return issued_specs(self.lm, steer)
 
@@ -457,6 +468,18 @@ class RemoteBackend:
 
     def capabilities(self) -> dict:
         return self._hello["capabilities"]
+
+    def grad_support(self) -> GradSupport:
+        """The server's verdict on its model, sent at connect (a server from before it: its backend's cell)."""
+        got = self._hello.get("grad_support")
+        if not isinstance(got, dict):
+            return table_grad_support(self.served_backend)
+        return GradSupport(
+            bool(got.get("available")),
+            tuple(str(r) for r in got.get("reasons") or ()),
+            f"remote ({got.get('backend') or self.served_backend})",
+            str(got.get("instead") or ""),
+        )
 
     def summary(self) -> str:
         return f"backend=remote, served: {self._hello.get('summary', '')}"

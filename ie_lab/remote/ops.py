@@ -305,11 +305,15 @@ def served(record: type[calls.Record]) -> RemoteOp:
     )
 
 
-# Every operation but run(fn) (code, which never crosses), then the facts, which take no arguments.
+# Records a server does not run: run(fn) (code, which never crosses) and fit_jacobian_lens (its transports serve
+# logit_lens(transports=...), which is refused remotely; RemoteBackend refuses it by name).
+NOT_SERVED: tuple[type[calls.Record], ...] = (calls.Run, calls.FitJacobianLens)
+
+# Every other operation, then the facts, which take no arguments.
 OPS: dict[str, RemoteOp] = {
     op.name: op
     for op in (
-        *(served(r) for r in calls.RECORDS.values() if r is not calls.Run),
+        *(served(r) for r in calls.RECORDS.values() if r not in NOT_SERVED),
         RemoteOp("describe"),
         RemoteOp("points"),
         RemoteOp("facts"),

@@ -310,6 +310,7 @@ class Server:
             "summary": s._backend.summary(),
             "points": s.points(),
             "capabilities": self.capabilities(),
+            "grad_support": dataclasses.asdict(s.grad_support()),  # read from the served model, before any run
             "tokenizer": _tokenizer_files(s.tokenizer),
             "dtype": str(s._lm.dtype).replace("torch.", ""),
             "protocol": PROTOCOL,

@@ -332,6 +332,14 @@ class _Lifecycle:
         self._check_open()
         return self._backend.points()
 
+    def grad_support(self):
+        """Whether gradients (gradients(), capture(..., grad=True), fit_jacobian_lens()) are available on this model
+        and backend, and what blocks them: the backend (vLLM), parameters in an integer or quantized dtype, a module
+        whose forward runs under torch.no_grad(), torch.inference_mode(). Read before any run: no forward, no
+        request to an engine. A GradSupport: .available, .reasons, .instead; bool() of it is .available."""
+        self._check_open()
+        return self._backend.grad_support()
+
     def __repr__(self) -> str:
         if self._closed:
             return f"Session({self._name!r}, closed)"

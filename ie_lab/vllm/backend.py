@@ -26,7 +26,7 @@ import torch
 from .. import points as _points
 from ..address import Address
 from ..backend import CancelToken, SessionClosed
-from ..capabilities import require
+from ..capabilities import require, table_grad_support
 from ..core.load_checks import resolve_dtype
 from ..errors import (
     CapabilityUnsupported,
@@ -161,6 +161,10 @@ class VLLMBackend(_Startup, _Requests, _Operations, _Results):
 
     def require(self, capability: str) -> None:
         require(capability, self.name)  # this backend's column of the table
+
+    def grad_support(self) -> Any:
+        """No gradients here, whatever the model (the table's words): answered without an engine."""
+        return table_grad_support(self.name)
 
     async def _load(self) -> VLLMModel:
         self.lm = await self._aload(*self._load_args)
