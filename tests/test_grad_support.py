@@ -61,9 +61,19 @@ def test_an_int8_parameter_blocks_gradients_and_is_named():
     with pytest.raises(ie_lab.CapabilityUnsupported, match=r"fit_jacobian_lens is not supported.*down_proj\.weight"):
         ie_lab.fit_jacobian_lens(lm, "The cat", progress=False)
     assert hook_count(lm.hf) == 0
-    # ... and the model itself cannot run a backward through it (it cannot even run the float forward)
+    # so are gradients and a capture with grad=True, with the same reason, before any hook or forward
+    seen, h = _forwards(lm)
+    try:
+        with pytest.raises(ie_lab.CapabilityUnsupported, match=r"gradients is not supported.*down_proj\.weight"):
+            ie_lab.gradients(lm, "The cat", lambda logits: logits.sum(), "resid_post.0")
+        with pytest.raises(ie_lab.CapabilityUnsupported, match=r"capture\(grad=True\).*down_proj\.weight"):
+            ie_lab.capture(lm, "The cat", ["resid_post.0"], grad=True)
+    finally:
+        h.remove()
+    assert seen == [] and hook_count(lm.hf) == 0
+    # ... what the refusal saves: the model itself cannot run a backward through it (not even the float forward)
     with pytest.raises(RuntimeError):
-        ie_lab.gradients(lm, "The cat", lambda logits: logits.sum(), "resid_post.0")
+        lm.hf(lm.tokenizer("The cat", return_tensors="pt").input_ids)
     assert_clean(lm)
 
 
@@ -103,7 +113,13 @@ def test_a_no_grad_module_on_the_residual_path_blocks_gradients():
 
     lm = _lm()
     ids = torch.tensor([[5, 6, 7, 8]])
-    before = ie_lab.gradients(lm, ids, lambda logits: logits[0, -1].sum(), "resid_post.0")["resid_post.0"]
+
+    def raw_grad():  # autograd on the raw model: d logit sum / d input embeddings
+        emb = lm.hf.get_input_embeddings()(ids).detach().requires_grad_()
+        lm.hf(inputs_embeds=emb).logits[0, -1].sum().backward()
+        return emb.grad
+
+    before = raw_grad()
     lm.hf.model.layers[1].mlp.act_fn = FrozenAct()
     verdict = grad_support(lm)
     assert not verdict
@@ -112,8 +128,11 @@ def test_a_no_grad_module_on_the_residual_path_blocks_gradients():
         "back through it",
     )
     # what it would have cost: the same forward (silu either way), but the MLP's share of the gradient is gone
-    after = ie_lab.gradients(lm, ids, lambda logits: logits[0, -1].sum(), "resid_post.0")["resid_post.0"]
+    after = raw_grad()
     assert not torch.allclose(before, after, rtol=1e-3, atol=1e-6)
+    # so ie_lab refuses the gradient it would get wrong, naming the module, before any hook
+    with pytest.raises(ie_lab.CapabilityUnsupported, match=r"gradients is not supported.*act_fn \(FrozenAct\)"):
+        ie_lab.gradients(lm, ids, lambda logits: logits[0, -1].sum(), "resid_post.0")
     assert_clean(lm)
 
 

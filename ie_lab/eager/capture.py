@@ -22,6 +22,7 @@ from ..core.addresses import head_count, parse_addresses, slice_head
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..errors import StructureError, check_flag
 from . import hook_calls, mixer_state
+from .grad_support import grad_support
 from .model import lm_of
 from .taps import Taps, resolve
 
@@ -193,6 +194,8 @@ def capture(
     lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
     check_flag("grad", grad)
+    if grad:  # a model autograd cannot differentiate is refused before the forward, naming what blocks it
+        grad_support(lm).require("capture(grad=True)")
     many = prepare_prompts(lm, tokens_or_text)
     if many is not None:
         return _capture_many(lm, many, addrs, grad)
@@ -208,6 +211,8 @@ def capture_batch(
     lm = lm_of(model)
     addrs = parse_addresses(lm, addresses)
     check_flag("grad", grad)
+    if grad:  # a model autograd cannot differentiate is refused before the forward, naming what blocks it
+        grad_support(lm).require("capture(grad=True)")
     ids, mask = prepare(lm, tokens_or_text)
     return _capture_ids(lm, ids, mask, addrs, grad)
 

@@ -16,6 +16,7 @@ from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import PatchGrid
 from ..errors import CapabilityUnsupported, InputError, StructureError
 from .capture import capture_batch
+from .grad_support import grad_support
 from .means import auto_batch_size
 from .model import lm_of
 from .patch_checks import Metric, check_metric, check_patchable, check_positions, plain_forward, replacement, scalar
@@ -145,6 +146,7 @@ def gradients(
             f"the {lm.backend} backend runs inference kernels without autograd.",
             "load the model with backend='eager'.",
         )
+    grad_support(lm).require("gradients")  # before any hook: what blocks autograd on this model, named
     if not callable(metric):
         raise InputError(
             f"metric must be a function returning a scalar tensor, got {type(metric).__name__}; e.g. "
