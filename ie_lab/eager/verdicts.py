@@ -41,6 +41,7 @@ POINTS: dict[str, BackendVerdict] = {
     "kv_latent": _OK,
     "k_nope": _OK,
     "attn_out": _OK,
+    "attn_result": BackendVerdict(Verdict.SERVED, "Computed from z as the output projection reads it and that projection's weight, in the same forward, only when asked."),
     "attn_out_post": _OK,
     "mixer_in": _OK,
     "mixer_out": _OK,

@@ -55,6 +55,7 @@ POINTS: dict[str, BackendVerdict] = {
     "kv_latent": _LATENT,
     "k_nope": _LATENT,
     "attn_out": _OK,
+    "attn_result": BackendVerdict(Verdict.UNIMPLEMENTED, "Not computed on vLLM yet: the output projection's weight lives in the workers, sharded by rank, and no worker-side product is wired. Capture z.L and apply the projection's per-head columns yourself, or use backend='eager'."),
     "attn_out_post": _OK,
     "mixer_in": _MIXER,
     "mixer_out": _MIXER,

@@ -36,6 +36,8 @@ def _width(p: _points.Point, f: ArchFacts) -> tuple[str, str]:
         return f"n_heads × q × k = {f.n_heads} × q × k", f"[batch, {f.n_heads}, q, k]"
     if w is Width.STATE:  # one final state per sequence: no position axis, its layout set by the mixer's kind
         return "per mixer kind (see the definition)", "[batch, …] (one final state per sequence, no seq axis)"
+    if w is Width.HEADS_D_MODEL:  # one d_model vector per head: an axis of its own
+        return f"n_heads × d_model = {f.n_heads} × {f.d_model}", f"[batch, seq, {f.n_heads}, {f.d_model}]"
     n = width_of(w, f)
     formula = {
         Width.HEADS: f"n_heads × head_dim = {f.n_heads} × {f.value_head_dim} = {n}",
