@@ -105,6 +105,7 @@ patch = _free(_calls.Patch)
 patch_sweep = _free(_calls.PatchSweep)
 gradients = _free(_calls.Gradients)
 mean_difference = _free(_calls.MeanDifference)
+logit_attribution = _free(_calls.LogitAttribution)
 
 
 def load_sae(path: Any = None, model: Any = None, **kwargs: Any):
@@ -156,6 +157,7 @@ __all__ = [
     "generate_stream",
     "gradients",
     "load",
+    "logit_attribution",
     "logit_diff",
     "logit_lens",
     "mean_difference",

@@ -94,6 +94,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(calls.PatchSweep, "patch_sweep", capability="activation patching and sweeps"),
     Operation(calls.Gradients, "gradients", capability="gradients"),
     Operation(calls.MeanDifference, "mean_difference"),
+    Operation(calls.LogitAttribution, "logit_attribution", capability="direct logit attribution"),
     Operation(calls.Run, "run", capability="run(fn) on the model object"),
 )
 
@@ -129,8 +130,8 @@ class Backend(Protocol):
       require(capability)  raise CapabilityUnsupported for a capability row (ie_lab/capabilities.py) this backend
                         does not support; called before an operation that names one. Eager and vLLM read their
                         column of the table; a new backend may read a column it adds, or answer for itself.
-      capture, generate, attention, logit_lens, project, mean_difference; patch, patch_sweep, gradients and run
-      where `require` lets them through (otherwise they are never called, and need not exist).
+      capture, generate, attention, logit_lens, project, mean_difference; patch, patch_sweep, gradients,
+      logit_attribution and run where `require` lets them through (otherwise they are never called, and need not exist).
       stream(call: GenerateStream) -> Iterator[GenStep] (on_loop False), or
       astream(token, call: GenerateStream) -> AsyncIterator[GenStep] (on_loop True).
       issued(steer)     the steering of the caller's context, read where a stream is issued.
@@ -169,6 +170,7 @@ class Backend(Protocol):
     def patch_sweep(self, call: calls.PatchSweep) -> Any: ...
     def gradients(self, call: calls.Gradients) -> Any: ...
     def mean_difference(self, call: calls.MeanDifference) -> Any: ...
+    def logit_attribution(self, call: calls.LogitAttribution) -> Any: ...
     def run(self, call: calls.Run) -> Any: ...
     def issued(self, steer: Any) -> Any: ...
     def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any) -> Any: ...

@@ -25,6 +25,7 @@ from ..core.steer_spec import issued_specs
 from ..errors import InputError, plural
 from ..points_table import PointsTable
 from .attention import attention
+from .attribution import logit_attribution
 from .batcher import (
     BatchedCall,
     BatchedCapture,
@@ -87,6 +88,7 @@ _COMPUTE: dict[type, Callable[..., Any]] = {
     calls.PatchSweep: patch_sweep,
     calls.Gradients: gradients,
     calls.MeanDifference: mean_difference,
+    calls.LogitAttribution: logit_attribution,
 }
 
 
@@ -278,6 +280,9 @@ class EagerBackend:
         return self._steered(None, lambda: compute(self.lm, call))
 
     def mean_difference(self, call: calls.MeanDifference):
+        return self._steered(None, lambda: compute(self.lm, call))
+
+    def logit_attribution(self, call: calls.LogitAttribution):
         return self._steered(None, lambda: compute(self.lm, call))
 
     def gradients(self, call: calls.Gradients):

@@ -270,7 +270,9 @@ def projection_kind(lm: Any, lb: LayerBinding, what: str) -> str:
             if lb.z_sub_norm is not None
             else lb.z_at_kernel_why
         )
-        raise CapabilityUnsupported(f"{what} on {fam}", why + ", so no slice of its weight is one head's write", instead)
+        raise CapabilityUnsupported(
+            f"{what} on {fam}", why + ", so no slice of its weight is one head's write", instead
+        )
     kind = linear_kind(m)
     if kind is None:
         raise CapabilityUnsupported(

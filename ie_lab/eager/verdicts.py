@@ -83,6 +83,7 @@ CAPABILITIES: dict[str, str] = {
     "tensor parallelism": "no: the eager backend runs transformers' own forward, unsharded, in this process",
     "activation patching and sweeps": "yes",
     "gradients": "yes (gradients(), attribution_patch(), capture(..., grad=True))",
+    "direct logit attribution": "yes (logit_attribution(): by layer, sublayer point or head; attn_result per head)",
     "run(fn) on the model object": "yes",
     "ie_lab.load(): an in-process model for the free functions (ie_lab.capture and the others)": "yes (an EagerModel)",
     "model families": (
