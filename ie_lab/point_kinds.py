@@ -94,3 +94,6 @@ class Needs(str, enum.Enum):
     # a mixer that leaves a state for the next forward (what a decode step starts from), in a cache or on itself
     MIXER_STATE = "a mixer that carries a recurrent state"
     MIXER_CONV_STATE = "a mixer that carries a convolution state"
+    # an attention output projection that reads the heads' outputs as the kernel left them, so a slice of its weight
+    # is one head's write (not BitNet's norm across heads, DeepSeek-V4's rotated, grouped low-rank projection)
+    HEADS_PROJECTED = "an output projection that reads each head's output"

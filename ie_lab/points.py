@@ -243,7 +243,7 @@ _POINTS: tuple[Point, ...] = (
         "Each head's write through the output projection, [batch, seq, n_heads, d_model]: head h's slice of z times the projection's slice of columns for that head, computed from z and the projection's weight when asked (no second forward). Summed over heads, plus the projection's bias (and any bias the layer adds to it), it is attn_out.",
         note="Where a post-attention norm follows (Gemma 2, OLMo 2), the heads' sum is attn_out, not what attention adds to the residual (attn_out_post); a residual multiplier scales both. Refused where the output projection is not a plain linear map of the heads' concatenation (a norm across heads before it, a quantized or adapted projection).",
         tl_legacy=('blocks.{L}.attn.hook_result',),
-        needs=(Needs.ATTENTION,),
+        needs=(Needs.ATTENTION, Needs.HEADS_PROJECTED),
     ),
     Point(
         "attn_out_post", _L, Width.D_MODEL,
