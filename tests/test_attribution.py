@@ -236,3 +236,16 @@ def test_a_remote_session_serves_it_as_the_local_one_computes_it(remote, local):
     torch.testing.assert_close(got.values, want.values)
     with pytest.raises(ie_lab.InputError, match="by must be one of"):
         remote.logit_attribution("The capital", 5, by="neuron")
+
+
+def test_vllm_refuses_both_naming_the_eager_backend(tmp_path):
+    pytest.importorskip("vllm")
+    from tests.vllm_helpers import vllm_session
+
+    with vllm_session("llama", tmp_path) as s:
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="backend='eager'"):
+            s.capture("The cat sat", "attn_result.0")
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="on backend='vllm'.*Instead: use backend='eager'"):
+            s.logit_attribution("The cat sat", 5)
+        row = next(r for r in s.points().rows if r.name == "attn_result")
+        assert not row.served and "backend='eager'" in row.reason
