@@ -15,7 +15,7 @@ from torch import nn
 
 import ie_lab
 from ie_lab import capabilities, points
-from ie_lab.eager.sites import heads_bias
+from ie_lab.eager.head_results import heads_bias
 from tests.conftest import assert_clean, lm_for
 from tests.remote_fixtures import local_fixture, remote_fixture, server_fixture, token_fixture  # noqa: F401
 

@@ -22,8 +22,8 @@ from ..errors import CapabilityUnsupported, InputError, shown_value
 from ..ops.attribution import freeze_norm, unembed_bias, unembed_direction
 from ..points import Structure, absence
 from .capture import capture_batch
+from .head_results import heads_bias, linear_kind, projection_kind
 from .model import lm_of
-from .sites import heads_bias, linear_kind, projection_kind
 
 BY = ("layer", "point", "head")
 # What each layer may add to the residual, in the order a layer runs them (a mixer beside attention runs with it).
