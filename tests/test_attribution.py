@@ -249,3 +249,31 @@ def test_vllm_refuses_both_naming_the_eager_backend(tmp_path):
             s.logit_attribution("The cat sat", 5)
         row = next(r for r in s.points().rows if r.name == "attn_result")
         assert not row.served and "backend='eager'" in row.reason
+
+
+@pytest.mark.parametrize(
+    "model_type,refusal",
+    [
+        ("minimax", "adds each sublayer's output to its input norm's output"),
+        ("rwkv", "normalises the stream itself"),
+        ("falcon_h1", None),  # a Mamba mixer beside attention on every layer: both are pieces
+        ("zamba2", None),  # mixer layers and a shared attention block joining their input
+        ("diffllama", None),  # two kernel calls per layer: z is still what the projection reads per head
+    ],
+)
+def test_hybrid_and_unusual_trunks_sum_or_refuse_naming_why(model_type, refusal):
+    from ie_lab import coverage
+    from ie_lab.toy import tokenizer
+
+    lm = ie_lab.load(coverage.build_tiny(model_type), tokenizer())
+    ids = torch.randint(5, 200, (1, 7), generator=torch.Generator().manual_seed(0))
+    for by in ("point", "head"):
+        if refusal is not None:
+            with pytest.raises(ie_lab.CapabilityUnsupported, match=refusal):
+                ie_lab.logit_attribution(lm, ids, [5, 7], by=by)
+            continue
+        r = ie_lab.logit_attribution(lm, ids, [5, 7], by=by)
+        with torch.no_grad():
+            logits = lm.hf(input_ids=ids, use_cache=False).logits[0, -1].float()
+        torch.testing.assert_close(r.total[0], logits[5] - logits[7], rtol=1e-4, atol=1e-5)
+    assert_clean(lm)

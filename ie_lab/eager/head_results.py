@@ -23,7 +23,7 @@ def projection_kind(lm: Any, lb: LayerBinding, what: str) -> str:
     its weight is what one head writes: a norm across heads before it, a projection of another kind (quantized, an
     adapter's wrapper, fused), or an input that is not n_heads equal slices."""
     fam, L, m = lm.binding.family, lb.index, lb.o_proj
-    instead = f"capture z.{L} and attn_out.{L}"  # what `what` (attn_result, or an attribution by head) reads
+    instead = f"capture z.{L} and attn_out.{L}"  # the heads' outputs, and their projection
     if lb.z_at_kernel:
         why = (
             f"layer {L}'s output projection reads the kernel's output normed across heads ({lb.names.get('o_proj')} "
