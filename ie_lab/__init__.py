@@ -115,6 +115,7 @@ patch_sweep = _free(_calls.PatchSweep)
 gradients = _free(_calls.Gradients)
 fit_jacobian_lens = _free(_calls.FitJacobianLens)
 mean_difference = _free(_calls.MeanDifference)
+logit_attribution = _free(_calls.LogitAttribution)
 
 
 def load_sae(path: Any = None, model: Any = None, **kwargs: Any):
@@ -168,6 +169,7 @@ __all__ = [
     "generate_stream",
     "gradients",
     "load",
+    "logit_attribution",
     "logit_diff",
     "logit_lens",
     "mean_difference",

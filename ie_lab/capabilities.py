@@ -63,6 +63,11 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("tensor parallelism", "use backend='vllm'"),
     Capability("activation patching and sweeps", "use backend='eager'"),
     Capability("gradients", "use backend='eager'"),
+    Capability(
+        "direct logit attribution",
+        "use backend='eager', or capture the pieces (resid_pre.0, attn_out_post, mlp_out_post, final_norm) and "
+        "decompose them yourself",
+    ),
     Capability("run(fn) on the model object", "use backend='eager'"),
     Capability(
         LOAD_CAPABILITY,

@@ -158,6 +158,8 @@ def _shape(p: _points.Point, f: Any) -> str:
     if p.width in (_points.Width.HEADS, _points.Width.KV_HEADS):  # a value head: wider on latent attention
         n = f.n_heads if p.width is _points.Width.HEADS else f.n_kv_heads
         return f"[batch, seq, {w} = {n} x {f.value_head_dim}]"
+    if p.width is _points.Width.HEADS_D_MODEL:  # one d_model vector per head
+        return f"[batch, seq, {f.n_heads}, {f.d_model}]"
     if p.width is _points.Width.K_NOPE:
         return f"[batch, seq, {w} = {f.n_heads} x {f.qk_nope_head_dim}]"
     if p.width is _points.Width.STREAMS and p.name == "resid_streams":  # the stack: one d_model row per stream

@@ -218,8 +218,6 @@ _NO_EQUIVALENT = {
     "hook_k": "as hook_q, for keys (k_norm_in / k_norm_out on QK-norm families).",
     "hook_rot_q": "post-RoPE queries are not exposed as a point; attn_scores is q·k from them.",
     "hook_rot_k": "post-RoPE keys are not exposed as a point; attn_scores is q·k from them.",
-    "hook_result": "per-head outputs (z times each head's slice of W_O) are a computation, not a module output: "
-    "take z.L and the output projection's weight.",
     "ln1.hook_scale": "norm scales are not points; attn_in is the normalised output.",
     "ln2.hook_scale": "norm scales are not points; mlp_in is the normalised output.",
     "ln1.hook_normalized": "it is x / RMS before the norm's own weight is applied (equal to attn_in only on models with "

@@ -33,11 +33,14 @@ class Width(str, enum.Enum):
     K_NOPE = "n_heads*qk_nope_head_dim"
     # a mixer's final state, one per sequence (no position axis): its shape depends on the mixer's kind (docs)
     STATE = "mixer state"
+    # one d_model vector per head and token, [batch, seq, n_heads, d_model]: each head's write through the output
+    # projection (attn_result)
+    HEADS_D_MODEL = "n_heads*d_model"
 
     @property
     def head_axis(self) -> bool:
         """Points whose width splits into heads, so that a head coordinate selects a slice."""
-        return self in (Width.HEADS, Width.KV_HEADS, Width.ATTN, Width.K_NOPE)
+        return self in (Width.HEADS, Width.KV_HEADS, Width.ATTN, Width.K_NOPE, Width.HEADS_D_MODEL)
 
 
 class Verdict(str, enum.Enum):
@@ -91,3 +94,6 @@ class Needs(str, enum.Enum):
     # a mixer that leaves a state for the next forward (what a decode step starts from), in a cache or on itself
     MIXER_STATE = "a mixer that carries a recurrent state"
     MIXER_CONV_STATE = "a mixer that carries a convolution state"
+    # an attention output projection that reads the heads' outputs as the kernel left them, so a slice of its weight
+    # is one head's write (not BitNet's norm across heads, DeepSeek-V4's rotated, grouped low-rank projection)
+    HEADS_PROJECTED = "an output projection that reads each head's output"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .arch import quirks
 from .point_kinds import Needs
 
 
@@ -49,6 +50,9 @@ class Structure:
     # mixer_conv_state), wherever it keeps it (arch.mixer_states)
     state_layers: tuple[int, ...] = ()
     conv_state_layers: tuple[int, ...] = ()
+    # The attention output projection reads each head's output as the kernel left it (a slice of its weight is that
+    # head's write): not behind a norm across heads or a grouped low-rank projection (arch.quirks)
+    heads_projected: bool = True
 
     def layer_kind(self, layer: int) -> str:
         if layer in self.mlp_only_layers:
@@ -110,6 +114,7 @@ class Structure:
                 if k and k not in _NO_CONV_STATE and not getattr(facts, "conv_free_mixers", False)
             )
             or parallel,
+            heads_projected=facts.model_type not in quirks.HEADS_MIXED_BEFORE_PROJECTION,
         )
 
     @classmethod
@@ -139,6 +144,9 @@ class Structure:
             mlp_only_layers=tuple(lb.index for lb in binding.layers if getattr(lb, "mlp_only", False)),
             state_layers=tuple(lb.index for lb in binding.layers if "recurrent" in _cache_states(lb)),
             conv_state_layers=tuple(lb.index for lb in binding.layers if "conv" in _cache_states(lb)),
+            heads_projected=not any(
+                lb.z_at_kernel for lb in binding.layers if not lb.mixer_kind and not getattr(lb, "mlp_only", False)
+            ),
         )
 
     def has(self, need: Needs, layer: int | None = None) -> bool:
@@ -163,6 +171,7 @@ class Structure:
             Needs.TOKEN_MIXER: layer not in self.mlp_only_layers,
             Needs.MIXER_STATE: layer in self.state_layers,
             Needs.MIXER_CONV_STATE: layer in self.conv_state_layers,
+            Needs.HEADS_PROJECTED: self.heads_projected,
         }[need]
 
 
@@ -287,6 +296,12 @@ _ABSENT: dict[Needs, tuple[str, str]] = {
         "layer {L}'s mixer ({kind}) hands no convolution state on to the next forward (measured at load: a cached "
         "forward left none for this layer in the cache or on the mixer; mixer layers of this model: {kinds}).",
         "capture mixer_state.{L} where the mixer has a recurrent state, or mixer_out.{L}.",
+    ),
+    Needs.HEADS_PROJECTED: (
+        "this family's attention output projection does not read the heads' outputs as the kernel left them (a norm "
+        "across heads, or a rotation and a low-rank projection of groups of heads, sits between them), so no slice "
+        "of its weight is one head's write.",
+        "capture z.{L} (the heads' outputs) and attn_out.{L} (their projection).",
     ),
     Needs.TOKEN_MIXER: (
         "layer {L} is an MLP-only block ({kind}: a single-sublayer block with no attention or mixer, whose output "

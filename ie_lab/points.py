@@ -239,6 +239,13 @@ _POINTS: tuple[Point, ...] = (
         needs=(Needs.ATTENTION,),
     ),
     Point(
+        "attn_result", _L, Width.HEADS_D_MODEL,
+        "Each head's write through the output projection, [batch, seq, n_heads, d_model]: head h's slice of z times the projection's slice of columns for that head, computed from z and the projection's weight when asked (no second forward). Summed over heads, plus the projection's bias (and any bias the layer adds to it), it is attn_out.",
+        note="Where a post-attention norm follows (Gemma 2, OLMo 2), the heads' sum is attn_out, not what attention adds to the residual (attn_out_post); a residual multiplier scales both. Refused where the output projection is not a plain linear map of the heads' concatenation (a norm across heads before it, a quantized or adapted projection).",
+        tl_legacy=('blocks.{L}.attn.hook_result',),
+        needs=(Needs.ATTENTION, Needs.HEADS_PROJECTED),
+    ),
+    Point(
         "attn_out_post", _L, Width.D_MODEL,
         "What attention adds to the residual stream: attn_out after the post-attention norm and residual multiplier where the family has them.",
         tl_legacy=('blocks.{L}.hook_attn_out',), tl_bridge=('blocks.{L}.ln1_post.hook_out',),
@@ -497,6 +504,7 @@ def width_of(width: Width, facts: Any) -> int | str:
         Width.KV_LATENT: getattr(facts, "kv_lora_rank", 0),
         Width.K_NOPE: facts.n_heads * getattr(facts, "qk_nope_head_dim", 0),
         Width.STATE: "per mixer kind (POINTS.md)",
+        Width.HEADS_D_MODEL: facts.n_heads * facts.d_model,
     }[width]
 
 

@@ -65,7 +65,7 @@ def test_round_trip_every_translatable_point(engine, fam):
     [
         ("blocks.2.ln1.hook_normalized", "before the norm's own weight"),
         ("blocks.2.hook_mlp_in", "pre-norm residual"),
-        ("blocks.2.attn.hook_result", "computation"),
+        ("blocks.2.attn.hook_rot_q", "post-RoPE queries"),
         ("hook_pos_embed", "positional embeddings"),
         ("blocks.2.mlp.hook_expert_weights", "softmax over all experts"),
         ("blocks.2.hook_resid_psot", "Did you mean"),
@@ -75,6 +75,12 @@ def test_refusals_explain(name, fragment):
     with pytest.raises(AddressError) as e:
         from_engine(name, "llama")
     assert fragment in str(e.value)
+
+
+def test_hook_result_is_attn_result_with_its_head_axis():
+    """TransformerLens' hook_result ([batch, pos, head, d_model], z times each head's W_O, no b_O) is attn_result."""
+    assert from_engine("blocks.1.attn.hook_result", lm_for("gpt2")) == Address("attn_result", 1)
+    assert to_engine("attn_result.1", lm_for("gpt2")) == "blocks.1.attn.hook_result"
 
 
 def test_parallel_family_has_no_resid_mid():

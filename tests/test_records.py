@@ -64,6 +64,7 @@ def test_help_lists_the_real_keywords():
 
 def _computations():
     from ie_lab.eager.attention import attention
+    from ie_lab.eager.attribution import logit_attribution
     from ie_lab.eager.capture import capture
     from ie_lab.eager.generate import generate_stream
     from ie_lab.eager.jacobian_lens import fit_jacobian_lens
@@ -84,6 +85,7 @@ def _computations():
         "gradients": gradients,
         "fit_jacobian_lens": fit_jacobian_lens,
         "mean_difference": mean_difference,
+        "logit_attribution": logit_attribution,
     }
 
 

@@ -13,6 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 # Attention and MLP read the same layer input (no residual between the sublayers), whatever the config says.
+# Families whose attention output projection does not read the heads' outputs as the kernel left them, so no slice of
+# its weight is one head's write (attn_result is absent there): BitNet normalises across heads first (attn_sub_norm),
+# DeepSeek-V4 rotates each head's output back and projects groups of heads to a low rank (o_lora_rank). The binder
+# measures the same on a loaded model (LayerBinding.z_at_kernel).
+HEADS_MIXED_BEFORE_PROJECTION = frozenset({"bitnet", "deepseek_v4"})
 ALWAYS_PARALLEL = frozenset({"gptj", "phi", "cohere", "cohere2", "cohere2_moe", "codegen", "cohere_compass_text"})
 
 # Families whose blocks are parallel when a config key of their own says so, under a name the generic keys

@@ -37,6 +37,8 @@ def slice_head(addr: Address, t: torch.Tensor, facts: Any) -> torch.Tensor:
         return t
     if addr.point.is_attention:
         return t[:, addr.head]
+    if addr.point.width is Width.HEADS_D_MODEL:  # [batch, seq, heads, d_model]: the head axis is its own
+        return t[..., addr.head, :]
     return t.reshape(*t.shape[:-1], head_count(addr, facts), -1)[..., addr.head, :]
 
 

@@ -196,6 +196,22 @@ class LogitLens(Record):
 
 
 @dataclass(frozen=True)
+class LogitAttribution(Record):
+    op: ClassVar[str] = "logit_attribution"
+    doc: ClassVar[str] = (
+        "Direct logit attribution: the target logit (one token) or logit difference (a pair) at `positions` (the "
+        "last by default) split into what each piece of the residual stream writes (the embeddings; by='layer', "
+        "'point' or 'head'; the biases), read through the final norm frozen at the run's scale; the pieces sum "
+        "to the model's logit (docs/ATTRIBUTION.md)."
+    )
+    prompt: Any = arg(wire="prompt")
+    target_tokens: Any = arg(wire="targets")
+    _: KW_ONLY
+    by: str = arg("layer", wire="text")
+    positions: Any = arg(None, wire="optional_position_list")
+
+
+@dataclass(frozen=True)
 class Project(Record):
     op: ClassVar[str] = "project"
     doc: ClassVar[str] = (
@@ -316,7 +332,7 @@ class Run(Record):
 RECORDS: dict[str, type[Record]] = {
     r.op: r
     for r in (Capture, Generate, GenerateStream, Attention, LogitLens, Project, Patch, PatchSweep, Gradients)
-    + (FitJacobianLens, MeanDifference, Run)
+    + (FitJacobianLens, MeanDifference, LogitAttribution, Run)
 }
 
 

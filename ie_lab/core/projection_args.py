@@ -31,6 +31,11 @@ def point_width(addr: Address, facts: Any) -> int:
             f"address {addr}: attention patterns are [heads, query, key] matrices, not per-token "
             "vectors; project a per-token point such as 'z.L' or 'resid_post.L'."
         )
+    if w is Width.HEADS_D_MODEL and addr.head is None:
+        raise AddressError(
+            f"address {addr}: {addr.name} is one d_model vector per head ([batch, seq, heads, d_model]); project one "
+            f"head's, e.g. '{addr}.head-0', or the heads' sum, attn_out.{addr.layer}."
+        )
     if w is Width.STREAMS or addr.stream is not None:
         raise AddressError(f"address {addr}: per-stream points are not projected; use a single-stream point.")
     # the point's real width on this model: z and value are value heads wide (wider than head_dim on latent

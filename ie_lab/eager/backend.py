@@ -25,6 +25,7 @@ from ..core.steer_spec import issued_specs
 from ..errors import InputError, plural
 from ..points_table import PointsTable
 from .attention import attention
+from .attribution import logit_attribution
 from .batcher import (
     BatchedCall,
     BatchedCapture,
@@ -90,6 +91,7 @@ _COMPUTE: dict[type, Callable[..., Any]] = {
     calls.Gradients: gradients,
     calls.FitJacobianLens: fit_jacobian_lens,
     calls.MeanDifference: mean_difference,
+    calls.LogitAttribution: logit_attribution,
 }
 
 
@@ -284,6 +286,9 @@ class EagerBackend:
         return self._steered(None, lambda: compute(self.lm, call))
 
     def fit_jacobian_lens(self, call: calls.FitJacobianLens):
+        return self._steered(None, lambda: compute(self.lm, call))
+
+    def logit_attribution(self, call: calls.LogitAttribution):
         return self._steered(None, lambda: compute(self.lm, call))
 
     def gradients(self, call: calls.Gradients):

@@ -22,6 +22,7 @@ from ..arch.measure_attention import gate_values, split_fused_qkv
 from ..arch.recorder import first_tensor
 from ..errors import CapabilityUnsupported, PointAbsent
 from ..ops.attention import scores_and_probs
+from .head_results import heads_through, projection_kind
 
 # kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output; "post_sum"
 # its first output plus the partner module's, which ran earlier in the same forward),
@@ -250,6 +251,12 @@ def _attn_out(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
     return Source("post", lb.o_proj, lambda t: t)
 
 
+def _attn_result(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
+    H = int(lm.facts.n_heads)
+    kind = projection_kind(lm, lb, f"{name}.{addr.layer}")
+    return Source("pre", lb.o_proj, lambda z: heads_through(z, lb.o_proj, H, kind))
+
+
 def _attn_out_post(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
     if lb.post_attn_norm is not None:
         return Source("post", lb.post_attn_norm, _scaled(lb.attn_multiplier))
@@ -357,6 +364,7 @@ LAYER_SITES: dict[str, _Reader] = {
     "kv_latent": _latent,
     "k_nope": _k_nope_site,
     "attn_out": _attn_out,
+    "attn_result": _attn_result,
     "attn_out_post": _attn_out_post,
     "resid_mid": _resid_mid,
     "mlp_in": _mlp_in,

@@ -41,6 +41,7 @@ POINTS: dict[str, BackendVerdict] = {
     "kv_latent": _OK,
     "k_nope": _OK,
     "attn_out": _OK,
+    "attn_result": BackendVerdict(Verdict.SERVED, "Computed from z as the output projection reads it and that projection's weight, in the same forward, only when asked."),
     "attn_out_post": _OK,
     "mixer_in": _OK,
     "mixer_out": _OK,
@@ -82,6 +83,7 @@ CAPABILITIES: dict[str, str] = {
     "tensor parallelism": "no: the eager backend runs transformers' own forward, unsharded, in this process",
     "activation patching and sweeps": "yes",
     "gradients": "yes (gradients(), attribution_patch(), capture(..., grad=True), fit_jacobian_lens())",
+    "direct logit attribution": "yes (logit_attribution(): by layer, sublayer point or head; attn_result per head)",
     "run(fn) on the model object": "yes",
     "ie_lab.load(): an in-process model for the free functions (ie_lab.capture and the others)": "yes (an EagerModel)",
     "model families": (

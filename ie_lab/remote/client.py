@@ -64,8 +64,8 @@ _NOT_SERVED_WHY = (
 )
 _NOT_SERVED_INSTEAD = (
     "use the served operations, which take data (capture, generate, generate_stream, attention, logit_lens, "
-    "project, mean_difference, patch, patch_sweep and gradients with a metric of ie_lab.remote.metrics; "
-    "docs/REMOTE.md), or run ie_lab where the model is (Session(model, backend='eager')) for fn(model)"
+    "project, mean_difference, logit_attribution, patch, patch_sweep and gradients with a metric of "
+    "ie_lab.remote.metrics; docs/REMOTE.md), or run ie_lab where the model is (Session(model, backend='eager')) for fn(model)"
 )
 
 
@@ -403,6 +403,9 @@ class RemoteBackend:
         return self._call(call)
 
     def mean_difference(self, call: calls.MeanDifference) -> Any:
+        return self._call(call)
+
+    def logit_attribution(self, call: calls.LogitAttribution) -> Any:
         return self._call(call)
 
     def patch(self, call: calls.Patch) -> Any:

@@ -138,6 +138,8 @@ class Costs:
             shapes = self.shapes(a.get("prompt"))
             n = self._directions(a.get("directions")) if a.get("k") is None else 0
             return Cost(self._tokens(shapes, new), sum(b * (seq + new) * n for b, seq in shapes) * self.itemsize)
+        if name == "logit_attribution":  # one forward; the pieces are a few numbers per position
+            return Cost(self._tokens(self.shapes(a.get("prompt"))), 0)
         if name == "mean_difference":
             pos = [s for p in a.get("positive") or () for s in self.shapes(p)]
             neg = [s for p in a.get("negative") or () for s in self.shapes(p)]

@@ -234,6 +234,10 @@ CHECKS: dict[str, Check] = {
     "threshold": optional(one_of(_real, lambda o, n, x: _tensor(o, n, x, dims=1), want="a number or a tensor")),
     "source": _source,
     "optional_positions": optional(_index_list),
+    "optional_position_list": optional(one_of(_int, _index_list, want="a token index or a list of them")),
+    "targets": one_of(
+        _int, _text, list_of(one_of(_int, _text, want="a token id or string")), want="a token or a pair of tokens"
+    ),
     "metric": _metric,
 }
 

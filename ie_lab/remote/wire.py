@@ -27,6 +27,7 @@ from ..address import Address
 from ..arch.config_facts import ArchFacts
 from ..backend import OperationCancelled, SessionClosed
 from ..cache import Cache
+from ..core.attribution import AttributionResult
 from ..core.results import AttentionResult, GenerationResult, GenStep, LensResult, PatchGrid, Projection
 from ..core.steer_spec import SteerSpec
 from ..errors import (
@@ -85,7 +86,8 @@ _ERROR_ATTRS = ("point", "family", "why", "instead", "what", "backend")
 
 # Result types a response may carry, by tag. Requests carry none of them (decode(..., results=False)).
 RESULTS: dict[str, type] = {
-    c.__name__: c for c in (GenStep, GenerationResult, LensResult, AttentionResult, Projection, PatchGrid, Row)
+    c.__name__: c
+    for c in (GenStep, GenerationResult, LensResult, AttentionResult, Projection, PatchGrid, Row, AttributionResult)
 }
 
 

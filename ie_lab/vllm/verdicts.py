@@ -55,6 +55,7 @@ POINTS: dict[str, BackendVerdict] = {
     "kv_latent": _LATENT,
     "k_nope": _LATENT,
     "attn_out": _OK,
+    "attn_result": BackendVerdict(Verdict.UNIMPLEMENTED, "Not computed on vLLM yet: the output projection's weight lives in the workers, sharded by rank, and no worker-side product is wired. Capture z.L and apply the projection's per-head columns yourself, or use backend='eager'."),
     "attn_out_post": _OK,
     "mixer_in": _MIXER,
     "mixer_out": _MIXER,
@@ -121,6 +122,10 @@ CAPABILITIES: dict[str, str] = {
         "no: patching replaces activations mid-forward for one request, which vLLM's batched kernels do not expose"
     ),
     "gradients": "no: vLLM runs inference-only kernels with no autograd graph",
+    "direct logit attribution": (
+        "no: it needs the pieces of the residual stream, each head's write (attn_result) and the final norm's scale "
+        "of one run together, which the vLLM backend does not read out yet"
+    ),
     "run(fn) on the model object": "no: the weights live inside vLLM's workers, not in this process",
     "ie_lab.load(): an in-process model for the free functions (ie_lab.capture and the others)": (
         "no: vLLM keeps the model inside its engine, which only a Session drives"

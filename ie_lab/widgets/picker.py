@@ -36,6 +36,8 @@ def _width(p: _points.Point, f: ArchFacts) -> tuple[str, str]:
         return f"n_heads × q × k = {f.n_heads} × q × k", f"[batch, {f.n_heads}, q, k]"
     if w is Width.STATE:  # one final state per sequence: no position axis, its layout set by the mixer's kind
         return "per mixer kind (see the definition)", "[batch, …] (one final state per sequence, no seq axis)"
+    if w is Width.HEADS_D_MODEL:  # one d_model vector per head: an axis of its own
+        return f"n_heads × d_model = {f.n_heads} × {f.d_model}", f"[batch, seq, {f.n_heads}, {f.d_model}]"
     n = width_of(w, f)
     formula = {
         Width.HEADS: f"n_heads × head_dim = {f.n_heads} × {f.value_head_dim} = {n}",
@@ -156,6 +158,7 @@ def _mixers(st: dict[str, Any], s: _points.Structure) -> None:
     # hyper-connections that mix the streams by a matrix, and latent attention's compressed latents
     st["stream_mix"], st["q_latent"], st["kv_latent"] = s.stream_mix, s.q_latent, s.kv_latent
     st["kv_compressed_layers"] = list(s.kv_compressed_layers)
+    st["heads_projected"] = s.heads_projected  # attn_result: a slice of the output projection is one head's write
     # the mixer layers that leave a recurrent / convolution state (mixer_state, mixer_conv_state)
     st["state_layers"], st["conv_state_layers"] = list(s.state_layers), list(s.conv_state_layers)
 
@@ -183,6 +186,7 @@ def _served_by_structure(p: _points.Point, layer: int | None, st: dict, backend:
             mixer_kinds=tuple(st.get("mixer_kinds", ())),
             no_mlp_layers=tuple(st.get("no_mlp_layers", ())),
             mlp_only_layers=tuple(st.get("mlp_only_layers", ())),
+            heads_projected=bool(st.get("heads_projected", True)),
         ),
         layer,
     )
