@@ -12,6 +12,7 @@ import torch
 
 import ie_lab
 from tests.conftest import assert_clean, lm_for
+from tests.numerics import assert_batched_close, batched_close
 
 PROMPT = "Mary went to the park and"
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
@@ -38,10 +39,11 @@ def _vectors(d):
 def _same(a, b):
     assert a["ids"] == b["ids"]
     for k in a:
-        if k == "gen_cache":
-            # concurrent generations share one batched decode loop (ie_lab/eager/batcher.py): the same numbers up
-            # to a batched matmul's rounding, not bit for bit
-            torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+        if k in ("gen_cache", "capture"):
+            # concurrent generations share one batched decode loop, and captures queued together read in one
+            # padded forward (ie_lab/eager/batcher.py): the same numbers up to a batched matmul's float32 rounding
+            # (tests/numerics.py), not bit for bit on every CPU
+            assert_batched_close(a[k], b[k], k)
         elif k != "ids":
             assert torch.equal(a[k], b[k]), k
 
@@ -53,7 +55,7 @@ def _check(solo, together):
     plain = solo[2]
     for i in range(N):
         if i not in (2, 5):
-            assert not torch.equal(solo[i]["capture"], plain["capture"]), i
+            assert not batched_close(solo[i]["capture"], plain["capture"]), i
     assert len({tuple(solo[i]["ids"]) for i in range(N) if i not in (2, 5)}) > 1
 
 
@@ -240,8 +242,10 @@ def test_a_spec_shared_by_two_tasks_ends_only_where_its_block_ends(session):
         return await asyncio.gather(a(), b())
 
     after_a, inside_b = asyncio.run(main())
-    assert torch.equal(after_a["resid_post.1"], plain)
-    assert torch.equal(inside_b["resid_post.1"], steered)
+    # the two captures may be queued together and read in one padded forward: float32 rounding apart
+    assert not batched_close(steered, plain)
+    assert_batched_close(after_a["resid_post.1"], plain, "after a's block")
+    assert_batched_close(inside_b["resid_post.1"], steered, "inside b's block")
     assert_clean(session._lm)
 
 
