@@ -281,6 +281,8 @@ def run_tl(job):
         )
         bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
     names = sorted({r["spec"]["name"] for r in job["requests"]})
+    if any(n.endswith("attn.hook_result") for n in names):
+        bridge.set_use_attn_result(True)  # TransformerLens computes each head's write (hook_result) only when asked
     hook_dict = getattr(bridge, "hook_dict", {}) or {}
     errors = {}
     for r in job["requests"]:
