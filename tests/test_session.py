@@ -249,10 +249,11 @@ def test_an_open_stream_refuses_a_nested_call_in_its_thread_instead_of_hanging(s
 
 @pytest.fixture()
 def long_session():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
-    torch.manual_seed(0)
-    m = LlamaForCausalLM(
+    from ie_lab import tiny
+
+    m = tiny.build(  # the one tiny-model builder: seed 0, transformers' own initialisation, eval mode
         LlamaConfig(
             hidden_size=128,
             num_hidden_layers=2,
@@ -262,7 +263,7 @@ def long_session():
             vocab_size=512,
             max_position_embeddings=4096,
         )
-    ).eval()
+    )
     _, t = tiny_model("llama")
     s = ie_lab.Session(m, tokenizer=t, progress=False)
     yield s

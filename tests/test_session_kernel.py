@@ -120,10 +120,11 @@ def test_interrupt_stops_generation_and_the_next_call_works():
             kc,
             SETUP.replace('tiny_model("llama")', 'tiny_model("llama")')
             + textwrap.dedent("""
-            from transformers import LlamaConfig, LlamaForCausalLM
-            big = LlamaForCausalLM(LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=256, vocab_size=512,
-                                   max_position_embeddings=100000)).eval()
+            from transformers import LlamaConfig
+            from ie_lab import tiny
+            big = tiny.build(LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=256, vocab_size=512,
+                             max_position_embeddings=100000))
             big.generation_config.eos_token_id = None
             sb = ie_lab.Session(big, tokenizer=t, progress=False)
             v = torch.randn(128)
