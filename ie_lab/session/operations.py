@@ -33,6 +33,20 @@ class _Operations:
     lock, or on the loop) or as an awaited twin (`_async`, `_on_loop`). The operations themselves are generated
     from OPERATIONS by `install` below."""
 
+    # attributes another room of the same class defines (declared for the type checker; no value here, so
+    # nothing shadows the owner at run time)
+    _backend: Any
+    _bos: Any
+    _check_open: Any
+    _closed: Any
+    _generate_stream: Any
+    _inside_own_operation: Any
+    _lm: Any
+    _loop: Any
+    _loop_work: Any
+    _refuse_nested: Any
+    _tokens: Any
+
     def _dispatch(self, work: Any, **kwargs: Any) -> Any:
         """A plain call of what the backend made: a coroutine runs on the loop, a plain function on this thread."""
         return self._call(work) if self._backend.on_loop else self._sync(work, **kwargs)

@@ -16,6 +16,15 @@ from .handoff import (
 class _Panels:
     """The notebook panels a Session opens, and `submit`, the public way a panel runs work on the session's loop."""
 
+    # attributes another room of the same class defines (declared for the type checker; no value here, so
+    # nothing shadows the owner at run time)
+    _backend: Any
+    _check_open: Any
+    _lm: Any
+    _loop: Any
+    _on_loop_thread: Any
+    backend: Any
+
     # ---- public API for the notebook panels (ie_lab/widgets use only this and the operations above) ----------
     def submit(self, coro: Any) -> concurrent.futures.Future:
         """Start a coroutine on this session's loop and return at once: a concurrent.futures.Future of its result.

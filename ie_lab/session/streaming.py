@@ -33,6 +33,22 @@ class _Streaming:
     its steps (eager), or relayed from the loop (vLLM, remote); an awaited stream on the loop, joining the eager
     batch early and handed over once the lock is its own."""
 
+    # attributes another room of the same class defines (declared for the type checker; no value here, so
+    # nothing shadows the owner at run time)
+    _backend: Any
+    _cancellable: Any
+    _check_open: Any
+    _closed: Any
+    _door: Any
+    _issued: Any
+    _lock: Any
+    _loop: Any
+    _loop_work: Any
+    _loop_work_done: Any
+    _refuse_nested: Any
+    _remove_hooks: Any
+    _tokens: Any
+
     def _astream(self, token: _CancelToken, call: Any, early: "_Handoff | None" = None) -> AsyncGenerator:
         """The stream on the session loop (awaited twins and the pumped plain stream)."""
         if self._backend.on_loop:

@@ -47,6 +47,24 @@ from .wire import RECOMPUTED, pack, unpack
 class _Operations:
     """The operations: arguments checked, requests built (requests.py), results assembled (results.py)."""
 
+    # attributes another room of the same class defines (declared for the type checker; no value here, so
+    # nothing shadows the owner at run time)
+    _assemble: Any
+    _check_room: Any
+    _entered_specs: Any
+    _graph: Any
+    _ids: Any
+    _len_why: Any
+    _max_len: Any
+    _mode: Any
+    _params: Any
+    _refuse_in_generate_mode: Any
+    _refuse_in_graph_mode: Any
+    _request: Any
+    _tokens: Any
+    _work_for: Any
+    lm: Any
+
     # ---- capture ----------------------------------------------------------------------------------
     async def _acapture(self, tokens_or_text: Any, addresses: Any, grad: bool = False, steer: Any = None) -> Cache:
         from vllm import SamplingParams

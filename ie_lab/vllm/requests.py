@@ -64,6 +64,17 @@ def _as_specs(steer: Any) -> list[Any]:
 class _Requests:
     """Requests: what they carry, checked before the engine sees them, and submitting one."""
 
+    # attributes another room of the same class defines (declared for the type checker; no value here, so
+    # nothing shadows the owner at run time)
+    _check_open: Any
+    _driver: Any
+    _graph: Any
+    _inflight: Any
+    _len_why: Any
+    _max_len: Any
+    _refuse_in_generate_mode: Any
+    lm: Any
+
     # ---- the request path -------------------------------------------------------------------------
     def _work_for(self, capture: Any, steer: Any) -> tuple[list[Address], _Work]:
         addrs = parse_addresses(self.lm, capture) if capture else []

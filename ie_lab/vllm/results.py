@@ -149,6 +149,10 @@ def _raise_if_failed(res: dict) -> None:
 class _Results:
     """The rows a request's worker collected, by address."""
 
+    # attributes another room of the same class defines (declared for the type checker; no value here, so
+    # nothing shadows the owner at run time)
+    lm: Any
+
     def _assemble(self, addrs: list[Address], res: dict) -> dict[Address, torch.Tensor]:
         out = {}
         for a in addrs:

@@ -45,6 +45,11 @@ def _config_keys(model_type: str, cfg: Any) -> dict:
 class _Startup:
     """Loading the model into a new engine (`_aload`), from the Session's arguments."""
 
+    # attributes another room of the same class defines (declared for the type checker; no value here, so
+    # nothing shadows the owner at run time)
+    _engine_auto: Any
+    _mode: Any
+
     async def _aload(self, path, tokenizer, tp, prefix, max_model_len, seed, trust_remote_code, extra):
         if os.path.isdir(os.path.expanduser(path)):
             path = os.path.expanduser(path)
