@@ -207,7 +207,7 @@ def cached_folder(repo_id: str, folder: str, revision: str | None = None, cache_
     names = [f"{folder.strip('/')}/{f}" if folder.strip("/") else f for f in FILES]
     found = [try_to_load_from_cache(repo_id, n, cache_dir=cache, revision=revision) for n in names]
     if all(isinstance(p, str) for p in found):
-        return os.path.dirname(found[0])
+        return os.path.dirname(str(found[0]))
     cause = "HF_HUB_OFFLINE is set"
     if not _offline():
         try:

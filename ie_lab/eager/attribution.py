@@ -62,6 +62,7 @@ def logit_attribution(
                 reads.add(f"{name}.{L}")
     cache = capture_batch(lm, prompt, sorted(reads))
     ids = cache.tokens
+    assert ids is not None  # capture_batch always records the tokens it ran
     if ids.shape[0] != 1:
         raise InputError(f"logit_attribution reads one prompt; got a batch of {ids.shape[0]}: call it once per prompt.")
     seq = ids.shape[1]

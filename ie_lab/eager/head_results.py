@@ -8,7 +8,7 @@ concatenation, which projection_kind checks (or refuses, saying why) before any 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -43,7 +43,7 @@ def projection_kind(lm: Any, lb: LayerBinding, what: str) -> str:
             "or fused projection computes something else)",
             instead,
         )
-    width = m.weight.shape[1 if kind == "linear" else 0]
+    width = cast(torch.Tensor, m.weight).shape[1 if kind == "linear" else 0]
     H = int(lm.facts.n_heads)
     if width % H:
         raise CapabilityUnsupported(
@@ -81,7 +81,7 @@ def heads_through(z: torch.Tensor, o_proj: nn.Module, n_heads: int, kind: str) -
     columns for that head (its bias not included: summed over heads, plus the bias, this is the projection's
     output)."""
     zh = z.reshape(*z.shape[:-1], n_heads, -1)
-    W = o_proj.weight
+    W = cast(torch.Tensor, o_proj.weight)
     if kind == "linear":  # [out, heads * d_head]
         return torch.einsum("...he,dhe->...hd", zh, W.reshape(W.shape[0], n_heads, -1).to(zh.dtype))
     return torch.einsum("...he,hed->...hd", zh, W.reshape(n_heads, -1, W.shape[1]).to(zh.dtype))

@@ -36,6 +36,7 @@ class _Operations:
     # attributes another room of the same class defines (declared for the type checker; no value here, so
     # nothing shadows the owner at run time)
     _backend: Any
+    _op_lock: asyncio.Lock | None
     _bos: Any
     _check_open: Any
     _closed: Any

@@ -129,7 +129,7 @@ def cache_layout(d: dict[str, Any], facts: ArchFacts) -> CacheLayout:
             has_state = False
         if has_attn:
             sliding = facts.layer_kinds[i] == "sliding" and facts.sliding_window
-            window = max(1, int(facts.sliding_window) - 1) if sliding else None
+            window = max(1, int(facts.sliding_window) - 1) if sliding and facts.sliding_window else None
             kind = "latent" if latent else "sliding" if sliding else "attention"
             layers.append(LayerCache(kind, attn_per_token, window))
         if has_state:

@@ -272,8 +272,8 @@ def _ssm_mixer_count(f: ArchFacts, dm: dict[str, Any]) -> int:
     if not n:
         return 0
     if f.model_type == "mamba2" or dm.get("mamba_n_heads"):
-        heads = dm.get("num_heads") if f.model_type == "mamba2" else dm.get("mamba_n_heads")
-        hd = dm.get("head_dim") if f.model_type == "mamba2" else dm.get("mamba_d_head")
+        heads = int((dm.get("num_heads") if f.model_type == "mamba2" else dm.get("mamba_n_heads")) or 0)
+        hd = int((dm.get("head_dim") if f.model_type == "mamba2" else dm.get("mamba_d_head")) or 0)
         inner = dm.get("mamba_d_ssm") or heads * hd
         g = dm.get("n_groups") or dm.get("mamba_n_groups") or 1
         conv = inner + 2 * g * n

@@ -260,7 +260,7 @@ class Sizing:
         return f"{self.name} on {where} {b.gpu.name} with {cache}: {b.command(self.serve_as)}"
 
     def rows(self) -> list[tuple[str, ...]]:
-        out = []
+        out: list[tuple[str, ...]] = []
         for p in self.plans():
             out.append(
                 (

@@ -48,6 +48,7 @@ class _Startup:
     # attributes another room of the same class defines (declared for the type checker; no value here, so
     # nothing shadows the owner at run time)
     _engine_auto: Any
+    engine_kind: str
     _mode: Any
 
     async def _aload(self, path, tokenizer, tp, prefix, max_model_len, seed, trust_remote_code, extra):
