@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, plural
 from . import _static
 from .dashboard_data import EncodedCorpus, FeatureData, as_plain, encode_corpus, feature_data
 
@@ -54,7 +54,8 @@ def render_html(data: Sequence[FeatureData], *, title: str = "Feature dashboards
         "title": title,
         "address": address,
         "subtitle": (
-            f"{len(data)} features of an SAE with {data[0].d_sae} at {address}, over {data[0].n_tokens} tokens; "
+            f"{plural(len(data), 'feature')} of an SAE with {plural(data[0].d_sae, 'feature')} at {address}, over "
+            f"{plural(data[0].n_tokens, 'token')}; "
             "tokens tinted by each feature's activation (hover for the value)"
         ),
         "features": [as_plain(d) for d in data],
