@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ie_lab
-from ie_lab.errors import InputError
+from ie_lab.errors import CapabilityUnsupported, InputError
 from ie_lab.widgets import FeatureDashboard, FeatureData, encode_corpus, feature_data
 from ie_lab.widgets.dashboard_data import ActivationCorpus, as_plain
 from tests.conftest import assert_clean
@@ -183,6 +183,26 @@ def test_steering_is_the_sessions_generation_with_and_without_the_decoder_direct
     default = feature_data(s, sae, 7, corpus, prompt=PROMPT, max_new_tokens=1)
     assert default.steering.scale == pytest.approx(4 * default.max_activation)
     assert_clean(s._lm)
+
+
+class ElsewhereSession:
+    """A session whose model is not in this process (vLLM, a remote server): s.run is refused there."""
+
+    def __init__(self, s):
+        self.inner = s
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, fn):
+        raise CapabilityUnsupported("run", "the model is in another process.", "use an eager Session.")
+
+
+def test_where_the_weights_are_elsewhere_the_data_says_why_it_has_no_logits(s, sae, corpus):
+    d = feature_data(ElsewhereSession(s), sae, 3, corpus)
+    assert d.promoted_tokens == [] and d.suppressed_ids.size == 0 and "not in this process" in d.logit_note
+    assert [c.row for c in d.contexts] == [c.row for c in feature_data(s, sae, 3, corpus).contexts]
+    assert json.loads(json.dumps(as_plain(d)))["promoted"] == []
 
 
 def test_bad_input_is_refused_naming_the_fix(s, sae, corpus):

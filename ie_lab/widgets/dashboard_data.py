@@ -280,13 +280,14 @@ def _names(session: Any, ids: list[int]) -> list[str]:
     return list(session.to_str_tokens(torch.tensor([ids]))[0])
 
 
-def top_contexts(enc: EncodedCorpus, col: torch.Tensor, top: int, before: int, after: int) -> list[dict]:
-    """The `top` rows with the largest activation (> 0; ties in row order), each with its window in its prompt."""
-    order = np.argsort(-col.numpy(), kind="stable")[:top]
+def top_contexts(enc: EncodedCorpus, f: int, col: torch.Tensor, top: int, before: int, after: int) -> list[dict]:
+    """The `top` rows with the largest activation (> 0; ties in row order), each with its window in its prompt.
+    Sorted among the rows where the feature fires only (held in row order), not over the whole corpus."""
+    a, b = int(enc.ptr[f]), int(enc.ptr[f + 1])
+    firing = enc.rows[a:b]
+    order = firing[np.argsort(-enc.vals[a:b].numpy(), kind="stable")[:top]]
     out = []
     for r in order.tolist():
-        if not col[r] > 0:
-            break
         p = int(enc.prompt_ids[r])
         a, b = enc.spans[p]
         lo, hi = max(a, r - before), min(b, r + after + 1)
@@ -356,7 +357,7 @@ def feature_data(
     fired = col[col > 0]
     vmax = float(fired.max()) if fired.numel() else 0.0
     counts, edges = np.histogram(fired.numpy(), bins=bins, range=(0.0, vmax if vmax > 0 else 1.0))
-    ctxs = top_contexts(enc, col, top, before, after)
+    ctxs = top_contexts(enc, f, col, top, before, after)
     names = _names(session, sorted({t for c in ctxs for t in c["token_ids"]}))
     lookup = dict(zip(sorted({t for c in ctxs for t in c["token_ids"]}), names, strict=True))
     contexts = [Context(**c, tokens=[lookup[t] for t in c["token_ids"]]) for c in ctxs]
