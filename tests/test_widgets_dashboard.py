@@ -133,6 +133,10 @@ def test_density_and_histogram_are_a_hand_count(s, sae, ref, corpus):
         by_hand = [sum(1 for v in fired if e[i] <= v < e[i + 1] or (i == 9 and v == e[10])) for i in range(10)]
         # a value within rounding of an inner edge may fall either side: the totals and all other bins agree
         assert sum(d.hist_counts) == len(fired) and np.abs(np.array(by_hand) - d.hist_counts).sum() <= 2
+    silent = int(((ref["Z"] > 0).sum(0) == 0).nonzero()[0])  # a feature that never fires on this corpus
+    quiet = feature_data(s, sae, silent, corpus)
+    assert (quiet.contexts, quiet.n_fired, quiet.density, int(quiet.hist_counts.sum())) == ([], 0, 0.0, 0)
+    assert "never fires" in quiet.notes[0] and len(quiet.promoted_ids) == 10
     often = _features(ref)[0]
     a, b = feature_data(s, sae, often, corpus), feature_data(s, sae, often + 1, corpus)  # a neighbour differs
     assert a.n_fired != b.n_fired or not np.array_equal(a.hist_counts, b.hist_counts)
@@ -268,6 +272,9 @@ def test_the_panel_shows_the_data_and_switches_feature_from_the_front_end(s, sae
     assert db.feature == rare and "features run from 0 to 511" in db.error
     _select(db, "3")
     assert db.feature == rare and "select.feature" in db.rejected[-1]
+    silent = int(((Z > 0).sum(0) == 0).nonzero()[0])
+    db.show(silent)
+    assert (db.feature, db.ctx_tokens, _i32(db.ctx_len).size) == (silent, [], 0) and "never fires" in db.notes
     db.show(often)
     check(often)
     assert re.fullmatch(
