@@ -143,6 +143,15 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
     return _cheatsheet(family_or_config, backend, layer, var_name=var_name)
 
 
+def export_dashboards(
+    session_or_data: Any, sae: Any = None, features: Any = None, acts: Any = None, path: Any = None, **kwargs: Any
+) -> str:
+    """One offline HTML file with a dashboard per SAE feature (contexts, histogram, logits); see docs/SAE.md."""
+    from .widgets.dashboard_export import export_dashboards as _export
+
+    return _export(session_or_data, sae, features, acts, path, **kwargs)
+
+
 __all__ = [
     "Address",
     "AddressError",
@@ -163,6 +172,7 @@ __all__ = [
     "attribution_patch",
     "capture",
     "cheatsheet",
+    "export_dashboards",
     "fit_jacobian_lens",
     "fit_tuned_lens",
     "generate",

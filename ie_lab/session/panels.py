@@ -98,3 +98,13 @@ class _Panels:
 
         self._check_open()
         return features_for_session(self, prompt, address, features, **kwargs)
+
+    def feature_dashboard(
+        self, sae: Any, feature: int, acts: Any, *, prompt: str | None = None, top: int = 10, **kwargs: Any
+    ):
+        """One SAE feature's dashboard over a corpus (an ie_lab.Activations or a list of texts): top contexts,
+        activation histogram and density, promoted and suppressed tokens, steering on `prompt` (docs/SAE.md)."""
+        from ..widgets.dashboard import for_session as dashboard_for_session
+
+        self._check_open()
+        return dashboard_for_session(self, sae, feature, acts, prompt=prompt, top=top, **kwargs)
