@@ -523,18 +523,12 @@ def save_quantized(model: Any, path: str, schemes: dict[str, list[str]], *, igno
             if hasattr(module, "weight_zero_point"):
                 module.weight_zero_point.copy_(zero.reshape(module.weight_zero_point.shape))
             module.quantization_status = QuantizationStatus.FROZEN
+    from .eager.loading import _transformers_bars_off
+    from .eager.quantized import bars_off
+
     compressor = ModelCompressor.from_pretrained_model(model)
-    with _tqdm_off():
+    with bars_off(), _transformers_bars_off():
         compressor.compress_model(model)
         model.save_pretrained(path)
     compressor.update_config(path)
     return path
-
-
-def _tqdm_off():
-    """compressed-tensors draws a tqdm bar over the modules it compresses: iterate them plainly instead."""
-    import unittest.mock
-
-    return unittest.mock.patch(
-        "compressed_tensors.compressors.model_compressors.model_compressor.tqdm", lambda items, **_: items
-    )

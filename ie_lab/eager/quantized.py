@@ -82,14 +82,18 @@ def dequantize(model: Any) -> None:
 
 def bars_off():
     """compressed-tensors draws a tqdm bar over the modules it (de)compresses while transformers loads: iterate
-    them plainly instead (ie_lab shows its own bar)."""
+    them plainly instead (ie_lab shows its own bar). And one model in this process is (de)compressed here alone:
+    where torch.distributed is up (an in-process vLLM engine starts it) compressed-tensors would share the work
+    out across that process group's ranks, with a bar of its own."""
     try:
         import compressed_tensors.compressors.model_compressors.model_compressor  # noqa: F401
     except ImportError:
         return contextlib.nullcontext()
-    return unittest.mock.patch(
-        "compressed_tensors.compressors.model_compressors.model_compressor.tqdm", lambda items, **_: items
-    )
+    where = "compressed_tensors.compressors.model_compressors.model_compressor"
+    stack = contextlib.ExitStack()
+    stack.enter_context(unittest.mock.patch(f"{where}.tqdm", lambda items, **_: items))
+    stack.enter_context(unittest.mock.patch(f"{where}.is_distributed", lambda: False))
+    return stack
 
 
 def _args_words(kind: str, args: Any) -> str:
@@ -134,7 +138,9 @@ def activation_quantized(model: Any) -> list[str]:
         name
         for name, m in model.named_modules()
         if getattr(m, "quantization_scheme", None) is not None
-        and (m.quantization_scheme.input_activations is not None or m.quantization_scheme.output_activations is not None)
+        and (
+            m.quantization_scheme.input_activations is not None or m.quantization_scheme.output_activations is not None
+        )
     ]
 
 

