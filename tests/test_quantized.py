@@ -29,11 +29,17 @@ def mixed(tmp_path_factory):
 
 
 def _int4(sd: dict, name: str) -> torch.Tensor:
-    """A pack-quantized weight rebuilt by hand: eight 4-bit values per int32, lowest bits first, stored as value + 8;
-    one scale per output row and group of 128 inputs."""
-    packed, scale = sd[f"{name}.weight_packed"], sd[f"{name}.weight_scale"]
-    nibbles = torch.stack([(packed >> (4 * j)) & 0xF for j in range(8)], dim=-1).reshape(packed.shape[0], -1)
-    return (nibbles - 8).float() * scale.repeat_interleave(128, dim=1)
+    """A pack-quantized weight rebuilt by hand: eight 4-bit values per int32 along each row, lowest bits first,
+    stored as value + 8; one scale per output row and group of 128 inputs; zero points (where asymmetric) packed
+    the same way down the output rows."""
+
+    def nibbles(packed: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(packed >> (4 * j)) & 0xF for j in range(8)], dim=-1).reshape(packed.shape[0], -1)
+
+    q, scale = nibbles(sd[f"{name}.weight_packed"]) - 8, sd[f"{name}.weight_scale"]
+    zp = sd.get(f"{name}.weight_zero_point")
+    zero = torch.zeros_like(scale) if zp is None else nibbles(zp.T.contiguous()).T - 8  # [out, groups]
+    return ((q.unflatten(1, (-1, 128)) - zero[..., None]) * scale[..., None]).flatten(1).float()
 
 
 def _int8_linear(sd: dict, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -49,6 +55,7 @@ def test_points_are_what_the_quantized_model_computes(mixed):
     c = ie_lab.capture(lm, TEXT, ["mlp_in.1", "mlp_out.1", "z.0", "attn_out.0"])
     x = c["mlp_in.1"][0]
     pre = "model.layers.1.mlp"
+    assert f"{pre}.down_proj.weight_zero_point" in sd and f"{pre}.up_proj.weight_zero_point" not in sd
     gate, up, down = (_int4(sd, f"{pre}.{p}") for p in ("gate_proj", "up_proj", "down_proj"))
     want = (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
     assert torch.allclose(c["mlp_out.1"][0], want, atol=1e-5, rtol=1e-5)
@@ -77,7 +84,7 @@ def test_load_dequantizes_and_says_so(mixed, capsys):
     assert (
         "quantized (compressed-tensors: 8 linears weights int8 (per channel), inputs int8 (per token, dynamic)" in line
     )
-    assert "6 linears weights int4 (group 128)" in line
+    assert "4 linears weights int4 (group 128)" in line and "2 linears weights int4 (group 128, asymmetric)" in line
 
 
 def test_gradient_verdict_weight_only_allows_and_is_exact(tmp_path):

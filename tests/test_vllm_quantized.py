@@ -1,8 +1,8 @@
 """Quantized checkpoints on the vLLM backend (docs/LOADING.md, Quantized checkpoints): one engine serves a
-compressed-tensors checkpoint written here (attention W8A8, MLP W4A16: both CPU kernels vLLM has) in bfloat16, the
-only dtype its quantized kernels on CPU take, and every served point equals eager's on the same checkpoint loaded
-in bfloat16, within bfloat16 rounding; the unquantized model's points are outside that. What vLLM's CPU build
-cannot serve is refused before any engine starts."""
+compressed-tensors checkpoint written here (attention W8A8, MLP W4A16 with and without zero points: the CPU
+kernels vLLM has) in bfloat16, the only dtype its quantized kernels on CPU take, and every served point equals
+eager's on the same checkpoint loaded in bfloat16, within bfloat16 rounding; the unquantized model's points are
+outside that. What vLLM's CPU build cannot serve is refused before any engine starts."""
 
 from __future__ import annotations
 
