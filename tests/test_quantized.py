@@ -119,14 +119,16 @@ def test_gradient_verdict_names_activation_quantization(mixed):
     assert lm.hf.model.layers[0].mlp.up_proj(x).requires_grad
 
 
-def test_sizer_bytes_per_weight_agree_with_the_file(tmp_path):
+@pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM"])
+def test_sizer_bytes_per_weight_agree_with_the_file(tmp_path, scheme):
+    """int4 plus one bfloat16 scale per group of 128 (and a packed int4 zero point where asymmetric), exactly."""
     from ie_lab.sizing import count_params, quantization, resolve_config
 
-    path = saved_quantized_dir(tmp_path, {"W4A16": ["Linear"]}, name="w4a16_bf16", dtype=torch.bfloat16)
+    path = saved_quantized_dir(tmp_path, {scheme: ["Linear"]}, name="bf16", dtype=torch.bfloat16)
     cfg = json.load(open(os.path.join(path, "config.json")))
     q = quantization(cfg["quantization_config"])
     sd = load_file(os.path.join(path, "model.safetensors"))
-    on_disk = sum(t.numel() * t.element_size() for k, t in sd.items() if k.endswith(("weight_packed", "weight_scale")))
+    on_disk = sum(t.numel() * t.element_size() for k, t in sd.items() if k.endswith(("_packed", "_scale", "_zero_point")))
     assert count_params(resolve_config(path)).quantizable * q.bits_per_weight / 8 == on_disk
 
 
@@ -135,6 +137,7 @@ def test_sizer_bytes_per_weight_agree_with_the_file(tmp_path):
     [
         ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptqmodel"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "accelerate"),
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8 quantizer cannot load it"),
     ],
 )
 def test_a_checkpoint_whose_package_is_missing_is_refused_by_name(tmp_path, qc, package):

@@ -248,9 +248,11 @@ def load(
             f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
             "in the local HF cache or a folder."
         ) from None
-    except (ValueError, ImportError) as e:
-        if quant is not None and isinstance(e, ImportError):
-            quantized.refuse_missing_package(quant, src, e)
+    except (ValueError, ImportError, RuntimeError) as e:
+        if quant is not None and isinstance(e, (ImportError, RuntimeError)):
+            quantized.refuse_unloadable(quant, src, e)  # the method's package or hardware is missing
+        if isinstance(e, RuntimeError):
+            raise
         if attn_implementation is not None:
             raise InputError(
                 f"attn_implementation={attn_implementation!r} cannot run here: {e}. Use 'eager' or "

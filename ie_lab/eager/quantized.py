@@ -61,14 +61,16 @@ def method_of(config: Any) -> str | None:
     return str(qc.get("quant_method") or "unknown").lower()
 
 
-def refuse_missing_package(method: str, src: str, error: Exception) -> None:
-    """transformers could not load a quantized checkpoint because a package is missing: say which and why."""
-    need, why = NEEDS.get(method, ("its quantization package", f"quant_method {method!r}"))
-    raise CapabilityUnsupported(
-        f"loading the {method}-quantized checkpoint {src!r}",
-        f"transformers needs {need} for it ({type(error).__name__}: {str(error).strip()[:200]}); on CPU: {why}.",
-        _INSTEAD + ".",
-    ) from None
+def refuse_unloadable(method: str, src: str, error: Exception) -> None:
+    """transformers could not load a quantized checkpoint here (its quantizer's package or hardware is missing): say
+    which and why, in transformers' own words too."""
+    said = f"{type(error).__name__}: {str(error).strip()[:200]}"
+    if method in NEEDS:
+        need, why = NEEDS[method]
+        because = f"transformers needs {need} for it ({said}); on CPU: {why}."
+    else:
+        because = f"transformers' {method} quantizer cannot load it on this machine ({said})."
+    raise CapabilityUnsupported(f"loading the {method}-quantized checkpoint {src!r}", because, _INSTEAD + ".") from None
 
 
 def dequantize(model: Any) -> None:
@@ -169,6 +171,6 @@ __all__ = [
     "dequantize",
     "load_words",
     "method_of",
-    "refuse_missing_package",
+    "refuse_unloadable",
     "schemes",
 ]
