@@ -128,7 +128,9 @@ def test_sizer_bytes_per_weight_agree_with_the_file(tmp_path, scheme):
     cfg = json.load(open(os.path.join(path, "config.json")))
     q = quantization(cfg["quantization_config"])
     sd = load_file(os.path.join(path, "model.safetensors"))
-    on_disk = sum(t.numel() * t.element_size() for k, t in sd.items() if k.endswith(("_packed", "_scale", "_zero_point")))
+    on_disk = sum(
+        t.numel() * t.element_size() for k, t in sd.items() if k.endswith(("_packed", "_scale", "_zero_point"))
+    )
     assert count_params(resolve_config(path)).quantizable * q.bits_per_weight / 8 == on_disk
 
 
