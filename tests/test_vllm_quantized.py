@@ -70,6 +70,9 @@ def test_what_the_cpu_build_cannot_serve_is_refused_before_the_engine(served, tm
     # float32: the kernels take bfloat16 or float16 only
     with pytest.raises(ie_lab.CapabilityUnsupported, match="bfloat16 or float16 only"):
         ie_lab.Session(path, backend="vllm", progress=False)
+    # graph mode: its static taps were checked on unquantized models only
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="graph mode"):
+        ie_lab.Session(path, backend="vllm", dtype=torch.bfloat16, progress=False, graph_points=["resid_post.0"])
     # int8 weight-only: no CPU kernel
     w8a16 = saved_quantized_dir(tmp_path, {"W8A16": ["Linear"]}, name="w8a16")
     with pytest.raises(ie_lab.CapabilityUnsupported, match="no kernel for int8 weights") as e:

@@ -56,8 +56,9 @@ def _words(group: dict) -> str:
     return f"{w.get('type')}{w.get('num_bits')} weights per {w.get('strategy')} with {acts}"
 
 
-def check_quantized(cfg: Any, dtype: torch.dtype) -> list[str]:
-    """The schemes served ([] where the checkpoint is not quantized), or CapabilityUnsupported naming why not."""
+def check_quantized(cfg: Any, dtype: torch.dtype, graph: bool = False) -> list[str]:
+    """The schemes served ([] where the checkpoint is not quantized), or CapabilityUnsupported naming why not.
+    graph: graph mode asked for (graph_points= / steer_points=), whose static taps were checked unquantized only."""
     qc = getattr(cfg, "quantization_config", None)
     if not qc:
         return []
@@ -98,6 +99,14 @@ def check_quantized(cfg: Any, dtype: torch.dtype) -> list[str]:
             "int8_scaled_mm_with_quant: expect A to be bfloat16 or half)",
             "pass dtype=torch.bfloat16 (its points then equal eager's on the same checkpoint loaded with "
             f"dtype=torch.bfloat16, within bfloat16 rounding), or {_EAGER} in float32.",
+        )
+    if graph and served:
+        raise CapabilityUnsupported(
+            f"graph mode (graph_points= / steer_points=) on {what}",
+            "graph mode's static taps inside the compiled trunk have been checked against eager on unquantized "
+            "models only",
+            "leave graph_points= and steer_points= out: the default engine's hooks serve every point, checked on "
+            "quantized checkpoints (docs/LOADING.md).",
         )
     return served
 
