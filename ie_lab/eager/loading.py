@@ -239,7 +239,7 @@ def load(
     kwargs = {"attn_implementation": impl} if impl else {}
     quant = quantized.method_of(config)
     try:
-        with _transformers_bars_off(), quantized.bars_off():
+        with _transformers_bars_off(), quantized.bars_off(quant):
             model = AutoModelForCausalLM.from_pretrained(
                 src, dtype=torch_dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs
             )

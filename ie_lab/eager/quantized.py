@@ -82,11 +82,13 @@ def dequantize(model: Any) -> None:
             quantizer.compressor.decompress_model(model)
 
 
-def bars_off():
+def bars_off(method: str | None = CT):
     """compressed-tensors draws a tqdm bar over the modules it (de)compresses while transformers loads: iterate
     them plainly instead (ie_lab shows its own bar). And one model in this process is (de)compressed here alone:
     where torch.distributed is up (an in-process vLLM engine starts it) compressed-tensors would share the work
-    out across that process group's ranks, with a bar of its own."""
+    out across that process group's ranks, with a bar of its own. Nothing for another method (or none)."""
+    if method != CT:
+        return contextlib.nullcontext()
     try:
         import compressed_tensors.compressors.model_compressors.model_compressor  # noqa: F401
     except ImportError:
