@@ -9,8 +9,8 @@ transformers 5.19):
   decompression), so a module computes with the dense weight its integers and scales stand for, which is what the
   quantized model computes: the points are those. A scheme that quantizes activations as well (W8A8) keeps
   quantizing them as the model runs (compressed-tensors' forward wraps each such linear), dynamically per token.
-- gptq and awq (quant_method "gptq" / "awq"): transformers needs gptqmodel (and optimum for gptq), which compiles
-  C++/CUDA extensions at install; they are not in ie_lab's environments. Refused with that named.
+- gptq and awq (quant_method "gptq" / "awq"): transformers needs gptqmodel (and optimum for gptq); gptqmodel 7.7 is
+  on PyPI as source only (70 C++/CUDA files built at install), not in ie_lab's environments. Refused with that named.
 - bitsandbytes: bitsandbytes 0.50 installs from PyPI with a CPU backend, but transformers' quantizer also needs
   accelerate, which ie_lab's environments do not carry. Refused where either is missing.
 - torchao: torchao 0.18 installs from PyPI and its int8 weight-only tensors run on CPU (checked by hand: a tiny
@@ -30,13 +30,13 @@ from ..errors import CapabilityUnsupported
 NEEDS: dict[str, tuple[str, str]] = {
     "gptq": (
         "gptqmodel and optimum",
-        "gptqmodel builds C++/CUDA extensions when installed (a compiler and minutes), so ie_lab's environments "
-        "do not carry it",
+        "gptqmodel 7.7 is on PyPI as source only (gptqmodel-7.7.0.tar.gz, 70 C++/CUDA files built at install), so "
+        "ie_lab's environments do not carry it",
     ),
     "awq": (
         "gptqmodel",
-        "gptqmodel builds C++/CUDA extensions when installed (a compiler and minutes), so ie_lab's environments "
-        "do not carry it",
+        "gptqmodel 7.7 is on PyPI as source only (gptqmodel-7.7.0.tar.gz, 70 C++/CUDA files built at install), so "
+        "ie_lab's environments do not carry it",
     ),
     "bitsandbytes": (
         "bitsandbytes and accelerate",
