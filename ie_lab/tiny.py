@@ -480,3 +480,55 @@ def _discriminating_gains(model: Any, gen: Any) -> None:
         for name, buf in model.named_buffers():
             if name.endswith("correction_bias") and buf.is_floating_point():
                 buf.copy_(uni(buf.shape, -0.05, 0.05))
+
+
+def save_quantized(model: Any, path: str, schemes: dict[str, list[str]], *, ignore: tuple[str, ...] = ("lm_head",)):
+    """Write a copy of `model` to `path` as a compressed-tensors checkpoint (the format llm-compressor writes and
+    vLLM and transformers read), without llm-compressor and without calibration data. schemes: a compressed-tensors
+    preset name ("W4A16", "W4A16_ASYM", "W8A16", "W8A8", ...) -> the modules it covers (class names such as
+    "Linear", or "re:" patterns on module names); ignore: modules kept unquantized. Each weight's scales (and zero
+    points) come from that weight's own minimum and maximum per group, channel or tensor, as compressed-tensors'
+    memoryless min-max observer draws them; a scheme's activation scales are dynamic (computed per token as the
+    model runs), so nothing needs data. The model passed is left as it is. Returns the path."""
+    import copy
+
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    model = copy.deepcopy(model)
+    groups = {f"group_{i}": preset_name_to_scheme(name, list(t)) for i, (name, t) in enumerate(schemes.items())}
+    apply_quantization_config(model, QuantizationConfig(config_groups=groups, ignore=list(ignore)))
+    with torch.no_grad():
+        for module in model.modules():
+            scheme = getattr(module, "quantization_scheme", None)
+            if scheme is None or scheme.weights is None:
+                continue
+            w, args = module.weight.data, scheme.weights
+            if args.strategy == "group":
+                grouped = w.unflatten(-1, (-1, args.group_size))
+                lo, hi = grouped.amin(-1), grouped.amax(-1)
+            elif args.strategy == "channel":
+                lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+            else:
+                lo, hi = w.amin(), w.amax()
+            scale, zero = calculate_qparams(lo, hi, args)
+            module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zero.reshape(module.weight_zero_point.shape))
+            module.quantization_status = QuantizationStatus.FROZEN
+    from .eager.loading import _transformers_bars_off
+    from .eager.quantized import bars_off
+
+    compressor = ModelCompressor.from_pretrained_model(model)
+    with bars_off(), _transformers_bars_off():
+        compressor.compress_model(model)
+        model.save_pretrained(path)
+    compressor.update_config(path)
+    return path

@@ -475,8 +475,31 @@ def saved_model_dir(family: str, tmp_root: str | os.PathLike, attn_implementatio
     return path
 
 
+# A mixed checkpoint, so one engine serves every scheme vLLM's CPU build has a kernel for: attention's linears W8A8
+# (int8 weights per channel, int8 activations per token as the model runs), the MLP's W4A16 (int4 weights per group
+# of 128), symmetric for gate and up (vLLM fuses them, so they share a scheme), with zero points for down.
+MIXED_SCHEMES = {
+    "W8A8": [r"re:.*self_attn\.[qkvo]_proj$"],
+    "W4A16": [r"re:.*mlp\.(gate|up)_proj$"],
+    "W4A16_ASYM": [r"re:.*mlp\.down_proj$"],
+}
+
+
+def saved_quantized_dir(tmp_root, schemes=None, name: str = "llama_quantized", dtype=None) -> str:
+    """``make_model("llama")`` written as a compressed-tensors checkpoint (``tiny.save_quantized``, MIXED_SCHEMES
+    unless given) + tokenizer under ``tmp_root/name``; dtype: cast the model first (the scales are then stored in
+    it)."""
+    path = os.path.join(os.fspath(tmp_root), name)
+    model = make_model("llama")
+    tiny.save_quantized(model if dtype is None else model.to(dtype), path, schemes or MIXED_SCHEMES)
+    make_tokenizer().save_pretrained(path)
+    return path
+
+
 __all__ = [
     "FAMILIES",
+    "MIXED_SCHEMES",
+    "saved_quantized_dir",
     "VOCAB_SIZE",
     "MAX_POS",
     "SLIDING_WINDOW",

@@ -4,7 +4,13 @@ modules before any forward (Session.grad_support, and the check fit_jacobian_len
 Known blockers, each named in the verdict:
 - parameters that hold integer, quantized or float8 values (packed GPTQ/AWQ weights, torch's quantized tensors,
   FP8 checkpoints): their kernels have no backward. bitsandbytes' 4-bit and 8-bit parameters are the exception
-  (QLoRA trains through them: their matmuls carry a backward for the input);
+  (QLoRA trains through them: their matmuls carry a backward for the input), and so are the integers
+  compressed-tensors keeps beside a weight ie_lab dequantized at load (its shape, zero points): the forward
+  computes with the dense weight, so gradients through weight-only schemes (W4A16, W8A16) are exact
+  (tests/test_quantized.py checks one against finite differences);
+- linears that quantize their activations as they run (compressed-tensors' W8A8 and the like): the fake
+  quantization runs under torch.no_grad(), so their input is cut from the graph and a gradient would silently
+  miss every path through them (the residual stream's would still arrive, which is worse than none);
 - parameters made under torch.inference_mode(): autograd refuses to save inference tensors for a backward, and
   the calling thread itself inside torch.inference_mode(), where no graph is recorded at all (torch.enable_grad()
   does not lift it);
@@ -22,6 +28,7 @@ from typing import Any
 import torch
 
 from ..capabilities import GradSupport, table_grad_support
+from . import quantized as _quantized
 from .model import lm_of
 
 _FLOAT8 = tuple(
@@ -72,8 +79,9 @@ def grad_support(model: Any) -> GradSupport:
     reasons: list[str] = []
     instead: list[str] = []
     quantized, inference = [], []
+    kept = _quantized.bookkeeping(lm.hf)
     for name, p in lm.hf.named_parameters():
-        if type(p).__name__ in _DIFFERENTIABLE_QUANTIZED:
+        if type(p).__name__ in _DIFFERENTIABLE_QUANTIZED or name in kept:
             continue
         if not p.is_floating_point() or p.dtype in _FLOAT8:
             quantized.append(f"{name} ({str(p.dtype).replace('torch.', '')})")
@@ -89,6 +97,17 @@ def grad_support(model: Any) -> GradSupport:
             "values, which the kernels reading them compute without a backward"
         )
         instead.append("load the model unquantized (dtype=torch.float32 or torch.bfloat16)")
+    cut = _quantized.activation_quantized(lm.hf)
+    if cut:
+        reasons.append(
+            f"{_listed('module', cut)} {'quantizes its' if len(cut) == 1 else 'quantize their'} activations as "
+            "the model runs (compressed-tensors' fake quantization, under torch.no_grad()), so nothing flows back "
+            "through their inputs and a gradient would miss every path through them"
+        )
+        instead.append(
+            "load a weight-only quantization of the model (W4A16, W8A16: dequantized weights keep the gradient), "
+            "or the unquantized checkpoint"
+        )
     if inference:
         reasons.append(
             f"{_listed('parameter', inference)} {'was' if len(inference) == 1 else 'were'} made under "

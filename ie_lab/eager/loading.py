@@ -22,6 +22,7 @@ from ..core.load_checks import (
     resolve_dtype,
 )
 from ..errors import ArchitectureUnsupported, CapabilityUnsupported, InputError
+from . import quantized
 from .model import EagerModel, choose_attention
 
 # transformers and huggingface_hub are imported inside the functions that load a model: `import ie_lab` does not
@@ -236,8 +237,9 @@ def load(
         _refuse_tokenizer_code(src, trust_remote_code)
     impl, attn_words = choose_attention(facts.raw, attn_implementation)
     kwargs = {"attn_implementation": impl} if impl else {}
+    quant = quantized.method_of(config)
     try:
-        with _transformers_bars_off():
+        with _transformers_bars_off(), quantized.bars_off(quant):
             model = AutoModelForCausalLM.from_pretrained(
                 src, dtype=torch_dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs
             )
@@ -246,13 +248,18 @@ def load(
             f"could not load {src!r}: {e}. Check the id or path; offline, the weights must already be "
             "in the local HF cache or a folder."
         ) from None
-    except (ValueError, ImportError) as e:
+    except (ValueError, ImportError, RuntimeError) as e:
+        if quant is not None and isinstance(e, (ImportError, RuntimeError)):
+            quantized.refuse_unloadable(quant, src, e)  # the method's package or hardware is missing
+        if isinstance(e, RuntimeError):
+            raise
         if attn_implementation is not None:
             raise InputError(
                 f"attn_implementation={attn_implementation!r} cannot run here: {e}. Use 'eager' or "
                 "'sdpa', or leave it unset."
             ) from None
         raise
+    quantized.dequantize(model)  # compressed-tensors: dense weights now, not on the first forward
     model.to(dev).eval()
     if not asked_tokenizer:
         tokenizer = _load_tokenizer(src, trust_remote_code, asked=False)
@@ -260,6 +267,8 @@ def load(
     if not quiet:
         words = [why, f"dtype {_name(torch_dtype)}"]
         words.append(attn_words or f"attention {getattr(model.config, '_attn_implementation', '?')}")
+        if quant is not None:
+            words.append(quantized.load_words(model) or "")
         if tokenizer is None:
             words.append("no tokenizer found: pass ids, or tokenizer= to use text")
         print("ie_lab: " + "; ".join(words))

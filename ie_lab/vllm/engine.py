@@ -85,12 +85,15 @@ REFUSED_ENGINE_KWARGS: dict[str, tuple[str, str]] = {
         "keep the model's dtype for the KV cache.",
     ),
     "quantization": (
-        "quantised weights make every point differ from transformers' model, which is what ie_lab checks vLLM against.",
-        "load a quantised checkpoint with backend='eager'.",
+        "quantising the weights as vLLM loads them makes every point differ from the checkpoint's model in "
+        "transformers, which is what ie_lab checks vLLM against.",
+        "pass a checkpoint quantised on disk (compressed-tensors W4A16 or W8A8 are served, docs/LOADING.md), or "
+        "load it with backend='eager'.",
     ),
     "quantization_config": (
-        "as quantization: the weights differ from transformers' model.",
-        "load a quantised checkpoint with backend='eager'.",
+        "as quantization: the weights would differ from the checkpoint's model in transformers.",
+        "pass a checkpoint quantised on disk (compressed-tensors W4A16 or W8A8 are served, docs/LOADING.md), or "
+        "load it with backend='eager'.",
     ),
     "speculative_config": (
         "draft tokens run through the model and are then rejected: hooks would capture and "

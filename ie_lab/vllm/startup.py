@@ -25,6 +25,7 @@ from .checks import (
     steer_point_names,
 )
 from .engine import AsyncDriver, InprocDriver, engine_args
+from .quantized import check_quantized
 
 # vllm itself is imported inside the methods that build requests (SamplingParams, TokensPrompt): it is an optional,
 # heavy dependency, and importing this module must not import it.
@@ -134,6 +135,8 @@ class _Startup:
         dtype = self._torch_dtype or getattr(cfg, "dtype", None) or torch.float32
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
+        # a quantized checkpoint: served only where its kernels were checked
+        check_quantized(cfg, dtype, graph=self._graph is not None or self._steer_pts is not None)
         self._max_len = int(max_model_len or facts.max_positions or 0) or None
         if self._graph is not None or self._mode == "generate":
             if self._graph is not None:
