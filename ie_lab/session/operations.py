@@ -9,11 +9,11 @@ from typing import Any
 
 from ..backend import OPERATIONS, Operation, OperationCancelled, SessionClosed
 from ..backend import CancelToken as _CancelToken
+from ..capabilities import SPLICING
 from ..core import calls
 from ..core.calls import Record, signature_with
 from ..core.inputs import PROMPT_PARAMETERS, with_bos
 from ..core.results import GenerationResult
-from ..capabilities import SPLICING
 from ..errors import CapabilityUnsupported, check_flag
 from .handoff import (
     _AwaitedInterrupts,
