@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import math
 import numbers
 import re
@@ -28,8 +29,11 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, shown_value
+from ..address import Address
+from ..errors import AddressError, InputError, shown_value
 from ..ops.projection import scores
+from ..ops.splice import splice as splice_rows
+from .projection_args import make_encoder, point_width
 from .steer_spec import ForwardState, Issued, SteerSpec, as_specs
 
 ACTS_NAME = re.compile(r"sae\.([A-Za-z0-9_\-]+)\.acts")
@@ -105,39 +109,32 @@ class SpliceSpec(SteerSpec):
 
     # ---- the edit a hook applies -------------------------------------------------------------------
     def edit(self, state: ForwardState, special_ids: frozenset[int]):
-        """(h [batch, seq, d], offset) -> h with the splice applied; the features kept when a capture reads them."""
-        sae, enc, clamps, keep_error = self.sae, self._enc, self.clamps, self.error
+        """(h [batch, seq, d], offset) -> h with the splice applied (ops/splice.py); the features kept when a
+        capture reads them."""
+        sae, enc, keep_error = self.sae, self._enc, self.error
+        idx, vals = self.edits()
         dec: dict[Any, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        idx = torch.tensor([f for f, _ in clamps], dtype=torch.long)
-        vals = torch.tensor([v for _, v in clamps], dtype=torch.float32)
 
         def decoder(device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-            if device not in dec:
+            if device not in dec:  # the SAE's decoder on the activation's device, moved once per call
                 b = None if sae.b_dec is None else sae.b_dec.detach().to(device, torch.float32)
                 dec[device] = (sae.W_dec.detach().to(device, torch.float32), b)
             return dec[device]
 
         def apply(h: torch.Tensor, offset: int) -> torch.Tensor:
             W, b = decoder(h.device)
-            x = h.float()
-            f = scores(x, enc)
-            edited = f
-            if clamps:
-                edited = f.clone()
-                edited[..., idx.to(h.device)] = vals.to(h.device)
+            out, edited = splice_rows(h, scores(h.float(), enc), W, b, idx, vals, keep_error)
             rec = _RECORDING.get()
             if rec is not None and id(self) in rec:
-                rec[id(self)].append(edited.detach() if not edited.requires_grad else edited)
-            out = edited @ W
-            if b is not None:
-                out = out + b
-            if keep_error:
-                # x - decode(f) + decode(edited): the plain value where nothing is edited, and exactly the
-                # decoder-direction change (edited - f) @ W_dec where something is
-                out = x + (edited - f) @ W if clamps else x
+                rec[id(self)].append(edited if edited.requires_grad else edited.detach())
             return out.to(h.dtype)
 
         return apply
+
+    def edits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clamped features and their values, as the arithmetic takes them."""
+        idx = torch.tensor([f for f, _ in self.clamps], dtype=torch.long)
+        return idx, torch.tensor([v for _, v in self.clamps], dtype=torch.float32)
 
     def __repr__(self) -> str:
         edits = ", ".join(f"{f}->{v:g}" for f, v in self.clamps) or "none"
@@ -195,3 +192,50 @@ def recording(specs: list[SpliceSpec]) -> Iterator[dict[int, list[torch.Tensor]]
         yield rec
     finally:
         _RECORDING.reset(token)
+
+
+def make_splice_spec(lm: Any, sae: Any, *, error: bool = False) -> SpliceSpec:
+    """A splice of sae at its point on lm (a backend's model), every argument checked against the model's facts before
+    anything is placed; each backend adds what its own writing needs (eager/splice.py, vllm/requests.py)."""
+    if not hasattr(sae, "W_enc") or not hasattr(sae, "encoder"):
+        raise InputError(
+            f"splice: {type(sae).__name__} is not an SAE; load one with ie_lab.load_sae(path, s) and pass it."
+        )
+    if not isinstance(error, bool):
+        raise InputError(f"splice: error={error!r}; pass error=True (keep the SAE's error term) or error=False.")
+    if getattr(sae, "W_dec", None) is None:
+        raise InputError("splice: this SAE has no W_dec (an encoder-only dict): it cannot reconstruct its point.")
+    addr = getattr(sae, "address", None)
+    if not isinstance(addr, Address):
+        raise AddressError(
+            "splice: this SAE is attached to no point; load it with this model (ie_lab.load_sae(path, s)) or pass "
+            "address='resid_post.L' to load_sae."
+        )
+    try:
+        addr.check(lm.facts)
+        width = point_width(addr, lm.facts)
+    except AddressError as e:
+        raise InputError(
+            f"splice: the SAE's point {addr} is not a point of this model ({e}); load the SAE with this model "
+            "(ie_lab.load_sae(path, s)) so its point is resolved here."
+        ) from None
+    if width != sae.d_in:
+        raise InputError(
+            f"splice: the SAE reads {sae.d_in}-wide rows but {addr} is {width} wide on this model: it was trained on "
+            "another point or model; load the SAE with this model (ie_lab.load_sae(path, s)) or pass address= naming "
+            "the point it was trained on."
+        )
+    name = getattr(sae, "name", None) or "sae"
+    if not ACTS_NAME.fullmatch(acts_name(name)):
+        raise InputError(
+            f"splice: the SAE's name {name!r} cannot name its activations; give it a name of letters, digits, '_' "
+            "and '-' (ie_lab.load_sae(..., name='mine'))."
+        )
+    for t in (sae.W_enc, sae.W_dec):
+        if not bool(torch.isfinite(t).all()):
+            raise InputError("splice: the SAE's weights hold NaN or inf; load a sound SAE.")
+    enc = make_encoder(
+        sae.d_in, sae.encoder(), activation=sae.activation, k=sae.k if sae.activation == "topk" else None
+    )
+    held = copy.copy(sae)  # the spec keeps the SAE as it is now; a later change of sae's attributes does not reach it
+    return SpliceSpec(lm, (addr,), torch.zeros(0), sae=held, error=error, name=name, _enc=enc)

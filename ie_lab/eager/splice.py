@@ -9,19 +9,15 @@ forward, kept by ``recording``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from typing import Any
-
-import torch
 
 from ..address import Address
 from ..cache import Cache
 from ..core import calls
-from ..core.projection_args import make_encoder, point_width
-from ..core.splice_spec import ACTS_NAME, SpliceSpec, acts_name, fold, is_acts_name, recording, splices
+from ..core.splice_spec import SpliceSpec, acts_name, fold, is_acts_name, make_splice_spec, recording, splices
 from ..core.steer_scope import CURRENT_OP
-from ..errors import AddressError, InputError, did_you_mean
+from ..errors import InputError, did_you_mean
 from .capture import capture
 from .model import lm_of
 from .taps import resolve
@@ -29,52 +25,14 @@ from .writers import Writers
 
 
 def make_splice(model: Any, sae: Any, *, error: bool = False) -> SpliceSpec:
-    """A splice of sae at its point on this model, every argument checked before anything is placed."""
+    """A splice of sae at its point on this model (core/splice_spec.py make_splice_spec), and the point one this
+    model's hooks can write, every argument checked before anything is placed."""
     lm = lm_of(model)
-    if not hasattr(sae, "W_enc") or not hasattr(sae, "encoder"):
-        raise InputError(
-            f"splice: {type(sae).__name__} is not an SAE; load one with ie_lab.load_sae(path, s) and pass it."
-        )
-    if not isinstance(error, bool):
-        raise InputError(f"splice: error={error!r}; pass error=True (keep the SAE's error term) or error=False.")
-    if getattr(sae, "W_dec", None) is None:
-        raise InputError("splice: this SAE has no W_dec (an encoder-only dict): it cannot reconstruct its point.")
-    addr = getattr(sae, "address", None)
-    if not isinstance(addr, Address):
-        raise AddressError(
-            "splice: this SAE is attached to no point; load it with this model (ie_lab.load_sae(path, s)) or pass "
-            "address='resid_post.L' to load_sae."
-        )
-    try:
-        addr.check(lm.facts)
-        width = point_width(addr, lm.facts)
-    except AddressError as e:
-        raise InputError(
-            f"splice: the SAE's point {addr} is not a point of this model ({e}); load the SAE with this model "
-            "(ie_lab.load_sae(path, s)) so its point is resolved here."
-        ) from None
-    if width != sae.d_in:
-        raise InputError(
-            f"splice: the SAE reads {sae.d_in}-wide rows but {addr} is {width} wide on this model: it was trained on "
-            "another point or model; load the SAE with this model (ie_lab.load_sae(path, s)) or pass address= naming "
-            "the point it was trained on."
-        )
+    spec = make_splice_spec(lm, sae, error=error)
+    addr = spec.addresses[0]
     Writers(lm, [(addr, lambda t, off: t)])  # refuses a point no hook can write, before any is placed
     resolve(lm, addr.without_head())  # an absent point is refused here, in the caller's words
-    name = getattr(sae, "name", None) or "sae"
-    if not ACTS_NAME.fullmatch(acts_name(name)):
-        raise InputError(
-            f"splice: the SAE's name {name!r} cannot name its activations; give it a name of letters, digits, '_' "
-            "and '-' (ie_lab.load_sae(..., name='mine'))."
-        )
-    for t in (sae.W_enc, sae.W_dec):
-        if not bool(torch.isfinite(t).all()):
-            raise InputError("splice: the SAE's weights hold NaN or inf; load a sound SAE.")
-    enc = make_encoder(
-        sae.d_in, sae.encoder(), activation=sae.activation, k=sae.k if sae.activation == "topk" else None
-    )
-    held = copy.copy(sae)  # the spec keeps the SAE as it is now; a later change of sae's attributes does not reach it
-    return SpliceSpec(lm, (addr,), torch.zeros(0), sae=held, error=error, name=name, _enc=enc)
+    return spec
 
 
 def wants_acts(addresses: Any) -> bool:
