@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..address import Address
-from ..errors import AddressError, InputError, shown_value
+from ..errors import AddressError, InputError, did_you_mean, shown_value
 from ..ops.projection import scores
 from ..ops.splice import splice as splice_rows
 from .projection_args import make_encoder, point_width
@@ -163,10 +163,42 @@ def as_splices(splice: Any) -> list[SpliceSpec]:
     return items
 
 
+def wants_acts(addresses: Any) -> bool:
+    """Whether a capture's addresses name a spliced SAE's features ('sae.<name>.acts')."""
+    items = [addresses] if isinstance(addresses, str) or not hasattr(addresses, "__iter__") else addresses
+    try:
+        return any(is_acts_name(a) for a in items)
+    except TypeError:
+        return False
+
+
+def split_acts(addresses: Any) -> tuple[list[Any], list[str]]:
+    """A capture's addresses as (the points, the 'sae.<name>.acts' names, each once)."""
+    items = [addresses] if isinstance(addresses, str) or not hasattr(addresses, "__iter__") else list(addresses)
+    names = [a.strip() for a in items if is_acts_name(a)]
+    return [a for a in items if not is_acts_name(a)], list(dict.fromkeys(names))
+
+
+def unknown_acts(name: str, spliced: list[str]) -> InputError:
+    have = ", ".join(spliced) or "none"
+    return InputError(
+        f"{name!r}: no SAE of that name is spliced into this call (spliced: {have}).{did_you_mean(name, spliced)} "
+        "Feature activations are read during a spliced run: pass splice=s.splice(sae) (or capture inside "
+        "`with s.splice(sae):`), naming the SAE as ie_lab.load_sae(..., name=...) named it."
+    )
+
+
 def fold(call: Any, lm: Any) -> Any:
     """A record whose splice= is moved into its steer= (the splices then travel as its steering does); the same
     record where splice= is None or the record has none. Steering already read where the call was issued stays
-    read (Issued), with the splices after it."""
+    read (Issued), with the splices after it. Feature activations asked of a generation are refused here (they
+    are read by capture), on every backend alike."""
+    capture = getattr(call, "capture", None)
+    if capture is not None and wants_acts(capture):
+        raise InputError(
+            f"{call.op}(capture=...): SAE feature activations ('sae.<name>.acts') are read by capture, not during "
+            "generation; capture the text generate returns with s.capture(text, ['sae.<name>.acts'], splice=spec)."
+        )
     splice = getattr(call, "splice", None)
     if splice is None:
         return call

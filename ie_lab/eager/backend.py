@@ -21,6 +21,7 @@ from ..core import calls
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare, prepare_prompts
 from ..core.load_checks import check_tokenizer_arg, pick_device, resolve_dtype
+from ..core.splice_spec import wants_acts
 from ..core.steer_spec import issued_specs
 from ..errors import InputError, plural
 from ..points_table import PointsTable
@@ -47,7 +48,7 @@ from .model import lm_of
 from .patching import gradients, patch, patch_sweep
 from .points_table import points_table
 from .project import project
-from .splice import capture_with_acts, folded, keywords, make_splice, wants_acts
+from .splice import capture_with_acts, folded, keywords, make_splice
 from .steer import make_spec, run_issued
 from .taps import resolve
 from .writers import WRITABLE, Writers

@@ -12,12 +12,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..address import Address
 from ..cache import Cache
-from ..core import calls
-from ..core.splice_spec import SpliceSpec, acts_name, fold, is_acts_name, make_splice_spec, recording, splices
+from ..core.splice_spec import (
+    SpliceSpec,
+    acts_name,
+    fold,
+    make_splice_spec,
+    recording,
+    splices,
+    split_acts,
+    unknown_acts,
+)
 from ..core.steer_scope import CURRENT_OP
-from ..errors import InputError, did_you_mean
+from ..errors import InputError
 from .capture import capture
 from .model import lm_of
 from .taps import resolve
@@ -35,23 +42,13 @@ def make_splice(model: Any, sae: Any, *, error: bool = False) -> SpliceSpec:
     return spec
 
 
-def wants_acts(addresses: Any) -> bool:
-    items = [addresses] if isinstance(addresses, (str, Address)) else addresses
-    try:
-        return any(is_acts_name(a) for a in items)
-    except TypeError:
-        return False
-
-
 def capture_with_acts(model: Any, tokens_or_text: Any, addresses: Iterable[Any], *, grad: bool = False) -> Any:
     """capture(), where addresses may also name `sae.<name>.acts` of an SAE spliced into this call: those come
     back in each Cache under that name, [batch, seq, d_sae], as the splice encoded them (clamps applied).
 
     Runs inside the operation (eager/steer.py run_issued), so the call's specs are the operation's."""
     lm = lm_of(model)
-    items = [addresses] if isinstance(addresses, (str, Address)) else list(addresses)
-    names = [a.strip() for a in items if is_acts_name(a)]
-    plain = [a for a in items if not is_acts_name(a)]
+    plain, names = split_acts(addresses)
     op = CURRENT_OP.get()
     spliced = splices(op.specs) if op is not None else []
     by_name: dict[str, SpliceSpec] = {}
@@ -59,13 +56,8 @@ def capture_with_acts(model: Any, tokens_or_text: Any, addresses: Iterable[Any],
         by_name.setdefault(acts_name(sp.name), sp)
     for n in names:
         if n not in by_name:
-            have = ", ".join(by_name) or "none"
-            raise InputError(
-                f"{n!r}: no SAE of that name is spliced into this call (spliced: {have}).{did_you_mean(n, by_name)} "
-                "Feature activations are read during a spliced run: pass splice=s.splice(sae) (or capture inside "
-                "`with s.splice(sae):`), naming the SAE as ie_lab.load_sae(..., name=...) named it."
-            )
-    wanted = [by_name[n] for n in dict.fromkeys(names)]
+            raise unknown_acts(n, list(by_name))
+    wanted = [by_name[n] for n in names]
     reads = plain or [wanted[0].addresses[0]]  # a forward needs one tap; the SAE's own point serves
     with recording(wanted) as rec:
         got = capture(lm, tokens_or_text, reads, grad=grad)
@@ -92,15 +84,8 @@ def capture_with_acts(model: Any, tokens_or_text: Any, addresses: Iterable[Any],
 
 
 def folded(call: Any, lm: Any) -> Any:
-    """The record with splice= moved into steer= (core/splice_spec.py fold); feature activations asked of a
-    generation are refused (they are read by capture)."""
-    call = fold(call, lm_of(lm))
-    if isinstance(call, calls.Generate) and call.capture is not None and wants_acts(call.capture):
-        raise InputError(
-            "generate(capture=...): SAE feature activations ('sae.<name>.acts') are read by capture, not during "
-            "generation; capture the text generate returns with s.capture(text, ['sae.<name>.acts'], splice=spec)."
-        )
-    return call
+    """The record with splice= moved into steer= (core/splice_spec.py fold)."""
+    return fold(call, lm_of(lm))
 
 
 def keywords(call: Any) -> dict[str, Any]:
