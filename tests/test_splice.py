@@ -234,10 +234,9 @@ def _save(folder, sae) -> str:
     return path
 
 
-def test_vllm_and_remote_refuse_splicing_naming_the_eager_backend():
-    with pytest.raises(CapabilityUnsupported, match="backend='eager'"):
-        require(SPLICING, "vllm")
+def test_a_remote_session_refuses_splicing_naming_the_eager_backend():
     require(SPLICING, "eager")
+    require(SPLICING, "vllm")  # the worker splices (tests/test_vllm_splice.py)
 
     from ie_lab.session.operations import _Operations
 
@@ -252,3 +251,12 @@ def test_vllm_and_remote_refuse_splicing_naming_the_eager_backend():
 
     with pytest.raises(CapabilityUnsupported, match="on a remote Session.*backend='eager'"):
         Door()._splicing()
+
+
+def test_a_remote_server_refuses_splice_by_name():
+    """splice= does not cross to a server: its record field has no wire check, so a request carrying it is refused."""
+    from ie_lab.remote.ops import OPS, ArgError
+
+    for op in ("capture", "generate", "generate_stream"):
+        with pytest.raises(ArgError, match="unknown argument 'splice'"):
+            OPS[op].bind([TEXT, ["resid_post.0"]] if op == "capture" else [TEXT], {"splice": {"sae": "x"}})

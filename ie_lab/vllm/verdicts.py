@@ -123,8 +123,7 @@ CAPABILITIES: dict[str, str] = {
     ),
     "gradients": "no: vLLM runs inference-only kernels with no autograd graph",
     "SAE splicing (reconstruction at the point, error term, feature ablation and clamping, feature activations)": (
-        "no: the worker encodes an SAE's point (project) but has no edit that writes the SAE's reconstruction "
-        "back into the forward yet"
+        "yes (in the worker, per request, with the same arithmetic; not in graph mode)"
     ),
     "direct logit attribution": (
         "no: it needs the pieces of the residual stream, each head's write (attn_result) and the final norm's scale "
