@@ -70,8 +70,8 @@ def capture_with_acts(model: Any, tokens_or_text: Any, addresses: Iterable[Any],
             if len(parts) == len(caches):  # one forward per prompt
                 t = parts[i]
             elif len(parts) == 1:  # one padded forward for a list: this prompt's row, its own tokens
-                n = c.tokens.shape[-1] if c.tokens is not None else parts[0].shape[1]
-                t = parts[0][i : i + 1, :n] if isinstance(got, list) else parts[0]
+                own = c.tokens.shape[-1] if c.tokens is not None else parts[0].shape[1]
+                t = parts[0][i : i + 1, :own] if isinstance(got, list) else parts[0]
             else:
                 raise InputError(
                     f"{acts_name(sp.name)}: {sp.addresses[0]} was written {len(parts)} times in this capture, so its "
