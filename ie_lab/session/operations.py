@@ -260,7 +260,8 @@ class _Operations:
         """An SAE spliced in at its point: the point's value becomes the SAE's reconstruction decode(encode(x))
         (error=True adds the error term x - decode(encode(x)) back, so only feature edits change the run).
         `with s.splice(sae):` or s.generate(..., splice=spec); spec.ablate(features) / spec.clamp(features, value)
-        return a new spec; capture 'sae.<name>.acts' during a spliced run for the features. Eager only."""
+        return a new spec; capture 'sae.<name>.acts' during a spliced run for the features. Eager and vLLM (not
+        graph mode); a remote Session refuses it."""
         self._check_open()
         return self._splicing().splice(sae, error=error)
 
