@@ -196,7 +196,8 @@ class EagerBackend:
         lm = self.lm
         call = folded(call, self.lm)
         if wants_acts(call.addresses):  # a spliced SAE's features: read on its own, from this call's forward
-            prepare(lm, call.tokens_or_text) if prepare_prompts(lm, call.tokens_or_text) is None else None
+            if prepare_prompts(lm, call.tokens_or_text) is None:  # bad input is refused here, before it queues
+                prepare(lm, call.tokens_or_text)
             return self._steered(
                 call.steer, lambda: capture_with_acts(lm, call.tokens_or_text, call.addresses, grad=call.grad)
             )
