@@ -134,6 +134,14 @@ def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: 
     return make_spec(model, address, vector, method=method, **kwargs)
 
 
+def splice(model: Any, sae: Any, *, error: bool = False):
+    """An SAE spliced in at its point on model: s.splice(sae, error=...) on a Session over model. `with spec:` or
+    ie_lab.capture(model, ..., splice=spec); docs/SAE.md, "Splicing"."""
+    from .eager.splice import make_splice
+
+    return make_splice(model, sae, error=error)
+
+
 def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None = None, *, var_name: str | None = None):
     """The address picker for a family name, config or ArchFacts, with no weights loaded (see ie_lab.widgets)."""
     from .widgets.picker import cheatsheet as _cheatsheet
@@ -189,6 +197,7 @@ __all__ = [
     "points",
     "project",
     "load_sae",
+    "splice",
     "run_with_patches",
     "steer",
     "Session",

@@ -21,6 +21,7 @@ against what was expected, and the fix, never a plain Python or torch error (tes
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,9 @@ class SAE:
     hook_name: str | None = None  # as the config names the point (another engine's name)
     address: Address | None = None  # the ie_lab point it attaches to
     cfg: dict = field(default_factory=dict)
+    # what its feature activations are captured as in a spliced run ('sae.<name>.acts'): load_sae's name=, by
+    # default the folder's (or file's) name in letters, digits, '_' and '-'
+    name: str = "sae"
 
     @property
     def d_in(self) -> int:
@@ -130,9 +134,33 @@ class SAE:
             raise InputError(f"feature={feature!r}: an int from 0 to {self.d_sae - 1}.")
         return session.steer(self._addr(), self.W_dec[feature].float(), scale=scale, **kwargs)
 
+    def splice(self, session: Any, *, error: bool = False) -> Any:
+        """This SAE spliced in at its point (s.splice(self, error=...)): docs/SAE.md, "Splicing"."""
+        return session.splice(self, error=error)
+
     def __repr__(self) -> str:
         where = self.address if self.address is not None else "unattached"
-        return f"SAE({self.activation}, d_in={self.d_in}, d_sae={self.d_sae}, at {where}, hook {self.hook_name!r})"
+        return (
+            f"SAE({self.name!r}: {self.activation}, d_in={self.d_in}, d_sae={self.d_sae}, at {where}, hook "
+            f"{self.hook_name!r})"
+        )
+
+
+def _default_name(path: str) -> str:
+    """The folder's or file's name as an SAE name: letters, digits, '_' and '-' (anything else becomes '_')."""
+    base = os.path.basename(os.path.normpath(path))
+    if base.endswith(".safetensors"):
+        base = base[: -len(".safetensors")]
+    return re.sub(r"[^A-Za-z0-9_\-]", "_", base)[:64] or "sae"
+
+
+def _checked_name(name: Any) -> str:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_\-]{1,64}", name):
+        raise InputError(
+            f"name={name!r}: an SAE's name is 1 to 64 letters, digits, '_' or '-' (its features are captured as "
+            "'sae.<name>.acts'), e.g. name='res1'."
+        )
+    return name
 
 
 def load_sae(
@@ -146,6 +174,7 @@ def load_sae(
     repo_id: Any = None,
     revision: Any = None,
     cache_dir: Any = None,
+    name: Any = None,
 ) -> SAE:
     """Load an SAE: a SAELens folder (cfg.json + sae_weights.safetensors), or a plain .safetensors dict with SAELens'
     names (W_enc [d, n], b_enc [n], W_dec [n, d], b_dec [d], threshold [n] for JumpReLU; ReLU without threshold).
@@ -159,7 +188,12 @@ def load_sae(
     InputError (or an AddressError for the point) naming the file, the field and the fix.
 
     release= and sae_id= (SAELens' registry names), or repo_id= and sae_id= (the folder in that repo), name a
-    published SAE instead of path: its folder comes from the Hugging Face cache (ie_lab/sae_release.py)."""
+    published SAE instead of path: its folder comes from the Hugging Face cache (ie_lab/sae_release.py).
+
+    name= names it where its feature activations are captured in a spliced run ('sae.<name>.acts'; default: the
+    folder's or file's name, e.g. 'demo_sae' for ie_lab.DEMO_SAE)."""
+    if name is not None:
+        name = _checked_name(name)
     if any(v is not None for v in (release, sae_id, repo_id, revision, cache_dir)):
         from .sae_release import resolve
 
@@ -253,4 +287,5 @@ def load_sae(
         cfg=cfg,
     )
     sae.address = addr
+    sae.name = name if name is not None else _default_name(path)
     return sae

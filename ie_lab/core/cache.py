@@ -22,7 +22,10 @@ def _size(n_bytes: int) -> str:
 
 
 class Cache(Mapping[Address, torch.Tensor]):
-    """Captured tensors keyed by Address: per-token points [batch, seq, width], attention [batch, heads, q, k]."""
+    """Captured tensors keyed by Address: per-token points [batch, seq, width], attention [batch, heads, q, k].
+
+    features: a spliced SAE's feature activations [batch, seq, d_sae], keyed by their own name `sae.<name>.acts`
+    (not an Address: ie_lab/core/splice_spec.py); cache["sae.<name>.acts"] reads them, iterating gives Addresses."""
 
     def __init__(
         self,
@@ -30,13 +33,22 @@ class Cache(Mapping[Address, torch.Tensor]):
         tokens: torch.Tensor | None = None,
         str_tokens: list[list[str]] | None = None,
         attention_mask: torch.Tensor | None = None,
+        *,
+        features: dict[str, torch.Tensor] | None = None,
     ):
         self._t = dict(tensors)
+        self.features = dict(features or {})
         self.tokens = tokens
         self.str_tokens = str_tokens
         self.attention_mask = attention_mask
 
     def _key(self, key: AddressLike) -> Address:
+        if isinstance(key, str) and key.strip().startswith("sae."):  # a spliced SAE's features, not captured here
+            have = [*map(str, self._t), *self.features]
+            raise AddressError(
+                f"{key.strip()!r} was not captured.{did_you_mean(key.strip(), have)} This cache holds: "
+                f"{', '.join(have) or 'nothing'}. Capture it during a spliced run (docs/SAE.md, Splicing)."
+            )
         addr = Address.parse(key)
         if addr not in self._t:
             have = [str(a) for a in self._t]
@@ -46,9 +58,13 @@ class Cache(Mapping[Address, torch.Tensor]):
         return addr
 
     def __getitem__(self, key: AddressLike) -> torch.Tensor:
+        if isinstance(key, str) and key.strip() in self.features:
+            return self.features[key.strip()]
         return self._t[self._key(key)]
 
     def __contains__(self, key: object) -> bool:
+        if isinstance(key, str) and key.strip() in self.features:
+            return True
         try:
             return Address.parse(key) in self._t  # type: ignore[arg-type]
         except Exception:
@@ -61,10 +77,16 @@ class Cache(Mapping[Address, torch.Tensor]):
         return len(self._t)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._t.values())
+        return sum(t.numel() * t.element_size() for t in [*self._t.values(), *self.features.values()])
 
     def to(self, device: Any) -> "Cache":
-        return Cache({a: t.to(device) for a, t in self._t.items()}, self.tokens, self.str_tokens, self.attention_mask)
+        return Cache(
+            {a: t.to(device) for a, t in self._t.items()},
+            self.tokens,
+            self.str_tokens,
+            self.attention_mask,
+            features={n: t.to(device) for n, t in self.features.items()},
+        )
 
     def norms(self) -> dict[str, float]:
         """Mean L2 norm over tokens of each per-token point (attention matrices are skipped)."""
@@ -89,7 +111,7 @@ class Cache(Mapping[Address, torch.Tensor]):
                 str(t.dtype).replace("torch.", ""),
                 _size(t.numel() * t.element_size()),
             )
-            for a, t in self._t.items()
+            for a, t in [*self._t.items(), *self.features.items()]
         ]
 
     def __repr__(self) -> str:

@@ -130,13 +130,15 @@ class Capture(Record):
     op: ClassVar[str] = "capture"
     doc: ClassVar[str] = (
         "One forward; the activations at `addresses` in a Cache (a list of prompts: a list of Cache). "
-        "steer=: steering specs for this call; grad=True keeps the autograd graph (eager only)."
+        "steer=: steering specs for this call; grad=True keeps the autograd graph (eager only); splice=: SAEs "
+        "spliced in (s.splice(sae); their features read as 'sae.<name>.acts'; not remote, docs/SAE.md)."
     )
     tokens_or_text: Any = arg(wire="prompts")
     addresses: Any = arg(wire="addresses")
     _: KW_ONLY
     steer: Any = arg(None, wire="steer")
     grad: bool = arg(False)
+    splice: Any = arg(None)  # local: a spec holding an SAE's weights, folded into steer= where it enters
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class Generate(Record):
     steer: Any = arg(None, wire="steer")
     keep_logits: bool = arg(True, wire="flag")
     ignore_eos: bool = arg(False, wire="flag")
+    splice: Any = arg(None)  # local: s.splice(sae) specs, folded into steer= where it enters (not remote)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from ..core import calls
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare, prepare_prompts
 from ..core.load_checks import check_tokenizer_arg, pick_device, resolve_dtype
+from ..core.splice_spec import wants_acts
 from ..core.steer_spec import issued_specs
 from ..errors import InputError, plural
 from ..points_table import PointsTable
@@ -47,6 +48,7 @@ from .model import lm_of
 from .patching import gradients, patch, patch_sweep
 from .points_table import points_table
 from .project import project
+from .splice import capture_with_acts, folded, keywords, make_splice
 from .steer import make_spec, run_issued
 from .taps import resolve
 from .writers import WRITABLE, Writers
@@ -67,15 +69,17 @@ def compute(model: Any, call: calls.Record) -> Any:
     the free functions run (`ie_lab.capture(lm, ...)` builds the record and calls this) and what EagerBackend runs
     for a call it does not batch. A generation's steering, and capture's, is read here, where it is issued."""
     lm = lm_of(model)
+    call = folded(call, lm)  # splice= travels in steer= from here (eager/splice.py)
     if isinstance(call, calls.Capture):
         specs = issued_specs(lm, call.steer)  # the `with` blocks open in this context, then steer=
-        return run_issued(lm, specs, lambda: capture(lm, call.tokens_or_text, call.addresses, grad=call.grad))
+        read = capture_with_acts if wants_acts(call.addresses) else capture
+        return run_issued(lm, specs, lambda: read(lm, call.tokens_or_text, call.addresses, grad=call.grad))
     if isinstance(call, calls.GenerateStream):
-        kw = call.keywords()
+        kw = keywords(call)
         kw["steer"] = issued_specs(lm, call.steer)  # read now, where the stream is issued, not at its first step
         return generate_stream(lm, call.prompt, call.max_new_tokens, **kw)
     if isinstance(call, calls.Generate):
-        return generate(lm, call.prompt, call.max_new_tokens, **call.keywords())
+        return generate(lm, call.prompt, call.max_new_tokens, **keywords(call))
     if isinstance(call, calls.Run):
         _check_callable(call.fn)
         return call.fn(lm)
@@ -190,6 +194,13 @@ class EagerBackend:
 
     def capture(self, call: calls.Capture):
         lm = self.lm
+        call = folded(call, self.lm)
+        if wants_acts(call.addresses):  # a spliced SAE's features: read on its own, from this call's forward
+            if prepare_prompts(lm, call.tokens_or_text) is None:  # bad input is refused here, before it queues
+                prepare(lm, call.tokens_or_text)
+            return self._steered(
+                call.steer, lambda: capture_with_acts(lm, call.tokens_or_text, call.addresses, grad=call.grad)
+            )
         batched = self._capture_request(call)
         if batched is not None:
             return batched
@@ -228,17 +239,19 @@ class EagerBackend:
 
     def generate(self, call: calls.Generate):
         lm = self.lm
+        call = folded(call, self.lm)
         call = call.replace(steer=self.issued(call.steer))
         batcher, reqs, batch = self._request(call, stream=False)
         if batcher is not None:
             return BatchedCall(batcher, reqs, batch)
-        return lambda: generate(lm, call.prompt, call.max_new_tokens, **call.keywords())
+        return lambda: generate(lm, call.prompt, call.max_new_tokens, **keywords(call))
 
     def stream(self, call: calls.GenerateStream) -> Iterator:
+        call = folded(call, self.lm)
         batcher, reqs, _ = self._request(call, stream=True)
         if batcher is not None:
             return BatchedStream(batcher, reqs)
-        return generate_stream(self.lm, call.prompt, call.max_new_tokens, **call.keywords())
+        return generate_stream(self.lm, call.prompt, call.max_new_tokens, **keywords(call))
 
     def _request(self, call: calls.Generate, stream: bool) -> tuple[Batcher | None, list[Request], bool]:
         """A generation as requests of the shared batch (ie_lab/eager/batcher.py), one per prompt of a list, each
@@ -247,7 +260,7 @@ class EagerBackend:
         batcher = self._batcher
         if batcher is None:
             return None, [], False
-        kwargs = call.keywords()
+        kwargs = keywords(call)
         p = plan(self.lm, call.prompt, call.max_new_tokens, **kwargs)
         own = {k: v for k, v in kwargs.items() if k in _REQUEST_ARGS}
         reqs = [
@@ -330,6 +343,9 @@ class EagerBackend:
 
     def steer(self, address: Any, vector: Any, method: str = "add", **kwargs: Any):
         return make_spec(self.lm, address, vector, method=method, **kwargs)
+
+    def splice(self, sae: Any, *, error: bool = False):
+        return make_splice(self.lm, sae, error=error)
 
     # ---- facts and reprs ------------------------------------------------------------------------
     def raw_model(self) -> Any:

@@ -9,11 +9,12 @@ from typing import Any
 
 from ..backend import OPERATIONS, Operation, OperationCancelled, SessionClosed
 from ..backend import CancelToken as _CancelToken
+from ..capabilities import SPLICING
 from ..core import calls
 from ..core.calls import Record, signature_with
 from ..core.inputs import PROMPT_PARAMETERS, with_bos
 from ..core.results import GenerationResult
-from ..errors import check_flag
+from ..errors import CapabilityUnsupported, check_flag
 from .handoff import (
     _AwaitedInterrupts,
     _bind,
@@ -203,6 +204,8 @@ class _Operations:
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", _DEFAULT)
         call = record.build(args, kwargs, door=door)  # door: this method's own keywords, offered as near matches
+        if getattr(call, "splice", None) is not None:
+            self._splicing()  # a backend that cannot splice refuses splice= here, before anything runs
         bos = self._bos(prepend_bos)
         if bos is None:
             return call
@@ -252,6 +255,30 @@ class _Operations:
         steers the requests issued inside it from the same task or thread (other tasks and threads are untouched)."""
         self._check_open()
         return self._backend.steer(address, vector, method=method, **kwargs)
+
+    # ---- SAE splicing (docs/SAE.md, "Splicing"): a spec carried as steering is ----------------------------
+    def splice(self, sae: Any, *, error: bool = False):
+        """An SAE spliced in at its point: the point's value becomes the SAE's reconstruction decode(encode(x))
+        (error=True adds the error term x - decode(encode(x)) back, so only feature edits change the run).
+        `with s.splice(sae):` or s.generate(..., splice=spec); spec.ablate(features) / spec.clamp(features, value)
+        return a new spec; capture 'sae.<name>.acts' during a spliced run for the features. Eager and vLLM (not
+        graph mode); a remote Session refuses it."""
+        self._check_open()
+        return self._splicing().splice(sae, error=error)
+
+    def _splicing(self) -> Any:
+        """The backend, where it splices; otherwise CapabilityUnsupported naming the eager backend."""
+        self._backend.require(SPLICING)
+        if not callable(getattr(self._backend, "splice", None)):  # a remote Session (its server may be eager)
+            raise CapabilityUnsupported(
+                SPLICING + " on a remote Session",
+                "a splice holds an SAE's weights and runs its arithmetic inside the forward; the served operations "
+                "take steering as data (addresses and a vector) and have no checked argument for an SAE",
+                "run ie_lab where the model is (Session(model, backend='eager')) and splice there, or steer along "
+                "the SAE's decoder directions remotely (sae.steer(s, feature, scale))",
+                backend=f"backend={self._backend.name!r}",
+            )
+        return self._backend
 
 
 _OPS = {op.name: op for op in OPERATIONS}

@@ -22,6 +22,7 @@ from ..core.addresses import slice_head
 from ..core.inputs import str_tokens
 from ..core.projection_args import check_gen, make_encoder, one_address, point_width
 from ..core.results import AttentionResult, GenerationResult, GenStep, LensResult, Projection, token_names
+from ..core.splice_spec import fold, split_acts, unknown_acts
 from ..core.steer_spec import check_positions_fit
 from ..errors import (
     AddressError,
@@ -73,8 +74,14 @@ class _Operations:
         if grad:
             require("gradients", "vllm")
         ids = self._ids(tokens_or_text)
-        addrs, work = self._work_for(addresses, steer)
-        if not addrs:
+        points, acts = split_acts(addresses)  # a spliced SAE's features, read in the worker (docs/SAE.md)
+        addrs, work = self._work_for(points, steer)
+        keep = {p["splice"]["acts"]: p["splice"] for p in work.steer if p["method"] == "splice"}
+        for n in acts:
+            if n not in keep:
+                raise unknown_acts(n, list(keep))
+            keep[n]["keep"] = True
+        if not addrs and not acts:
             raise AddressError("no addresses given: name at least one point, e.g. ['resid_post.0'].")
         self._check_room(ids.shape[1], "a capture")
 
@@ -97,9 +104,11 @@ class _Operations:
                 parts.append(t)
             full = torch.stack(parts).to(self.lm.dtype)
             out[a] = slice_head(a, full, self.lm.facts)
-        return Cache(out, tokens=ids, str_tokens=str_tokens(self.lm, ids))
+        features = {n: torch.stack([unpack(res["project"][n]["scores"]) for res in results]) for n in acts}
+        return Cache(out, tokens=ids, str_tokens=str_tokens(self.lm, ids), features=features)
 
     def capture(self, call: calls.Capture) -> Any:
+        call = fold(call, self.lm)  # splice= travels in steer= from here
         return self._acapture(call.tokens_or_text, call.addresses, call.grad, call.steer)
 
     # ---- difference of means ----------------------------------------------------------------------
@@ -232,6 +241,7 @@ class _Operations:
     async def _astream(self, token: CancelToken, call: calls.Generate, box: dict | None) -> AsyncGenerator:
         """The steps of one generation; with `box` (generate()), collected once at the end instead of drained at
         every step. keep_logits is not read: the logits stay in the worker on vLLM."""
+        call = fold(call, self.lm)  # splice= travels in steer= from here
         streaming = box is None
         box = {} if box is None else box
         prompt, max_new_tokens, capture, steer = call.prompt, call.max_new_tokens, call.capture, call.steer

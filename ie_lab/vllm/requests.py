@@ -16,12 +16,14 @@ import torch
 from ..address import Address
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare
+from ..core.splice_spec import SpliceSpec, acts_name, make_splice_spec
 from ..core.steer_scope import active_specs, enter_scope, exit_scope
 from ..core.steer_spec import make_spec
 from ..errors import (
     CapabilityUnsupported,
     InputError,
 )
+from ..ops.projection import to_plain
 from .checks import (
     _Work,
     check_graph_steer,
@@ -35,7 +37,44 @@ from .results import _raise_if_failed
 from .wire import RECOMPUTED, pack
 
 
+def _splice_payload(spec: SpliceSpec) -> list[dict]:
+    """A splice as a steering entry of method 'splice': the SAE's encoder and decoder, the edits, the error flag, and
+    the name its features are kept under when a capture asks for them ('keep', set by the capture)."""
+    idx, vals = spec.edits()
+    sae = spec.sae
+    return [
+        {
+            "address": str(spec.addresses[0]),
+            "method": "splice",
+            "kwargs": {},
+            "vector": pack(torch.zeros(0)),
+            "positions": "all",
+            "splice": {
+                "encoder": to_plain(spec._enc, pack),
+                "W_dec": pack(sae.W_dec.float()),
+                "b_dec": None if sae.b_dec is None else pack(sae.b_dec.float()),
+                "idx": [int(i) for i in idx.tolist()],
+                "vals": [float(v) for v in vals.tolist()],
+                "error": bool(spec.error),
+                "acts": acts_name(spec.name),
+                "keep": False,
+            },
+        }
+    ]
+
+
+def _graph_splice() -> CapabilityUnsupported:
+    return CapabilityUnsupported(
+        "SAE splicing in graph mode",
+        "graph mode's compiled trunk applies the steering methods of its static buffers only; a splice runs an SAE's "
+        "encoder and decoder at its point",
+        "create the Session without graph_points / steer_points (hooks apply splices), or use backend='eager'",
+    )
+
+
 def _steer_payload(spec: Any) -> list[dict]:
+    if isinstance(spec, SpliceSpec):
+        return _splice_payload(spec)
     kwargs = spec.method_kwargs()
     pos = spec.positions
     if isinstance(pos, torch.Tensor):
@@ -98,6 +137,8 @@ class _Requests:
             if getattr(sp, "lm", None) is not self.lm:
                 raise InputError("this steering spec was made on another model; make it with this Session's steer().")
             payload += _steer_payload(sp)
+        if self._graph is not None and any(p["method"] == "splice" for p in payload):
+            raise _graph_splice()
         if self._graph is not None:
             sites = [p["address"] for p in payload]
             for a in sites:
@@ -249,6 +290,17 @@ class _Requests:
             check_graph_steer(self.lm, a)  # first: in graph mode only declared sites are bound at all
             check_served(self.lm, a, steering=True)
         return _VLLMSteer(spec, self)
+
+    def splice(self, sae: Any, *, error: bool = False) -> SpliceSpec:
+        """An SAE spliced in at its point (docs/SAE.md, "Splicing"): the worker replaces the point's rows by the
+        SAE's reconstruction, as the eager hooks do (ops/splice.py). `with spec:` or splice=spec."""
+        self._check_open()
+        self._refuse_in_generate_mode("splicing")
+        spec = make_splice_spec(self.lm, sae, error=error)
+        if self.lm.info.get("graph_points") is not None:
+            raise _graph_splice()
+        check_served(self.lm, spec.addresses[0], steering=True)
+        return spec
 
 
 class _VLLMSteer:

@@ -122,6 +122,9 @@ CAPABILITIES: dict[str, str] = {
         "no: patching replaces activations mid-forward for one request, which vLLM's batched kernels do not expose"
     ),
     "gradients": "no: vLLM runs inference-only kernels with no autograd graph",
+    "SAE splicing (reconstruction at the point, error term, feature ablation and clamping, feature activations)": (
+        "yes (in the worker, per request, with the same arithmetic; not in graph mode)"
+    ),
     "direct logit attribution": (
         "no: it needs the pieces of the residual stream, each head's write (attn_result) and the final norm's scale "
         "of one run together, which the vLLM backend does not read out yet"

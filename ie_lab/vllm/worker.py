@@ -33,6 +33,7 @@ import torch
 from ..ops import steering as steer_ops
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
+from ..ops.splice import splice as splice_rows
 from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, hook_targets, site_table
 from .static_steer import METHOD_INDEX, StaticSteer, params_of
 from .wire import RECOMPUTED, unpack  # what crosses to the client: plain data (vllm/wire.py)
@@ -364,6 +365,9 @@ class IELabWorker(WorkerReadout):
                 continue
             try:  # one request's steering failing fails that request only; the others in this forward go on
                 seg = out[r.start : r.end]
+                if s["method"] == "splice":
+                    out[r.start : r.end] = self._splice(r, s, seg)
+                    continue
                 mask = position_mask(
                     s["positions"],
                     r.positions,
@@ -386,6 +390,15 @@ class IELabWorker(WorkerReadout):
             except Exception as e:  # noqa: BLE001
                 r.spec.error = f"steering {point} with {s['method']}: {type(e).__name__}: {e}"
         return out
+
+    def _splice(self, r: Row, s: dict, seg: torch.Tensor) -> torch.Tensor:
+        """One request's rows with an SAE spliced in (ops/splice.py, the eager hooks' arithmetic); its features kept
+        under their name ('sae.<name>.acts') when its capture asked for them."""
+        enc, W, b, idx, vals = s["splice_t"]
+        new, acts = splice_rows(seg, project_scores(seg.float(), enc), W, b, idx, vals, s["splice"]["error"])
+        if s["splice"]["keep"] and tp_rank() == 0:
+            r.spec.proj_store[s["splice"]["acts"]].append((r.positions, acts.to("cpu")))
+        return new.to(seg.dtype)
 
     def _fill_steer(self, steer: StaticSteer, rows: list[Row], n_tokens: int) -> None:
         """Graph mode: every steered row's method, request slot, vector and numbers into the static buffers the
@@ -439,6 +452,12 @@ class IELabWorker(WorkerReadout):
             s["vector_t"] = unpack(s["vector"]).to(torch.float32)
             if isinstance(s.get("positions"), dict):  # a boolean mask travels packed
                 s["positions"] = unpack(s["positions"]).bool()
+            if s["method"] == "splice":  # the SAE, unpacked once per request
+                sp = s["splice"]
+                b = None if sp["b_dec"] is None else unpack(sp["b_dec"]).float()
+                idx = torch.tensor(sp["idx"], dtype=torch.long)
+                vals = torch.tensor(sp["vals"], dtype=torch.float32)
+                s["splice_t"] = (from_plain(sp["encoder"], unpack), unpack(sp["W_dec"]).float(), b, idx, vals)
             steer.append(s)
         project = {
             point: (from_plain(p["encoder"], unpack), p.get("head"), int(p.get("head_dim", 0)))
