@@ -35,13 +35,12 @@ def ids_of(lm, *tokens):
 def check_spans_exact(lm, chat, want):
     """Each part's span decodes to exactly its text; the same span shifted by one token either way does not."""
     ids = chat.ids[0].tolist()
-    got = [(s.part, s.role, s.index, lm.tokenizer.decode(ids[s.slice])) for s in chat.spans if s.part != "message"]
-    assert got == want
-    for s in chat.spans:
-        if s.part != "message":
-            assert s.text == lm.tokenizer.decode(ids[s.start : s.end])
-            for d in (-1, 1):
-                assert lm.tokenizer.decode(ids[s.start + d : s.end + d]) != s.text
+    parts = [s for s in chat.spans if s.part not in ("message", "generation_prompt")]
+    assert [(s.part, s.role, s.index, lm.tokenizer.decode(ids[s.slice])) for s in parts] == want
+    for s in parts:
+        assert s.text == lm.tokenizer.decode(ids[s.start : s.end])
+        for d in (-1, 1):
+            assert lm.tokenizer.decode(ids[s.start + d : s.end + d]) != s.text
 
 
 def test_conventions_are_read_from_the_tokenizer(models):
@@ -135,6 +134,11 @@ def test_a_chat_stops_at_the_end_of_the_assistant_turn(models):
     msgs = [{"role": "user", "content": "Hi"}]
     chat = ie_lab.to_chat(lm, msgs)
     assert chat.stop_ids == {eot, lm.tokenizer.eos_token_id}
+    # The message spans and the generation prompt's tile the ids.
+    user, gen = chat.spans
+    assert (user.part, gen.part, user.start, user.end, gen.end) == ("message", "generation_prompt", 0, gen.start, 18)
+    assert user.text == "<s><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+    assert gen.text == "<|start_header_id|>assistant<|end_header_id|>\n\n"
     # Steering the last residual along <|eot_id|>'s unembedding row makes it the greedy token at every step.
     w = lm.hf.get_output_embeddings().weight[eot].detach()
     spec = ie_lab.steer(lm, "resid_post.1", w, scale=100.0)
@@ -172,3 +176,37 @@ def test_a_convention_the_tokenizer_lacks_is_refused_with_the_fix(models):
         ie_lab.to_chat(lm, msgs[:1], enable_thinking=False)
     with pytest.raises(ie_lab.InputError, match="only an assistant message reasons"):
         ie_lab.to_chat(models["think"], [{"role": "user", "content": "Hi", "reasoning": "x"}])
+
+
+def test_reasoning_read_from_the_content_deepseek_r1_style(models):
+    """A template with no reasoning field that finds </think> in the content (and drops it from the history), and a
+    generation prompt that opens <think> itself: the reply's reasoning is cut from the prompt's open marker."""
+    lm = models["think"]
+    saved = lm.tokenizer.chat_template
+    lm.tokenizer.chat_template = (
+        "{%- for m in messages -%}{%- set c = m.content -%}"
+        "{%- if '</think>' in c -%}{%- set c = c.split('</think>')[-1].strip() -%}{%- endif -%}"
+        "{{ '<|im_start|>' + m.role + '\\n' + c + '<|im_end|>\\n' }}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n<think>\\n' }}{%- endif -%}"
+    )
+    try:
+        conv = cc.detect(lm.tokenizer)
+        assert (conv.style, conv.reasoning_key, conv.reasoning_in_content) == ("think", None, True)
+        msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "reasoning": "Hm.", "content": "Hello."}]
+        with pytest.raises(ie_lab.InputError, match="reasoning is not in the rendered conversation"):
+            ie_lab.to_chat(lm, msgs)
+        result = ie_lab.generate(lm, msgs[:1], 1)
+        result.ids = lm.tokenizer("Hm.\n</think>\n\nHello.<|im_end|>", add_special_tokens=False)["input_ids"]
+        assert [(p.part, p.text) for p in ie_lab.split_channels(lm, result)] == [
+            ("reasoning", "Hm."),
+            ("final", "Hello."),
+        ]
+    finally:
+        lm.tokenizer.chat_template = saved
+
+
+def test_a_chat_travels_to_a_remote_server_as_its_ids(models):
+    from ie_lab.remote.client import _chat_ids
+
+    chat = ie_lab.to_chat(models["llama3"], [{"role": "user", "content": "Hi"}])
+    assert _chat_ids(chat) == chat.ids[0].tolist() and _chat_ids([chat, "x"]) == [chat.ids[0].tolist(), "x"]

@@ -17,11 +17,12 @@ from .handles import as_lm
 @dataclass(frozen=True)
 class Span:
     """Tokens [start, end) of a conversation. part "message": a message's whole rendering (template markup included);
-    any other part (reasoning, final, analysis, commentary, tool_call, content) covers exactly that part's own tokens,
-    without the markers and the whitespace tokens around it."""
+    "generation_prompt": what the template adds after the last message for the reply to follow; any other part
+    (reasoning, final, analysis, commentary, tool_call, content) covers exactly that part's own tokens, without the
+    markers and the whitespace tokens around it."""
 
     role: str
-    index: int  # message index (-1: text no message renders, e.g. a generation prompt or a generated reply)
+    index: int  # message index (the generation prompt: len(messages); -1: ids no message renders, a generated reply)
     start: int
     end: int  # one past the last token
     part: str = "message"
@@ -34,8 +35,9 @@ class Span:
         return slice(self.start, self.end)
 
     def __repr__(self) -> str:
+        who = self.role if self.index < 0 else f"{self.role}#{self.index}"
         what = "" if self.part == "message" else f" {self.part}"
-        return f"Span({self.role}#{self.index}{what}: tokens {self.start}..{self.end - 1})"
+        return f"Span({who}{what}: tokens {self.start}..{self.end - 1})"
 
 
 def is_messages(x: Any) -> bool:
@@ -240,6 +242,9 @@ def to_chat(
     if spans and ids[: spans[-1].end] != _ids(tok, msgs, False, **kwargs):
         spans = None
     spans = spans or []  # a template that rewrites earlier turns: parts only, with no message to belong to
+    if spans and len(ids) > spans[-1].end:  # the generation prompt: the reply's own header, before its first token
+        a = spans[-1].end
+        spans.append(Span("assistant", len(messages), a, len(ids), "generation_prompt", text=tok.decode(ids[a:])))
 
     def index_at(pos: int) -> int:
         return next((s.index for s in spans if s.start <= pos < s.end), -1)
