@@ -33,12 +33,15 @@ def ids_of(lm, *tokens):
 
 
 def check_spans_exact(lm, chat, want):
-    """Each part's span decodes to exactly its text; the same span shifted by one token either way does not."""
+    """Each part's span decodes to exactly its text, inside its message's span; the same span shifted by one token
+    either way does not decode to it."""
     ids = chat.ids[0].tolist()
     parts = [s for s in chat.spans if s.part not in ("message", "generation_prompt")]
     assert [(s.part, s.role, s.index, lm.tokenizer.decode(ids[s.slice])) for s in parts] == want
+    message = {m.index: m for m in chat.parts("message")}
     for s in parts:
         assert s.text == lm.tokenizer.decode(ids[s.start : s.end])
+        assert message[s.index].start <= s.start < s.end <= message[s.index].end  # inside its message
         for d in (-1, 1):
             assert lm.tokenizer.decode(ids[s.start + d : s.end + d]) != s.text
 
@@ -113,7 +116,8 @@ def test_think_spans_and_the_thinking_switch(models):
         {"role": "assistant", "reasoning": "Add them: four.", "content": "Four."},
     ]
     chat = ie_lab.to_chat(lm, msgs, add_generation_prompt=False)
-    check_spans_exact(lm, chat, [("reasoning", "assistant", 1, "Add them: four."), ("final", "assistant", 1, "Four.")])
+    want = [("content", "user", 0, "Two plus two?"), ("reasoning", "assistant", 1, "Add them: four.")]
+    check_spans_exact(lm, chat, [*want, ("final", "assistant", 1, "Four.")])
     off = ie_lab.to_chat(lm, msgs[:1], enable_thinking=False)
     assert lm.tokenizer.decode(off.ids[0]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert torch.equal(off.ids, ie_lab.apply_chat_template(lm, msgs[:1], enable_thinking=False))
@@ -135,7 +139,8 @@ def test_a_chat_stops_at_the_end_of_the_assistant_turn(models):
     chat = ie_lab.to_chat(lm, msgs)
     assert chat.stop_ids == {eot, lm.tokenizer.eos_token_id}
     # The message spans and the generation prompt's tile the ids.
-    user, gen = chat.spans
+    check_spans_exact(lm, chat, [("content", "user", 0, "Hi")])
+    user, gen = chat.parts("message")[0], chat.parts("generation_prompt")[0]
     assert (user.part, gen.part, user.start, user.end, gen.end) == ("message", "generation_prompt", 0, gen.start, 18)
     assert user.text == "<s><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
     assert gen.text == "<|start_header_id|>assistant<|end_header_id|>\n\n"

@@ -253,6 +253,8 @@ def to_chat(
         Span(c.role, index_at(c.start), c.start, c.end, c.part, c.recipient, tok.decode(ids[c.start : c.end]))
         for c in cc.cut(conv, tok, ids)
     ]
+    text = tok.apply_chat_template(list(msgs), tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
+    parts += _content_parts(tok, text, ids, spans, msgs, parts)
     for i, m in enumerate(messages):
         if any(k in m for k in cc.REASONING_KEYS) and not any(p.index == i and p.part in _REASONING for p in parts):
             raise InputError(
@@ -267,6 +269,35 @@ def to_chat(
 
 
 _REASONING = ("reasoning", "analysis")
+
+
+def _content_parts(
+    tok: Any, text: str, ids: list[int], spans: list[Span], messages: Sequence[dict], parts: list[Span]
+) -> list[Span]:
+    """A "content" span for each message whose text content the markers did not cut into parts: the tokens that
+    render it, found by the rendered text's character offsets (a fast tokenizer's) and kept only where they decode
+    to exactly the content (none where the template rewrites it, or a token straddles its edge)."""
+    try:
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    except Exception:  # a tokenizer without offsets: message spans and marker parts only
+        return []
+    if [int(i) for i in enc["input_ids"]] != ids:
+        return []
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    out = []
+    for s in spans:
+        content = messages[s.index]["content"] if s.part == "message" else None
+        if not isinstance(content, str) or not content.strip() or any(p.index == s.index for p in parts):
+            continue
+        lo, hi = offsets[s.start][0], offsets[s.end - 1][1]
+        at = text.rfind(content, lo, hi)
+        while at >= 0:  # the last occurrence first: the content follows its header, which may hold the same text
+            inside = [i for i in range(s.start, s.end) if at <= offsets[i][0] and offsets[i][1] <= at + len(content)]
+            if inside and tok.decode(ids[inside[0] : inside[-1] + 1]) == content:
+                out.append(Span(s.role, s.index, inside[0], inside[-1] + 1, "content", text=content))
+                break
+            at = text.rfind(content, lo, at + len(content) - 1)
+    return out
 
 
 def stop_ids_for(lm: Any, prompt: Any, model_eos: set[int]) -> set[int]:

@@ -60,9 +60,9 @@ def _added(tok: Any) -> dict[str, int]:
 def detect(tok: Any) -> ChatConvention:
     """The convention a tokenizer follows, from its added tokens and its template's source."""
     src = getattr(tok, "chat_template", None)
-    src = src if isinstance(src, str) else ""  # a dict of named templates: the default one renders
-    if isinstance(getattr(tok, "chat_template", None), dict):
-        src = str(tok.chat_template.get("default", ""))
+    if isinstance(src, dict):  # named templates: the default one renders a conversation
+        src = src.get("default")
+    src = src if isinstance(src, str) else ""
     added = _added(tok)
     names = {*HARMONY_MARKERS, *HARMONY_ENDS, *(m for a, b, _ in PAIRS for m in (a, b))}
     markers = {m: added[m] for m in names if m in added}
