@@ -215,3 +215,39 @@ def test_a_chat_travels_to_a_remote_server_as_its_ids(models):
 
     chat = ie_lab.to_chat(models["llama3"], [{"role": "user", "content": "Hi"}])
     assert _chat_ids(chat) == chat.ids[0].tolist() and _chat_ids([chat, "x"]) == [chat.ids[0].tolist(), "x"]
+
+
+def test_the_harmony_cut_agrees_with_openai_harmony():
+    """openai_harmony (a vLLM dependency; its encoding loads with no network) parses gpt-oss's own token ids: the
+    cut here, run on the same ids, finds the same messages, channels, recipients and texts."""
+    oh = pytest.importorskip("openai_harmony")
+    try:
+        enc = oh.load_harmony_encoding(oh.HarmonyEncodingName.HARMONY_GPT_OSS)
+    except Exception as e:  # pragma: no cover - an install whose encoding needs a download
+        pytest.skip(f"openai_harmony's encoding does not load offline here: {e}")
+    text = (
+        "<|channel|>analysis<|message|>Need the weather.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Paris"}<|call|>'
+        '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{"rain": true}<|end|>'
+        "<|start|>assistant<|channel|>final<|message|>Take an umbrella.<|return|>"
+    )
+    ids = enc.encode(text, allowed_special="all")
+    want = [
+        (m.channel, m.recipient, m.content[0].text)
+        for m in enc.parse_messages_from_completion_tokens(ids, oh.Role.ASSISTANT)
+    ]
+
+    class Tok:  # what the cut reads of a tokenizer: its decoding
+        def decode(self, ids, skip_special_tokens=False):
+            return enc.decode_utf8(list(ids))
+
+    markers = {m: enc.encode(m, allowed_special="all")[0] for m in (*cc.HARMONY_MARKERS, *cc.HARMONY_ENDS)}
+    conv = cc.ChatConvention("harmony", (), "thinking", False, False, markers)
+    got = cc.cut(conv, Tok(), ids)
+    assert [
+        (c.part if c.part != "tool_call" else "commentary", c.recipient, Tok().decode(ids[c.start : c.end]))
+        for c in got
+    ] == want
+    assert [c.part for c in got] == ["analysis", "tool_call", "commentary", "final"]
+    assert got[2].role == "functions.get_weather"

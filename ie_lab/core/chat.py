@@ -256,7 +256,8 @@ def to_chat(
     text = tok.apply_chat_template(list(msgs), tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
     parts += _content_parts(tok, text, ids, spans, msgs, parts)
     for i, m in enumerate(messages):
-        if any(k in m for k in cc.REASONING_KEYS) and not any(p.index == i and p.part in _REASONING for p in parts):
+        given = any(isinstance(m.get(k), str) and m[k].strip() for k in cc.REASONING_KEYS)
+        if given and not any(p.index == i and p.part in _REASONING for p in parts):
             raise InputError(
                 f"message {i}'s reasoning is not in the rendered conversation: this template drops it there (many "
                 "drop the reasoning of turns before the last user message); pass the conversation up to that turn, "
