@@ -64,8 +64,7 @@ def test_harmony_channels_are_spans(models):
         {
             "role": "assistant",
             "reasoning": "Need the tool.",
-            "tool_calls": [{"name": "get_weather", "arguments": '{"city": "Paris"}'}],
-            "content": "",
+            "tool_calls": [{"name": "get_weather", "arguments": '{"city": "Paris"}'}],  # no content: a call
         },
         {"role": "user", "content": "And so?"},
         {"role": "assistant", "thinking": "It rains.", "content": "Take an umbrella."},

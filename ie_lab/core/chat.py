@@ -62,13 +62,16 @@ def _check(lm: Any, messages: Sequence[dict]) -> Any:
         not isinstance(messages, (list, tuple))
         or not messages
         or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            # an assistant's tool call may come with no content, as chat templates take it
+            and (isinstance(m.get("content"), (str, list)) or (m.get("content") is None and "tool_calls" in m))
             for m in messages
         )
     ):
         raise InputError(
-            "messages must be a non-empty list of {'role': str, 'content': str} dicts, e.g. "
-            "[{'role': 'user', 'content': 'Hello'}]."
+            "messages must be a non-empty list of {'role': str, 'content': str} dicts (content may be left out "
+            "of a message with tool_calls), e.g. [{'role': 'user', 'content': 'Hello'}]."
         )
     for i, m in enumerate(messages):
         _check_strings(m, f"message {i}")
@@ -287,7 +290,7 @@ def _content_parts(
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     out = []
     for s in spans:
-        content = messages[s.index]["content"] if s.part == "message" else None
+        content = messages[s.index].get("content") if s.part == "message" else None
         if not isinstance(content, str) or not content.strip() or any(p.index == s.index for p in parts):
             continue
         lo, hi = offsets[s.start][0], offsets[s.end - 1][1]
