@@ -201,10 +201,10 @@ def test_reasoning_read_from_the_content_deepseek_r1_style(models):
             ie_lab.to_chat(lm, msgs)
         result = ie_lab.generate(lm, msgs[:1], 1)
         result.ids = lm.tokenizer("Hm.\n</think>\n\nHello.<|im_end|>", add_special_tokens=False)["input_ids"]
-        assert [(p.part, p.text) for p in ie_lab.split_channels(lm, result)] == [
-            ("reasoning", "Hm."),
-            ("final", "Hello."),
-        ]
+        want = [("reasoning", "Hm."), ("final", "Hello.")]
+        assert [(p.part, p.text) for p in ie_lab.split_channels(lm, result)] == want
+        # The reply's ids alone: a reasoning closed with no opener began where the ids begin.
+        assert [(p.part, p.text) for p in ie_lab.split_channels(lm, result.ids)] == want
     finally:
         lm.tokenizer.chat_template = saved
 

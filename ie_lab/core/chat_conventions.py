@@ -218,12 +218,15 @@ def _cut_think(conv: ChatConvention, tok: Any, ids: list[int]) -> list[Cut]:
     generation prompt ends with the opening one); the final answer after </think> up to the turn's end, cut short by
     a tool call; tool calls between their markers."""
     m = conv.markers
-    ends = set(conv.turn_end_ids)
+    # the answer ends at the turn's end, or at any other added token (a next turn's header) where none is known
+    pair_ids = {m[x] for pair in PAIRS for x in pair[:2] if x in m}
+    ends = set(conv.turn_end_ids) | (set(_added(tok).values()) - pair_ids)
     out: list[Cut] = []
     opened: dict[int, tuple[int, str]] = {m[a]: (m[b], part) for a, b, part in PAIRS if a in m and b in m}
     closes = {c: part for c, part in opened.values()}
-    i, pending = 0, None  # pending: (open index, close id, part) of a pair not yet closed
+    pending: tuple[int, int, str] | None = None  # (open index, close id, part) of a pair not yet closed
     final_from = None
+    since = 0  # after the last marker or end: where a reasoning closed with no opener began
     for i, t in enumerate(ids):
         if pending is None and t in opened:
             if final_from is not None:
@@ -232,16 +235,16 @@ def _cut_think(conv: ChatConvention, tok: Any, ids: list[int]) -> list[Cut]:
             pending = (i, *opened[t])
         elif t in closes and (pending is None or t == pending[1]):
             part = closes[t]
-            a = pending[0] + 1 if pending is not None else 0
-            if pending is None and part != "reasoning":
-                continue
-            out.append(Cut(part, "assistant", *_trim(tok, ids, a, i)))
+            if pending is not None or part == "reasoning":
+                out.append(Cut(part, "assistant", *_trim(tok, ids, pending[0] + 1 if pending else since, i)))
+                final_from = i + 1 if part == "reasoning" else final_from
             pending = None
-            if part == "reasoning":
-                final_from = i + 1
-        elif t in ends and final_from is not None:
-            _final(tok, ids, final_from, i, out)
-            final_from = None
+            since = i + 1
+        elif t in ends and pending is None:
+            if final_from is not None:
+                _final(tok, ids, final_from, i, out)
+                final_from = None
+            since = i + 1
     if pending is not None:  # a part cut off (a generation that ran out of tokens inside it)
         out.append(Cut(pending[2], "assistant", *_trim(tok, ids, pending[0] + 1, len(ids))))
     elif final_from is not None:
