@@ -250,3 +250,26 @@ def test_the_harmony_cut_agrees_with_openai_harmony():
     ] == want
     assert [c.part for c in got] == ["analysis", "tool_call", "commentary", "final"]
     assert got[2].role == "functions.get_weather"
+
+
+def test_bad_arguments_are_refused_naming_them(models):
+    lm, msgs = models["think"], [{"role": "user", "content": "Hi"}]
+    cases = [
+        (
+            lambda x: ie_lab.to_chat(lm, msgs, stop_ids=x),
+            [3, "x", [-1], [10**12], [1.5], [True], object()],
+            "stop_ids",
+        ),
+        (lambda x: ie_lab.to_chat(lm, msgs, enable_thinking=x), ["yes", 1, float("nan")], "enable_thinking"),
+        (lambda x: ie_lab.to_chat(lm, msgs, add_generation_prompt=x), ["yes", None], "add_generation_prompt"),
+        (
+            lambda x: ie_lab.split_channels(lm, x),
+            [None, "text", [1.5], torch.zeros(2, 3), {"ids": [1]}],
+            "split_channels",
+        ),
+        (lambda x: ie_lab.to_chat(lm, [{"role": "assistant", "content": "", "reasoning": x}]), [3, ["a"]], "string"),
+    ]
+    for call, values, word in cases:
+        for x in values:
+            with pytest.raises(ie_lab.InputError, match=word):
+                call(x)
