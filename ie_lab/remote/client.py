@@ -493,13 +493,13 @@ class RemoteBackend:
         return f"remote at {self.url}: {self._hello.get('describe', '')}"
 
 
-__all__ = ["RemoteBackend", "RemoteModel"]
-
-
 def _chat_ids(x: Any) -> Any:
     """A Chat (ie_lab.to_chat) or a list holding Chats, with each Chat as its token ids."""
     if isinstance(x, Chat):
         return x.ids[0].tolist()
-    if isinstance(x, list) and any(isinstance(p, Chat) for p in x):
+    if isinstance(x, (list, tuple)) and any(isinstance(p, Chat) for p in x):
         return [_chat_ids(p) for p in x]
     return x
+
+
+__all__ = ["RemoteBackend", "RemoteModel"]
