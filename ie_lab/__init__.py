@@ -38,7 +38,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__ below imports each on first use
     from . import sizing
     from .cache import Cache
-    from .chat import apply_chat_template, message_spans
+    from .chat import apply_chat_template, message_spans, split_channels, to_chat
     from .eager.lens import fit_tuned_lens
     from .eager.patching import attribution_patch, logit_diff, run_with_patches
     from .loading import load  # an EagerModel whatever the backend: see its docstring
@@ -52,6 +52,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Cache": (".cache", "Cache"),
     "apply_chat_template": (".chat", "apply_chat_template"),
     "message_spans": (".chat", "message_spans"),
+    "split_channels": (".chat", "split_channels"),
+    "to_chat": (".chat", "to_chat"),
     "fit_tuned_lens": (".eager.lens", "fit_tuned_lens"),
     "attribution_patch": (".eager.patching", "attribution_patch"),
     "logit_diff": (".eager.patching", "logit_diff"),
@@ -192,6 +194,8 @@ __all__ = [
     "logit_lens",
     "mean_difference",
     "message_spans",
+    "split_channels",
+    "to_chat",
     "patch",
     "patch_sweep",
     "points",

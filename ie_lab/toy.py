@@ -84,3 +84,84 @@ def tiny_model(family: str = "llama", seed: int = 0):
     model_type, keys = _CONFIGS[family]
     config = CONFIG_MAPPING[model_type](**keys)
     return build(config, seed=seed), tokenizer()
+
+
+# ---- toy chat models: one tokenizer per chat convention (docs/GENERATION.md "Chat conventions") ----------------
+
+# Templates written for the toys, each following one convention as the real ones do (shortened).
+CHAT_TEMPLATES = {
+    # gpt-oss's harmony: every message a <|start|>role<|channel|>...<|message|>...<|end|> block; reasoning on the
+    # analysis channel, the answer on final, a tool call on commentary to its recipient, ended by <|call|>
+    "harmony": (
+        "{%- for m in messages -%}"
+        "{%- if m.role == 'assistant' -%}"
+        "{%- if m.thinking -%}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>{%- endif -%}"
+        "{%- for tc in m.tool_calls or [] -%}<|start|>assistant<|channel|>commentary to=functions.{{ tc.name }} "
+        "<|constrain|>json<|message|>{{ tc.arguments }}<|call|>{%- endfor -%}"
+        "{%- if m.content -%}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{%- endif -%}"
+        "{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"
+    ),
+    # Qwen3's: the reasoning between <think> markers from a reasoning_content field, an enable_thinking switch
+    "think": (
+        "{%- for m in messages -%}"
+        "{%- if m.role == 'assistant' -%}{{ '<|im_start|>assistant\n' }}"
+        "{%- if m.reasoning_content is string -%}"
+        "{{ '<think>\n' + m.reasoning_content.strip() + '\n</think>\n\n' }}{%- endif -%}"
+        "{{ m.content + '<|im_end|>\n' }}"
+        "{%- else -%}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{%- endif -%}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}"
+        "{%- if enable_thinking is defined and enable_thinking is false -%}{{ '<think>\n\n</think>\n\n' }}"
+        "{%- endif -%}{%- endif -%}"
+    ),
+    # Llama 3's: headers, each turn ended by <|eot_id|>; no reasoning convention
+    "llama3": (
+        "{{ bos_token }}{%- for m in messages -%}"
+        "{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\n\n' + m.content + '<|eot_id|>' }}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif -%}"
+    ),
+}
+CHAT_MARKERS = {
+    "harmony": ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"),
+    "think": ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"),
+    "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+}
+
+
+def chat_tokenizer(convention: str = "harmony", max_len: int = 256):
+    """A byte-level BPE tokenizer (any text has ids, as on a real checkpoint) trained here on the toy vocabulary,
+    with one convention's marker tokens added as special tokens and its chat template (CHAT_TEMPLATES)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if convention not in CHAT_TEMPLATES:
+        raise ValueError(f"no toy chat template for {convention!r}; choose one of {tuple(CHAT_TEMPLATES)}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=448,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<pad>", "<s>", "</s>"],
+        show_progress=False,
+    )
+    text = " ".join(_WORDS) + " analysis final commentary functions weather city Paris rains umbrella"
+    tok.train_from_iterator([text] * 4, trainer)
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=max_len
+    )
+    out.add_special_tokens({"additional_special_tokens": list(CHAT_MARKERS[convention])})
+    out.chat_template = CHAT_TEMPLATES[convention]
+    return out
+
+
+def chat_model(convention: str = "harmony", seed: int = 0):
+    """(model, tokenizer): the llama toy sized to chat_tokenizer(convention)'s vocabulary."""
+    from transformers import CONFIG_MAPPING
+
+    from .tiny import build
+
+    tok = chat_tokenizer(convention)
+    model_type, keys = _CONFIGS["llama"]
+    config = CONFIG_MAPPING[model_type](**dict(keys, vocab_size=len(tok)))
+    return build(config, seed=seed), tok

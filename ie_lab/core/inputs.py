@@ -24,7 +24,9 @@ def prepare(lm: Any, tokens_or_text: Any) -> tuple[torch.Tensor, torch.Tensor | 
             "(a list of {'role', 'content'} dicts), got a single dict: wrap a message in a list, e.g. "
             "[{'role': 'user', 'content': 'Hello'}]."
         )
-    if chat.is_messages(tokens_or_text):
+    if isinstance(tokens_or_text, chat.Chat):  # a conversation already rendered (ie_lab.to_chat)
+        tokens_or_text = tokens_or_text.ids
+    elif chat.is_messages(tokens_or_text):
         # A conversation: rendered with the model's own chat template, as it reads it just before replying.
         tokens_or_text = torch.tensor([chat.render(lm, tokens_or_text)])
     if isinstance(tokens_or_text, str) or (
@@ -116,7 +118,7 @@ def _is_batch(x: Any, rows: bool) -> bool:
     if not isinstance(x, (list, tuple)) or not x or chat.is_messages(x):
         return False
     # A flat list of ints is one prompt; anything else with items that are prompts themselves is a list of them.
-    return all(isinstance(p, (str, list, tuple, torch.Tensor, np.ndarray, dict)) for p in x) and not all(
+    return all(isinstance(p, (str, list, tuple, torch.Tensor, np.ndarray, dict, chat.Chat)) for p in x) and not all(
         isinstance(p, dict) for p in x
     )
 
@@ -124,7 +126,7 @@ def _is_batch(x: Any, rows: bool) -> bool:
 def _kind(p: Any) -> str:
     if isinstance(p, str):
         return "text"
-    if chat.is_messages(p):
+    if chat.is_messages(p) or isinstance(p, chat.Chat):
         return "conversation"
     return "ids"
 

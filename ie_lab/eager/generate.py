@@ -22,6 +22,7 @@ import torch
 from ..address import Address, AddressLike
 from ..cache import Cache
 from ..core.addresses import parse_addresses, slice_head
+from ..core.chat import stop_ids_for
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..core.results import GenerationResult, GenStep
 from ..core.sampling import check_generation_args
@@ -343,7 +344,8 @@ def plan(
             check_positions_fit(specs, r.shape[1] + max_new_tokens)
         except InputError as e:
             raise InputError(f"prompt {i}: {e}" if batch else str(e)) from None
-    eos = set() if ignore_eos else _eos_ids(lm)
+    # A conversation stops at the end of the assistant's turn, a Chat at its stop_ids (core/chat.py)
+    eos = set() if ignore_eos else stop_ids_for(lm, prompt, _eos_ids(lm))
     return Plan(rows, batch, stops, seeds, addrs, specs, eos)
 
 

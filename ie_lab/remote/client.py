@@ -33,6 +33,7 @@ from ..cache import Cache
 from ..capabilities import GradSupport, table_grad_support
 from ..core import calls
 from ..core.addresses import parse_addresses
+from ..core.chat import Chat
 from ..core.client_model import ClientModel
 from ..core.inputs import prepare_prompts
 from ..core.steer_spec import issued_specs, make_spec
@@ -320,7 +321,8 @@ class RemoteBackend:
         kwargs = {k: v for k, v in call.given().items() if wire.get(k) != "local"}
         if "progress" in wire and wire["progress"] == "local":
             check_flag("progress", call.progress)  # type: ignore[attr-defined]
-        args = list(call.positional())
+        # a Chat travels as its ids (the messages themselves travel as a conversation, which the server renders)
+        args = [_chat_ids(a) for a in call.positional()]
         if isinstance(call, calls.Patch) and isinstance(call.source, Cache):
             args[1] = self._cache_tensors(call.source, call.addresses)
         if isinstance(call, (calls.PatchSweep, calls.Gradients)):
@@ -489,6 +491,15 @@ class RemoteBackend:
 
     def headline(self) -> str:
         return f"remote at {self.url}: {self._hello.get('describe', '')}"
+
+
+def _chat_ids(x: Any) -> Any:
+    """A Chat (ie_lab.to_chat) or a list holding Chats, with each Chat as its token ids."""
+    if isinstance(x, Chat):
+        return x.ids[0].tolist()
+    if isinstance(x, (list, tuple)) and any(isinstance(p, Chat) for p in x):
+        return [_chat_ids(p) for p in x]
+    return x
 
 
 __all__ = ["RemoteBackend", "RemoteModel"]

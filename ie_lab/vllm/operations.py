@@ -19,6 +19,7 @@ from ..cache import Cache
 from ..capabilities import require
 from ..core import calls
 from ..core.addresses import slice_head
+from ..core.chat import stop_ids_for
 from ..core.inputs import str_tokens
 from ..core.projection_args import check_gen, make_encoder, one_address, point_width
 from ..core.results import AttentionResult, GenerationResult, GenStep, LensResult, Projection, token_names
@@ -257,6 +258,8 @@ class _Operations:
             call.stop,
             call.n_logprobs,
             call.ignore_eos,
+            # a conversation stops at the end of the assistant's turn (vLLM adds these to the model's own EOS)
+            None if call.ignore_eos else stop_ids_for(self.lm, prompt, set()),
         )
         n_lp = int(call.n_logprobs)
         ids = self._ids(prompt)
@@ -331,7 +334,8 @@ class _Operations:
                     if comp.finish_reason is not None:
                         reason = {
                             "length": "length",
-                            "stop": "eos" if comp.stop_reason is None else "stop",
+                            # a stop token id (a chat's turn end) ends like the EOS; a stop string is "stop"
+                            "stop": "stop" if isinstance(comp.stop_reason, str) else "eos",
                             "abort": "aborted",
                         }.get(comp.finish_reason, comp.finish_reason)
                     await asyncio.sleep(0)

@@ -242,7 +242,9 @@ class _Requests:
             )
         return ids
 
-    def _params(self, max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs, ignore_eos=False):
+    def _params(
+        self, max_new_tokens, temperature, top_k, top_p, seed, stop, n_logprobs, ignore_eos=False, stop_token_ids=None
+    ):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -271,6 +273,7 @@ class _Requests:
             include_stop_str_in_output=True,
             skip_special_tokens=False,
             ignore_eos=bool(ignore_eos),
+            stop_token_ids=sorted(stop_token_ids) if stop_token_ids else None,  # a chat's turn end (core/chat.py)
         )
 
     def issued(self, steer: Any) -> Any:
