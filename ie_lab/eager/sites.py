@@ -320,10 +320,11 @@ def _router_logits_site(lm: Any, lb: LayerBinding, addr: Address, name: str) -> 
 
 
 def _expert_choice(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
-    """expert_weights and expert_indices: densified from the experts module's routing arguments."""
+    """expert_weights and expert_indices: densified from the experts module's routing arguments, or (expert_weights)
+    read from a router that returns them dense."""
     if not lb.routing_args and name == "expert_weights" and lb.router_weights_output is not None:
         i = lb.router_weights_output  # measured: the router returns the dense weights the experts' input is scaled by
-        return Source("post_raw", lb.router, lambda out, shape, n: out[i].reshape(shape[0], shape[1], n))
+        return Source("post_raw", _bound(lb.router), lambda out, shape, n: out[i].reshape(shape[0], shape[1], n))
     if not lb.routing_args:  # measured by the binder on its probe forward
         raise CapabilityUnsupported(
             name,
