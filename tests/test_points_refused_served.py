@@ -124,6 +124,9 @@ def test_gptj_scores_during_generation_equal_one_forward_and_leave_no_wrapper():
     one = ie_lab.capture(lm, full, ["attn_scores.0"])
     torch.testing.assert_close(res.cache["attn_scores.0"], one["attn_scores.0"], atol=1e-5, rtol=1e-5)
     assert all("_attn" not in lb.attn.__dict__ for lb in lm.binding.layers)  # the step is the class's again
+    att = ie_lab.attention(lm, X[:1], [0, 1])  # the attention view reads them too
+    assert not att.notes and att.scores[1] is not None
+    torch.testing.assert_close(att.scores[1], ie_lab.capture(lm, X[:1], ["attn_scores.1"])["attn_scores.1"][0])
 
 
 def test_bloom_still_refuses_its_scores():
@@ -190,6 +193,8 @@ def test_diffllama_pattern_is_the_softmax_of_q_dot_k_and_combined_reproduces_z(i
     assert _not_close(z_from(c["attn_probs.0"][:, :half] - lam * c["attn_probs.0"][:, half:]), c[f"z.{L}"])
     assert _not_close(differential.repeat(1, 2, 1, 1), probs)
     assert any("differential attention" in n for n in lm.binding.notes)
+    att = ie_lab.attention(lm, X[:1], [L])
+    torch.testing.assert_close(att.probs[L], probs[0])
 
 
 # ---- Llama 4: expert_weights from the router's dense scores ----------------------------------------------------
