@@ -161,11 +161,12 @@ ATTENTION_IN_MODULE = frozenset(
     | ({"falcon"} if _transformers_below(5, 25) else set())
 )
 
-# Families that compute attention in their own module through an attention step of its own, _attn(query, key,
-# value, attention_mask), which divides q·kᵀ by the module's scale_attn: eager reads their pre-softmax scores from the q
-# and k that step receives (the binder confirms it per layer on its probe forward, LayerBinding.scores_divisor, and
-# tests/test_points_refused_served.py holds this set to that measurement). GPT-J did so until transformers 5.24.
-SCORES_AT_ATTENTION_STEP = frozenset({"codegen"} | ({"gptj"} if _transformers_below(5, 24) else set()))
+# Of ATTENTION_IN_MODULE, the families whose module computes attention in an attention step of its own, _attn(query,
+# key, value, attention_mask), dividing q·kᵀ by the module's scale_attn: eager reads their pre-softmax scores from the
+# q and k that step receives (the binder measures it per layer on a live model, LayerBinding.scores_divisor, and
+# tests/test_points_refused_served.py holds this set to that measurement); config-only callers (the mappers) read this.
+# CodeGen computes attention the same way on transformers 5.19, but the mappers do not answer for it (not measured).
+SCORES_AT_ATTENTION_STEP = frozenset({"gptj"} if _transformers_below(5, 24) else set())
 
 # Families whose block structure the binder has measured on a real model (tests/test_arch_facts.py checks the
 # structural entries above against that measurement; tests/test_mappers.py this list and ATTENTION_IN_MODULE).
