@@ -195,7 +195,7 @@ def _refuse_absent(addr: Address, s: _Shape) -> None:
     a = _points.absence(addr.point, _structure(s, layer), L)
     if a is not None and a.need is not _points.Needs.QK_NORM:  # refused in to_engine, saying what hook_q is then
         raise AddressError(f"{addr} does not exist on {s.family}: {a.why}")
-    if name == "attn_scores" and s.attn_in_module:
+    if name == "attn_scores" and s.attn_in_module and s.family not in quirks.SCORES_AT_ATTENTION_STEP:
         raise AddressError(
             f"{s.family} computes attention inside its own module, so the pre-softmax scores never "
             "leave it (capture attn_probs)."

@@ -155,12 +155,14 @@ def test_per_layer_mlp_widths_are_refused_with_ielaberror_not_a_typeerror():
 
 
 def test_expert_points_without_routing_arguments_are_refused_not_crashed():
-    """Llama 4's experts module is called without (indices, weights): capturing expert_weights raised StopIteration."""
+    """Llama 4's experts module is called without (indices, weights): capturing expert_weights raised StopIteration.
+    Its router hands the weights out dense, so expert_weights is read there (tests/test_points_refused_served.py);
+    the selection is refused."""
     lm = ie_lab.load(coverage.build_tiny("llama4_text"), coverage._tokenizer(), quiet=True)
     L = next(lb.index for lb in lm.binding.layers if lb.sparse_moe)
-    for name in ("expert_weights", "expert_indices"):
-        with pytest.raises(ie_lab.CapabilityUnsupported, match="routing weights"):
-            ie_lab.capture(lm, "the a", [f"{name}.{L}"])
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="routing weights"):
+        ie_lab.capture(lm, "the a", [f"expert_indices.{L}"])
+    assert ie_lab.capture(lm, "the a", [f"expert_weights.{L}"])[f"expert_weights.{L}"].shape[-1] == lm.facts.n_experts
 
 
 @pytest.mark.parametrize("model_type", ["llama4_text", "mixtral", "qwen2_moe", "olmoe"])

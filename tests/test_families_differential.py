@@ -1,8 +1,9 @@
 """Differential attention (DiffLlama, issue 20 item 2): each layer calls the attention kernel twice with the same
 queries and keys, once per half of the values, and combines the outputs as out1 - lambda * out2 (head pairs), then a
 norm, before o_proj. The binder measures the two calls: z is o_proj's input, value is v_proj's output, and the pattern
-points are refused, since no single pattern mixed the values into z. The model's own softmax maps, combined as the
-module combines them, reproduce the captured z; one map times the value (what attn_probs @ value would be) does not.
+points are the one pattern per head both calls share (tests/test_points_refused_served.py checks them against q·k
+rebuilt from the weights). The model's own softmax maps, combined as the module combines them, reproduce the captured
+z; one map times the value (what attn_probs @ value is on ordinary attention) does not.
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ def test_z_is_the_two_maps_combined_and_not_one_map_times_the_value(eager):
         assert not torch.allclose(single, c["z.0"], **TOL)
 
 
-@pytest.mark.parametrize("point", ["attn_probs", "attn_scores"])
-def test_pattern_points_are_refused_naming_the_two_calls(eager, point):
-    with pytest.raises(ie_lab.CapabilityUnsupported, match="differential attention"):
-        ie_lab.capture(eager, X, [f"{point}.1"])
+def test_pattern_points_are_the_maps_both_calls_share(eager):
+    c = ie_lab.capture(eager, X, ["attn_probs.1", "attn_scores.1"])
+    with torch.no_grad():
+        maps = eager.hf(input_ids=X, output_attentions=True).attentions[1]  # the first call's, as the module returns
+    torch.testing.assert_close(c["attn_probs.1"], maps, **TOL)
+    torch.testing.assert_close(torch.softmax(c["attn_scores.1"], -1), maps, **TOL)
 
 
 def test_written_z_flows_through_o_proj(eager):

@@ -110,9 +110,10 @@ def test_attention_rows_and_scores(family):
         else:
             torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]), **TOL)
         assert torch.all(probs.triu(1) == 0), "causal: no query may attend to a later key"
-        if lm.binding.layers[L].uses_attention_interface:
+        lb = lm.binding.layers[L]
+        if lb.uses_attention_interface or lb.scores_divisor is not None:  # GPT-J: read at its own attention step
             scores = ie_lab.capture(lm, x, [f"attn_scores.{L}"])[f"attn_scores.{L}"]
-            if not lm.binding.layers[L].attn_sinks:
+            if not lb.attn_sinks:
                 torch.testing.assert_close(torch.softmax(scores, -1), probs, **TOL)
         else:
             with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs"):

@@ -7,6 +7,12 @@ that calls the original unchanged and then hands the call's tensors to the liste
 that attention module. Modules nobody listens to pass straight through, so concurrent models are not
 affected, and the registry is restored exactly when the last listener leaves.
 
+Families that compute attention inside their own module (GPT-J before transformers 5.24, CodeGen) never reach the
+registry; their module runs its own attention step, ``_attn(query, key, value, attention_mask)``, handed the
+post-rotary q and k and returning (output, probabilities). ``listening(..., steps=modules)`` wraps that step on those
+module instances for the duration, the same way: the original runs unchanged, then the listener gets the call (its
+implementation is STEP). The instance attribute is removed again when the listening ends.
+
 Part of the structure layer, not of a backend: the binder's probe forward listens through it to learn which
 attention modules go through transformers' interface, and the eager taps read q, k, v through it.
 """
@@ -28,6 +34,11 @@ _lock = threading.RLock()
 _installed: dict[str, Any] = {}  # key -> original value in the global mapping (or _MISSING)
 _listeners: dict[int, Callable[[nn.Module, "AttentionCall"], None]] = {}
 _depth = 0
+# The attention step a module computing attention itself runs (see the module docstring), and the implementation
+# name its calls carry.
+STEP_METHOD = "_attn"
+STEP = "module step"
+_steps: dict[int, tuple[nn.Module, Any]] = {}  # module id -> (module, its instance attribute before, or _MISSING)
 
 
 @dataclass
@@ -81,6 +92,39 @@ def _wrap(key: str, original: Any) -> Callable:
     return ie_lab_attention_tap
 
 
+def has_step(module: nn.Module) -> bool:
+    """Whether the module has an attention step of its own to listen on."""
+    return callable(getattr(module, STEP_METHOD, None))
+
+
+def _wrap_step(module: nn.Module) -> None:
+    original = getattr(module, STEP_METHOD)  # the bound method (or whatever the instance holds)
+
+    def ie_lab_attention_step(*args, **kwargs):
+        out = original(*args, **kwargs)
+        listener = _listeners.get(id(module))
+        # a step of another shape than (query, key, value, attention_mask) passes through unheard
+        if listener is not None and len(args) >= 3 and all(isinstance(t, torch.Tensor) for t in args[:3]):
+            mask = args[3] if len(args) > 3 else kwargs.get("attention_mask")
+            output, weights = (out[0], out[1]) if isinstance(out, tuple) else (out, None)
+            listener(module, AttentionCall(*args[:3], mask, dict(kwargs), output, weights, STEP))
+        return out
+
+    _steps[id(module)] = (module, module.__dict__.get(STEP_METHOD, _MISSING))
+    module.__dict__[STEP_METHOD] = ie_lab_attention_step  # an instance attribute: this module only
+
+
+def _unwrap_step(key: int) -> None:
+    entry = _steps.pop(key, None)
+    if entry is None:  # its wrapping never happened (listening failed while placing the wrappers)
+        return
+    module, before = entry
+    if before is _MISSING:
+        module.__dict__.pop(STEP_METHOD, None)
+    else:
+        module.__dict__[STEP_METHOD] = before
+
+
 def _install() -> None:
     mapping = _interface_class()._global_mapping
     keys = set(mapping) | {"eager"}
@@ -105,8 +149,11 @@ def is_installed() -> bool:
 
 
 @contextlib.contextmanager
-def listening(listeners: dict[int, Callable[[nn.Module, AttentionCall], None]]) -> Iterator[None]:
-    """Route attention calls of the given modules (by id) to their listeners for the duration."""
+def listening(
+    listeners: dict[int, Callable[[nn.Module, AttentionCall], None]], steps: tuple[nn.Module, ...] = ()
+) -> Iterator[None]:
+    """Route attention calls of the given modules (by id) to their listeners for the duration; the modules in steps
+    (each one with a listener) are also listened on at their own attention step."""
     global _depth
     with _lock:
         clash = set(listeners) & set(_listeners)
@@ -119,10 +166,16 @@ def listening(listeners: dict[int, Callable[[nn.Module, AttentionCall], None]]) 
             _install()
         _depth += 1
         _listeners.update(listeners)
+        wrapped = [id(m) for m in steps if id(m) in listeners and id(m) not in _steps and has_step(m)]
+        for m in steps:
+            if id(m) in wrapped:
+                _wrap_step(m)
     try:
         yield
     finally:
         with _lock:
+            for k in wrapped:
+                _unwrap_step(k)
             for k in listeners:
                 _listeners.pop(k, None)
             _depth -= 1

@@ -38,10 +38,11 @@ from .measure_attention import (
     measure_fused_layout,
     measure_kv_sources,
     measure_latents,
+    measure_step_divisor,
     split_fused_qkv,
     weights_explain_output,
 )
-from .measure_mlp import measure_router_output, routing_in_args
+from .measure_mlp import measure_router_output, measure_router_weights, routing_in_args
 from .measure_residual import classify_layer, measure_head_input_scale, measure_stream_scales
 from .measured_notes import measured_quirks
 from .nominate import nominate
@@ -137,23 +138,40 @@ def _probe(model: nn.Module, binding: Binding, rec: Recorder, **kwargs: Any) -> 
     weights_ok = rec.kernel_weights_ok = {}
     calls = rec.kernel_calls = {}
     keys = rec.kernel_keys = {}
+    first_qk: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    same_qk = rec.kernel_same_qk = {}
+    steps = rec.step_calls = {}
 
     def listener(module, call):
+        if call.implementation == attention_tap.STEP:  # the module's own attention step, not the registry
+            steps.setdefault(id(module), call)
+            return
         seen.add(id(module))
         calls[id(module)] = calls.get(id(module), 0) + 1
         kernel_out.setdefault(id(module), call.output.detach().clone())
         keys.setdefault(id(module), call.key.detach().clone())
+        q, k = first_qk.setdefault(id(module), (call.query.detach().clone(), call.key.detach().clone()))
+        same_qk[id(module)] = same_qk.get(id(module), True) and _equal(q, call.query) and _equal(k, call.key)
         if id(module) not in weights_ok:
             weights_ok[id(module)] = weights_explain_output(call)
 
+    attns = tuple(lb.attn for lb in binding.layers if not lb.mixer_kind and not lb.mlp_only)
     try:
-        with _eval_mode(model), rec, attention_tap.listening({id(lb.attn): listener for lb in binding.layers}):
+        with (
+            _eval_mode(model),
+            rec,
+            attention_tap.listening({id(lb.attn): listener for lb in binding.layers}, steps=attns),
+        ):
             model(input_ids=ids, use_cache=False, **kwargs)
     except StructureError:
         raise
     except Exception as e:
         raise StructureError(f"{binding.family}: the probe forward failed ({type(e).__name__}: {e}).") from e
     return seen
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a, b.detach())
 
 
 @torch.no_grad()
@@ -248,10 +266,15 @@ def _measure(model: nn.Module, binding: Binding) -> None:
             lb.router_output = measure_router_output(
                 lb.router, rec.inputs.get(id(lb.router)), rec.outputs.get(id(lb.router)), binding.facts.n_experts
             )
+            if not lb.routing_args and lb.experts is not None:
+                f = binding.facts
+                lb.router_weights_output = measure_router_weights(lb, rec, f.n_experts, f.experts_per_token)
         lb.kernel_calls = rec.kernel_calls.get(id(lb.attn), 1)
         if lb.uses_attention_interface and lb.kernel_calls > 1:
             # differential attention: z is o_proj's input whatever the calls computed, the value is v_proj's output
-            # (each call sees one half of it), and the pattern points are refused (eager/taps.py says why)
+            # (each call sees one half of it); the pattern points are served where every call was handed the same q
+            # and k (one pattern per head, eager/sites.py reads the first call of each forward), refused otherwise
+            lb.kernel_same_qk = rec.kernel_same_qk.get(id(lb.attn), False)
             if lb.v_proj is None:
                 raise StructureError(
                     f"{binding.family} layer {lb.index}: the attention calls the kernel {lb.kernel_calls} times per "
@@ -261,6 +284,8 @@ def _measure(model: nn.Module, binding: Binding) -> None:
         elif lb.uses_attention_interface:
             lb.kernel_weights_ok = rec.kernel_weights_ok.get(id(lb.attn), True)
             check_kernel_feeds_o_proj(lb, rec, binding.family, binding.facts.n_heads)
+        elif not lb.mixer_kind and not lb.mlp_only:
+            lb.scores_divisor = measure_step_divisor(lb.attn, rec.step_calls.get(id(lb.attn)))
         classify_layer(lb, rec, binding.facts, binding.family)
         if not lb.mixer_kind:
             measure_latents(lb, rec, binding.facts)

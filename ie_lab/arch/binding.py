@@ -60,11 +60,22 @@ class LayerBinding:
     # tensor is n_experts wide; its index where several are (Llama 4 returns its top-k sigmoid scores first and the
     # logits second); -1 where several are and none is the router's own linear map of its input.
     router_output: int | None = None
+    # Which of the router's returned tensors is the dense routing weights, where the experts module is not called
+    # with them (Llama 4), measured (measure_router_weights): expert_weights is read there. None elsewhere.
+    router_weights_output: int | None = None
     kernel_weights_ok: bool = True  # the kernel's returned weights are the pattern that mixed the values, measured
     # How many times the attention module calls the kernel per forward, measured: more than one is differential
     # attention (DiffLlama: two calls, one per half of the values, combined as out1 - lambda * out2 and normed before
-    # o_proj). There z is o_proj's input and value v_proj's output, and no single pattern mixed the values into z.
+    # o_proj). There z is o_proj's input and value v_proj's output, and attn_probs @ value is not z.
     kernel_calls: int = 1
+    # With several calls: whether every call was handed the same q and k (DiffLlama's two calls are), measured. Each
+    # head then has one pattern, which both calls applied (to one half of the values each): attn_scores / attn_probs
+    # are read from each forward's first call. Not so: the pattern points are refused.
+    kernel_same_qk: bool = False
+    # A module that computes attention itself (not through the registry) in its own attention step (GPT-J before
+    # transformers 5.24, CodeGen): what that step divides q·kᵀ by, measured (measure_step_divisor); attn_scores is
+    # rebuilt from the q and k the step receives. None: not such a module, or the probe did not confirm it.
+    scores_divisor: float | None = None
     attn_gate: nn.Module | None = None  # the module whose output gates the kernel's output before o_proj
     attn_gate_view: str = "full"  # "full" | "per_head" (one gate per head) | "per_head_half" (2nd half per head)
     attn_gate_fn: str = "sigmoid"  # "sigmoid" | "softplus"

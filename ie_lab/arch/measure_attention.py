@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import StructureError
+from ..ops.attention import divided_scores
 from .binding import Binding, LayerBinding
 from .config_facts import ArchFacts
 from .recorder import PROBE_LEN, Recorder, close, same
@@ -148,6 +149,31 @@ def weights_explain_output(call: Any) -> bool:
     v = v.repeat_interleave(w.shape[1] // v.shape[1], dim=1)
     z = (w.float() @ v.float()).transpose(1, 2)
     return close(z.reshape(out.shape), out.float(), 1e-4) if z.numel() == out.numel() else True
+
+
+# What a module computing attention in its own step (arch.attention_tap.STEP) divides q·kᵀ by, where it says: GPT-J's
+# and CodeGen's scale_attn, sqrt(head_dim). Read off the module, then kept only if the probe's probabilities agree.
+STEP_DIVISOR_ATTR = "scale_attn"
+
+
+def measure_step_divisor(attn: nn.Module, call: Any) -> float | None:
+    """The divisor of q·kᵀ in the module's own attention step, where the probe saw that step run: kept only if the
+    softmax of the scores so divided and masked is the probabilities the step returned, and those probabilities
+    times its values its output. attn_scores is then read from the q and k that step receives (eager/sites.py);
+    None (refused there) otherwise."""
+    div = getattr(attn, STEP_DIVISOR_ATTR, None)
+    if call is None or isinstance(div, bool) or not isinstance(div, (int, float)) or not div > 0:
+        return None
+    w, v, out = call.weights, call.value, call.output
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (w, v, out)) or w.shape[-1] != v.shape[2]:
+        return None
+    try:
+        mixed = w.float() @ v.float().repeat_interleave(w.shape[1] // v.shape[1], dim=1)  # the step's [b, H, q, d]
+        probs = torch.softmax(divided_scores(call.query, call.key, float(div), call.attention_mask), dim=-1)
+    except RuntimeError:  # shapes that do not combine: not the step described above
+        return None
+    ok = close(mixed, out.float(), 1e-4) and probs.shape == w.shape and close(probs, w.float(), 1e-5)
+    return float(div) if ok else None
 
 
 def check_kernel_feeds_o_proj(lb: LayerBinding, rec: Recorder, family: str, n_heads: int = 0) -> None:

@@ -59,6 +59,31 @@ def measure_router_output(router: nn.Module, x: torch.Tensor | None, out: Any, n
     return match[0] if len(match) == 1 else -1
 
 
+def measure_router_weights(lb: LayerBinding, rec: Recorder, n_experts: int, top_k: int | None) -> int | None:
+    """Which of the router's returned tensors is the dense routing weights, where the experts module is not handed
+    (indices, weights) but the router returns them dense (Llama 4: its top-k sigmoid scores scattered into zeros,
+    beside its logits). Kept only if, on the probe forward, that tensor is nonzero exactly at each token's top-k
+    logits and the experts module read every token once per expert, scaled by that expert's column of it (the
+    weight applied to the expert's input); None otherwise (expert_weights is then refused)."""
+    out, x, routed = rec.outputs.get(id(lb.router)), rec.inp(lb.router), rec.inp(lb.experts)
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    i_logits = lb.router_output
+    if not top_k or x is None or routed is None or i_logits is None or i_logits < 0:
+        return None
+    logits = items[i_logits].reshape(-1, n_experts)
+    x = x.reshape(-1, x.shape[-1])
+    picked = torch.zeros_like(logits, dtype=torch.bool).scatter(1, logits.topk(top_k, dim=-1).indices, True)
+    for i, t in enumerate(items):
+        if i == i_logits or not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.shape[-1] != n_experts:
+            continue
+        w = t.reshape(-1, n_experts)
+        if w.shape != logits.shape or not torch.equal(w != 0, picked) or routed.numel() != n_experts * x.numel():
+            continue
+        if close(routed.reshape(n_experts, *x.shape), w.T.unsqueeze(-1) * x.unsqueeze(0), 1e-5):
+            return i
+    return None
+
+
 def measure_mlp_out_gate(lb: LayerBinding, rec: Recorder, d_out: torch.Tensor | None, m_out: torch.Tensor) -> bool:
     """Whether the MLP module's output is its down projection's output times the nominated gate's activated output
     (RWKV's channel mix: receptance); sets the activation that does it."""

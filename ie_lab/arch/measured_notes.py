@@ -53,4 +53,15 @@ def measured_quirks(binding: Binding) -> list[str]:
             "its projections (a token shift): mlp_pre, mlp_act and mlp_out at position t depend on mlp_in at t-1 "
             "and t, so writing mlp_in at t also moves the MLP at t+1."
         )
+    twice = [lb.index for lb in binding.layers if lb.kernel_calls > 1 and lb.kernel_same_qk]
+    if twice:
+        half = binding.facts.n_heads // 2
+        notes.append(
+            f"the attention on {_layers_text(twice, n)} calls its kernel {binding.layers[twice[0]].kernel_calls} "
+            "times with the same queries and keys, once per half of the values (differential attention): "
+            "attn_scores and attn_probs are the one pattern per head all calls share, and the layer then combines "
+            f"head j's output with head j + {half}'s as out_j - lambda * out_(j+{half}) and normalises it before "
+            "o_proj, so z there is not attn_probs @ value (the differential map of pair j is attn_probs[:, j] - "
+            f"lambda * attn_probs[:, j + {half}], lambda read from the layer's lambda parameters)."
+        )
     return notes

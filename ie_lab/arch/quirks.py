@@ -161,6 +161,13 @@ ATTENTION_IN_MODULE = frozenset(
     | ({"falcon"} if _transformers_below(5, 25) else set())
 )
 
+# Of ATTENTION_IN_MODULE, the families whose module computes attention in an attention step of its own, _attn(query,
+# key, value, attention_mask), dividing q·kᵀ by the module's scale_attn: eager reads their pre-softmax scores from the
+# q and k that step receives (the binder measures it per layer on a live model, LayerBinding.scores_divisor, and
+# tests/test_points_refused_served.py holds this set to that measurement); config-only callers (the mappers) read this.
+# CodeGen computes attention the same way on transformers 5.19, but the mappers do not answer for it (not measured).
+SCORES_AT_ATTENTION_STEP = frozenset({"gptj"} if _transformers_below(5, 24) else set())
+
 # Families whose block structure the binder has measured on a real model (tests/test_arch_facts.py checks the
 # structural entries above against that measurement; tests/test_mappers.py this list and ATTENTION_IN_MODULE).
 # Config-only callers given just a family name (the mappers) answer only for these: for any other family the

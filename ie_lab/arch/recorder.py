@@ -112,6 +112,9 @@ class Recorder:
     kernel_weights_ok: dict[int, bool]  # attention module id -> its returned weights times value give its output
     kernel_calls: dict[int, int]  # attention module id -> how many kernel calls it made in the probe forward
     kernel_keys: dict[int, torch.Tensor]  # attention module id -> the keys its first kernel call was handed
+    # attention module id -> whether every kernel call of the probe forward was handed the first call's q and k
+    kernel_same_qk: dict[int, bool]
+    step_calls: dict[int, Any]  # attention module id -> the first call of its own attention step (attention_tap.STEP)
 
     def __enter__(self) -> "Recorder":
         self.args = {}

@@ -22,8 +22,10 @@ def attention(model: Any, prompt: Any, layers: Sequence[int] | None = None) -> A
     ids, _ = prepare(lm, prompt)
     if ids.shape[0] != 1:
         raise CapabilityUnsupported("attention() on a batch", "the viewer shows one prompt.", "call it per prompt.")
-    # One forward: scores with probs wherever the family exposes them (its attention goes through the tap).
-    with_scores = [L for L in layers if lm.binding.layers[L].uses_attention_interface]
+    # One forward: scores with probs wherever the family exposes them (its attention goes through the tap, or its
+    # module's own attention step was measured: GPT-J, CodeGen).
+    lbs = lm.binding.layers
+    with_scores = [L for L in layers if lbs[L].uses_attention_interface or lbs[L].scores_divisor is not None]
     c = capture_batch(  # one [1, seq] tensor: one Cache, as capture() returns for it
         lm,
         ids,

@@ -21,7 +21,7 @@ from ..arch.binding import LayerBinding
 from ..arch.measure_attention import gate_values, split_fused_qkv
 from ..arch.recorder import first_tensor
 from ..errors import CapabilityUnsupported, PointAbsent
-from ..ops.attention import scores_and_probs
+from ..ops.attention import divided_scores, scores_and_probs
 from .head_results import heads_through, projection_kind
 
 # kind: "pre" reads a module's hidden input, "post" its first output ("post_raw" the whole output; "post_sum"
@@ -39,6 +39,11 @@ class Source:
     transform: Callable[..., torch.Tensor]
     needs_output_attentions: bool = False
     partner: nn.Module | None = None  # "post_sum": the module whose output the layer adds to this one's
+    # "attn": read at the module's own attention step (attention_tap.STEP), not the registry (GPT-J, CodeGen)
+    at_step: bool = False
+    # "attn": the kernel calls each forward makes (measured); the first of each forward's calls is read (DiffLlama's
+    # two calls share one pattern per head)
+    calls_per_forward: int = 1
 
 
 def _summed(lb: LayerBinding, transform: Callable[[torch.Tensor], torch.Tensor]) -> Source:
@@ -187,18 +192,23 @@ def _value(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
 
 def _attention_matrix(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
     fam = lm.binding.family
-    if lb.kernel_calls > 1:  # measured by the binder
+    if lb.kernel_calls > 1 and not lb.kernel_same_qk:  # measured by the binder
         raise CapabilityUnsupported(
             f"{name} on {fam}",
-            f"layer {addr.layer} calls the attention kernel {lb.kernel_calls} times per forward (differential "
-            "attention: each call mixes one half of the values, and the outputs are combined as out1 - lambda * "
-            "out2 and normed before o_proj), so no single attention pattern mixed the values into z.",
+            f"layer {addr.layer} calls the attention kernel {lb.kernel_calls} times per forward with different "
+            "queries or keys, and combines the calls' outputs before o_proj, so no single attention pattern per "
+            "head mixed the values into z.",
             f"capture z.{addr.layer} (o_proj's input) or value.{addr.layer} (v_proj's output).",
         )
     if lb.uses_attention_interface:
+        n = lb.kernel_calls  # differential attention (DiffLlama): every call was handed the same q and k
         if name == "attn_probs" and not lb.kernel_weights_ok:  # measured: its weights are not what mixed v
-            return Source("attn", lb.attn, _probs_rebuilt)
-        return Source("attn", lb.attn, _scores_from_call if name == "attn_scores" else _probs_from_call)
+            return Source("attn", lb.attn, _probs_rebuilt, calls_per_forward=n)
+        transform = _scores_from_call if name == "attn_scores" else _probs_from_call
+        return Source("attn", lb.attn, transform, calls_per_forward=n)
+    if name == "attn_scores" and lb.scores_divisor is not None:  # measured: the module's own step, its divisor
+        div = lb.scores_divisor
+        return Source("attn", lb.attn, lambda call, shape: _scores_at_step(call, div), at_step=True)
     if name == "attn_scores":
         raise CapabilityUnsupported(
             f"attn_scores on {fam}",
@@ -310,7 +320,11 @@ def _router_logits_site(lm: Any, lb: LayerBinding, addr: Address, name: str) -> 
 
 
 def _expert_choice(lm: Any, lb: LayerBinding, addr: Address, name: str) -> Source:
-    """expert_weights and expert_indices: densified from the experts module's routing arguments."""
+    """expert_weights and expert_indices: densified from the experts module's routing arguments, or (expert_weights)
+    read from a router that returns them dense."""
+    if not lb.routing_args and name == "expert_weights" and lb.router_weights_output is not None:
+        i = lb.router_weights_output  # measured: the router returns the dense weights the experts' input is scaled by
+        return Source("post_raw", _bound(lb.router), lambda out, shape, n: out[i].reshape(shape[0], shape[1], n))
     if not lb.routing_args:  # measured by the binder on its probe forward
         raise CapabilityUnsupported(
             name,
@@ -433,6 +447,11 @@ def _probs_from_call(call: attention_tap.AttentionCall, shape: tuple[int, int]) 
     if call.weights is not None and call.weights.dim() == 4:
         return call.weights  # the eager kernel's own probabilities
     return _recompute(call)[1].to(call.query.dtype)
+
+
+def _scores_at_step(call: attention_tap.AttentionCall, divisor: float) -> torch.Tensor:
+    # the scores the step computes in float32 before its softmax, masked entries -inf (as on every family)
+    return divided_scores(call.query, call.key, divisor, call.attention_mask).to(call.query.dtype)
 
 
 def _probs_rebuilt(call: attention_tap.AttentionCall, shape: tuple[int, int]) -> torch.Tensor:

@@ -70,6 +70,7 @@ class Taps:
         for base, src in self.sources.items():
             by_module[(id(src.module), src.kind)].append((base, src))
         listeners: dict[int, Callable] = {}
+        steps: list[Any] = []  # modules read at their own attention step (Source.at_step)
         n_experts = self.lm.facts.n_experts
         try:
             for (_, kind), items in by_module.items():
@@ -127,17 +128,22 @@ class Taps:
                     self._handles.append(hook_calls.on_output(partner, keep_partner))
                     self._handles.append(hook_calls.on_output(module, post_sum))
                 elif kind == "attn":
+                    calls = [0]  # this module's calls so far: a forward makes src.calls_per_forward of them
 
-                    def listen(mod, call, items=items):
+                    def listen(mod, call, items=items, calls=calls):
                         if not self._mine():
                             return
+                        i, calls[0] = calls[0], calls[0] + 1
                         for base, src in items:
-                            self._keep(base, src.transform(call, self.shape))
+                            if i % src.calls_per_forward == 0:
+                                self._keep(base, src.transform(call, self.shape))
 
                     listeners[id(module)] = listen
+                    if any(src.at_step for _, src in items):
+                        steps.append(module)
             self._stack = contextlib.ExitStack()
             if listeners:
-                self._stack.enter_context(attention_tap.listening(listeners))
+                self._stack.enter_context(attention_tap.listening(listeners, steps=tuple(steps)))
         except BaseException:
             self.close()
             raise

@@ -33,8 +33,8 @@ POINTS: dict[str, BackendVerdict] = {
     "k_norm_in": _OK,
     "k_norm_out": _OK,
     "value": _OK,
-    "attn_scores": BackendVerdict(Verdict.SERVED, "Read inside the attention call; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received."),
-    "attn_probs": BackendVerdict(Verdict.SERVED, "The eager kernel's own probabilities; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received."),
+    "attn_scores": BackendVerdict(Verdict.SERVED, "Read inside the attention call; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received; on GPT-J and CodeGen, which compute attention in their own module, from the q and k its attention step receives, divided as that step divides them; on differential attention (DiffLlama), the one pattern per head both kernel calls share."),
+    "attn_probs": BackendVerdict(Verdict.SERVED, "The eager kernel's own probabilities; on fused kernels (sdpa) rebuilt from the post-RoPE q and k the kernel received; on differential attention (DiffLlama), the one pattern per head both kernel calls share, before the layer combines head pairs."),
     "z": _OK,
     "attn_gate": _OK,
     "q_latent": _OK,
@@ -54,7 +54,7 @@ POINTS: dict[str, BackendVerdict] = {
     "mlp_pre_linear": _OK,
     "mlp_act": _OK,
     "router_logits": _OK,
-    "expert_weights": _OK,
+    "expert_weights": BackendVerdict(Verdict.SERVED, "Read from the routing weights the experts module is called with, or, where the router hands them out dense and the experts' input is scaled by them (Llama 4), from the router's output."),
     "expert_indices": _OK,
     "mlp_out": _OK,
     "mlp_out_post": _OK,
@@ -93,7 +93,9 @@ CAPABILITIES: dict[str, str] = {
     ),
     "points absent on a family": "refused with PointAbsent naming the reason and a substitute",
     "attn_scores on families that compute attention in their own module (Bloom, Falcon, GPT-J)": (
-        "no: the pre-softmax matrix never leaves the module"
+        "on Bloom and Falcon the pre-softmax matrix never leaves the module; GPT-J's (and CodeGen's) are served, "
+        "rebuilt from the q and k its own attention step receives, checked at load against the probabilities that "
+        "step returns"
     ),
     "attn_probs on those families running sdpa": "no: their probabilities exist only on the eager code path",
 }

@@ -82,3 +82,18 @@ def scores_and_probs(
     # A fully masked row (padding queries) gives NaN; those rows attend to nothing.
     probs = torch.nan_to_num(probs, nan=0.0)
     return scores, probs
+
+
+def divided_scores(
+    query: torch.Tensor, key: torch.Tensor, divisor: float, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Pre-softmax scores as a module that divides q·kᵀ by its own divisor in float32 computes them (GPT-J's and
+    CodeGen's attention step), masked entries -inf: [b, H, q, k] in float32.
+
+    Divided rather than multiplied by the reciprocal, as those modules do, so the allowed entries are bit for bit
+    theirs (their additive mask is zero there, whether added before or after the division)."""
+    q = query.float()
+    k = repeat_kv(key.float(), q.shape[1])
+    scores = torch.matmul(q, k.transpose(-1, -2)) / divisor
+    ok = allowed_mask(q.shape[2], k.shape[2], attention_mask, device=q.device)
+    return scores.masked_fill(~ok, float("-inf"))
