@@ -174,7 +174,9 @@ def _resolve(name: str, model: Any, engine: str, where: str, field_name: str) ->
 
     engines = ENGINES if engine == "auto" else (engine,)
     if engine != "auto" and engine not in ALL_ENGINES:
-        raise InputError(f"engine={engine!r}: 'auto' or one of {list(ALL_ENGINES)}.{did_you_mean(str(engine), ALL_ENGINES)}")
+        raise InputError(
+            f"engine={engine!r}: 'auto' or one of {list(ALL_ENGINES)}.{did_you_mean(str(engine), ALL_ENGINES)}"
+        )
     found: dict[str, Address] = {}
     errors = []
     for e in engines:
@@ -233,7 +235,9 @@ def _load_one(folder: str, model: Any, engine: str) -> Transcoder:
     name_out, _ = _hook_names(cfg, cfg_path)
     d_out = cfg.get("d_out")
     if d_out is not None and (isinstance(d_out, bool) or not isinstance(d_out, int) or d_out < 1):
-        raise refusal(cfg_path, "'d_out'", found_text(d_out), "a positive integer (W_dec's second dimension)", "Fix it.")
+        raise refusal(
+            cfg_path, "'d_out'", found_text(d_out), "a positive integer (W_dec's second dimension)", "Fix it."
+        )
     if d_out is not None and conf.d_in is not None and d_out != conf.d_in:
         raise InputError(
             f"{cfg_path}: d_in is {conf.d_in} but d_out is {d_out}: a transcoder that replaces an MLP reads and writes "
@@ -288,11 +292,15 @@ def load_transcoders(path: Any, model: Any, *, engine: str = "auto") -> Transcod
     try:
         path = os.fsdecode(os.fspath(path))
     except TypeError:
-        raise InputError(f"path={found_text(path)}: pass the path of a transcoder folder (str or pathlib.Path).") from None
+        raise InputError(
+            f"path={found_text(path)}: pass the path of a transcoder folder (str or pathlib.Path)."
+        ) from None
     if model is None:
         raise InputError("load_transcoders needs the model (a Session) to attach the transcoders to its points.")
     if not os.path.isdir(path):
-        raise InputError(f"{path!r}: not a folder; pass a SAELens transcoder folder or a folder of them (one per layer).")
+        raise InputError(
+            f"{path!r}: not a folder; pass a SAELens transcoder folder or a folder of them (one per layer)."
+        )
     if os.path.lexists(os.path.join(path, "cfg.json")):
         folders = [path]
     else:

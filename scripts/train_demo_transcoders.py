@@ -4,7 +4,7 @@
     nice -n 10 python scripts/train_demo_transcoders.py
 
 One per-layer transcoder for each of the demo model's 4 decoder layers (ie_lab.DEMO_MODEL): each reads the MLP's
-input after its norm (ie_lab's mlp_in.L, TransformerLens' blocks.L.ln2.hook_normalized) and predicts the MLP's
+input after its norm (ie_lab's mlp_in.L, TransformerLens bridge's blocks.L.mlp.hook_in) and predicts the MLP's
 output (mlp_out.L, blocks.L.hook_mlp_out), over fresh documents of the corpus the demo model was trained on
 (scripts/train_demo_model.py's DocStream, another seed than the model's training), the recipe of
 scripts/train_demo_sae.py:
@@ -176,7 +176,9 @@ def main() -> None:
     vocab = AutoTokenizer.from_pretrained(str(DEMO_MODEL)).get_vocab()
     special = {vocab[t] for t in tdm.SPECIALS}
     shares = {"repeat": 0.40, "story": 0.42, "ioi": 0.18}  # the demo model's (training_report.json)
-    train_in, train_out = activations(model, tdm.DocStream(vocab, special, shares, args.seed), args.train_rows, args.ctx)
+    train_in, train_out = activations(
+        model, tdm.DocStream(vocab, special, shares, args.seed), args.train_rows, args.ctx
+    )
     eval_in, eval_out = activations(
         model, tdm.DocStream(vocab, special, shares, args.seed + 1000), args.eval_rows, args.ctx
     )
@@ -219,7 +221,7 @@ def main() -> None:
             "hook_head_index_out": None,
             "metadata": {
                 "model_name": "ie_lab-demo",
-                "hook_name": f"blocks.{L}.ln2.hook_normalized",
+                "hook_name": f"blocks.{L}.mlp.hook_in",  # TransformerLens bridge; TL's ln2.hook_normalized is before the gain
                 "hook_head_index": None,
                 "prepend_bos": True,
                 "context_size": args.ctx,

@@ -62,9 +62,15 @@ def attribution_graph(
     for name, v, lo in (("max_logits", max_logits, 1), ("batch_size", batch_size, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise InputError(f"{name} must be an integer >= {lo}, got {shown_value(v)}.")
-    if max_features is not None and (isinstance(max_features, bool) or not isinstance(max_features, int) or max_features < 0):
+    if max_features is not None and (
+        isinstance(max_features, bool) or not isinstance(max_features, int) or max_features < 0
+    ):
         raise InputError(f"max_features must be None or an integer >= 0, got {shown_value(max_features)}.")
-    if isinstance(desired_logit_prob, bool) or not isinstance(desired_logit_prob, (int, float)) or not 0 < desired_logit_prob <= 1:
+    if (
+        isinstance(desired_logit_prob, bool)
+        or not isinstance(desired_logit_prob, (int, float))
+        or not 0 < desired_logit_prob <= 1
+    ):
         raise InputError(f"desired_logit_prob must be a probability in (0, 1], got {shown_value(desired_logit_prob)}.")
     graph = build_graph(model, prompt, transcoders, max_logits, float(desired_logit_prob), max_features, batch_size)
     worst = float(completeness(graph).max()) if len(graph.nodes) else 0.0
@@ -93,13 +99,11 @@ def completeness(graph: Graph) -> torch.Tensor:
 
 
 def _check_model(lm: Any, transcoders: Any) -> dict[int, Any]:
-    from ..transcoders import Transcoders
-
     b, f = lm.binding, lm.facts
-    if not isinstance(transcoders, Transcoders):
-        raise InputError(
-            f"transcoders must be what ie_lab.load_transcoders returns, got {type(transcoders).__name__}."
-        )
+    if not hasattr(transcoders, "layers") or not all(
+        hasattr(t, a) for t in transcoders for a in ("W_enc", "W_dec", "address_in", "address_out", "activate")
+    ):  # duck-typed: ie_lab/transcoders.py sits above this backend
+        raise InputError(f"transcoders must be what ie_lab.load_transcoders returns, got {type(transcoders).__name__}.")
     why = None
     if f.final_logit_softcap:
         why = "its logits are soft-capped (tanh): a demeaned logit is not linear in the residual"
@@ -227,9 +231,7 @@ def build_graph(
             )
     # nodes, in the adjacency's order
     toks = _token_texts(lm, ids[0].tolist())
-    nodes = [
-        Node("feature", L, p, i, token=toks[p], activation=a, value=pre) for (L, p, i, a, pre) in feats
-    ]
+    nodes = [Node("feature", L, p, i, token=toks[p], activation=a, value=pre) for (L, p, i, a, pre) in feats]
     nodes += [Node("error", L, p, token=toks[p]) for L in range(n_layers) for p in range(S)]
     nodes += [Node("embedding", None, p, token=toks[p]) for p in range(S)]
     nodes += [Node("bias", name=n) for n in bias_names]
@@ -278,7 +280,10 @@ def _clean_run(lm: Any, ids: torch.Tensor) -> dict[str, Any]:
 
     edits = [(Address.parse("resid_pre.0"), keep("embed", None))]
     for L in range(n_layers):
-        edits += [(Address.parse(f"mlp_in.{L}"), keep("mlp_in", L)), (Address.parse(f"mlp_out.{L}"), keep("mlp_out", L))]
+        edits += [
+            (Address.parse(f"mlp_in.{L}"), keep("mlp_in", L)),
+            (Address.parse(f"mlp_out.{L}"), keep("mlp_out", L)),
+        ]
     handles = []
 
     def norm_hook(m: nn.Module, args: tuple, kwargs: dict, y: Any) -> None:
@@ -367,7 +372,10 @@ def _edges(
 
     edits = [(Address.parse("resid_pre.0"), leaf("embed", clean["embed"]))]
     for L in range(n_layers):
-        edits += [(Address.parse(f"mlp_in.{L}"), read_in(L)), (Address.parse(f"mlp_out.{L}"), leaf(L, clean["mlp_out"][L]))]
+        edits += [
+            (Address.parse(f"mlp_in.{L}"), read_in(L)),
+            (Address.parse(f"mlp_out.{L}"), leaf(L, clean["mlp_out"][L])),
+        ]
     handles = []
 
     def norm_hook(m: nn.Module, args: tuple, kwargs: dict, y: Any) -> Any:
