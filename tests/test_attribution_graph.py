@@ -6,6 +6,8 @@ hook left after an error."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -177,3 +179,29 @@ def test_the_demo_model_with_its_transcoders_is_complete():
         )
     finally:
         s.close()
+
+
+def test_the_graph_file_has_circuit_tracers_layout_and_reads_back(llama_graph, tmp_path):
+    g = llama_graph.prune(0.6, 0.9)
+    path = g.to_json(tmp_path / "g.json", slug="cat")
+    doc = json.load(open(path))
+    assert set(doc) == {"metadata", "qParams", "nodes", "links"}
+    assert {"slug", "scan", "transcoder_list", "prompt_tokens", "prompt", "node_threshold"} <= set(doc["metadata"])
+    node_fields = {"node_id", "feature", "layer", "ctx_idx", "feature_type", "token_prob", "is_target_logit", "run_idx"}
+    assert all(
+        node_fields | {"reverse_ctx_idx", "jsNodeId", "clerp", "influence", "activation"} <= set(n)
+        for n in doc["nodes"]
+    )
+    f = g.of_kind("feature")[0]
+    byid = {n["node_id"]: n for n in doc["nodes"]}
+    d = byid[f"{f.layer}_{f.index}_{f.position}"]
+    assert (d["feature_type"], d["layer"], d["ctx_idx"]) == ("cross layer transcoder", str(f.layer), f.position)
+    logits = [n for n in doc["nodes"] if n["feature_type"] == "logit"]
+    assert logits[0]["is_target_logit"] and logits[0]["layer"] == str(len(g.info["transcoder_layers"]) + 1)
+    back = ie_lab.Graph.from_json(path)
+    plain = [n for n in g.nodes if n.kind != "bias"]
+    assert [n.key for n in back.nodes] == [n.key for n in plain]
+    assert [n.value for n in back.nodes] == pytest.approx([n.value for n in plain])
+    keep = [g.index(n) for n in plain]
+    assert torch.equal(back.adjacency, g.adjacency[keep][:, keep])
+    assert back.tokens == g.tokens

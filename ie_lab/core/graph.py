@@ -170,6 +170,21 @@ class Graph:
         info = dict(self.info, pruned={"node_threshold": node_threshold, "edge_threshold": edge_threshold})
         return replace(self, nodes=nodes, adjacency=sub[alive][:, alive], info=info)
 
+    def to_json(self, path: Any, slug: str | None = None, scan: str = "ie_lab") -> str:
+        """Write the graph as circuit-tracer's create_graph_files does (the file Neuronpedia's viewer reads; bias
+        nodes left out, the viewer has none): ie_lab/core/graph_json.py. Prune first (graph.prune()) for the
+        viewer: it draws every node and edge it is given."""
+        from .graph_json import write
+
+        return write(self, path, slug, scan)
+
+    @classmethod
+    def from_json(cls, path: Any) -> Graph:
+        """A graph file (circuit-tracer's layout) read back: its nodes and edges (no bias nodes)."""
+        from .graph_json import read
+
+        return read(path)
+
     def __repr__(self) -> str:
         counts = {k: sum(1 for n in self.nodes if n.kind == k) for k in KINDS}
         edges = int((self.adjacency != 0).sum())

@@ -253,6 +253,7 @@ def build_graph(
         "target": "logit minus the mean logit over the vocabulary (demeaned), at the last position",
         "replacement": "MLPs -> transcoders + error nodes; attention patterns and norm scales frozen at this prompt",
         "transcoder_layers": sorted(by_layer),
+        "n_layers": n_layers,
         "frozen": {"norms": freeze_norms, "patterns": freeze_patterns},
     }
     return Graph(nodes, adj, ids[0].tolist(), toks, info)
