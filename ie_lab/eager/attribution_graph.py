@@ -336,6 +336,22 @@ def _bias_names(lm: Any, by_layer: dict) -> tuple[list[str], dict[str, Any]]:
     return names, rows
 
 
+def _feature_columns(feats: list) -> dict[int, tuple[torch.Tensor, ...]]:
+    """Per layer: the feature nodes' columns, positions, indices and activations, as tensors."""
+    out: dict[int, list] = {}
+    for j, (L, p, i, a, _) in enumerate(feats):
+        out.setdefault(L, []).append((j, p, i, a))
+    return {
+        L: (
+            torch.tensor([r[0] for r in rs]),
+            torch.tensor([r[1] for r in rs]),
+            torch.tensor([r[2] for r in rs]),
+            torch.tensor([r[3] for r in rs]),
+        )
+        for L, rs in out.items()
+    }
+
+
 def _edges(
     lm: Any,
     ids: torch.Tensor,
@@ -427,9 +443,10 @@ def _edges(
     rows = torch.zeros(B, len(feats) + n_layers * S + S + len(bias_names))
     # features: activation x (gradient at the MLP's output . decoder row)
     at = {L: (grads[L].float() if grads[L] is not None else None) for L in range(n_layers)}
-    for j, (L, p, i, a, _) in enumerate(feats):
+    for L, (cols, pos, idx, acts) in _feature_columns(feats).items():
         if at[L] is not None:
-            rows[:, j] = a * (at[L][:, p] @ by_layer[L].W_dec[i].to(at[L].device)).cpu()
+            per = at[L] @ by_layer[L].W_dec.to(at[L].device).T  # [B, S, d_sae]: gradient . each decoder row
+            rows[:, cols] = (per[:, pos, idx] * acts.to(per.device)).cpu()
     base = len(feats)
     for L in range(n_layers):
         if at[L] is not None:
