@@ -183,7 +183,8 @@ class Graph:
         """A graph file (circuit-tracer's layout) read back: its nodes and edges (no bias nodes)."""
         from .graph_json import read
 
-        return read(path)
+        nodes, adjacency, tokens, str_tokens, info = read(path)
+        return cls([Node(**n) for n in nodes], adjacency, tokens, str_tokens, info)
 
     def __repr__(self) -> str:
         counts = {k: sum(1 for n in self.nodes if n.kind == k) for k in KINDS}

@@ -20,14 +20,13 @@ from typing import Any
 import torch
 
 from ..errors import InputError
-from .graph import Graph, Node
 
 
 def _cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
-def _ids(graph: Graph, n_layers: int) -> list[str | None]:
+def _ids(graph: Any, n_layers: int) -> list[str | None]:
     out: list[str | None] = []
     for n in graph.nodes:
         if n.kind == "feature":
@@ -43,7 +42,7 @@ def _ids(graph: Graph, n_layers: int) -> list[str | None]:
     return out
 
 
-def write(graph: Graph, path: Any, slug: str | None = None, scan: str = "ie_lab") -> str:
+def write(graph: Any, path: Any, slug: str | None = None, scan: str = "ie_lab") -> str:
     n_layers = int(graph.info.get("n_layers", 0))
     ids = _ids(graph, n_layers)
     infl = graph.influence()
@@ -123,7 +122,10 @@ def write(graph: Graph, path: Any, slug: str | None = None, scan: str = "ie_lab"
     return out
 
 
-def read(path: Any) -> Graph:
+def read(path: Any) -> tuple[list[dict[str, Any]], torch.Tensor, list[int], list[str], dict[str, Any]]:
+    """(each node's fields, in the adjacency's order; the adjacency; the prompt's token ids; its token texts; the
+    info): core/graph.py's Graph.from_json builds the Graph (this module imports none of graph.py, which imports
+    this one)."""
     from .files import read_json
 
     doc = read_json(path, "the graph file")
@@ -133,7 +135,7 @@ def read(path: Any) -> Graph:
     extra = meta.get("ie_lab") or {}
     values = extra.get("values") or {}
     prompt_tokens = list(meta.get("prompt_tokens") or [])
-    parsed: list[tuple[tuple, Node, str]] = []
+    parsed: list[tuple[tuple, dict[str, Any], str]] = []
     tokens: dict[int, int] = {}
     n_layers = 0
     order = {"feature": 0, "error": 1, "embedding": 2, "logit": 4}
@@ -144,33 +146,33 @@ def read(path: Any) -> Graph:
             text = prompt_tokens[pos] if 0 <= pos < len(prompt_tokens) else ""
             if kind_name == "embedding":
                 tokens[pos] = int(parts[1])
-                node = Node("embedding", None, pos, token=text, value=float(values.get(nid, 0.0)))
+                node = dict(kind="embedding", position=pos, token=text, value=float(values.get(nid, 0.0)))
             elif kind_name == "mlp reconstruction error":
-                node = Node("error", int(d["layer"]), pos, token=text)
+                node = dict(kind="error", layer=int(d["layer"]), position=pos, token=text)
             elif kind_name == "logit":
                 n_layers = int(d["layer"]) - 1
                 clerp = str(d.get("clerp", ""))
                 tok_text = clerp[len('Output "') : clerp.rfind('" (p=')] if clerp.startswith('Output "') else ""
-                node = Node(
-                    "logit",
+                node = dict(
+                    kind="logit",
                     index=int(d["feature"]),
                     token=tok_text,
                     value=float(values.get(nid, 0.0)),
                     probability=float(d.get("token_prob", 0.0)),
                 )
             else:
-                node = Node(
-                    "feature",
-                    int(parts[0]),
-                    pos,
-                    int(parts[1]),
+                node = dict(
+                    kind="feature",
+                    layer=int(parts[0]),
+                    position=pos,
+                    index=int(parts[1]),
                     token=text,
                     activation=float(d.get("activation") or 0.0),
                     value=float(values.get(nid, 0.0)),
                 )
             # the adjacency's order: features, errors (by layer, position, index), embeddings, logits as written
-            key = (order[node.kind], node.layer or 0, node.position or 0, node.index or 0)
-            parsed.append(((4, 0, 0, seq) if node.kind == "logit" else key, node, nid))
+            key = (order[node["kind"]], node.get("layer") or 0, node.get("position") or 0, node.get("index") or 0)
+            parsed.append(((4, 0, 0, seq) if node["kind"] == "logit" else key, node, nid))
         parsed.sort(key=lambda x: x[0])
         index = {nid: i for i, (_, _, nid) in enumerate(parsed)}
         adj = torch.zeros(len(parsed), len(parsed))
@@ -183,4 +185,4 @@ def read(path: Any) -> Graph:
     info = dict(extra.get("info") or {})
     info["n_layers"] = n_layers
     ids = [tokens[p] for p in sorted(tokens)]
-    return Graph([n for _, n, _ in parsed], adj, ids, prompt_tokens, info)
+    return [n for _, n, _ in parsed], adj, ids, prompt_tokens, info
