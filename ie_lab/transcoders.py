@@ -148,8 +148,8 @@ class Transcoders:
         return f"Transcoders({len(self)} layers {self.layers}, {'/'.join(acts)}, d_sae {[t.d_sae for t in self]})"
 
 
-def _hook_names(cfg: dict, where: str) -> tuple[Any, Any]:
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+def _hook_name_out(cfg: dict, where: str) -> str:
+    meta: dict = cfg["metadata"] if isinstance(cfg.get("metadata"), dict) else {}
     out = [v for v in (cfg.get("hook_name_out"), meta.get("hook_name_out")) if v is not None]
     if len(set(map(str, out))) > 1:
         raise InputError(
@@ -165,7 +165,7 @@ def _hook_names(cfg: dict, where: str) -> tuple[Any, Any]:
         raise refusal(
             where, "'hook_name_out'", found_text(out[0]), "a hook name such as 'blocks.3.hook_mlp_out'", "Write it."
         )
-    return out[0], None
+    return out[0]
 
 
 def _resolve(name: str, model: Any, engine: str, where: str, field_name: str) -> Address:
@@ -232,7 +232,7 @@ def _load_one(folder: str, model: Any, engine: str) -> Transcoder:
     conf = read_config(as_sae, cfg_path, False)
     if conf.hook_name is None:
         raise InputError(f"{cfg_path}: no 'hook_name' (the point the transcoder reads, e.g. 'blocks.3.mlp.hook_in').")
-    name_out, _ = _hook_names(cfg, cfg_path)
+    name_out = _hook_name_out(cfg, cfg_path)
     d_out = cfg.get("d_out")
     if d_out is not None and (isinstance(d_out, bool) or not isinstance(d_out, int) or d_out < 1):
         raise refusal(

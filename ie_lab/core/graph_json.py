@@ -171,7 +171,7 @@ def read(path: Any) -> tuple[list[dict[str, Any]], torch.Tensor, list[int], list
                     value=float(values.get(nid, 0.0)),
                 )
             # the adjacency's order: features, errors (by layer, position, index), embeddings, logits as written
-            key = (order[node["kind"]], node.get("layer") or 0, node.get("position") or 0, node.get("index") or 0)
+            key = (order[str(node["kind"])], node.get("layer") or 0, node.get("position") or 0, node.get("index") or 0)
             parsed.append(((4, 0, 0, seq) if node["kind"] == "logit" else key, node, nid))
         parsed.sort(key=lambda x: x[0])
         index = {nid: i for i, (_, _, nid) in enumerate(parsed)}

@@ -294,7 +294,7 @@ def _clean_run(lm: Any, ids: torch.Tensor) -> dict[str, Any]:
         for m in _norm_modules(lm):
             handles.append(m.register_forward_hook(norm_hook, with_kwargs=True))
         with Writers(lm, edits) as w:
-            w.shape = tuple(ids.shape)
+            w.shape = (int(ids.shape[0]), int(ids.shape[1]))
             logits = lm.hf(input_ids=ids, use_cache=False).logits
     finally:
         for h in handles:
@@ -437,20 +437,20 @@ def _edges(
                 _, L, p, i = tgt
                 W = by_layer[L].W_enc[:, i].to(live_in[L].device)
                 total = total + live_in[L][b, p].float() @ W
-        keys = ["embed"] + list(range(n_layers)) + [n for n in bias_names if n in outs]
-        tensors = [leaves[k] for k in keys[: 1 + n_layers]] + [outs[n] for n in keys[1 + n_layers :]]
+        names = [n for n in bias_names if n in outs]
+        keys: list[Any] = ["embed", *range(n_layers), *names]
+        tensors = [leaves["embed"]] + [leaves[L] for L in range(n_layers)] + [outs[n] for n in names]
         grads = dict(zip(keys, torch.autograd.grad(total, tensors, allow_unused=True)))
     rows = torch.zeros(B, len(feats) + n_layers * S + S + len(bias_names))
     # features: activation x (gradient at the MLP's output . decoder row)
-    at = {L: (grads[L].float() if grads[L] is not None else None) for L in range(n_layers)}
+    at = {L: grads[L].float() for L in range(n_layers) if grads[L] is not None}
     for L, (cols, pos, idx, acts) in _feature_columns(feats).items():
-        if at[L] is not None:
+        if L in at:
             per = at[L] @ by_layer[L].W_dec.to(at[L].device).T  # [B, S, d_sae]: gradient . each decoder row
             rows[:, cols] = (per[:, pos, idx] * acts.to(per.device)).cpu()
     base = len(feats)
-    for L in range(n_layers):
-        if at[L] is not None:
-            rows[:, base + L * S : base + (L + 1) * S] = (at[L] * errors[L].to(at[L].device)).sum(-1).cpu()
+    for L, gl in at.items():
+        rows[:, base + L * S : base + (L + 1) * S] = (gl * errors[L].to(gl.device)).sum(-1).cpu()
     base += n_layers * S
     g = grads["embed"]
     if g is not None:
@@ -460,7 +460,7 @@ def _edges(
         col = base + k
         if name.startswith("transcoder."):
             L = int(name.split(".")[1])
-            if name.endswith("b_dec") and at[L] is not None:
+            if name.endswith("b_dec") and L in at:
                 rows[:, col] = (at[L].sum(1) @ by_layer[L].b_dec.to(at[L].device)).cpu()
             elif name.endswith("b_enc"):
                 for b, tgt in enumerate(chunk):
