@@ -1,5 +1,6 @@
 """ie_lab.attribution_graph: completeness (every feature's and logit's incoming edges sum to its value) on tiny Llama
-(no biases) and GPT-2 (LayerNorm and attention biases) with random transcoders and on the demo model with its
+(no biases), GPT-2 (LayerNorm and attention biases) and OLMo 2 (transcoders predicting the MLP after its post-norm)
+with random transcoders and on the demo model with its
 shipped transcoders; the check's teeth (an unfrozen norm or pattern, one perturbed edge); one edge against an
 independent hand-written forward with the recorded patterns and norm scales; the graph's lookups and pruning; no
 hook left after an error."""
@@ -32,7 +33,7 @@ def llama_graph(llama):
     return ie_lab.attribution_graph(lm, PROMPT, tcs, batch_size=48)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "olmo2"])
 def test_every_row_sums_to_its_value_and_unfrozen_edges_do_not(family, tmp_path, llama, llama_graph):
     if family == "llama":
         (lm, tcs), g = llama, llama_graph
@@ -41,8 +42,11 @@ def test_every_row_sums_to_its_value_and_unfrozen_edges_do_not(family, tmp_path,
         root = write_transcoders(str(tmp_path), lm.facts.d_model, list(range(lm.facts.n_layers)))
         tcs = ie_lab.load_transcoders(root, lm)
         g = ie_lab.attribution_graph(lm, PROMPT, tcs, batch_size=64)
-        assert any(n.name.endswith("ln_1.bias") for n in g.of_kind("bias"))  # LayerNorm biases are nodes
-        assert any(n.name.endswith("c_proj.bias") and ".attn." in n.name for n in g.of_kind("bias"))
+        if family == "gpt2":
+            assert any(n.name.endswith("ln_1.bias") for n in g.of_kind("bias"))  # LayerNorm biases are nodes
+            assert any(n.name.endswith("c_proj.bias") and ".attn." in n.name for n in g.of_kind("bias"))
+        else:  # OLMo 2's hook_mlp_out is the MLP after its post-norm: the transcoder replaces both
+            assert tcs[0].address_out == ie_lab.Address.parse("mlp_out_post.0")
     feats = g.of_kind("feature")
     assert len(feats) > 20 and len(g.of_kind("logit")) >= 1
     assert float(completeness(g).max()) < 1e-3

@@ -99,6 +99,12 @@ def completeness(graph: Graph) -> torch.Tensor:
 
 
 def _check_model(lm: Any, transcoders: Any) -> dict[int, Any]:
+    if getattr(lm, "binding", None) is None or getattr(lm, "hf", None) is None:
+        raise CapabilityUnsupported(
+            "attribution_graph",
+            f"it runs the model's forward and backward in this process (the eager backend); this is {type(lm).__name__}",
+            "open the model with ie_lab.Session(path) (eager) or ie_lab.load(path)",
+        )
     b, f = lm.binding, lm.facts
     if not hasattr(transcoders, "layers") or not all(
         hasattr(t, a) for t in transcoders for a in ("W_enc", "W_dec", "address_in", "address_out", "activate")
@@ -127,15 +133,12 @@ def _check_model(lm: Any, transcoders: Any) -> dict[int, Any]:
     by_layer = {}
     for t in transcoders:
         L = t.layer
-        ok_out = t.address_out == Address.parse(f"mlp_out.{L}") or (
-            t.address_out == Address.parse(f"mlp_out_post.{L}")
-            and b.layers[L].post_mlp_norm is None
-            and b.layers[L].mlp_multiplier in (None, 1.0)
-        )
+        ok_out = t.address_out in (Address.parse(f"mlp_out.{L}"), Address.parse(f"mlp_out_post.{L}"))
         if t.address_in != Address.parse(f"mlp_in.{L}") or not ok_out:
             raise InputError(
                 f"the transcoder at layer {L} reads {t.address_in} and predicts {t.address_out}; an attribution graph "
-                f"replaces each MLP, so its transcoder reads mlp_in.{L} and predicts mlp_out.{L}."
+                f"replaces each MLP, so its transcoder reads mlp_in.{L} and predicts mlp_out.{L} (or mlp_out_post.{L}, "
+                "the MLP with its post-norm)."
             )
         if L >= len(b.layers):
             raise InputError(f"a transcoder at layer {L}, but the model has {len(b.layers)} layers.")
@@ -143,9 +146,12 @@ def _check_model(lm: Any, transcoders: Any) -> dict[int, Any]:
     return by_layer
 
 
-def _norm_modules(lm: Any) -> list[nn.Module]:
+def _norm_modules(lm: Any, outs: dict[int, Address]) -> list[nn.Module]:
+    """The norms whose scale is frozen: all but a post-MLP norm inside what a transcoder replaces (one that
+    predicts mlp_out_post)."""
     b = lm.binding
-    mods = [m for lb in b.layers for m in (lb.input_norm, lb.post_attn_norm, lb.pre_mlp_norm, lb.post_mlp_norm)]
+    mods = [m for lb in b.layers for m in (lb.input_norm, lb.post_attn_norm, lb.pre_mlp_norm)]
+    mods += [lb.post_mlp_norm for lb in b.layers if outs[lb.index].name != "mlp_out_post"]
     mods.append(b.final_norm)
     return [m for m in dict.fromkeys(mods) if m is not None]
 
@@ -174,13 +180,14 @@ def build_graph(
     if prepare_prompts(lm, prompt) is not None:
         raise InputError("attribution_graph reads one prompt; call it once per prompt.")
     by_layer = _check_model(lm, transcoders)
+    n_layers = len(lm.binding.layers)
+    outs = {L: by_layer[L].address_out if L in by_layer else Address.parse(f"mlp_out.{L}") for L in range(n_layers)}
     ids = prepare(lm, prompt)[0]
     if ids.shape[0] != 1:
         raise InputError(f"attribution_graph reads one prompt; got a batch of {ids.shape[0]}.")
     with lm.lock, torch.no_grad():
-        clean = _clean_run(lm, ids)
+        clean = _clean_run(lm, ids, outs)
     S = ids.shape[1]
-    n_layers = len(lm.binding.layers)
     # features, their writes, the errors
     feats: list[tuple[int, int, int, float, float]] = []  # layer, position, index, activation, pre-activation
     for L, t in by_layer.items():
@@ -222,12 +229,12 @@ def build_graph(
     n_f, n_e, n_emb = len(feats), n_layers * S, S
     n_src = n_f + n_e + n_emb + len(bias_names)
     rows = torch.zeros(len(targets), n_src)
-    frozen = _freeze(lm, clean) if freeze_norms else {}
+    frozen = _freeze(lm, clean, outs) if freeze_norms else {}
     with lm.lock:
         for start in range(0, len(targets), batch_size):
             chunk = targets[start : start + batch_size]
             rows[start : start + len(chunk)] = _edges(
-                lm, ids, chunk, clean, frozen, by_layer, feats, errors, bias_names, bias_rows, freeze_patterns
+                lm, ids, chunk, clean, frozen, by_layer, feats, errors, bias_names, bias_rows, freeze_patterns, outs
             )
     # nodes, in the adjacency's order
     toks = _token_texts(lm, ids[0].tolist())
@@ -265,7 +272,9 @@ def _token_texts(lm: Any, ids: list[int]) -> list[str]:
     return list(str_tokens(lm, torch.tensor([ids]))[0])
 
 
-def _clean_run(lm: Any, ids: torch.Tensor) -> dict[str, Any]:
+def _clean_run(lm: Any, ids: torch.Tensor, outs: dict[int, Address]) -> dict[str, Any]:
+    """The clean forward's records; "mlp_out" holds what each layer's replacement stands for (outs[L]: mlp_out.L,
+    or mlp_out_post.L where the transcoder predicts the MLP with its post-norm)."""
     n_layers = len(lm.binding.layers)
     out: dict[str, Any] = {"mlp_in": {}, "mlp_out": {}, "norm": {}}
 
@@ -283,7 +292,7 @@ def _clean_run(lm: Any, ids: torch.Tensor) -> dict[str, Any]:
     for L in range(n_layers):
         edits += [
             (Address.parse(f"mlp_in.{L}"), keep("mlp_in", L)),
-            (Address.parse(f"mlp_out.{L}"), keep("mlp_out", L)),
+            (outs[L], keep("mlp_out", L)),
         ]
     handles = []
 
@@ -291,7 +300,7 @@ def _clean_run(lm: Any, ids: torch.Tensor) -> dict[str, Any]:
         out["norm"][id(m)] = (_first_tensor(args, kwargs)[0].detach().clone(), y[0].detach().clone())
 
     try:
-        for m in _norm_modules(lm):
+        for m in _norm_modules(lm, outs):
             handles.append(m.register_forward_hook(norm_hook, with_kwargs=True))
         with Writers(lm, edits) as w:
             w.shape = (int(ids.shape[0]), int(ids.shape[1]))
@@ -303,10 +312,10 @@ def _clean_run(lm: Any, ids: torch.Tensor) -> dict[str, Any]:
     return out
 
 
-def _freeze(lm: Any, clean: dict) -> dict[int, FrozenNorm]:
+def _freeze(lm: Any, clean: dict, outs: dict[int, Address]) -> dict[int, FrozenNorm]:
     tol = 1e-4 if lm.dtype in (torch.float32, torch.float64) else 3e-2
     frozen = {}
-    for m in _norm_modules(lm):
+    for m in _norm_modules(lm, outs):
         if id(m) not in clean["norm"]:
             continue
         x, y = clean["norm"][id(m)]
@@ -364,13 +373,14 @@ def _edges(
     bias_names: list[str],
     bias_mods: dict[str, nn.Module],
     freeze_patterns: bool,
+    outs: dict[int, Address],
 ) -> torch.Tensor:
     """[len(chunk), sources]: each target's incoming edges, from one forward of len(chunk) copies and one backward."""
     B, S = len(chunk), ids.shape[1]
     n_layers = len(lm.binding.layers)
     leaves: dict[Any, torch.Tensor] = {}
     live_in: dict[int, torch.Tensor] = {}
-    outs: dict[str, torch.Tensor] = {}
+    bias_out: dict[str, torch.Tensor] = {}
 
     def leaf(kind: Any, value: torch.Tensor) -> Callable:
         def edit(t: torch.Tensor, off: int) -> torch.Tensor:
@@ -391,7 +401,7 @@ def _edges(
     for L in range(n_layers):
         edits += [
             (Address.parse(f"mlp_in.{L}"), read_in(L)),
-            (Address.parse(f"mlp_out.{L}"), leaf(L, clean["mlp_out"][L])),
+            (outs[L], leaf(L, clean["mlp_out"][L])),
         ]
     handles = []
 
@@ -406,7 +416,7 @@ def _edges(
     def bias_hook(name: str) -> Callable:
         def record(m: nn.Module, args: tuple, y: Any) -> None:
             if isinstance(y, torch.Tensor):
-                outs[name] = y
+                bias_out[name] = y
 
         return record
 
@@ -417,7 +427,7 @@ def _edges(
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
         try:
-            for m in _norm_modules(lm):
+            for m in _norm_modules(lm, outs):
                 handles.append(m.register_forward_hook(norm_hook, with_kwargs=True))
             for name, m in bias_mods.items():
                 handles.append(m.register_forward_hook(bias_hook(name)))
@@ -437,9 +447,9 @@ def _edges(
                 _, L, p, i = tgt
                 W = by_layer[L].W_enc[:, i].to(live_in[L].device)
                 total = total + live_in[L][b, p].float() @ W
-        names = [n for n in bias_names if n in outs]
+        names = [n for n in bias_names if n in bias_out]
         keys: list[Any] = ["embed", *range(n_layers), *names]
-        tensors = [leaves["embed"]] + [leaves[L] for L in range(n_layers)] + [outs[n] for n in names]
+        tensors = [leaves["embed"]] + [leaves[L] for L in range(n_layers)] + [bias_out[n] for n in names]
         grads = dict(zip(keys, torch.autograd.grad(total, tensors, allow_unused=True)))
     rows = torch.zeros(B, len(feats) + n_layers * S + S + len(bias_names))
     # features: activation x (gradient at the MLP's output . decoder row)
