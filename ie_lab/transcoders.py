@@ -201,7 +201,7 @@ def _resolve(name: str, model: Any, engine: str, where: str, field_name: str) ->
 def _refuse_other_kinds(cfg: dict, where: str) -> None:
     arch = cfg.get("architecture")
     text = arch.strip().lower() if isinstance(arch, str) else None
-    if text in ("clt", "crosslayer_transcoder", "cross_layer_transcoder") or "n_layers" in cfg and "d_out" not in cfg:
+    if text is not None and (text == "clt" or text.endswith("_clt") or "cross" in text) or "n_layers" in cfg:
         raise InputError(
             f"{where}: a cross-layer transcoder (architecture {found_text(arch)}): its features write to every later "
             "layer, and ie_lab reads per-layer transcoders only so far. Use per-layer transcoders (one folder per "

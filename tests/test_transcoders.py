@@ -65,6 +65,7 @@ def _edit_cfg(folder, **changes):
     "change,match",
     [
         ({"architecture": "clt"}, "cross-layer transcoder"),
+        ({"architecture": "jumprelu_clt", "n_layers": 2}, "cross-layer transcoder"),  # SAELens' JumpReLUCLTConfig
         ({"architecture": "skip_transcoder"}, "skip transcoder"),
         ({"architecture": "gated"}, "transcoder architectures"),
         ({"hook_name_out": None}, "no 'hook_name_out'"),
