@@ -270,6 +270,18 @@ def build_graph(
     return Graph(nodes, adj, ids[0].tolist(), toks, info)
 
 
+def _last_only(lm: Any) -> dict[str, int]:
+    """logits_to_keep=1 where the model's forward takes it: the head runs on the last position alone (a [copies,
+    positions, vocab] tensor and its gradient would dwarf the rest on a large vocabulary)."""
+    import inspect
+
+    try:
+        takes = "logits_to_keep" in inspect.signature(lm.hf.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"logits_to_keep": 1} if takes else {}
+
+
 def _token_texts(lm: Any, ids: list[int]) -> list[str]:
     if lm.tokenizer is None:
         return [str(t) for t in ids]
@@ -308,7 +320,7 @@ def _clean_run(lm: Any, ids: torch.Tensor, outs: dict[int, Address]) -> dict[str
             handles.append(m.register_forward_hook(norm_hook, with_kwargs=True))
         with Writers(lm, edits) as w:
             w.shape = (int(ids.shape[0]), int(ids.shape[1]))
-            logits = lm.hf(input_ids=ids, use_cache=False).logits
+            logits = lm.hf(input_ids=ids, use_cache=False, **_last_only(lm)).logits
     finally:
         for h in handles:
             h.remove()
@@ -438,7 +450,7 @@ def _edges(
             stack.enter_context(editing(editors))
             w = stack.enter_context(Writers(lm, edits))
             w.shape = (B, S)
-            logits = lm.hf(input_ids=ids.expand(B, -1).contiguous(), use_cache=False).logits
+            logits = lm.hf(input_ids=ids.expand(B, -1).contiguous(), use_cache=False, **_last_only(lm)).logits
         finally:
             for h in handles:
                 h.remove()
