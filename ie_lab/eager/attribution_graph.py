@@ -189,7 +189,35 @@ def build_graph(
     ids = prepare(lm, prompt)[0]
     if ids.shape[0] != 1:
         raise InputError(f"attribution_graph reads one prompt; got a batch of {ids.shape[0]}.")
-    with lm.lock, torch.no_grad():
+    with lm.lock:  # one lock over every forward: no other call's hooks or steering between the clean run and the edges
+        return _build(
+            lm,
+            ids,
+            by_layer,
+            outs,
+            max_logits,
+            desired_logit_prob,
+            max_features,
+            batch_size,
+            freeze_norms,
+            freeze_patterns,
+        )
+
+
+def _build(
+    lm: Any,
+    ids: torch.Tensor,
+    by_layer: dict[int, Any],
+    outs: dict[int, Address],
+    max_logits: int,
+    desired_logit_prob: float,
+    max_features: int | None,
+    batch_size: int,
+    freeze_norms: bool,
+    freeze_patterns: bool,
+) -> Graph:
+    n_layers = len(lm.binding.layers)
+    with torch.no_grad():
         clean = _clean_run(lm, ids, outs)
     S = ids.shape[1]
     # features, their writes, the errors
@@ -234,12 +262,11 @@ def build_graph(
     n_src = n_f + n_e + n_emb + len(bias_names)
     rows = torch.zeros(len(targets), n_src)
     frozen = _freeze(lm, clean, outs) if freeze_norms else {}
-    with lm.lock:
-        for start in range(0, len(targets), batch_size):
-            chunk = targets[start : start + batch_size]
-            rows[start : start + len(chunk)] = _edges(
-                lm, ids, chunk, clean, frozen, by_layer, feats, errors, bias_names, bias_rows, freeze_patterns, outs
-            )
+    for start in range(0, len(targets), batch_size):
+        chunk = targets[start : start + batch_size]
+        rows[start : start + len(chunk)] = _edges(
+            lm, ids, chunk, clean, frozen, by_layer, feats, errors, bias_names, bias_rows, freeze_patterns, outs
+        )
     # nodes, in the adjacency's order
     toks = _token_texts(lm, ids[0].tolist())
     nodes = [Node("feature", L, p, i, token=toks[p], activation=a, value=pre) for (L, p, i, a, pre) in feats]
