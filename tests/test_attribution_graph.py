@@ -147,6 +147,17 @@ def test_batches_max_features_lookups_and_pruning(llama, llama_graph):
         g.prune(node_threshold=0)
 
 
+def test_edges_of_another_prompt_do_not_sum_to_this_ones_values(llama, llama_graph):
+    lm, tcs = llama
+    g = llama_graph
+    other = ie_lab.attribution_graph(lm, "a dog ran to the big red tree and then", tcs)
+    common = [n for n in other.of_kind("feature") if any(m.key == n.key for m in g.of_kind("feature"))]
+    assert common
+    mine = {n.key: n for n in g.of_kind("feature")}
+    misses = [abs(sum(g.edges_into(mine[n.key]).values()) - n.value) / max(abs(n.value), 1e-3) for n in common]
+    assert max(misses) > 0.05
+
+
 def test_no_hook_is_left_after_a_failed_forward(llama, monkeypatch):
     lm, tcs = llama
     calls = []
