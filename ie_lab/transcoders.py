@@ -309,6 +309,12 @@ def load_transcoders(path: Any, model: Any, *, engine: str = "auto") -> Transcod
             for n in os.listdir(path)
             if os.path.isdir(os.path.join(path, n)) and os.path.lexists(os.path.join(path, n, "cfg.json"))
         )
+        if not folders and any(n.startswith("W_enc_") for n in os.listdir(path)):
+            raise InputError(
+                f"{path}: circuit-tracer's own layout (W_enc_<layer>.safetensors files and a config.yaml), which "
+                "ie_lab does not read yet (and cross-layer transcoders not at all so far): save each layer's "
+                "transcoder as a SAELens folder (cfg.json + sae_weights.safetensors)."
+            )
         if not folders:
             raise InputError(
                 f"{path}: no cfg.json here nor in any subfolder; a transcoder folder holds cfg.json and "

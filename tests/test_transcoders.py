@@ -102,6 +102,10 @@ def test_bad_weights_and_layouts_are_refused(lm, tmp_path):
     write_transcoders(twice, d, [0])
     with pytest.raises(ie_lab.InputError, match="both replace layer 0"):
         ie_lab.load_transcoders(twice, lm)
+    os.makedirs(tmp_path / "ct")
+    save_file({"W_enc": torch.zeros(d, 4)}, str(tmp_path / "ct" / "W_enc_0.safetensors"))
+    with pytest.raises(ie_lab.InputError, match="circuit-tracer's own layout"):
+        ie_lab.load_transcoders(str(tmp_path / "ct"), lm)
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ie_lab.InputError, match="no cfg.json"):
         ie_lab.load_transcoders(str(tmp_path / "empty"), lm)
