@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import points
 from .address import Address
 from .core import calls as _calls
-from .core.demo import DEMO_MODEL, DEMO_SAE
+from .core.demo import DEMO_MODEL, DEMO_SAE, DEMO_TRANSCODERS
 from .errors import (
     AddressError,
     ArchitectureUnsupported,
@@ -39,11 +39,14 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from . import sizing
     from .cache import Cache
     from .chat import apply_chat_template, message_spans, split_channels, to_chat
+    from .core.graph import Graph
+    from .eager.attribution_graph import attribution_graph
     from .eager.lens import fit_tuned_lens
     from .eager.patching import attribution_patch, logit_diff, run_with_patches
     from .loading import load  # an EagerModel whatever the backend: see its docstring
     from .remote.connect import connect  # a Session on a model served by `ie-lab serve`: docs/REMOTE.md
     from .session import OperationCancelled, Session, SessionClosed
+    from .transcoders import Transcoders, load_transcoders
 
 # Name -> (module, attribute; None for the module itself): the same names as the TYPE_CHECKING block above
 # (tests/test_import_contract.py holds the two equal).
@@ -54,6 +57,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "message_spans": (".chat", "message_spans"),
     "split_channels": (".chat", "split_channels"),
     "to_chat": (".chat", "to_chat"),
+    "Graph": (".core.graph", "Graph"),
+    "attribution_graph": (".eager.attribution_graph", "attribution_graph"),
     "fit_tuned_lens": (".eager.lens", "fit_tuned_lens"),
     "attribution_patch": (".eager.patching", "attribution_patch"),
     "logit_diff": (".eager.patching", "logit_diff"),
@@ -63,6 +68,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "OperationCancelled": (".session", "OperationCancelled"),
     "Session": (".session", "Session"),
     "SessionClosed": (".session", "SessionClosed"),
+    "Transcoders": (".transcoders", "Transcoders"),
+    "load_transcoders": (".transcoders", "load_transcoders"),
 }
 
 
@@ -177,6 +184,10 @@ __all__ = [
     "StructureError",
     "DEMO_MODEL",
     "DEMO_SAE",
+    "DEMO_TRANSCODERS",
+    "Graph",
+    "Transcoders",
+    "attribution_graph",
     "apply_chat_template",
     "attention",
     "attribution_patch",
@@ -202,6 +213,7 @@ __all__ = [
     "project",
     "load_sae",
     "splice",
+    "load_transcoders",
     "run_with_patches",
     "steer",
     "Session",

@@ -78,6 +78,7 @@ LAYERS = {
     "ie_lab.sae": "tools",
     "ie_lab.sae_files": "tools",
     "ie_lab.sae_release": "tools",
+    "ie_lab.transcoders": "tools",
     "ie_lab.coverage": "tools",
     "ie_lab.toy": "tools",
     "ie_lab.tiny": "tools",

@@ -28,9 +28,15 @@ HANG_S = 900
 def _expected_package_data() -> set[str]:
     """Every file the installed package reads at run time, as wheel paths (computed from the checkout)."""
     want = set()
-    for sub, pattern in (("demo_model", "*"), ("demo_sae", "*"), ("coverage_data", "*.json")):
+    for sub, pattern in (
+        ("demo_model", "*"),
+        ("demo_sae", "*"),
+        ("demo_transcoders", "*.json"),
+        ("demo_transcoders", "layer_*/*"),
+        ("coverage_data", "*.json"),
+    ):
         for p in glob.glob(os.path.join(REPO, "ie_lab", sub, pattern)):
-            want.add(f"ie_lab/{sub}/{os.path.basename(p)}")
+            want.add(f"ie_lab/{sub}/{os.path.relpath(p, os.path.join(REPO, 'ie_lab', sub))}")
     for p in glob.glob(os.path.join(REPO, "ie_lab", "static", "*")):  # the panels' bundles (widgets/build.py)
         want.add(f"ie_lab/static/{os.path.basename(p)}")
     return want
@@ -100,6 +106,7 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_panel_renders(tmp_path):
         "ie_lab/demo_model/config.json",
         "ie_lab/demo_sae/cfg.json",
         "ie_lab/demo_sae/sae_weights.safetensors",
+        "ie_lab/demo_transcoders/layer_3/sae_weights.safetensors",
         "ie_lab/static/ie_lab.css",
         "ie_lab/static/picker.js",
         "ie_lab/static/attention.js",

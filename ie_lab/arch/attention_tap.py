@@ -33,6 +33,9 @@ _MISSING = object()
 _lock = threading.RLock()
 _installed: dict[str, Any] = {}  # key -> original value in the global mapping (or _MISSING)
 _listeners: dict[int, Callable[[nn.Module, "AttentionCall"], None]] = {}
+# Editors change what one attention module's call receives (query, key, value) before the original runs: the
+# attribution graph detaches the query and key so the pattern is a constant at its run value.
+_editors: dict[int, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple]] = {}
 _depth = 0
 # The attention step a module computing attention itself runs (see the module docstring), and the implementation
 # name its calls carry.
@@ -79,6 +82,9 @@ def _eager_for(module: nn.Module) -> Callable:
 def _wrap(key: str, original: Any) -> Callable:
     def ie_lab_attention_tap(module, query, key_states, value, attention_mask, *args, **kwargs):
         fn = _eager_for(module) if original is _MISSING else original
+        editor = _editors.get(id(module))
+        if editor is not None:
+            query, key_states, value = editor(query, key_states, value)
         out = fn(module, query, key_states, value, attention_mask, *args, **kwargs)
         listener = _listeners.get(id(module))
         if listener is not None:
@@ -154,19 +160,33 @@ def listening(
 ) -> Iterator[None]:
     """Route attention calls of the given modules (by id) to their listeners for the duration; the modules in steps
     (each one with a listener) are also listened on at their own attention step."""
+    with _attached(_listeners, listeners, "listening to", steps):
+        yield
+
+
+@contextlib.contextmanager
+def editing(editors: dict[int, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple]]) -> Iterator[None]:
+    """For the duration, the given modules' (by id) attention calls receive editor(query, key, value) instead (at
+    the attention interface only: a module running its own attention step is not edited)."""
+    with _attached(_editors, editors, "editing"):
+        yield
+
+
+@contextlib.contextmanager
+def _attached(table: dict, entries: dict, what: str, steps: tuple[nn.Module, ...] = ()) -> Iterator[None]:
     global _depth
     with _lock:
-        clash = set(listeners) & set(_listeners)
+        clash = set(entries) & set(table)
         if clash:
             raise RuntimeError(
-                "another capture is already listening to this model's attention; captures on one "
-                "model are serialised, so this is a bug in the caller"
+                f"another caller is already {what} this model's attention; operations on one model are "
+                "serialised, so this is a bug in the caller"
             )
         if _depth == 0:
             _install()
         _depth += 1
-        _listeners.update(listeners)
-        wrapped = [id(m) for m in steps if id(m) in listeners and id(m) not in _steps and has_step(m)]
+        table.update(entries)
+        wrapped = [id(m) for m in steps if id(m) in entries and id(m) not in _steps and has_step(m)]
         for m in steps:
             if id(m) in wrapped:
                 _wrap_step(m)
@@ -176,8 +196,8 @@ def listening(
         with _lock:
             for k in wrapped:
                 _unwrap_step(k)
-            for k in listeners:
-                _listeners.pop(k, None)
+            for k in entries:
+                table.pop(k, None)
             _depth -= 1
             if _depth == 0:
                 _uninstall()

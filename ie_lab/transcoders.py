@@ -1,0 +1,331 @@
+"""Per-layer transcoders as users have them on disk: SAELens' transcoder folders (cfg.json and safetensors weights),
+one per layer, each reading the MLP's input after its norm (mlp_in.L) and predicting the MLP's output (mlp_out.L).
+
+``load_transcoders(path, session)`` reads one folder, or a parent folder of them (one per layer), and attaches each
+transcoder to the points its hook names mean on the model (ie_lab/mappers.py). The file checks are the SAE's
+(ie_lab/sae_files.py: every config field and tensor checked before use); what is a transcoder's own is read here:
+the architecture (SAELens' ``transcoder`` = ReLU, ``jumprelu_transcoder``, and ``topk_transcoder`` with its k), the
+output's hook name (``hook_name_out``) and width (``d_out``), and b_dec belonging to the output (never subtracted from
+the input). Skip transcoders (W_skip) and cross-layer transcoders are refused with the reason. The transcoders feed
+ie_lab.attribution_graph (docs/CIRCUITS.md); ``check`` reports each layer's reconstruction error of the MLP output.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .address import Address
+from .core.files import read_json
+from .core.projection_args import point_width
+from .errors import AddressError, InputError, did_you_mean, shown
+from .sae_files import checked_weights, found_text, load_weights, read_config, refusal, weights_file
+
+# SAELens' transcoder architectures, as the SAE architecture whose encoding each one runs.
+ARCHITECTURES = {"transcoder": "standard", "jumprelu_transcoder": "jumprelu", "topk_transcoder": "topk"}
+ENGINES = ("transformerlens", "transformerlens_bridge")  # tried in order by engine="auto"
+
+
+@dataclass
+class Transcoder:
+    """One transcoder: W_enc [d, n], b_enc [n], W_dec [n, d], b_dec [d], threshold [n] (JumpReLU), k (TopK); it
+    reads `address_in` (mlp_in.L) and predicts `address_out` (mlp_out.L)."""
+
+    W_enc: torch.Tensor
+    b_enc: torch.Tensor
+    W_dec: torch.Tensor
+    b_dec: torch.Tensor
+    activation: str  # "relu" | "jumprelu" | "topk"
+    address_in: Address
+    address_out: Address
+    threshold: torch.Tensor | None = None
+    k: int | None = None
+    source: str = ""
+    cfg: dict = field(default_factory=dict)
+
+    @property
+    def layer(self) -> int:
+        return int(self.address_in.layer)  # type: ignore[arg-type]
+
+    @property
+    def d_in(self) -> int:
+        return int(self.W_enc.shape[0])
+
+    @property
+    def d_sae(self) -> int:
+        return int(self.W_enc.shape[1])
+
+    def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., d_in] -> [..., d_sae]: x @ W_enc + b_enc (nothing subtracted from the input)."""
+        return x.float() @ self.W_enc.to(x.device) + self.b_enc.to(x.device)
+
+    def activate(self, pre: torch.Tensor) -> torch.Tensor:
+        """The activation on pre-activations: ReLU, JumpReLU (pre where pre > threshold) or TopK (the k largest,
+        ReLU'd)."""
+        if self.activation == "jumprelu":
+            assert self.threshold is not None
+            return pre * (pre > self.threshold.to(pre.device))
+        if self.activation == "topk":
+            assert self.k is not None
+            top = pre.topk(self.k, dim=-1)
+            return torch.zeros_like(pre).scatter_(-1, top.indices, torch.relu(top.values))
+        return torch.relu(pre)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activate(self.pre_activations(x))
+
+    def decode(self, f: torch.Tensor) -> torch.Tensor:
+        return f.float() @ self.W_dec.to(f.device) + self.b_dec.to(f.device)
+
+    def __repr__(self) -> str:
+        return (
+            f"Transcoder({self.activation}, d_in={self.d_in}, d_sae={self.d_sae}, {self.address_in} -> "
+            f"{self.address_out})"
+        )
+
+
+class Transcoders:
+    """The per-layer transcoders of one model, one per layer at most, in layer order (index by layer:
+    ``tcs[2]``)."""
+
+    def __init__(self, items: list[Transcoder]):
+        self._by_layer = {t.layer: t for t in sorted(items, key=lambda t: t.layer)}
+
+    def __getitem__(self, layer: int) -> Transcoder:
+        if layer not in self._by_layer:
+            raise InputError(f"no transcoder at layer {layer!r}; these cover layers {self.layers}.")
+        return self._by_layer[layer]
+
+    def __iter__(self) -> Iterator[Transcoder]:
+        return iter(self._by_layer.values())
+
+    def __len__(self) -> int:
+        return len(self._by_layer)
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self._by_layer)
+
+    def reconstruction_errors(self, session: Any, prompts: Any) -> dict[int, float]:
+        """Per layer, the fraction of the MLP output's variance the transcoder leaves unexplained over every token of
+        the prompts: |y - decode(encode(x))|^2 summed over |y - mean(y)|^2 summed (x = mlp_in.L, y = mlp_out.L, one
+        capture)."""
+        rows = [prompts] if isinstance(prompts, str) else list(prompts)
+        addrs = [a for t in self for a in (t.address_in, t.address_out)]
+        caches = [session.capture(p, addrs) for p in rows]
+        out = {}
+        for t in self:
+            x = torch.cat([c[t.address_in][0].float() for c in caches])
+            y = torch.cat([c[t.address_out][0].float() for c in caches])
+            err = (y - t.decode(t.encode(x))).pow(2).sum()
+            out[t.layer] = float(err / (y - y.mean(0)).pow(2).sum())
+        return out
+
+    def check(self, session: Any, prompts: Any, max_error: float = 0.5) -> str:
+        """Each layer's reconstruction error in words, one line per layer; a high one on known-good transcoders
+        names the likely cause (another point, another model)."""
+        lines = []
+        for layer, fvu in self.reconstruction_errors(session, prompts).items():
+            t = self[layer]
+            verdict = (
+                "fits"
+                if fvu <= max_error
+                else "does not fit: if these transcoders are known to be good, they were trained on another model or "
+                "point (check hook_name / hook_name_out)"
+            )
+            lines.append(
+                f"layer {layer}: {t.address_in} -> {t.address_out}: fraction of variance unexplained {fvu:.3f} "
+                f"({'<=' if fvu <= max_error else '>'} {max_error}): {verdict}."
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        acts = sorted({t.activation for t in self})
+        return f"Transcoders({len(self)} layers {self.layers}, {'/'.join(acts)}, d_sae {[t.d_sae for t in self]})"
+
+
+def _hook_name_out(cfg: dict, where: str) -> str:
+    meta: dict = cfg["metadata"] if isinstance(cfg.get("metadata"), dict) else {}
+    out = [v for v in (cfg.get("hook_name_out"), meta.get("hook_name_out")) if v is not None]
+    if len(set(map(str, out))) > 1:
+        raise InputError(
+            f"{where}: 'hook_name_out' is {shown(out[0])} but 'metadata.hook_name_out' is {shown(out[1])}: the config "
+            "names two output points. Keep the one the transcoder was trained to predict."
+        )
+    if not out:
+        raise InputError(
+            f"{where}: no 'hook_name_out': a transcoder's cfg.json names the point it predicts (SAELens' "
+            "hook_name_out, such as 'blocks.3.hook_mlp_out'). Add it; a folder without it is an SAE (ie_lab.load_sae)."
+        )
+    if not isinstance(out[0], str) or not out[0].strip():
+        raise refusal(
+            where, "'hook_name_out'", found_text(out[0]), "a hook name such as 'blocks.3.hook_mlp_out'", "Write it."
+        )
+    return out[0]
+
+
+def _resolve(name: str, model: Any, engine: str, where: str, field_name: str) -> Address:
+    from .mappers import ENGINES as ALL_ENGINES
+    from .mappers import from_engine
+
+    engines = ENGINES if engine == "auto" else (engine,)
+    if engine != "auto" and engine not in ALL_ENGINES:
+        raise InputError(
+            f"engine={engine!r}: 'auto' or one of {list(ALL_ENGINES)}.{did_you_mean(str(engine), ALL_ENGINES)}"
+        )
+    found: dict[str, Address] = {}
+    errors = []
+    for e in engines:
+        try:
+            found[e] = from_engine(name, model, e)
+        except (AddressError, InputError) as err:
+            errors.append(f"{e}: {err}")
+    if len({str(a) for a in found.values()}) > 1:
+        raise InputError(
+            f"{where}: {field_name} {shown(name)} means {', '.join(f'{a} in {e}' for e, a in found.items())}: pass "
+            "engine= naming the library the transcoder was trained with."
+        )
+    if not found:
+        raise AddressError(
+            f"{where}: {field_name} {shown(name)} names no ie_lab point on this model ({' / '.join(errors)}). Correct "
+            "it to the point the transcoder reads or predicts (mlp_in.L: TransformerLens bridge's blocks.L.mlp.hook_in; "
+            "mlp_out.L: blocks.L.hook_mlp_out)."
+        )
+    return next(iter(found.values()))
+
+
+def _refuse_other_kinds(cfg: dict, where: str) -> None:
+    arch = cfg.get("architecture")
+    text = arch.strip().lower() if isinstance(arch, str) else None
+    if text is not None and (text == "clt" or text.endswith("_clt") or "cross" in text) or "n_layers" in cfg:
+        raise InputError(
+            f"{where}: a cross-layer transcoder (architecture {found_text(arch)}): its features write to every later "
+            "layer, and ie_lab reads per-layer transcoders only so far. Use per-layer transcoders (one folder per "
+            "layer, architecture 'transcoder', 'jumprelu_transcoder' or 'topk_transcoder')."
+        )
+    if text == "skip_transcoder":
+        raise InputError(
+            f"{where}: a skip transcoder (W_skip: a linear path from the MLP's input to its output beside the "
+            "features): not supported yet (its skip would be an edge of its own in an attribution graph). Use a "
+            "transcoder without the skip."
+        )
+    if text not in ARCHITECTURES:
+        raise InputError(
+            f"{where}: 'architecture' is {found_text(arch)}, expected one of {sorted(ARCHITECTURES)} (SAELens' "
+            f"transcoder architectures).{did_you_mean(str(text), ARCHITECTURES)} A folder of an SAE (one point in "
+            "and out) loads with ie_lab.load_sae."
+        )
+
+
+def _load_one(folder: str, model: Any, engine: str) -> Transcoder:
+    cfg_path = os.path.join(folder, "cfg.json")
+    cfg = read_json(cfg_path, "the transcoder's config")
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path}: a SAELens cfg.json holds one JSON object, not {found_text(cfg)}.")
+    _refuse_other_kinds(cfg, cfg_path)
+    as_sae = {k: v for k, v in cfg.items() if k != "apply_b_dec_to_input"}  # a transcoder's b_dec is its output's
+    as_sae["architecture"] = ARCHITECTURES[cfg["architecture"].strip().lower()]
+    conf = read_config(as_sae, cfg_path, False)
+    if conf.hook_name is None:
+        raise InputError(f"{cfg_path}: no 'hook_name' (the point the transcoder reads, e.g. 'blocks.3.mlp.hook_in').")
+    name_out = _hook_name_out(cfg, cfg_path)
+    d_out = cfg.get("d_out")
+    if d_out is not None and (isinstance(d_out, bool) or not isinstance(d_out, int) or d_out < 1):
+        raise refusal(
+            cfg_path, "'d_out'", found_text(d_out), "a positive integer (W_dec's second dimension)", "Fix it."
+        )
+    if d_out is not None and conf.d_in is not None and d_out != conf.d_in:
+        raise InputError(
+            f"{cfg_path}: d_in is {conf.d_in} but d_out is {d_out}: a transcoder that replaces an MLP reads and writes "
+            "d_model-wide rows; this one maps between two widths, which ie_lab does not attach."
+        )
+    weights_path = weights_file(folder)
+    weights = load_weights(weights_path)
+    if "W_skip" in weights:
+        raise InputError(f"{weights_path}: a W_skip tensor (a skip transcoder): not supported yet; use one without.")
+    for need in ("W_dec",):
+        if need not in weights:
+            raise InputError(f"{weights_path}: no {need}: a transcoder needs its decoder W_dec [d_sae, d_out].")
+    w = checked_weights(weights, weights_path, conf, cfg_path)
+    lm = getattr(model, "_lm", model)
+    facts = getattr(lm, "facts", None)
+    a_in = _resolve(conf.hook_name, model, engine, cfg_path, "'hook_name'")
+    a_out = _resolve(name_out, model, engine, cfg_path, "'hook_name_out'")
+    if facts is not None:
+        a_in, a_out = a_in.check(facts), a_out.check(facts)
+        for a, label in ((a_in, "reads"), (a_out, "writes")):
+            if point_width(a, facts) != int(w["W_enc"].shape[0]):
+                raise InputError(
+                    f"{cfg_path}: the transcoder {label} {int(w['W_enc'].shape[0])}-wide rows but {a} is "
+                    f"{point_width(a, facts)} wide on this model: it was trained on another model."
+                )
+    if a_in.layer != a_out.layer:
+        raise InputError(
+            f"{cfg_path}: it reads {a_in} and predicts {a_out}, two layers: a per-layer transcoder replaces one "
+            "layer's MLP."
+        )
+    return Transcoder(
+        w["W_enc"],
+        w["b_enc"],
+        w["W_dec"],
+        w.get("b_dec", torch.zeros(w["W_dec"].shape[1])),
+        conf.activation,
+        a_in,
+        a_out,
+        w.get("threshold"),
+        conf.k if conf.activation == "topk" else None,
+        folder,
+        cfg,
+    )
+
+
+def load_transcoders(path: Any, model: Any, *, engine: str = "auto") -> Transcoders:
+    """Per-layer transcoders from a SAELens transcoder folder (cfg.json + sae_weights.safetensors) or a folder of
+    such folders (one per layer), attached to the points their hook names mean on model (a Session or a loaded
+    model). engine: the library whose hook names the configs use ('transformerlens', 'transformerlens_bridge'), or
+    'auto' (each name read in both, refused if the two disagree). Every field and tensor is checked first (the
+    SAE's checks, ie_lab/sae_files.py); a cross-layer or skip transcoder is refused with the reason."""
+    try:
+        path = os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise InputError(
+            f"path={found_text(path)}: pass the path of a transcoder folder (str or pathlib.Path)."
+        ) from None
+    if model is None:
+        raise InputError("load_transcoders needs the model (a Session) to attach the transcoders to its points.")
+    if not os.path.isdir(path):
+        raise InputError(
+            f"{path!r}: not a folder; pass a SAELens transcoder folder or a folder of them (one per layer)."
+        )
+    if os.path.lexists(os.path.join(path, "cfg.json")):
+        folders = [path]
+    else:
+        folders = sorted(
+            os.path.join(path, n)
+            for n in os.listdir(path)
+            if os.path.isdir(os.path.join(path, n)) and os.path.lexists(os.path.join(path, n, "cfg.json"))
+        )
+        if not folders and any(n.startswith("W_enc_") for n in os.listdir(path)):
+            raise InputError(
+                f"{path}: circuit-tracer's own layout (W_enc_<layer>.safetensors files and a config.yaml), which "
+                "ie_lab does not read yet (and cross-layer transcoders not at all so far): save each layer's "
+                "transcoder as a SAELens folder (cfg.json + sae_weights.safetensors)."
+            )
+        if not folders:
+            raise InputError(
+                f"{path}: no cfg.json here nor in any subfolder; a transcoder folder holds cfg.json and "
+                "sae_weights.safetensors (a parent folder: one such folder per layer)."
+            )
+    items = [_load_one(f, model, engine) for f in folders]
+    seen: dict[int, str] = {}
+    for t in items:
+        if t.layer in seen:
+            raise InputError(
+                f"{seen[t.layer]} and {t.source} both replace layer {t.layer}'s MLP: keep one transcoder per layer."
+            )
+        seen[t.layer] = t.source
+    return Transcoders(items)
