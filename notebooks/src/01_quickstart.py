@@ -45,4 +45,4 @@ print(cache)
 # %% [markdown]
 # Where to go next: `02_capture_and_cache`, `03_hook_points_picker`, `04_attention`, `05_steering_panel`,
 # `06_logit_lens`, `07_activation_patching`, `08_vllm_backend`, `09_porting_from_transformerlens_nnsight`,
-# `10_attribution_and_gradients`, and the tutorials in `../tutorials`.
+# `10_attribution_and_gradients`, `11_chat_quantized_and_more_points`, and the tutorials in `../tutorials`.
