@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from . import sizing
     from .cache import Cache
     from .chat import apply_chat_template, message_spans
+    from .corpus import Activations  # a harvest read back memory-mapped: docs/HARVEST.md
     from .eager.lens import fit_tuned_lens
     from .eager.patching import attribution_patch, logit_diff, run_with_patches
     from .loading import load  # an EagerModel whatever the backend: see its docstring
@@ -57,6 +58,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "logit_diff": (".eager.patching", "logit_diff"),
     "run_with_patches": (".eager.patching", "run_with_patches"),
     "load": (".loading", "load"),
+    "Activations": (".corpus", "Activations"),
     "connect": (".remote.connect", "connect"),
     "OperationCancelled": (".session", "OperationCancelled"),
     "Session": (".session", "Session"),
@@ -116,6 +118,7 @@ gradients = _free(_calls.Gradients)
 fit_jacobian_lens = _free(_calls.FitJacobianLens)
 mean_difference = _free(_calls.MeanDifference)
 logit_attribution = _free(_calls.LogitAttribution)
+harvest = _free(_calls.Harvest)
 
 
 def load_sae(path: Any = None, model: Any = None, **kwargs: Any):
@@ -144,6 +147,7 @@ def cheatsheet(family_or_config: Any, backend: str = "eager", layer: int | None 
 
 
 __all__ = [
+    "Activations",
     "Address",
     "AddressError",
     "ArchitectureUnsupported",
@@ -168,6 +172,7 @@ __all__ = [
     "generate",
     "generate_stream",
     "gradients",
+    "harvest",
     "load",
     "logit_attribution",
     "logit_diff",

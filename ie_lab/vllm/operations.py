@@ -145,6 +145,42 @@ class _Operations:
         check_flag("progress", call.progress)
         return self._amean_difference(call.positive, call.negative, call.address, batch_size=call.batch_size)
 
+    # ---- corpus harvest ---------------------------------------------------------------------------
+    async def _aharvest(self, call: calls.Harvest) -> Any:
+        """The harvest driver (ie_lab/corpus/run.py) over capture requests: each batch's prompts go to vLLM as
+        concurrent requests (batch_size at a time, default 64), their rows written as the requests return."""
+        from ..corpus.run import Harvester
+
+        self._refuse_in_generate_mode("harvest")
+        addrs, _ = self._work_for(call.addresses, None)  # every address checked as served before any request
+        if call.batch_size is not None and (
+            isinstance(call.batch_size, bool) or not isinstance(call.batch_size, int) or call.batch_size < 1
+        ):
+            raise InputError(
+                f"batch_size must be a positive integer (requests in flight at once), got {call.batch_size!r}."
+            )
+        h = Harvester(
+            self.lm,
+            call.texts_or_dataset,
+            addrs,
+            call.out_dir,
+            batch_size=call.batch_size or 64,
+            max_tokens_per_prompt=call.max_tokens_per_prompt,
+            text_column=call.text_column,
+            shard_rows=call.shard_rows,
+            progress=call.progress,
+        )
+        try:
+            for batch in h.batches():
+                caches = await asyncio.gather(*(self._acapture(ids, addrs) for _, ids in batch))
+                h.add(batch, [{str(a): c[a][0] for a in addrs} for c in caches])
+            return h.finish()
+        finally:
+            h.close()
+
+    def harvest(self, call: calls.Harvest) -> Any:
+        return self._aharvest(call)
+
     # ---- projection -------------------------------------------------------------------------------
     async def _aproject(
         self,

@@ -1,0 +1,57 @@
+"""harvest on the eager backend: the driver of ie_lab/corpus/run.py over the batched capture (eager/capture.py's
+right-padded forward, each prompt's own rows cut out, so padding never reaches a shard)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..address import AddressLike
+from ..core.addresses import parse_addresses
+from ..corpus import Activations
+from ..corpus.run import DEFAULT_MAX_TOKENS, DEFAULT_SHARD_ROWS, Harvester
+from .capture import _capture_many
+from .means import auto_batch_size, check_batch_size
+from .model import lm_of
+
+
+def harvest(
+    model: Any,
+    texts_or_dataset: Any,
+    addresses: AddressLike | list[AddressLike],
+    out_dir: Any,
+    *,
+    batch_size: int | None = None,
+    max_tokens_per_prompt: int | None = DEFAULT_MAX_TOKENS,
+    text_column: str = "text",
+    shard_rows: int = DEFAULT_SHARD_ROWS,
+    progress: bool = True,
+) -> Activations:
+    """Activations at `addresses` over every prompt of texts_or_dataset, written to out_dir in shards as the model
+    runs (docs/HARVEST.md); calling it again with the same arguments resumes after the last committed shard.
+
+    batch_size: prompts per forward (None: sized from ie_lab.sizing for max_tokens_per_prompt tokens a prompt);
+    max_tokens_per_prompt: a longer prompt keeps its first tokens (None: whole); shard_rows: rows buffered before
+    a shard is written and committed (a killed run loses at most these); progress: a bar counting tokens (tok/s)."""
+    lm = lm_of(model)
+    addrs = parse_addresses(lm, addresses)
+    batch_size = check_batch_size(batch_size)
+    if batch_size is None:
+        batch_size = auto_batch_size(lm, max_tokens_per_prompt or lm.facts.max_positions or 2048, len(addrs))
+    h = Harvester(
+        lm,
+        texts_or_dataset,
+        addrs,
+        out_dir,
+        batch_size=batch_size,
+        max_tokens_per_prompt=max_tokens_per_prompt,
+        text_column=text_column,
+        shard_rows=shard_rows,
+        progress=progress,
+    )
+    try:
+        for batch in h.batches():
+            caches = _capture_many(lm, [ids for _, ids in batch], addrs, False)
+            h.add(batch, [{str(a): c[a][0] for a in addrs} for c in caches])
+        return h.finish()
+    finally:
+        h.close()
