@@ -203,6 +203,62 @@ def test_bad_input_is_refused_naming_the_fix(lm, whole, tmp_path):
     assert_clean(lm)
 
 
+def _sae():
+    from ie_lab.sae import SAE
+
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(128, 48, generator=g) / 8
+    return SAE(
+        W,
+        torch.randn(48, generator=g) / 4 - 0.3,
+        None,
+        torch.randn(128, generator=g) / 10,
+        "relu",
+        address=ie_lab.Address.parse("resid_post.1"),
+    )
+
+
+def test_sae_features_are_the_projection_kept_sparse_with_each_features_top_rows(lm, tmp_path, monkeypatch):
+    from ie_lab.eager import harvest as eager_harvest
+
+    sae = _sae()
+    kw = dict(batch_size=3, shard_rows=12, progress=False, sae=sae, top_k=4)
+    acts = ie_lab.harvest(lm, TEXTS, ["resid_post.0"], tmp_path / "whole", **kw)
+    assert acts.sae["d_sae"] == 48 and acts.addresses == ["resid_post.0"]  # the SAE's point was captured, not kept
+    dense = acts.features(slice(None))
+    assert dense.shape == (len(acts), 48) and 0 < int((dense != 0).sum()) < dense.numel()
+    for i, t in enumerate(TEXTS):  # each prompt's features are s.project's scores with the SAE's encoder
+        want = ie_lab.project(lm, t, "resid_post.1", sae.encoder(), activation="relu").scores
+        assert torch.allclose(acts.features(acts.rows_of(i)), want, atol=1e-5), i
+    other = ie_lab.project(lm, TEXTS[0], "resid_post.0", sae.encoder(), activation="relu").scores
+    assert not torch.allclose(acts.features(acts.rows_of(0)), other, atol=1e-3)  # another point's fails
+    for f in (0, 7, 47):  # the kept top rows are the corpus's largest active rows of that feature
+        vals, rows = acts.top_rows(f)
+        col = dense[:, f]
+        n = min(4, int((col > 0).sum()))
+        assert len(rows) == n and torch.equal(vals, col[rows])
+        assert torch.equal(vals, col.topk(n).values)
+    # interrupted after its first shard, then resumed: the same features and top rows
+    real, calls = eager_harvest._capture_many, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(eager_harvest, "_capture_many", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ie_lab.harvest(lm, TEXTS, ["resid_post.0"], tmp_path / "resumed", **kw)
+    monkeypatch.setattr(eager_harvest, "_capture_many", real)
+    again = ie_lab.harvest(lm, TEXTS, ["resid_post.0"], tmp_path / "resumed", **kw)
+    assert torch.equal(again.features(slice(None)), dense)
+    assert all(torch.equal(again.top_rows(f)[1], acts.top_rows(f)[1]) for f in range(48))
+    with pytest.raises(ie_lab.InputError, match=r"another harvest \(sae"):
+        ie_lab.harvest(lm, TEXTS, ["resid_post.0"], tmp_path / "whole", **{**kw, "top_k": 5})
+    assert_clean(lm)
+
+
 def test_a_remote_session_refuses_by_name():
     from ie_lab.remote.ops import OPS
 

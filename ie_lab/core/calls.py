@@ -325,7 +325,8 @@ class Harvest(Record):
     doc: ClassVar[str] = (
         "Activations at `addresses` over a corpus (a list of texts, or a dataset with a text column), written to "
         "out_dir as memory-mappable shards as the model runs; the same call again resumes where it stopped. "
-        "Returns ie_lab.Activations(out_dir) (docs/HARVEST.md)."
+        "sae=: an SAE's features kept too, sparse, with each feature's top_k rows. Returns "
+        "ie_lab.Activations(out_dir) (docs/HARVEST.md)."
     )
     # not served: it writes files where the model runs (RemoteBackend refuses it by name, ie_lab/remote/ops.py)
     texts_or_dataset: Any = arg()
@@ -337,6 +338,8 @@ class Harvest(Record):
     text_column: str = arg("text")
     shard_rows: int = arg(16384)
     progress: bool = arg(True)
+    sae: Any = arg(None)
+    top_k: int = arg(32)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,27 @@ class _Shard:
         return S.memmap(self.path, self.start, self.header[name])
 
 
+def row_index(key: Any, n: int) -> np.ndarray:
+    """The rows a key names (an int, a slice, a range, an index list or tensor, a bool mask), as an array."""
+    if isinstance(key, (int, np.integer)):
+        if not -n <= key < n:
+            raise IndexError(f"row {key} is out of range for {n} rows.")
+        return np.array([key % n])
+    if isinstance(key, range):
+        key = slice(key.start, key.stop, key.step)
+    if isinstance(key, slice):
+        return np.arange(n)[key]
+    a = key.cpu().numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    if a.dtype == bool:
+        if a.shape != (n,):
+            raise IndexError(f"a boolean row mask must have {n} entries, got shape {a.shape}.")
+        return np.flatnonzero(a)
+    a = a.astype(np.int64).reshape(-1)
+    if a.size and (a.min() < -n or a.max() >= n):
+        raise IndexError(f"a row index is out of range for {n} rows.")
+    return a % n if a.size else a
+
+
 class Rows:
     """One address's rows across every shard: shape [rows, width], indexed like a tensor, read only where
     indexed. rows[i], rows[a:b], rows[index tensor or bool mask], rows[rows_sel, cols_sel] give torch tensors."""
@@ -72,7 +93,7 @@ class Rows:
             if len(key) != 2:
                 raise IndexError(f"{self.address} has two axes (rows, width); got {len(key)} indices.")
             key, cols = key
-        idx = self._row_index(key)
+        idx = row_index(key, self.shape[0])
         out = np.empty((len(idx), self.width), dtype=S.NUMPY_OF[self._dtype])
         bases = self._acts._bases
         order = np.argsort(idx, kind="stable")
@@ -90,26 +111,6 @@ class Rows:
         t = _as_torch(out, self._dtype)
         t = t[:, cols]
         return t[0] if isinstance(key, (int, np.integer)) else t
-
-    def _row_index(self, key: Any) -> np.ndarray:
-        n = self.shape[0]
-        if isinstance(key, (int, np.integer)):
-            if not -n <= key < n:
-                raise IndexError(f"row {key} is out of range for {n} rows.")
-            return np.array([key % n])
-        if isinstance(key, range):
-            key = slice(key.start, key.stop, key.step)
-        if isinstance(key, slice):
-            return np.arange(n)[key]
-        a = key.cpu().numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
-        if a.dtype == bool:
-            if a.shape != (n,):
-                raise IndexError(f"a boolean row mask must have {n} entries, got shape {a.shape}.")
-            return np.flatnonzero(a)
-        a = a.astype(np.int64).reshape(-1)
-        if a.size and (a.min() < -n or a.max() >= n):
-            raise IndexError(f"a row index is out of range for {n} rows.")
-        return a % n if a.size else a
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self[:].float().numpy() if self._dtype == "BF16" else self[:].numpy()
@@ -186,6 +187,51 @@ class Activations:
             t = torch.from_numpy(np.array(sh.array(name), dtype=np.int64))
             parts.append(t + sh.shift if name == "prompt_ids" else t)
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+    # ---- SAE features (a harvest with sae=) ---------------------------------------------------------------
+    @property
+    def sae(self) -> dict[str, Any] | None:
+        """What the features were encoded with (address, d_sae, activation, top_k, hash), or None."""
+        return self.manifest.get("sae")
+
+    def _need_sae(self) -> dict[str, Any]:
+        if self.sae is None:
+            raise InputError("this harvest kept no SAE features: harvest again with sae=ie_lab.load_sae(...).")
+        return self.sae
+
+    def features(self, rows: Any) -> torch.Tensor:
+        """The SAE's feature activations of `rows` (an index, a slice, a range such as rows_of(i), or an index
+        list), dense float32 [len(rows), d_sae], rebuilt from the sparse shards."""
+        d_sae = self._need_sae()["d_sae"]
+        idx = row_index(rows, len(self))
+        out = torch.zeros((len(idx), d_sae))
+        for j, row in enumerate(idx.tolist()):
+            k = self.shard_of(row)
+            sh, local = self._shards[k], row - self._bases[k]
+            ptr = sh.array("sae:indptr")
+            lo, hi = int(ptr[local]), int(ptr[local + 1])
+            cols = torch.from_numpy(np.array(sh.array("sae:indices")[lo:hi], dtype=np.int64))
+            out[j, cols] = torch.from_numpy(np.array(sh.array("sae:values")[lo:hi]))
+        return out[0] if isinstance(rows, (int, np.integer)) else out
+
+    def top_rows(self, feature: int, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, rows) of the rows where `feature` is largest, largest first: at most top_k (the harvest's),
+        only rows where it is active. The rows index acts[address], token_ids, prompt_ids and positions."""
+        info = self._need_sae()
+        if isinstance(feature, bool) or not isinstance(feature, int) or not 0 <= feature < info["d_sae"]:
+            raise InputError(f"feature must be an index in 0..{info['d_sae'] - 1}, got {feature!r}.")
+        vals, rows = [], []
+        for base, sh in zip(self._bases, self._shards):
+            v = torch.from_numpy(np.array(sh.array("sae:top_values")[:, feature]))
+            r = torch.from_numpy(np.array(sh.array("sae:top_rows")[:, feature]))
+            keep = r >= 0
+            vals.append(v[keep])
+            rows.append(r[keep] + base)
+        v, r = torch.cat(vals), torch.cat(rows)
+        n = min(k if k is not None else info["top_k"], info["top_k"], len(v))
+        # ties: the earlier row first, as one top-k over the whole corpus in row order would keep it
+        order = sorted(range(len(v)), key=lambda i: (-float(v[i]), int(r[i])))[:n]
+        return v[order], r[order]
 
     @cached_property
     def token_ids(self) -> torch.Tensor:

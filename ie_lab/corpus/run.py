@@ -27,6 +27,7 @@ from ..errors import AddressError, InputError, check_flag
 from ..points import Width
 from . import shards as S
 from .activations import Activations
+from .features import FeatureBuffer
 
 DEFAULT_SHARD_ROWS = 16384
 DEFAULT_MAX_TOKENS = 1024
@@ -44,7 +45,7 @@ def _positive(name: str, x: Any, what: str) -> int:
 def check_points(addrs: list) -> None:
     """Only per-token vectors are harvested: a row is one token's activation at each address."""
     if not addrs:
-        raise AddressError("no addresses given: name at least one point, e.g. ['resid_post.0'].")
+        raise AddressError("no addresses given: name at least one point, e.g. ['resid_post.0'], or an sae=.")
     for a in addrs:
         w = a.point.width
         if w is Width.ATTN or w is Width.STATE or w is Width.STREAMS or a.stream is not None:
@@ -148,8 +149,13 @@ class Harvester:
         text_column: str,
         shard_rows: int,
         progress: bool,
+        sae: Any = None,
+        top_k: int = 32,
     ):
-        check_points(addrs)
+        self.features = FeatureBuffer(sae, top_k) if sae is not None else None
+        extra = [] if self.features is None or self.features.address in addrs else [self.features.address]
+        self.capture_addrs = [*addrs, *extra]  # what each batch captures: the points kept, and the SAE's
+        check_points(self.capture_addrs)
         _positive("batch_size", batch_size, "prompts per forward")
         if max_tokens_per_prompt is not None:
             _positive("max_tokens_per_prompt", max_tokens_per_prompt, "a longer prompt keeps its first tokens")
@@ -171,6 +177,7 @@ class Harvester:
             "addresses": self.names,
             "dtype": self.dtype,
             "max_tokens_per_prompt": max_tokens_per_prompt,
+            "sae": None if self.features is None else self.features.identity,
             **ident,
         }
         self.out.mkdir(parents=True, exist_ok=True)
@@ -268,6 +275,14 @@ class Harvester:
         """One batch's rows: rows[j][address] is prompt j's [tokens, width] activations (no padding)."""
         widths = self.manifest["widths"]
         tokens = 0
+        if self.features is not None:
+            sae_rows = torch.cat([got[str(self.features.address)] for got in rows])
+            if sae_rows.shape[1] != self.features.enc.d:
+                raise InputError(
+                    f"the SAE reads {self.features.enc.d}-wide rows, but {self.features.address} is "
+                    f"{sae_rows.shape[1]} wide on this model: give the SAE made for this model's point."
+                )
+            self.features.add(sae_rows)
         for (i, ids), got in zip(batch, rows):
             n = ids.shape[1]
             per: dict[str, np.ndarray] = {}
@@ -304,6 +319,8 @@ class Harvester:
         }
         for name in self.names:
             tensors[f"act:{name}"] = (st, (rows, m["widths"][name]), [per[name] for _, _, per in self._buffer])
+        if self.features is not None:
+            tensors.update(self.features.tensors())
         name = S.shard_name(index)
         S.write_shard(self.out / name, tensors)
         _kill_at("shard_written", index)
@@ -313,6 +330,8 @@ class Harvester:
         S.write_manifest(self.out, m)
         _kill_at("committed", index)
         self._buffer, self._buffered_rows, self._hash = [], 0, hashlib.sha256()
+        if self.features is not None:
+            self.features.reset()
 
     def finish(self) -> Activations:
         self._flush()

@@ -25,15 +25,19 @@ def harvest(
     text_column: str = "text",
     shard_rows: int = DEFAULT_SHARD_ROWS,
     progress: bool = True,
+    sae: Any = None,
+    top_k: int = 32,
 ) -> Activations:
     """Activations at `addresses` over every prompt of texts_or_dataset, written to out_dir in shards as the model
     runs (docs/HARVEST.md); calling it again with the same arguments resumes after the last committed shard.
 
     batch_size: prompts per forward (None: sized from ie_lab.sizing for max_tokens_per_prompt tokens a prompt);
     max_tokens_per_prompt: a longer prompt keeps its first tokens (None: whole); shard_rows: rows buffered before
-    a shard is written and committed (a killed run loses at most these); progress: a bar counting tokens (tok/s)."""
+    a shard is written and committed (a killed run loses at most these); progress: a bar counting tokens (tok/s);
+    sae: an ie_lab SAE whose features are kept too, sparse, with each feature's top_k rows (its point is captured
+    whether or not `addresses` names it)."""
     lm = lm_of(model)
-    addrs = parse_addresses(lm, addresses)
+    addrs = parse_addresses(lm, addresses) if addresses else []
     batch_size = check_batch_size(batch_size)
     if batch_size is None:
         batch_size = auto_batch_size(lm, max_tokens_per_prompt or lm.facts.max_positions or 2048, len(addrs))
@@ -47,11 +51,13 @@ def harvest(
         text_column=text_column,
         shard_rows=shard_rows,
         progress=progress,
+        sae=sae,
+        top_k=top_k,
     )
     try:
         for batch in h.batches():
-            caches = _capture_many(lm, [ids for _, ids in batch], addrs, False)
-            h.add(batch, [{str(a): c[a][0] for a in addrs} for c in caches])
+            caches = _capture_many(lm, [ids for _, ids in batch], h.capture_addrs, False)
+            h.add(batch, [{str(a): c[a][0] for a in h.capture_addrs} for c in caches])
         return h.finish()
     finally:
         h.close()

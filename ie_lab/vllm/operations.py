@@ -169,11 +169,15 @@ class _Operations:
             text_column=call.text_column,
             shard_rows=call.shard_rows,
             progress=call.progress,
+            sae=call.sae,
+            top_k=call.top_k,
         )
+        take = h.capture_addrs
+        self._work_for(take, None)  # the SAE's point too
         try:
             for batch in h.batches():
-                caches = await asyncio.gather(*(self._acapture(ids, addrs) for _, ids in batch))
-                h.add(batch, [{str(a): c[a][0] for a in addrs} for c in caches])
+                caches = await asyncio.gather(*(self._acapture(ids, take) for _, ids in batch))
+                h.add(batch, [{str(a): c[a][0] for a in take} for c in caches])
             return h.finish()
         finally:
             h.close()
