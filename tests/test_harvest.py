@@ -260,6 +260,11 @@ def test_sae_features_are_the_projection_kept_sparse_with_each_features_top_rows
 
 
 def test_a_remote_session_refuses_by_name():
+    from ie_lab.core import calls
+    from ie_lab.remote.client import RemoteBackend
     from ie_lab.remote.ops import OPS
 
-    assert "harvest" not in OPS
+    assert "harvest" not in OPS  # a server has no such operation to call
+    call = calls.Harvest.build((TEXTS, ADDRS, "/tmp/x"))
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="harvest on a remote Session.*where the model is"):
+        RemoteBackend.harvest(None, call)  # the client refuses before any request

@@ -1,5 +1,5 @@
 """The operations of a VLLMBackend, each a coroutine the Session runs on its loop, taking the operation's record
-(ie_lab/core/calls.py): capture, mean_difference, project, generation (generate and astream), logit_lens and
+(ie_lab/core/calls.py): capture, mean_difference, harvest, project, generation (generate and astream), logit_lens and
 attention. A room of VLLMBackend (ie_lab/vllm/backend.py)."""
 
 from __future__ import annotations
