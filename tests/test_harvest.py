@@ -119,7 +119,7 @@ def test_progress_bar_counts_tokens_per_second(lm, tmp_path, capfd):
 def test_resume_after_an_interrupt_equals_the_uninterrupted_harvest(lm, whole, tmp_path, monkeypatch):
     from ie_lab.eager import harvest as eager_harvest
 
-    real = eager_harvest._capture_many
+    real = eager_harvest._capture_ids
     calls = []
 
     def interrupted(*a, **k):
@@ -128,13 +128,13 @@ def test_resume_after_an_interrupt_equals_the_uninterrupted_harvest(lm, whole, t
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(eager_harvest, "_capture_many", interrupted)
+    monkeypatch.setattr(eager_harvest, "_capture_ids", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ie_lab.harvest(lm, TEXTS, ADDRS, tmp_path, batch_size=3, shard_rows=12, progress=False)
     done = json.loads((tmp_path / "manifest.json").read_text())
     assert 0 < done["prompts_done"] < len(TEXTS) and not done["complete"]
     assert_clean(lm)
-    monkeypatch.setattr(eager_harvest, "_capture_many", real)
+    monkeypatch.setattr(eager_harvest, "_capture_ids", real)
     _same(ie_lab.harvest(lm, TEXTS, ADDRS, tmp_path, batch_size=3, shard_rows=12, progress=False), whole)
 
 
@@ -239,7 +239,7 @@ def test_sae_features_are_the_projection_kept_sparse_with_each_features_top_rows
         assert len(rows) == n and torch.equal(vals, col[rows])
         assert torch.equal(vals, col.topk(n).values)
     # interrupted after its first shard, then resumed: the same features and top rows
-    real, calls = eager_harvest._capture_many, []
+    real, calls = eager_harvest._capture_ids, []
 
     def interrupted(*a, **k):
         calls.append(1)
@@ -247,10 +247,10 @@ def test_sae_features_are_the_projection_kept_sparse_with_each_features_top_rows
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(eager_harvest, "_capture_many", interrupted)
+    monkeypatch.setattr(eager_harvest, "_capture_ids", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ie_lab.harvest(lm, TEXTS, ["resid_post.0"], tmp_path / "resumed", **kw)
-    monkeypatch.setattr(eager_harvest, "_capture_many", real)
+    monkeypatch.setattr(eager_harvest, "_capture_ids", real)
     again = ie_lab.harvest(lm, TEXTS, ["resid_post.0"], tmp_path / "resumed", **kw)
     assert torch.equal(again.features(slice(None)), dense)
     assert all(torch.equal(again.top_rows(f)[1], acts.top_rows(f)[1]) for f in range(48))

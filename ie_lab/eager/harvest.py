@@ -1,15 +1,19 @@
 """harvest on the eager backend: the driver of ie_lab/corpus/run.py over the batched capture (eager/capture.py's
-right-padded forward, each prompt's own rows cut out, so padding never reaches a shard)."""
+right-padded forward, as capturing a list of prompts runs it), each prompt's own rows cut out, so padding never
+reaches a shard. Each point's batch crosses to the CPU in one copy and is cut there: one device transfer per point
+and batch, not one per prompt."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..address import AddressLike
 from ..core.addresses import parse_addresses
 from ..corpus import Activations
 from ..corpus.run import DEFAULT_MAX_TOKENS, DEFAULT_SHARD_ROWS, Harvester
-from .capture import _capture_many
+from .capture import _capture_ids
 from .means import auto_batch_size, check_batch_size
 from .model import lm_of
 
@@ -56,8 +60,21 @@ def harvest(
     )
     try:
         for batch in h.batches():
-            caches = _capture_many(lm, [ids for _, ids in batch], h.capture_addrs, False)
-            h.add(batch, [{str(a): c[a][0] for a in h.capture_addrs} for c in caches])
+            h.add(batch, _batch_rows(lm, [ids for _, ids in batch], h.capture_addrs))
         return h.finish()
     finally:
         h.close()
+
+
+def _batch_rows(lm: Any, rows: list[torch.Tensor], addrs: list) -> list[dict[str, torch.Tensor]]:
+    """One right-padded forward over the prompts (each keeps its positions 0..n-1; the mask hides the pads and a
+    causal model's real tokens never read the pads after them), then each prompt's [n, width] rows per point."""
+    lens = [r.shape[1] for r in rows]
+    width = max(lens)
+    ids = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)  # id 0: masked, never read
+    for i, r in enumerate(rows):
+        ids[i, : lens[i]] = r[0]
+    mask = (torch.arange(width, device=ids.device)[None] < torch.tensor(lens, device=ids.device)[:, None]).long()
+    cache = _capture_ids(lm, ids, mask, addrs, False)
+    on_cpu = {str(a): cache[a].to("cpu") for a in addrs}  # [batch, seq, width]: one copy per point
+    return [{name: t[i, :n] for name, t in on_cpu.items()} for i, n in enumerate(lens)]
