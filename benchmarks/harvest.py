@@ -11,7 +11,10 @@ shards (the default shard size, so the shards' writes are in the time) and commi
 same with every layer's resid_post. Each harvest writes into a fresh directory (the last one's removed first,
 outside the timing). Before timing, the harvest's rows are checked equal to a capture of a few prompts.
 Throughput ratio = bare seconds / harvest seconds (1.0: harvesting costs nothing over the forward; the issue asks
->= 0.85). Writes benchmarks/results/harvest-cpu.json.
+>= 0.85). `time_split`: one more run of each harvest with the batched forward timed inside it, so the share of a
+harvest spent outside the forward (tokenizing, fingerprinting the inputs, copying rows out, writing and committing
+shards) is read from one run, less at the mercy of a loaded machine than a ratio of two runs.
+Writes benchmarks/results/harvest-cpu.json.
 """
 
 from __future__ import annotations
@@ -80,6 +83,31 @@ def main() -> int:
         want = ie_lab.capture(lm, [prompts[i]], ["resid_post.4"])[0]["resid_post.4"][0]
         assert torch.allclose(acts["resid_post.4"][acts.rows_of(i)], want, atol=1e-4), i
 
+    # where a harvest's time goes, a figure the machine's load moves less than a ratio of two timings: the seconds
+    # inside the batched forward (its hooks included) against the whole call (tokenizing, fingerprinting, copying
+    # rows out, writing and committing shards being the rest)
+    import time
+
+    from ie_lab.eager import harvest as eager_harvest
+
+    real, inside = eager_harvest._capture_ids, [0.0]
+
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real(*a, **k)
+        finally:
+            inside[0] += time.perf_counter() - t0
+
+    split = {}
+    for name, addrs in (("harvest_1_point", ["resid_post.4"]), ("harvest_8_points", every)):
+        eager_harvest._capture_ids, inside[0] = timed, 0.0
+        t0 = time.perf_counter()
+        harvest(addrs)()
+        whole = time.perf_counter() - t0
+        eager_harvest._capture_ids = real
+        split[name] = {"whole_s": whole, "forward_s": inside[0], "outside_forward_share": 1 - inside[0] / whole}
+
     variants = {"bare_forward": bare, "harvest_1_point": harvest(["resid_post.4"]), "harvest_8_points": harvest(every)}
     times = interleaved_times(variants, args.repeats)
     shutil.rmtree(root, ignore_errors=True)
@@ -98,8 +126,10 @@ def main() -> int:
         "tokens_per_s": {k: tokens / v for k, v in med.items()},
         "throughput_ratio_to_bare": {k: med["bare_forward"] / v for k, v in med.items()},
         "throughput_ratio_to_bare_fastest": {k: best["bare_forward"] / v for k, v in best.items()},
+        "times_s": times,
+        "time_split": split,
     }
-    shown = {k: result[k] for k in ("tokens", "tokens_per_s", "throughput_ratio_to_bare", "load_average")}
+    shown = {k: result[k] for k in ("tokens", "tokens_per_s", "throughput_ratio_to_bare", "time_split", "load_average")}
     return write_result(args.out, "harvest-cpu", result, shown)
 
 
