@@ -227,6 +227,7 @@ def test_sae_features_are_the_projection_kept_sparse_with_each_features_top_rows
     assert acts.sae["d_sae"] == 48 and acts.addresses == ["resid_post.0"]  # the SAE's point was captured, not kept
     dense = acts.features(slice(None))
     assert dense.shape == (len(acts), 48) and 0 < int((dense != 0).sum()) < dense.numel()
+    assert torch.equal(acts.features([30, 0, 30]), dense[[30, 0, 30]]) and torch.equal(acts.features(7), dense[7])
     for i, t in enumerate(TEXTS):  # each prompt's features are s.project's scores with the SAE's encoder
         want = ie_lab.project(lm, t, "resid_post.1", sae.encoder(), activation="relu").scores
         assert torch.allclose(acts.features(acts.rows_of(i)), want, atol=1e-5), i

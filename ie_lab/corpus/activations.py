@@ -205,13 +205,24 @@ class Activations:
         d_sae = self._need_sae()["d_sae"]
         idx = row_index(rows, len(self))
         out = torch.zeros((len(idx), d_sae))
-        for j, row in enumerate(idx.tolist()):
-            k = self.shard_of(row)
-            sh, local = self._shards[k], row - self._bases[k]
-            ptr = sh.array("sae:indptr")
-            lo, hi = int(ptr[local]), int(ptr[local + 1])
-            cols = torch.from_numpy(np.array(sh.array("sae:indices")[lo:hi], dtype=np.int64))
-            out[j, cols] = torch.from_numpy(np.array(sh.array("sae:values")[lo:hi]))
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        for base, sh in zip(self._bases, self._shards):
+            lo = np.searchsorted(sorted_idx, base, "left")
+            hi = np.searchsorted(sorted_idx, base + sh.rows, "left")
+            if hi <= lo:
+                continue
+            local = sorted_idx[lo:hi] - base
+            ptr = np.asarray(sh.array("sae:indptr"))
+            starts, counts = ptr[local], ptr[local + 1] - ptr[local]
+            total = int(counts.sum())
+            if total == 0:
+                continue
+            # each selected row's run of non-zeros in the CSR arrays, read in one fancy index per array
+            pos = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(total)
+            cols = torch.from_numpy(np.asarray(sh.array("sae:indices")[pos], dtype=np.int64))
+            vals = torch.from_numpy(np.array(sh.array("sae:values")[pos]))
+            out[torch.from_numpy(np.repeat(order[lo:hi], counts)), cols] = vals
         return out[0] if isinstance(rows, (int, np.integer)) else out
 
     def top_rows(self, feature: int, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
