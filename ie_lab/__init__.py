@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from .cache import Cache
     from .chat import apply_chat_template, message_spans, split_channels, to_chat
     from .core.graph import Graph
+    from .corpus import Activations  # a harvest read back memory-mapped: docs/HARVEST.md
     from .eager.attribution_graph import attribution_graph
     from .eager.lens import fit_tuned_lens
     from .eager.patching import attribution_patch, logit_diff, run_with_patches
@@ -64,6 +65,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "logit_diff": (".eager.patching", "logit_diff"),
     "run_with_patches": (".eager.patching", "run_with_patches"),
     "load": (".loading", "load"),
+    "Activations": (".corpus", "Activations"),
     "connect": (".remote.connect", "connect"),
     "OperationCancelled": (".session", "OperationCancelled"),
     "Session": (".session", "Session"),
@@ -125,6 +127,7 @@ gradients = _free(_calls.Gradients)
 fit_jacobian_lens = _free(_calls.FitJacobianLens)
 mean_difference = _free(_calls.MeanDifference)
 logit_attribution = _free(_calls.LogitAttribution)
+harvest = _free(_calls.Harvest)
 
 
 def load_sae(path: Any = None, model: Any = None, **kwargs: Any):
@@ -170,6 +173,7 @@ def export_dashboards(
 
 
 __all__ = [
+    "Activations",
     "Address",
     "AddressError",
     "ArchitectureUnsupported",
@@ -199,6 +203,7 @@ __all__ = [
     "generate",
     "generate_stream",
     "gradients",
+    "harvest",
     "load",
     "logit_attribution",
     "logit_diff",

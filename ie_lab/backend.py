@@ -96,6 +96,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(calls.FitJacobianLens, "fit_jacobian_lens", capability="gradients"),
     Operation(calls.MeanDifference, "mean_difference"),
     Operation(calls.LogitAttribution, "logit_attribution", capability="direct logit attribution"),
+    Operation(calls.Harvest, "harvest"),
     Operation(calls.Run, "run", capability="run(fn) on the model object"),
 )
 
@@ -131,7 +132,7 @@ class Backend(Protocol):
       require(capability)  raise CapabilityUnsupported for a capability row (ie_lab/capabilities.py) this backend
                         does not support; called before an operation that names one. Eager and vLLM read their
                         column of the table; a new backend may read a column it adds, or answer for itself.
-      capture, generate, attention, logit_lens, project, mean_difference; patch, patch_sweep, gradients,
+      capture, generate, attention, logit_lens, project, mean_difference, harvest; patch, patch_sweep, gradients,
       fit_jacobian_lens, logit_attribution and run where `require` lets them through (otherwise they are never
       called, and need not exist).
       stream(call: GenerateStream) -> Iterator[GenStep] (on_loop False), or
@@ -175,6 +176,7 @@ class Backend(Protocol):
     def gradients(self, call: calls.Gradients) -> Any: ...
     def fit_jacobian_lens(self, call: calls.FitJacobianLens) -> Any: ...
     def mean_difference(self, call: calls.MeanDifference) -> Any: ...
+    def harvest(self, call: calls.Harvest) -> Any: ...
     def logit_attribution(self, call: calls.LogitAttribution) -> Any: ...
     def run(self, call: calls.Run) -> Any: ...
     def issued(self, steer: Any) -> Any: ...

@@ -63,6 +63,7 @@ LAYERS = {
     "ie_lab.capabilities": "core",
     "ie_lab.sizing": "core",
     "ie_lab.points_table": "core",
+    "ie_lab.corpus": "core",  # the corpus harvest's format, driver and reader (every backend drives it)
     # The Backend protocol every backend implements, and the registry that finds one by name (by import path,
     # so this module imports none of them): a new backend needs nothing else.
     "ie_lab.backend": "protocol",

@@ -67,6 +67,7 @@ def _computations():
     from ie_lab.eager.attribution import logit_attribution
     from ie_lab.eager.capture import capture
     from ie_lab.eager.generate import generate_stream
+    from ie_lab.eager.harvest import harvest
     from ie_lab.eager.jacobian_lens import fit_jacobian_lens
     from ie_lab.eager.lens import logit_lens
     from ie_lab.eager.means import mean_difference
@@ -86,6 +87,7 @@ def _computations():
         "fit_jacobian_lens": fit_jacobian_lens,
         "mean_difference": mean_difference,
         "logit_attribution": logit_attribution,
+        "harvest": harvest,
     }
 
 

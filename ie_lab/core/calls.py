@@ -323,6 +323,29 @@ class MeanDifference(Record):
 
 
 @dataclass(frozen=True)
+class Harvest(Record):
+    op: ClassVar[str] = "harvest"
+    doc: ClassVar[str] = (
+        "Activations at `addresses` over a corpus (a list of texts, or a dataset with a text column), written to "
+        "out_dir as memory-mappable shards as the model runs; the same call again resumes where it stopped. "
+        "sae=: an SAE's features kept too, sparse, with each feature's top_k rows. Returns "
+        "ie_lab.Activations(out_dir) (docs/HARVEST.md)."
+    )
+    # not served: it writes files where the model runs (RemoteBackend refuses it by name, ie_lab/remote/ops.py)
+    texts_or_dataset: Any = arg()
+    addresses: Any = arg()
+    out_dir: Any = arg()
+    _: KW_ONLY
+    batch_size: int | None = arg(None)
+    max_tokens_per_prompt: int | None = arg(1024)
+    text_column: str = arg("text")
+    shard_rows: int = arg(16384)
+    progress: bool = arg(True)
+    sae: Any = arg(None)
+    top_k: int = arg(32)
+
+
+@dataclass(frozen=True)
 class Run(Record):
     op: ClassVar[str] = "run"
     doc: ClassVar[str] = (
@@ -335,7 +358,7 @@ class Run(Record):
 RECORDS: dict[str, type[Record]] = {
     r.op: r
     for r in (Capture, Generate, GenerateStream, Attention, LogitLens, Project, Patch, PatchSweep, Gradients)
-    + (FitJacobianLens, MeanDifference, LogitAttribution, Run)
+    + (FitJacobianLens, MeanDifference, LogitAttribution, Harvest, Run)
 }
 
 

@@ -40,6 +40,7 @@ from .batcher import (
 from .capture import capture
 from .generate import generate, generate_stream, plan
 from .grad_support import grad_support
+from .harvest import harvest
 from .jacobian_lens import fit_jacobian_lens
 from .lens import logit_lens
 from .loading import load
@@ -95,6 +96,7 @@ _COMPUTE: dict[type, Callable[..., Any]] = {
     calls.Gradients: gradients,
     calls.FitJacobianLens: fit_jacobian_lens,
     calls.MeanDifference: mean_difference,
+    calls.Harvest: harvest,
     calls.LogitAttribution: logit_attribution,
 }
 
@@ -296,6 +298,9 @@ class EagerBackend:
         return self._steered(None, lambda: compute(self.lm, call))
 
     def mean_difference(self, call: calls.MeanDifference):
+        return self._steered(None, lambda: compute(self.lm, call))
+
+    def harvest(self, call: calls.Harvest):
         return self._steered(None, lambda: compute(self.lm, call))
 
     def fit_jacobian_lens(self, call: calls.FitJacobianLens):

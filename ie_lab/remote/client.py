@@ -433,6 +433,16 @@ class RemoteBackend:
     def run(self, call: calls.Run) -> Any:
         self.require("run(fn) on the model object")  # raises: no code crosses to the server
 
+    def harvest(self, call: calls.Harvest) -> Any:
+        raise CapabilityUnsupported(
+            "harvest on a remote Session",
+            "a harvest writes its shards into a directory where the model runs, and a server takes no paths from a "
+            "client",
+            "run the harvest where the model is (ie_lab.Session(model) there), or capture() prompt by prompt here "
+            "and save what comes back",
+            backend="backend='remote'",
+        )
+
     def fit_jacobian_lens(self, call: calls.FitJacobianLens) -> Any:
         raise CapabilityUnsupported(
             "fit_jacobian_lens on a remote Session",

@@ -309,9 +309,10 @@ def served(record: type[calls.Record]) -> RemoteOp:
     )
 
 
-# Records a server does not run: run(fn) (code, which never crosses) and fit_jacobian_lens (its transports serve
-# logit_lens(transports=...), which is refused remotely; RemoteBackend refuses it by name).
-NOT_SERVED: tuple[type[calls.Record], ...] = (calls.Run, calls.FitJacobianLens)
+# Records a server does not run: run(fn) (code, which never crosses), fit_jacobian_lens (its transports serve
+# logit_lens(transports=...), which is refused remotely; RemoteBackend refuses it by name) and harvest (it writes
+# shards into a directory on the machine that runs the model, a path a client must not choose; refused by name).
+NOT_SERVED: tuple[type[calls.Record], ...] = (calls.Run, calls.FitJacobianLens, calls.Harvest)
 
 # Every other operation, then the facts, which take no arguments.
 OPS: dict[str, RemoteOp] = {

@@ -1,5 +1,5 @@
 """The operations of a VLLMBackend, each a coroutine the Session runs on its loop, taking the operation's record
-(ie_lab/core/calls.py): capture, mean_difference, project, generation (generate and astream), logit_lens and
+(ie_lab/core/calls.py): capture, mean_difference, harvest, project, generation (generate and astream), logit_lens and
 attention. A room of VLLMBackend (ie_lab/vllm/backend.py)."""
 
 from __future__ import annotations
@@ -154,6 +154,46 @@ class _Operations:
         progress is checked as on eager, and has nothing to draw)."""
         check_flag("progress", call.progress)
         return self._amean_difference(call.positive, call.negative, call.address, batch_size=call.batch_size)
+
+    # ---- corpus harvest ---------------------------------------------------------------------------
+    async def _aharvest(self, call: calls.Harvest) -> Any:
+        """The harvest driver (ie_lab/corpus/run.py) over capture requests: each batch's prompts go to vLLM as
+        concurrent requests (batch_size at a time, default 64), their rows written as the requests return."""
+        from ..corpus.run import Harvester
+
+        self._refuse_in_generate_mode("harvest")
+        addrs, _ = self._work_for(call.addresses, None)  # every address checked as served before any request
+        if call.batch_size is not None and (
+            isinstance(call.batch_size, bool) or not isinstance(call.batch_size, int) or call.batch_size < 1
+        ):
+            raise InputError(
+                f"batch_size must be a positive integer (requests in flight at once), got {call.batch_size!r}."
+            )
+        h = Harvester(
+            self.lm,
+            call.texts_or_dataset,
+            addrs,
+            call.out_dir,
+            batch_size=call.batch_size or 64,
+            max_tokens_per_prompt=call.max_tokens_per_prompt,
+            text_column=call.text_column,
+            shard_rows=call.shard_rows,
+            progress=call.progress,
+            sae=call.sae,
+            top_k=call.top_k,
+        )
+        take = h.capture_addrs
+        self._work_for(take, None)  # the SAE's point too
+        try:
+            for batch in h.batches():
+                caches = await asyncio.gather(*(self._acapture(ids, take) for _, ids in batch))
+                h.add(batch, [{str(a): c[a][0] for a in take} for c in caches])
+            return h.finish()
+        finally:
+            h.close()
+
+    def harvest(self, call: calls.Harvest) -> Any:
+        return self._aharvest(call)
 
     # ---- projection -------------------------------------------------------------------------------
     async def _aproject(
