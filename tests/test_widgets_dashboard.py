@@ -70,7 +70,7 @@ def _features(ref) -> tuple[int, int]:
 
 class Harvest:
     """The reading interface of ie_lab.Activations, in memory, built from real captures: rows_of gives a slice here
-    (the dashboard also takes a range or a (start, stop) pair). The merger adds the same test with the real class."""
+    (the dashboard also takes a range or a (start, stop) pair). The real class is tested below too."""
 
     def __init__(self, xs, ids, address="resid_post.1"):
         self._x = {address: torch.cat(xs)}
@@ -175,6 +175,22 @@ def test_a_harvest_gives_the_data_a_list_of_texts_gives(s, sae, ref):
     narrow = Harvest([x[:, :64] for x in ref["xs"]], ref["ids"])
     with pytest.raises(InputError, match=r"shape \[\d+, 64\]; the SAE reads \[rows, 128\]"):
         feature_data(s, sae, f, narrow)
+
+
+def test_a_real_harvest_on_disk_gives_the_data_a_list_of_texts_gives(s, sae, ref, tmp_path):
+    """ie_lab.Activations (a harvest, memory-mapped: acts[address] is a lazy Rows, not a tensor) as the corpus."""
+    acts = s.harvest(TEXTS, [sae.address], str(tmp_path / "h"), batch_size=3, shard_rows=16, progress=False)
+    assert isinstance(acts, ActivationCorpus) and not isinstance(acts[str(sae.address)], torch.Tensor)
+    often, rare = _features(ref)
+    for f in (often, rare):
+        a, b = feature_data(s, sae, f, acts, top=5), feature_data(s, sae, f, TEXTS, top=5)
+        assert [(c.prompt, c.position, c.token_ids) for c in a.contexts] == [
+            (c.prompt, c.position, c.token_ids) for c in b.contexts
+        ]
+        assert (a.n_fired, a.n_tokens) == (b.n_fired, b.n_tokens)
+        np.testing.assert_allclose(a.contexts[0].values, b.contexts[0].values, rtol=1e-4, atol=1e-5)
+    other = feature_data(s, sae, rare, acts, top=5)
+    assert [c.row for c in other.contexts] != [c.row for c in feature_data(s, sae, often, acts, top=5).contexts]
 
 
 def test_steering_is_the_sessions_generation_with_and_without_the_decoder_direction(s, sae, corpus):

@@ -174,7 +174,7 @@ def encode_corpus(session: Any, sae: Any, acts: Any) -> EncodedCorpus:
             f"harvest {key}, or pass a list of texts to capture there."
         )
     x = acts[key]
-    if x.dim() != 2 or x.shape[1] != sae.d_in:
+    if len(x.shape) != 2 or x.shape[1] != sae.d_in:  # a harvest's Rows is lazy: a shape, no dim()
         raise InputError(
             f"acts[{key!r}] has shape {list(x.shape)}; the SAE reads [rows, {sae.d_in}]: it was harvested at another "
             "point or model."
