@@ -6,6 +6,7 @@ and a dark colour scheme. One JupyterLab server for the module. Screenshots go t
 
 import os
 import re
+import shutil
 
 import pytest
 
@@ -171,3 +172,31 @@ def test_the_static_export_opens_from_file_with_no_network_in_light_and_dark(lab
             srv.shot(p.locator(".iel-export"), f"dashboard-export-{scheme}.png")
         finally:
             p.close()
+
+
+TUTORIAL = "07_features_from_a_corpus.ipynb"
+
+
+def test_the_features_tutorial_runs_in_jupyterlab_and_shows_its_dashboard(lab):
+    """Tutorial 7 as a reader runs it (issue 31): every cell in a real JupyterLab kernel, its dashboard drawn in
+    Chromium with the contexts of the feature the tutorial found, and its last check true in that kernel."""
+    srv, _ = lab
+    shutil.copy(os.path.join(ROOT, "tutorials", TUTORIAL), os.path.join(srv.root, TUTORIAL))
+    page = srv.open(TUTORIAL)
+    try:
+        panel = page.locator(".iel-dash")
+        panel.locator(".iel-dash-ctx .iel-tok").first.wait_for(timeout=60000)
+        f = _kernel(srv, page, "sad_feature")
+        assert panel.locator(".iel-title").inner_text().startswith(f"feature {f} ")
+        want = _kernel(srv, page, "[c.tokens for c in panel.data.contexts]")
+        shown = panel.locator(".iel-dash-ctx").evaluate_all(
+            "es => es.map(e => Array.from(e.querySelectorAll('.iel-tok'), t => t.textContent))"
+        )
+        assert shown == want and len(want) > 0
+        errors = page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+        ).all_inner_texts()
+        assert not [e for e in errors if "Error" in e or "Traceback" in e], errors
+        assert _kernel(srv, page, "happy_after < happy_before and sad_after > sad_before") is True
+    finally:
+        srv.close_page(page)
