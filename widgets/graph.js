@@ -59,20 +59,25 @@ export function visible(g) {
 function layout(g, width) {
   const nCols = Math.max(1, g.tokens.length), nRows = g.n_layers + 2;
   const left = 56, bottom = 46, top = 14;
-  const colW = Math.max(46, (width - left - 8) / nCols), rowH = 64;
+  const colW = Math.max(46, (width - left - 8) / nCols);
   const cells = new Map();
   for (const n of g.nodes) {
     const k = n.row + ":" + n.col;
     if (!cells.has(k)) cells.set(k, []);
     cells.get(k).push(n);
   }
+  const fullest = Math.max(1, ...Array.from(cells.values(), (l) => l.length));
+  const rowH = Math.max(64, 16 + 11 * Math.ceil(fullest / Math.max(1, Math.floor((colW - 6) / 12))));
   const pos = new Array(g.nodes.length);
   for (const list of cells.values()) {
+    // a cell's nodes in a small grid, the most influential first: as many to a line as the column holds
     list.sort((a, b) => b.influence - a.influence || a.i - b.i);
-    const step = Math.min(14, (colW - 12) / Math.max(1, list.length - 1 || 1));
+    const perLine = Math.max(1, Math.floor((colW - 6) / 12)), lines = Math.ceil(list.length / perLine);
+    const dy = Math.min(11, (rowH - 12) / Math.max(1, lines - 1));
     list.forEach((n, j) => {
-      const x = left + (n.col + 0.5) * colW + (j - (list.length - 1) / 2) * step;
-      const y = top + (nRows - 1 - n.row) * rowH + rowH / 2 + (list.length > 5 ? ((j % 2) * 10 - 5) : 0);
+      const inLine = Math.min(perLine, list.length - Math.floor(j / perLine) * perLine);
+      const x = left + (n.col + 0.5) * colW + ((j % perLine) - (inLine - 1) / 2) * 12;
+      const y = top + (nRows - 1 - n.row) * rowH + rowH / 2 + (Math.floor(j / perLine) - (lines - 1) / 2) * dy;
       pos[n.i] = [x, y];
     });
   }
@@ -98,13 +103,14 @@ function render({ model, el }) {
   const diagram = h("div", { class: "iel-g-diagram" });
   const readout = h("div", { class: "iel-readout iel-g-readout", "aria-live": "polite", text: "hover a node for its edges; click a feature for its dashboard; shift-click features to group them" });
   const note = h("div", { class: "iel-muted iel-g-note" });
+  const legend = h("div", { class: "iel-muted iel-g-legend", text: "■ embedding · ● feature · ◆ error (the MLP's output minus the transcoder's) · ▲ logit · edges: width |weight|, positive in the accent colour, negative in the error colour" });
   const dashNote = h("div", { class: "iel-muted iel-g-dashnote" });
   const dash = h("div", { class: "iel-g-dash iel-dash" });
   const error = h("div", { class: "iel-error", role: "alert" });
   root.append(head,
     h("div", { class: "iel-row" }, h("label", {}, "node threshold ", nt), h("label", {}, "edge threshold ", et), prune,
       h("span", { class: "iel-muted", text: "·" }), name, group, groupsBox),
-    diagram, readout, note, error, dashNote, dash);
+    diagram, legend, readout, note, error, dashNote, dash);
   el.append(root);
 
   const picked = new Set(); // feature node ids shift-clicked for a group

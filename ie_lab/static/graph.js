@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources 01647993c77d4bac); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources d5e653b7744c487b); edit those, not this file
 
 // widgets/util.js
 function asFloat32(buf) {
@@ -227,20 +227,24 @@ function visible(g) {
 function layout(g, width) {
   const nCols = Math.max(1, g.tokens.length), nRows = g.n_layers + 2;
   const left = 56, bottom = 46, top = 14;
-  const colW = Math.max(46, (width - left - 8) / nCols), rowH = 64;
+  const colW = Math.max(46, (width - left - 8) / nCols);
   const cells = /* @__PURE__ */ new Map();
   for (const n of g.nodes) {
     const k = n.row + ":" + n.col;
     if (!cells.has(k)) cells.set(k, []);
     cells.get(k).push(n);
   }
+  const fullest = Math.max(1, ...Array.from(cells.values(), (l) => l.length));
+  const rowH = Math.max(64, 16 + 11 * Math.ceil(fullest / Math.max(1, Math.floor((colW - 6) / 12))));
   const pos = new Array(g.nodes.length);
   for (const list of cells.values()) {
     list.sort((a, b) => b.influence - a.influence || a.i - b.i);
-    const step = Math.min(14, (colW - 12) / Math.max(1, list.length - 1 || 1));
+    const perLine = Math.max(1, Math.floor((colW - 6) / 12)), lines = Math.ceil(list.length / perLine);
+    const dy = Math.min(11, (rowH - 12) / Math.max(1, lines - 1));
     list.forEach((n, j) => {
-      const x = left + (n.col + 0.5) * colW + (j - (list.length - 1) / 2) * step;
-      const y = top + (nRows - 1 - n.row) * rowH + rowH / 2 + (list.length > 5 ? j % 2 * 10 - 5 : 0);
+      const inLine = Math.min(perLine, list.length - Math.floor(j / perLine) * perLine);
+      const x = left + (n.col + 0.5) * colW + (j % perLine - (inLine - 1) / 2) * 12;
+      const y = top + (nRows - 1 - n.row) * rowH + rowH / 2 + (Math.floor(j / perLine) - (lines - 1) / 2) * dy;
       pos[n.i] = [x, y];
     });
   }
@@ -264,6 +268,7 @@ function render({ model, el }) {
   const diagram = h("div", { class: "iel-g-diagram" });
   const readout = h("div", { class: "iel-readout iel-g-readout", "aria-live": "polite", text: "hover a node for its edges; click a feature for its dashboard; shift-click features to group them" });
   const note = h("div", { class: "iel-muted iel-g-note" });
+  const legend = h("div", { class: "iel-muted iel-g-legend", text: "■ embedding · ● feature · ◆ error (the MLP's output minus the transcoder's) · ▲ logit · edges: width |weight|, positive in the accent colour, negative in the error colour" });
   const dashNote = h("div", { class: "iel-muted iel-g-dashnote" });
   const dash = h("div", { class: "iel-g-dash iel-dash" });
   const error = h("div", { class: "iel-error", role: "alert" });
@@ -281,6 +286,7 @@ function render({ model, el }) {
       groupsBox
     ),
     diagram,
+    legend,
     readout,
     note,
     error,

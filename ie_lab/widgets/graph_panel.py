@@ -20,9 +20,18 @@ import traitlets
 from ..core.graph import Graph
 from ..errors import InputError, plural
 from . import _base, _static
-from .dashboard import FeatureTraits, _f32, _i32
+from .dashboard import FeatureTraits
 from .dashboard_data import EncodedCorpus, encode_corpus, feature_data
 from .graph_panel_data import LOGIT_NOTE, TranscoderFeatures, graph_data, node_id
+
+
+def _f32(a: Any) -> bytes:
+    return np.asarray(a, dtype="<f4").tobytes()
+
+
+def _i32(a: Any) -> bytes:
+    return np.asarray(a, dtype="<i4").tobytes()
+
 
 MAX_GROUP = 64  # feature nodes in one supernode
 MAX_NAME = 60
