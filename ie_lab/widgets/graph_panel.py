@@ -39,7 +39,8 @@ MAX_NAME = 60
 
 class GraphPanel(FeatureTraits, _base.Panel):
     """An attribution graph's panel; ``prune(...)``, ``select(node id)``, ``group(name, ids)`` and ``ungroup(name)``
-    do from Python what the panel's controls do."""
+    do from Python what the panel's controls do. ``shown``: the pruned graph drawn; ``data_sent``: its arrays as sent
+    (GraphData); ``data``: the selected feature's FeatureData."""
 
     _esm = _static.bundle("graph.js")
     COMMANDS = {
