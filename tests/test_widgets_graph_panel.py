@@ -168,6 +168,8 @@ def test_bad_arguments_are_refused_with_the_fix(s, g, tcs):
         s.graph_panel(g, corpus=TEXTS)
     with pytest.raises(InputError, match="node_threshold"):
         s.graph_panel(g, node_threshold=0)
+    with pytest.raises(InputError, match="top="):
+        s.graph_panel(g, transcoders=tcs, corpus=TEXTS, top=0)
     p = s.graph_panel(g)
     feat = next(i for i in p.node_ids if i.startswith("feat:"))
     with pytest.raises(InputError, match="corpus="):
@@ -175,3 +177,12 @@ def test_bad_arguments_are_refused_with_the_fix(s, g, tcs):
     assert TranscoderFeatures(tcs[0]).address == tcs[0].address_in
     d = graph_data(g.prune())
     assert d.kind.dtype == np.int32 and d.weight.dtype == np.float32
+
+
+def test_a_graph_read_back_from_json_is_drawn_the_same(s, g, tmp_path):
+    small = g.prune()
+    back = ie_lab.Graph.from_json(small.to_json(str(tmp_path / "g.json")))
+    a, b = graph_data(small), graph_data(back)
+    assert a.ids == b.ids and a.n_layers == b.n_layers == g.info["n_layers"]
+    assert np.array_equal(a.row, b.row) and np.array_equal(a.col, b.col)
+    assert np.allclose(a.weight, b.weight, rtol=1e-5) and "bias" not in b.note

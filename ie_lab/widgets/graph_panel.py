@@ -21,7 +21,7 @@ from ..core.graph import Graph
 from ..errors import InputError, plural
 from . import _base, _static
 from .dashboard import FeatureTraits
-from .dashboard_data import EncodedCorpus, encode_corpus, feature_data
+from .dashboard_data import MAX_TOP, EncodedCorpus, encode_corpus, feature_data
 from .graph_panel_data import LOGIT_NOTE, TranscoderFeatures, graph_data, node_id
 
 
@@ -88,6 +88,8 @@ class GraphPanel(FeatureTraits, _base.Panel):
             raise InputError("corpus= gives feature dashboards their contexts: pass transcoders= too (the graph's).")
         if corpus is not None and (isinstance(corpus, str) or not isinstance(corpus, (list, tuple)) or not corpus):
             raise InputError("corpus= is a non-empty list of texts (each feature's top contexts are read from it).")
+        if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_TOP:
+            raise InputError(f"top={top!r}: an int from 1 to {MAX_TOP} (contexts in a feature's dashboard).")
         self._session, self._graph, self._tcs, self._texts, self._top = session, graph, transcoders, corpus, top
         self._encoded: dict[int, EncodedCorpus] = {}
         self.shown = graph.prune(node_threshold, edge_threshold)  # checks the thresholds before the panel exists

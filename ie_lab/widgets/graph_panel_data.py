@@ -70,7 +70,7 @@ def label(n: Node) -> str:
 
 
 def graph_data(g: Graph) -> GraphData:
-    n_layers = int(g.info.get("n_layers", 1 + max((n.layer or 0) for n in g.nodes if n.layer is not None)))
+    n_layers = int(g.info.get("n_layers", 1 + max((n.layer for n in g.nodes if n.layer is not None), default=-1)))
     last = len(g.tokens) - 1
     keep = [i for i, n in enumerate(g.nodes) if n.kind in DRAWN]
     bias = [i for i, n in enumerate(g.nodes) if n.kind == "bias"]
