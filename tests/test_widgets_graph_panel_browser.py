@@ -24,7 +24,15 @@ SETUP = (
     "s = ie_lab.Session(ie_lab.DEMO_MODEL, device='cpu', progress=False)\n"
     "tcs = ie_lab.load_transcoders(ie_lab.DEMO_TRANSCODERS, s)\n"
     f"g = ie_lab.attribution_graph(s, {PROMPT!r}, tcs, batch_size=128)\n"
-    "from ie_lab.widgets.graph_panel_data import node_id"
+    "from ie_lab.widgets.graph_panel_data import node_id\n"
+    # a supernode's incoming edges as the kernel sums them: per outside source, its edges into the members
+    "def summed_into(name):\n"
+    "    out = {}\n"
+    "    for t in [n for n in gp.shown.nodes if node_id(n) in gp.supernodes[name]]:\n"
+    "        for n, w in gp.shown.edges_into(t).items():\n"
+    "            if n.kind != 'bias' and node_id(n) not in gp.supernodes[name]:\n"
+    "                out[node_id(n)] = out.get(node_id(n), 0.0) + w\n"
+    "    return sorted(out.values(), key=lambda w: -abs(w))"
 )
 CELLS = [SETUP, f"gp = s.graph_panel(g, transcoders=tcs, corpus={TEXTS!r}, top=4); gp"]
 KINDS = ("embedding", "feature", "error", "logit")
@@ -62,7 +70,7 @@ def _check_hover(srv, page, panel):
     panel.locator(".iel-g-node.iel-g-logit").first.hover()
     shown = [float(x) for x in panel.locator(".iel-g-in tr .iel-g-w").all_inner_texts()]
     assert len(shown) == min(6, len(want)) > 0
-    assert shown == pytest.approx(want[: len(shown)], rel=1e-3)
+    assert shown == pytest.approx(want[: len(shown)], rel=1e-3, abs=1e-5)
     assert "logit" in panel.locator(".iel-g-label").inner_text()
 
 
@@ -104,6 +112,11 @@ def test_the_graph_renders_hovers_opens_dashboards_and_groups_supernodes_in_both
     assert _counts(panel)["feature"] == want["feature"] - 2
     panel.locator('.iel-g-super[data-name="pair"]').hover()
     assert "supernode" in panel.locator(".iel-g-label").inner_text()
+    # its incoming edges: the members' edges from each outside node, summed in the kernel here
+    summed = _kernel(srv, page, "summed_into('pair')")
+    shown_in = [float(x) for x in panel.locator(".iel-g-in tr .iel-g-w").all_inner_texts()]
+    assert len(shown_in) == min(6, len(summed)) > 0
+    assert shown_in == pytest.approx(summed[: len(shown_in)], rel=1e-3, abs=1e-5)
 
     # dark theme: the same graph, its edges coloured by the theme's variables
     switch_theme(page, "JupyterLab Dark", False, ".iel-graph")
