@@ -2,7 +2,7 @@
 (util.js), becomes one module in ie_lab/static/, and so does the style sheet. esbuild does the bundling; its npm
 package is pinned in package.json (installed by `./dev setup`, or `npm ci` in the repository root).
 
-    python widgets/build.py          write ie_lab/static/{attention,dashboard,dashboard_export,features,picker,steering}.js
+    python widgets/build.py          write ie_lab/static/{attention,dashboard,dashboard_export,features,graph,picker,steering}.js
                                      and ie_lab.css
     python widgets/build.py --check  exit 1 when those files are not built from the current sources (no node needed)
     python widgets/build.py --watch  rebuild build/widgets-dev/ on every save, with source maps (panels read it
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "widgets"
 OUT = ROOT / "ie_lab" / "static"
 DEV_OUT = ROOT / "build" / "widgets-dev"
-PANELS = ("attention", "dashboard", "dashboard_export", "features", "picker", "steering")
+PANELS = ("attention", "dashboard", "dashboard_export", "features", "graph", "picker", "steering")
 STYLE = "ie_lab.css"
 OUTPUTS = tuple(p + ".js" for p in PANELS) + (STYLE,)
 # Readable output (no minifying): the committed bundles are reviewed in diffs like any other file.

@@ -108,3 +108,29 @@ class _Panels:
 
         self._check_open()
         return dashboard_for_session(self, sae, feature, acts, prompt=prompt, top=top, **kwargs)
+
+    def graph_panel(
+        self,
+        graph: Any,
+        *,
+        transcoders: Any = None,
+        corpus: Any = None,
+        node_threshold: float = 0.8,
+        edge_threshold: float = 0.98,
+        top: int = 8,
+    ):
+        """An attribution graph (ie_lab.attribution_graph) drawn by layer and position, pruned with these thresholds:
+        hover for edges, click a feature for its dashboard over `corpus` (a list of texts; needs `transcoders`),
+        group features into supernodes, re-prune from the panel (docs/CIRCUITS.md "The graph panel")."""
+        from ..widgets.graph_panel import for_session as graph_for_session
+
+        self._check_open()
+        return graph_for_session(
+            self,
+            graph,
+            transcoders=transcoders,
+            corpus=corpus,
+            node_threshold=node_threshold,
+            edge_threshold=edge_threshold,
+            top=top,
+        )

@@ -1,4 +1,4 @@
-// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources d6c60c673ee49446); edit those, not this file
+// ie_lab notebook panels, built by widgets/build.py from widgets/ (sources ec41fa865fb07ef2); edit those, not this file
 
 // widgets/util.js
 function asFloat32(buf) {

@@ -31,11 +31,9 @@ def _i32(a: Any) -> bytes:
     return np.asarray(a, dtype="<i4").tobytes()
 
 
-class FeatureDashboard(_base.Panel):
-    """One SAE feature's dashboard; ``show(f)`` (or the front end's ``select``) switches to another feature."""
-
-    _esm = _static.bundle("dashboard.js")
-    COMMANDS = {"select": {"feature": _base.integer(0, (1 << 31) - 1)}}
+class FeatureTraits(traitlets.HasTraits):
+    """The synced traits one feature's dashboard is drawn from (dashboard.js's fromTraits reads them): the feature
+    dashboard's, and the graph panel's dashboard below its graph (ie_lab/widgets/graph_panel.py)."""
 
     feature = traitlets.Int(0).tag(sync=True)
     n_features = traitlets.Int(0).tag(sync=True)
@@ -63,6 +61,34 @@ class FeatureDashboard(_base.Panel):
     steered = traitlets.Unicode("").tag(sync=True)
     notes = traitlets.Unicode("").tag(sync=True)
 
+    def _put(self, d: FeatureData) -> None:
+        self.data = d
+        with self.hold_sync():
+            self.ctx_tokens = [t for c in d.contexts for t in c.tokens]
+            self.ctx_len = _i32([len(c.tokens) for c in d.contexts])
+            self.ctx_meta = _i32([[c.prompt, c.position, c.at] for c in d.contexts])
+            self.ctx_values = _f32(np.concatenate([c.values for c in d.contexts]) if d.contexts else [])
+            self.hist_counts = _i32(d.hist_counts)
+            self.hist_edges = _f32(d.hist_edges)
+            self.logit_tokens = list(d.promoted_tokens) + list(d.suppressed_tokens)
+            self.logit_values = _f32(np.concatenate([d.promoted_values, d.suppressed_values]))
+            self.n_promoted = len(d.promoted_tokens)
+            self.logit_note = d.logit_note
+            s = d.steering
+            self.steer_prompt, self.steer_scale = (s.prompt, s.scale) if s else ("", 0.0)
+            self.baseline, self.steered = (s.baseline, s.steered) if s else ("", "")
+            self.n_tokens, self.n_fired, self.density, self.max_act = d.n_tokens, d.n_fired, d.density, d.max_activation
+            self.notes = "; ".join(d.notes)
+            self.error = ""
+            self.feature = d.feature  # last: the front end redraws on it
+
+
+class FeatureDashboard(FeatureTraits, _base.Panel):
+    """One SAE feature's dashboard; ``show(f)`` (or the front end's ``select``) switches to another feature."""
+
+    _esm = _static.bundle("dashboard.js")
+    COMMANDS = {"select": {"feature": _base.integer(0, (1 << 31) - 1)}}
+
     def __init__(
         self,
         session: Any,
@@ -89,27 +115,6 @@ class FeatureDashboard(_base.Panel):
             list_density=_f32((corpus.counts()[order].float() / max(1, corpus.n_rows)).numpy()),
         )
         self._put(data)
-
-    def _put(self, d: FeatureData) -> None:
-        self.data = d
-        with self.hold_sync():
-            self.ctx_tokens = [t for c in d.contexts for t in c.tokens]
-            self.ctx_len = _i32([len(c.tokens) for c in d.contexts])
-            self.ctx_meta = _i32([[c.prompt, c.position, c.at] for c in d.contexts])
-            self.ctx_values = _f32(np.concatenate([c.values for c in d.contexts]) if d.contexts else [])
-            self.hist_counts = _i32(d.hist_counts)
-            self.hist_edges = _f32(d.hist_edges)
-            self.logit_tokens = list(d.promoted_tokens) + list(d.suppressed_tokens)
-            self.logit_values = _f32(np.concatenate([d.promoted_values, d.suppressed_values]))
-            self.n_promoted = len(d.promoted_tokens)
-            self.logit_note = d.logit_note
-            s = d.steering
-            self.steer_prompt, self.steer_scale = (s.prompt, s.scale) if s else ("", 0.0)
-            self.baseline, self.steered = (s.baseline, s.steered) if s else ("", "")
-            self.n_tokens, self.n_fired, self.density, self.max_act = d.n_tokens, d.n_fired, d.density, d.max_activation
-            self.notes = "; ".join(d.notes)
-            self.error = ""
-            self.feature = d.feature  # last: the front end redraws on it
 
     def show(self, feature: int) -> None:
         """Switch to another feature (any index of the SAE)."""
