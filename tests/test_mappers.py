@@ -113,6 +113,7 @@ def test_hook_q_only_names_a_point_on_qk_norm_families():
         ("bloom", "mlp_out.0", "nnterp", "add the residual themselves"),
         ("bloom", "attn_out.1", "transformerlens_bridge", "add the residual themselves"),
         ("opt", "attn_scores.0", "transformerlens", "post-softmax"),
+        ("gptj", "attn_scores.1", "transformerlens_bridge", "post-softmax"),
         ("hunyuan_v1_dense", "q_norm_in.0", "transformerlens", "after RoPE"),
         ("deepseek_v3", "value.1", "transformerlens_bridge", "latent attention"),
     ],

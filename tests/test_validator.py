@@ -145,3 +145,39 @@ def test_a_surveyed_type_served_on_vllm_is_swept_on_the_widened_instance_by_ever
     assert path != R.save_surveyed("llama4_text", str(tmp_path))
     doc = R._doc(wide, "llama4_text", "hf", S.RAW_HF, {}, "ok", "", "eager", "float32", [], {}, [])
     assert "widened for vLLM" in doc["source"]
+
+
+def test_llama4_expert_weights_are_asked_where_each_engine_holds_them(tmp_path):
+    """Llama 4's router returns its dense top-k sigmoid scores first and its logits second; ie_lab's expert_weights is
+    the first. Plain hooks (hf, nnsight) read that element of the router's output (the one the binder measured),
+    interp-engine's router_logits is that element (spec.ENGINE_NAMES); the logits beside it, the same shape, must not
+    compare equal."""
+    import ie_lab
+    from validator import plan as plan_mod
+    from validator import run as R
+
+    (m,) = R.surveyed_models(["llama4_text"])
+    m.source = R.save_surveyed("llama4_text", str(tmp_path))
+    lm = R._load_reference(m, "eager", "cpu", "float32")
+    p = plan_mod.addresses(lm, "llama4_text")
+    interp = {a.address: a for a in plan_mod.asks(lm, p, "interp")}
+    assert interp["expert_weights.1"].spec == {"address": "router_logits.1"}
+    assert interp["router_logits.1"].spec == {"address": "router_logits.1"}
+    hooks = {a.address: a for a in plan_mod.asks(lm, p, "hf")}
+    assert hooks["expert_weights.1"].name.endswith("router.output[0]")
+    assert hooks["router_logits.1"].name.endswith("router.output[1]")
+
+    router, out = lm.binding.layers[1].router, {}
+    handle = router.register_forward_hook(lambda mod, args, o: out.update(o=o))
+    try:
+        c = ie_lab.capture(lm, torch.tensor(R._ids(lm)), ["expert_weights.1", "router_logits.1"])
+    finally:
+        handle.remove()
+    for address, ask in (
+        ("expert_weights.1", hooks["expert_weights.1"]),
+        ("router_logits.1", hooks["router_logits.1"]),
+    ):
+        got = out["o"][ask.spec["index"]]
+        assert S.judge(metrics(c[address], got, False)[0], S.RAW_HF)[0] == S.PASS
+    mets, _ = metrics(c["expert_weights.1"], c["router_logits.1"], False)
+    assert S.judge(mets, S.RAW_HF)[0] == S.FAIL  # the neighbour element would not have passed

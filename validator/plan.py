@@ -14,6 +14,7 @@ from ie_lab import points as P
 from ie_lab.address import Address
 from ie_lab.errors import AddressError, CapabilityUnsupported, PointAbsent
 
+from . import spec as S
 from .spec import layers_for
 
 
@@ -150,6 +151,11 @@ def module_spec(lm: Any, address: str, tokens: int = 22) -> tuple[dict | None, s
         # binder measured as its linear map: every engine reads that element of the same module's output
         index = {} if lb.router_output is None else {"index": lb.router_output}
         return dict(spec, width=lm.facts.n_experts, tokens=tokens, **index), ""
+    if name == "expert_weights" and lb.router is not None and lb.router_weights_output is not None:
+        # the router hands the routing weights out dense, as one of its outputs, and the experts' input is scaled by
+        # them (Llama 4: top-k sigmoid scores scattered into zeros, then the logits): that element of its output
+        spec, _ = out(lb.router)
+        return dict(spec, width=lm.facts.n_experts, tokens=tokens, index=lb.router_weights_output), ""
     if name in ("expert_weights", "expert_indices"):
         return None, "the top-k selection happens inside the MoE block: no module outputs it"
     mlp = lb.mlp if lb.mlp is not None else lb.mlp_out_module
@@ -196,6 +202,11 @@ def asks(lm: Any, plan: ModelPlan, engine: str) -> list[Ask]:
             except AddressError as e:
                 out.append(Ask(address, "", None, str(e)))
         elif engine == "interp":
+            asked = S.engine_name(plan.family, a.name, engine)
+            if asked != a.name:  # the engine serves this tensor under another point's name (spec.ENGINE_NAMES)
+                other = str(Address(asked, a.layer))
+                out.append(Ask(address, other, {"address": other}))
+                continue
             spec = {"address": address}
             if a.name in ("expert_weights", "expert_indices"):  # interp-engine lists the top-k; densified
                 spec["dense_experts"] = lm.facts.n_experts

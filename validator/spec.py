@@ -107,8 +107,8 @@ ENGINES: dict[str, Engine] = {
             "interp-engine (eager)",
             "interp",
             RAW_HF,
-            "interp-engine's eager backend, asked for the same address (its point names match ie_lab's); a "
-            "reference only, run in its own environment",
+            "interp-engine's eager backend, asked for the same address (its point names match ie_lab's, except "
+            "where ENGINE_NAMES says otherwise); a reference only, run in its own environment",
         ),
         Engine(
             "vllm",
@@ -335,7 +335,8 @@ KNOWN.update(
             (t, "router_logits", "interp"): "Llama 4's router returns its top-1 sigmoid scores scattered into zeros "
             "first and its logits second; ie_lab's router_logits is the logits before top-k selection (the router's "
             "linear map of its input, measured by the binder and tested; the hf and nnsight rows read that element and "
-            "agree), interp-engine reads the first element, the scores. Its difference."
+            "agree), interp-engine reads the first element, the scores, which are ie_lab's expert_weights (compared there: "
+            "ENGINE_NAMES). Its difference."
             for t in ("llama4", "llama4_text")
         },
         ("deepseek_v4", "z", "interp"): "DeepSeek-V4 rotates each head's output back (RoPE with -sin, K = V) before "
@@ -347,3 +348,21 @@ KNOWN.update(
 
 def known(family: str, point: str, engine: str) -> str:
     return KNOWN.get((family, point, engine), "")
+
+
+# Tensors an engine serves under another point's name on a family: (family, ie_lab's point, engine) -> (the engine's
+# point, why). The engine is asked for its name at the same layer and compared against ie_lab's point.
+_LLAMA4_ROUTER = (
+    "Llama 4's router returns its top-1 sigmoid scores scattered into zeros first and its logits second, and the "
+    "experts' input is scaled by the first (measured by the binder): ie_lab's expert_weights. interp-engine's "
+    "router_logits reads that first element (see the router_logits note), and its expert_weights asks the router for "
+    "a third element it does not return, so its router_logits is asked for ie_lab's expert_weights."
+)
+ENGINE_NAMES: dict[tuple[str, str, str], tuple[str, str]] = {
+    (t, "expert_weights", "interp"): ("router_logits", _LLAMA4_ROUTER) for t in ("llama4", "llama4_text")
+}
+
+
+def engine_name(family: str, point: str, engine: str) -> str:
+    """The engine's point for ie_lab's point on this family (the same name unless ENGINE_NAMES says otherwise)."""
+    return ENGINE_NAMES.get((family, point, engine), (point, ""))[0]

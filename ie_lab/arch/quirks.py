@@ -294,8 +294,10 @@ FOREIGN_ENGINE_CONVENTIONS = {
     # Bloom's attention and MLP modules add the residual themselves: the module-output names of TransformerBridge
     # and nnterp hold contribution + residual, and HookedTransformer's hook_embed is taken after the embedding norm.
     "bloom": {"modules_add_residual": True, "tl_embed_after_norm": True},
-    # TransformerLens' hook_attn_scores on OPT holds the post-softmax pattern.
+    # TransformerLens' hook_attn_scores on OPT holds the post-softmax pattern; so it does on GPT-J (transformers 5.19,
+    # where GPT-J's own attention step computes it; its rows sum to 1, nothing masked).
     "opt": {"tl_scores_are_pattern": True},
+    "gptj": {"tl_scores_are_pattern": True},
     # HunYuan normalises rotated queries/keys; TransformerLens' hook_q/hook_k are taken before RoPE.
     "hunyuan_v1_dense": {"qk_norm_after_rope": True},
     # Multi-head latent attention has no value projection for TransformerBridge's attn.v hook to sit on.

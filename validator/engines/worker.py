@@ -281,12 +281,18 @@ def run_tl(job):
         )
         bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
     names = sorted({r["spec"]["name"] for r in job["requests"]})
-    if any(n.endswith("attn.hook_result") for n in names):
-        bridge.set_use_attn_result(True)  # TransformerLens computes each head's write (hook_result) only when asked
-    hook_dict = getattr(bridge, "hook_dict", {}) or {}
     errors = {}
+    if any(n.endswith("attn.hook_result") for n in names):
+        try:  # TransformerLens computes each head's write (hook_result) only when asked
+            bridge.set_use_attn_result(True)
+        except NotImplementedError as e:  # no attention bridge of this model splits per head: only those asks fail
+            for r in job["requests"]:
+                if r["spec"]["name"].endswith("attn.hook_result"):
+                    errors[r["key"]] = _err(e)
+            names = [n for n in names if not n.endswith("attn.hook_result")]
+    hook_dict = getattr(bridge, "hook_dict", {}) or {}
     for r in job["requests"]:
-        if hook_dict and r["spec"]["name"] not in hook_dict:
+        if r["key"] not in errors and hook_dict and r["spec"]["name"] not in hook_dict:
             errors[r["key"]] = f"TransformerBridge has no hook named {r['spec']['name']} on this model"
     with torch.no_grad():
         _, cache = bridge.run_with_cache(_ids(job), names_filter=lambda n: n in names)
