@@ -204,8 +204,8 @@ class _Operations:
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", _DEFAULT)
         call = record.build(args, kwargs, door=door)  # door: this method's own keywords, offered as near matches
-        if getattr(call, "splice", None) is not None:
-            self._splicing()  # a backend that cannot splice refuses splice= here, before anything runs
+        if getattr(call, "splice", None) is not None or getattr(call, "intervene", None) is not None:
+            self._splicing()  # a backend that cannot splice refuses splice= and intervene= here, before anything runs
         bos = self._bos(prepend_bos)
         if bos is None:
             return call
