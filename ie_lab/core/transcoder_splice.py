@@ -43,9 +43,11 @@ def is_transcoder(x: Any) -> bool:
 
 
 def is_transcoders(x: Any) -> bool:
-    """A transcoder, or a collection of them (ie_lab.load_transcoders' Transcoders)."""
+    """A transcoder, or a collection of them (ie_lab.load_transcoders' Transcoders, or a list)."""
     if is_transcoder(x):
         return True
+    if isinstance(x, (list, tuple)):
+        return bool(x) and all(is_transcoder(t) for t in x)
     return hasattr(x, "layers") and hasattr(x, "__iter__") and all(is_transcoder(t) for t in x)
 
 
@@ -257,7 +259,7 @@ def _node_target(node: Any, lm: Any, prompt_ids: Callable[[], list[list[int]]]) 
     """(layer, feature, position, its transcoder) of a graph's feature node, checked against this call."""
     if node.kind != "feature":
         raise InputError(
-            f"intervene: {node!r} is a {node.kind} node, not a feature: only a transcoder feature has an activation "
+            f"intervene: {node!r} is {'an' if node.kind[0] in 'aeiou' else 'a'} {node.kind} node, not a feature: only a transcoder feature has an activation "
             "to clamp; pick a feature node (graph.node('feature', layer, position, index) or graph.of_kind('feature'))."
         )
     origin = getattr(node, "origin", None)
