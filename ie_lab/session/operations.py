@@ -262,7 +262,9 @@ class _Operations:
         (error=True adds the error term x - decode(encode(x)) back, so only feature edits change the run).
         `with s.splice(sae):` or s.generate(..., splice=spec); spec.ablate(features) / spec.clamp(features, value)
         return a new spec; capture 'sae.<name>.acts' during a spliced run for the features. Eager and vLLM (not
-        graph mode); a remote Session refuses it."""
+        graph mode); a remote Session refuses it. Transcoders (ie_lab.load_transcoders, or one of its layers) splice
+        in place of their MLPs' outputs, read at mlp_in.L and written at mlp_out.L (eager only; docs/CIRCUITS.md,
+        "Interventions")."""
         self._check_open()
         return self._splicing().splice(sae, error=error)
 
