@@ -162,10 +162,15 @@ def test_no_hook_is_left_after_a_failure_inside_the_forward(demo, monkeypatch):
     assert_clean(s._lm)
 
 
-def test_vllm_and_remote_sessions_refuse_naming_eager():
+def test_vllm_and_remote_sessions_refuse_naming_eager(demo):
+    from ie_lab.vllm.requests import _steer_payload  # what a vLLM request carries: a transcoder splice is refused
+
+    s, tcs, _ = demo
     require(TRANSCODER_SPLICING, "eager")
     with pytest.raises(ie_lab.CapabilityUnsupported, match="backend='eager'"):
         require(TRANSCODER_SPLICING, "vllm")
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="reads the MLP's input and writes its output.*eager"):
+        _steer_payload(s.splice(tcs, error=True))
     from ie_lab.remote.ops import OPS, ArgError
 
     for op in ("capture", "generate", "generate_stream"):
