@@ -171,6 +171,26 @@ def test_vllm_and_remote_sessions_refuse_naming_eager(demo):
         require(TRANSCODER_SPLICING, "vllm")
     with pytest.raises(ie_lab.CapabilityUnsupported, match="reads the MLP's input and writes its output.*eager"):
         _steer_payload(s.splice(tcs, error=True))
+    from ie_lab.core import calls
+    from ie_lab.session.operations import _Operations
+
+    class VLLMLike:  # a backend that splices SAEs but not transcoders: intervene= refused at the door
+        name = "vllm"
+
+        def require(self, capability):
+            require(capability, "vllm")
+
+        def splice(self, sae, *, error=False):
+            raise AssertionError("not reached")
+
+    class Door(_Operations):
+        _backend = VLLMLike()
+
+        def _bos(self, prepend_bos):
+            return None
+
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="transcoder splicing.*backend='eager'"):
+        Door()._door(calls.Generate, (PROMPT,), {"intervene": {(0, 1): 0.0}})
     from ie_lab.remote.ops import OPS, ArgError
 
     for op in ("capture", "generate", "generate_stream"):

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..backend import OPERATIONS, Operation, OperationCancelled, SessionClosed
 from ..backend import CancelToken as _CancelToken
-from ..capabilities import SPLICING
+from ..capabilities import SPLICING, TRANSCODER_SPLICING
 from ..core import calls
 from ..core.calls import Record, signature_with
 from ..core.inputs import PROMPT_PARAMETERS, with_bos
@@ -206,6 +206,8 @@ class _Operations:
         call = record.build(args, kwargs, door=door)  # door: this method's own keywords, offered as near matches
         if getattr(call, "splice", None) is not None or getattr(call, "intervene", None) is not None:
             self._splicing()  # a backend that cannot splice refuses splice= and intervene= here, before anything runs
+        if getattr(call, "intervene", None) is not None:
+            self._backend.require(TRANSCODER_SPLICING)  # vLLM: its worker's splice reads and writes one point
         bos = self._bos(prepend_bos)
         if bos is None:
             return call
