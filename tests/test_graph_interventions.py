@@ -64,6 +64,12 @@ def test_ablating_a_node_moves_its_mlp_output_by_its_decoder_row_at_its_position
     expected = -f.activation * W[f.index]
     assert torch.allclose(moved[p], expected, atol=1e-4 * float(expected.norm()))
     assert bool((moved[:p] == 0).all()) and bool((moved[p + 1 :] == 0).all())
+    # on a continuation of the graph's prompt the node is clamped at its position only: layer L's MLP output at the
+    # later positions reads nothing of layer L's MLP at p (attention L runs before it), so it does not move at all
+    longer = PROMPT + " lonely . Mary cried"
+    cont = (s.capture(longer, [pt], intervene={f: 0.0})[pt] - s.capture(longer, [pt])[pt])[0]
+    assert cont.shape[0] > p + 1 and bool((cont[p + 1 :] == 0).all()) and bool((cont[:p] == 0).all())
+    assert torch.allclose(cont[p], expected, atol=1e-4 * float(expected.norm()))
     # a neighbouring feature's row, or the same row at the neighbouring position, fails the same check
     assert not torch.allclose(moved[p], -f.activation * W[f.index + 1], atol=1e-4 * float(expected.norm()))
     assert not torch.allclose(moved[p - 1], expected, atol=1e-4 * float(expected.norm()))
