@@ -148,7 +148,8 @@ def steer(model: Any, address: Any, vector: Any, method: str = "add", **kwargs: 
 
 def splice(model: Any, sae: Any, *, error: bool = False):
     """An SAE spliced in at its point on model: s.splice(sae, error=...) on a Session over model. `with spec:` or
-    ie_lab.capture(model, ..., splice=spec); docs/SAE.md, "Splicing"."""
+    ie_lab.capture(model, ..., splice=spec); docs/SAE.md, "Splicing". Transcoders splice in place of their MLPs'
+    outputs (docs/CIRCUITS.md, "Interventions")."""
     from .eager.splice import make_splice
 
     return make_splice(model, sae, error=error)

@@ -49,6 +49,9 @@ class Capability:
 # s.splice(sae): an SAE's reconstruction written back into the forward (docs/SAE.md, "Splicing")
 SPLICING = "SAE splicing (reconstruction at the point, error term, feature ablation and clamping, feature activations)"
 
+# s.splice(transcoders) and intervene= on an attribution graph's features (docs/CIRCUITS.md, "Interventions")
+TRANSCODER_SPLICING = "transcoder splicing and interventions on graph features (intervene=)"
+
 # ie_lab.load() returns one kind of handle, whatever the backend: the in-process model (an EagerModel).
 LOAD_CAPABILITY = "ie_lab.load(): an in-process model for the free functions (ie_lab.capture and the others)"
 
@@ -73,6 +76,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     ),
     Capability("run(fn) on the model object", "use backend='eager'"),
     Capability(SPLICING, "use backend='eager' (s.splice(sae) on Session(model, backend='eager'))"),
+    Capability(TRANSCODER_SPLICING, "use backend='eager' (Session(model, backend='eager'))"),
     Capability(
         LOAD_CAPABILITY,
         "ie_lab.Session(path, backend='vllm'), whose methods (s.capture, s.generate and the others) are "

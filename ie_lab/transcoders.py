@@ -81,6 +81,22 @@ class Transcoder:
     def decode(self, f: torch.Tensor) -> torch.Tensor:
         return f.float() @ self.W_dec.to(f.device) + self.b_dec.to(f.device)
 
+    # What a feature dashboard reads of a dictionary (ie_lab.widgets.feature_data): the point its encoder reads,
+    # and steering along a feature's decoder direction, which a transcoder writes at its output point.
+    @property
+    def address(self) -> Address:
+        return self.address_in
+
+    def steer(self, session: Any, feature: int, scale: float = 1.0, **kwargs: Any) -> Any:
+        """A steering spec adding scale x the feature's decoder direction at the transcoder's output point."""
+        if isinstance(feature, bool) or not isinstance(feature, int) or not 0 <= feature < self.d_sae:
+            raise InputError(f"feature={feature!r}: an int from 0 to {self.d_sae - 1}.")
+        return session.steer(self.address_out, self.W_dec[feature].float(), scale=scale, **kwargs)
+
+    def splice(self, session: Any, *, error: bool = False) -> Any:
+        """This transcoder spliced in place of its MLP's output (s.splice(self, error=...)): docs/CIRCUITS.md."""
+        return session.splice(self, error=error)
+
     def __repr__(self) -> str:
         return (
             f"Transcoder({self.activation}, d_in={self.d_in}, d_sae={self.d_sae}, {self.address_in} -> "

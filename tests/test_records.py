@@ -105,8 +105,8 @@ def test_record_defaults_are_the_computations_own(op):
         want |= {k: (gen[k].default, True) for k in ("temperature", "top_k", "top_p", "seed", "stop", "ignore_eos")}
     if op == "capture":  # its steer= is read where the call is issued, and the forward run under it
         want["steer"] = (None, True)
-    if op in ("capture", "generate", "generate_stream"):  # splice= is folded into steer= where the call enters
-        want["splice"] = (None, True)
+    if op in ("capture", "generate", "generate_stream"):  # splice= and intervene= are folded into steer= where
+        want["splice"] = want["intervene"] = (None, True)  # the call enters
     got = {p.name: (p.default, p.kind is p.KEYWORD_ONLY) for p in calls.RECORDS[op].parameters()}
     assert got == want
 

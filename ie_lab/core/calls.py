@@ -131,7 +131,8 @@ class Capture(Record):
     doc: ClassVar[str] = (
         "One forward; the activations at `addresses` in a Cache (a list of prompts: a list of Cache). "
         "steer=: steering specs for this call; grad=True keeps the autograd graph (eager only); splice=: SAEs "
-        "spliced in (s.splice(sae); their features read as 'sae.<name>.acts'; not remote, docs/SAE.md)."
+        "spliced in (s.splice(sae); their features read as 'sae.<name>.acts'; not remote, docs/SAE.md); intervene=: "
+        "{graph feature node or (layer, feature): value} clamps transcoder features (docs/CIRCUITS.md)."
     )
     tokens_or_text: Any = arg(wire="prompts")
     addresses: Any = arg(wire="addresses")
@@ -139,6 +140,7 @@ class Capture(Record):
     steer: Any = arg(None, wire="steer")
     grad: bool = arg(False)
     splice: Any = arg(None)  # local: a spec holding an SAE's weights, folded into steer= where it enters
+    intervene: Any = arg(None)  # local: {graph feature node or (layer, feature): value}, folded into splice=
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,8 @@ class Generate(Record):
     op: ClassVar[str] = "generate"
     doc: ClassVar[str] = (
         "Generate to the end (greedy by default; temperature/top_k/top_p/seed to sample). capture= covers "
-        "prompt + every generated token; a list of prompts returns a list of results (docs/GENERATION.md)."
+        "prompt + every generated token; a list of prompts returns a list of results (docs/GENERATION.md). "
+        "splice= / intervene=: SAEs or transcoders spliced in, features clamped (docs/SAE.md, docs/CIRCUITS.md)."
     )
     tokens: ClassVar[str | None] = "max_new_tokens"
     prompt: Any = arg(wire="prompts")
@@ -163,6 +166,7 @@ class Generate(Record):
     keep_logits: bool = arg(True, wire="flag")
     ignore_eos: bool = arg(False, wire="flag")
     splice: Any = arg(None)  # local: s.splice(sae) specs, folded into steer= where it enters (not remote)
+    intervene: Any = arg(None)  # local: {graph feature node or (layer, feature): value}, folded into splice=
 
 
 @dataclass(frozen=True)

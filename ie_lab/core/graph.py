@@ -34,6 +34,16 @@ KEYS = {
 }
 
 
+@dataclass(frozen=True, eq=False)
+class GraphOrigin:
+    """What a graph was built from: its model (a weak reference, so a graph does not keep a closed model alive), its
+    transcoders by layer and its prompt's token ids."""
+
+    model: Any
+    transcoders: dict[int, Any]
+    tokens: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Node:
     """One node. feature: layer, position, index (the feature), activation and pre-activation; error: layer,
@@ -50,6 +60,9 @@ class Node:
     activation: float = 0.0  # feature: its activation (the edges out of it are per unit of its write times this)
     value: float = 0.0  # feature: pre-activation; logit: the demeaned logit; the sum of the edges into it
     probability: float = 0.0  # logit nodes
+    # where the node was built (GraphOrigin: the model, the transcoders, the prompt's ids), so that intervene= can
+    # clamp a feature node on its own (core/transcoder_splice.py); None for a node read from a file or made by hand
+    origin: Any = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> tuple:

@@ -35,6 +35,7 @@ from ..ops.projection import scores
 from ..ops.splice import splice as splice_rows
 from .projection_args import make_encoder, point_width
 from .steer_spec import ForwardState, Issued, SteerSpec, as_specs
+from .transcoder_splice import TranscoderSplice, with_interventions
 
 ACTS_NAME = re.compile(r"sae\.([A-Za-z0-9_\-]+)\.acts")
 
@@ -144,7 +145,7 @@ class SpliceSpec(SteerSpec):
         )
 
 
-def splices(specs: Any) -> list[SpliceSpec]:
+def splices(specs: Any) -> list[SpliceSpec]:  # the SAE splices (a transcoder splice keeps no features)
     return [s for s in specs if isinstance(s, SpliceSpec)]
 
 
@@ -154,11 +155,12 @@ def as_splices(splice: Any) -> list[SpliceSpec]:
         return []
     items = list(splice) if isinstance(splice, (list, tuple)) else [splice]
     for it in items:
-        if not isinstance(it, SpliceSpec):
+        if not isinstance(it, (SpliceSpec, TranscoderSplice)):
             got = repr(it) if isinstance(it, str) else type(it).__name__
             raise InputError(
                 f"splice= takes a splice spec or a list of them, got {got}; make one with s.splice(sae) "
-                "(an SAE from ie_lab.load_sae(path, s)) and pass it as splice=spec."
+                "(an SAE from ie_lab.load_sae(path, s), or transcoders from ie_lab.load_transcoders) and pass it as "
+                "splice=spec."
             )
     return items
 
@@ -200,6 +202,11 @@ def fold(call: Any, lm: Any) -> Any:
             "generation; capture the text generate returns with s.capture(text, ['sae.<name>.acts'], splice=spec)."
         )
     splice = getattr(call, "splice", None)
+    intervene = getattr(call, "intervene", None)
+    if intervene is not None:  # folded into the call's transcoder splices (core/transcoder_splice.py)
+        prompt = call.prompt if hasattr(call, "prompt") else call.tokens_or_text
+        splice = with_interventions(intervene, as_splices(splice), lm, prompt)
+        call = call.replace(intervene=None, splice=splice or None)
     if splice is None:
         return call
     extra = as_splices(splice)

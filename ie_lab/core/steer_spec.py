@@ -78,6 +78,12 @@ class SteerSpec:
 
         return apply
 
+    def writes(self, state: ForwardState, special_ids: frozenset[int]) -> list[tuple[Address, Callable]]:
+        """(address, edit) per point the hooks place for this spec in one forward: ``edit`` at each of its addresses.
+        A spec that reads one point and writes another (a transcoder splice, core/transcoder_splice.py) returns
+        its own pair, the reader first, sharing what it read."""
+        return [(a, self.edit(state, special_ids)) for a in self.addresses]
+
     def __enter__(self) -> "SteerSpec":
         scope = enter_scope(self)
         try:

@@ -23,6 +23,7 @@ source's write dotted with the write. Every hook is removed when the forward end
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from torch import nn
 
 from ..address import Address
 from ..arch.attention_tap import editing
-from ..core.graph import Graph, Node
+from ..core.graph import Graph, GraphOrigin, Node
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..errors import CapabilityUnsupported, InputError, shown_value
 from ..ops.attribution import FrozenNorm, freeze_norm
@@ -271,7 +272,10 @@ def _build(
         )
     # nodes, in the adjacency's order
     toks = _token_texts(lm, ids[0].tolist())
-    nodes = [Node("feature", L, p, i, token=toks[p], activation=a, value=pre) for (L, p, i, a, pre) in feats]
+    origin = GraphOrigin(weakref.ref(lm), dict(by_layer), tuple(ids[0].tolist()))  # for intervene= (its nodes)
+    nodes = [
+        Node("feature", L, p, i, token=toks[p], activation=a, value=pre, origin=origin) for (L, p, i, a, pre) in feats
+    ]
     nodes += [Node("error", L, p, token=toks[p]) for L in range(n_layers) for p in range(S)]
     nodes += [Node("embedding", None, p, token=toks[p]) for p in range(S)]
     nodes += [Node("bias", name=n) for n in bias_names]

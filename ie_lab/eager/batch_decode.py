@@ -291,7 +291,7 @@ class Batcher(BatchReads):
                 addrs = list(dict.fromkeys(a for r in reqs for a in r.plan.addrs))
                 if addrs:
                     self._taps = stack.enter_context(Taps(self.lm, addrs))
-                edits = [(a, self._row_edit(r, sp)) for r in reqs for sp in r.plan.specs for a in sp.addresses]
+                edits = [w for r in reqs for sp in r.plan.specs for w in self._row_edits(r, sp)]
                 if edits:
                     self._writers = stack.enter_context(Writers(self.lm, edits))
             except BaseException:
@@ -314,9 +314,11 @@ class Batcher(BatchReads):
         if stack is not None:
             stack.close()
 
-    def _row_edit(self, req: Request | CaptureRequest, spec: SteerSpec) -> Any:
-        edit = spec.edit(req.state, self._special)
+    def _row_edits(self, req: Request | CaptureRequest, spec: SteerSpec) -> list[tuple[Any, Any]]:
+        """(address, edit) per point the spec writes (SteerSpec.writes), each acting on this request's row only."""
+        return [(a, self._row_edit(req, spec, edit)) for a, edit in spec.writes(req.state, self._special)]
 
+    def _row_edit(self, req: Request | CaptureRequest, spec: SteerSpec, edit: Any) -> Any:
         def apply(h: torch.Tensor, offset: int) -> torch.Tensor:
             r = self._at.get(id(req))
             if r is None or req.finished:

@@ -59,8 +59,8 @@ class BatchReads:
     _at: dict[int, int]
     _pad_id: int
 
-    def _row_edit(self, req: Request | CaptureRequest, spec: SteerSpec) -> Any:
-        raise NotImplementedError  # the Batcher's: a steering edit bound to the request's row of the forward
+    def _row_edits(self, req: Request | CaptureRequest, spec: SteerSpec) -> list[tuple[Any, Any]]:
+        raise NotImplementedError  # the Batcher's: a spec's edits, each bound to the request's row of the forward
 
     def read(self, req: CaptureRequest | GradRequest, rows_for: Any) -> Cache:
         """Read `req`, with every request of its kind (capture, gradients) queued meanwhile, in right-padded
@@ -120,7 +120,7 @@ class BatchReads:
         for i, c in enumerate(group):
             c.state.ids, c.state.offset, c.state.prompt_len, c.state.pad = ids[i : i + 1], 0, None, None
         bases = list(dict.fromkeys(a.without_head() for c in group for a in c.addrs))
-        edits = [(a, self._row_edit(c, sp)) for c in group for sp in c.specs for a in sp.addresses]
+        edits = [w for c in group for sp in c.specs for w in self._row_edits(c, sp)]
         self._at = {id(c): i for i, c in enumerate(group)}
         self.in_forward = list(group)  # a cancel stops this forward only if every capture in it is cancelled
         try:

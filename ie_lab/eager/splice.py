@@ -1,4 +1,4 @@
-"""SAE splicing on the eager backend: the spec made and checked against the model (``make_splice``), and a capture
+"""SAE and transcoder splicing on the eager backend: the spec made and checked against the model (``make_splice``), and a capture
 that also returns the spliced SAEs' feature activations under ``sae.<name>.acts`` (``capture_with_acts``).
 
 The splice itself is a steering edit (ie_lab/core/splice_spec.py): the operations, the continuous batch and the
@@ -24,6 +24,7 @@ from ..core.splice_spec import (
     unknown_acts,
 )
 from ..core.steer_scope import CURRENT_OP
+from ..core.transcoder_splice import TranscoderSplice, is_transcoders, make_transcoder_splice
 from ..errors import InputError
 from .capture import capture
 from .model import lm_of
@@ -31,14 +32,19 @@ from .taps import resolve
 from .writers import Writers
 
 
-def make_splice(model: Any, sae: Any, *, error: bool = False) -> SpliceSpec:
-    """A splice of sae at its point on this model (core/splice_spec.py make_splice_spec), and the point one this
-    model's hooks can write, every argument checked before anything is placed."""
+def make_splice(model: Any, sae: Any, *, error: bool = False) -> SpliceSpec | TranscoderSplice:
+    """A splice of sae at its point on this model (core/splice_spec.py make_splice_spec), or of transcoders in place
+    of their MLPs' outputs (core/transcoder_splice.py), and the points ones this model's hooks can write, every
+    argument checked before anything is placed."""
     lm = lm_of(model)
-    spec = make_splice_spec(lm, sae, error=error)
-    addr = spec.addresses[0]
-    Writers(lm, [(addr, lambda t, off: t)])  # refuses a point no hook can write, before any is placed
-    resolve(lm, addr.without_head())  # an absent point is refused here, in the caller's words
+    spec: SpliceSpec | TranscoderSplice
+    if is_transcoders(sae):
+        spec = make_transcoder_splice(lm, sae, error=error)
+    else:
+        spec = make_splice_spec(lm, sae, error=error)
+    for addr in spec.addresses:
+        Writers(lm, [(addr, lambda t, off: t)])  # refuses a point no hook can write, before any is placed
+        resolve(lm, addr.without_head())  # an absent point is refused here, in the caller's words
     return spec
 
 
@@ -89,7 +95,8 @@ def folded(call: Any, lm: Any) -> Any:
 
 
 def keywords(call: Any) -> dict[str, Any]:
-    """call.keywords() without splice= (folded into steer= by then): what the eager functions take."""
+    """call.keywords() without splice= and intervene= (folded into steer= by then): what the eager functions take."""
     kw = call.keywords()
     kw.pop("splice", None)
+    kw.pop("intervene", None)
     return kw

@@ -72,7 +72,7 @@ class steering:  # noqa: N801 - used like a function: `with steering(lm, specs):
         tok = self.lm.tokenizer
         self.special = frozenset(getattr(tok, "all_special_ids", []) or [])
         self.gate = gate or self._mine
-        edits = [(a, sp.edit(self.state, self.special)) for sp in self.specs for a in sp.addresses]
+        edits = [w for sp in self.specs for w in sp.writes(self.state, self.special)]
         self.writers = _GatedWriters(self.lm, edits, self.gate)
         self._ids_hook = None
 

@@ -86,6 +86,7 @@ CAPABILITIES: dict[str, str] = {
     "direct logit attribution": "yes (logit_attribution(): by layer, sublayer point or head; attn_result per head)",
     "run(fn) on the model object": "yes",
     "SAE splicing (reconstruction at the point, error term, feature ablation and clamping, feature activations)": "yes",
+    "transcoder splicing and interventions on graph features (intervene=)": "yes",
     "ie_lab.load(): an in-process model for the free functions (ie_lab.capture and the others)": "yes (an EagerModel)",
     "model families": (
         "every family the binder can measure (docs/FAMILIES.md: each model type of transformers' causal-LM mapping, "

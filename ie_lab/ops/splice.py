@@ -7,7 +7,10 @@ moved by exactly the decoder-direction change of the edits.
 | dropped | f' @ W_dec + b_dec |
 | kept | x + (f' - f) @ W_dec   (x itself where nothing is edited) |
 
-f = encode(x) (ops/projection.py's scores); f' is f with the features at ``idx`` set to ``vals``.
+f = encode(x) (ops/projection.py's scores) for an SAE; for a transcoder, x is its output point's value (the MLP's
+output) and f the encoding of its input point (the MLP's input), so the same arithmetic writes where it does not
+read. f' is f with the features at ``idx`` set to ``vals``; with ``where`` (bool [..., len(idx)]) only where it is
+True, edit by edit in order (a feature may then be set at some positions and not others, or twice).
 """
 
 from __future__ import annotations
@@ -23,13 +26,19 @@ def splice(
     idx: torch.Tensor,
     vals: torch.Tensor,
     keep_error: bool,
+    where: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(new value in float32 [..., d], the edited features f' [..., n]) for rows x [..., d] with features f."""
     x = x.float()
     edited = f
-    if idx.numel():
+    if idx.numel() and where is None:
         edited = f.clone()
         edited[..., idx.to(f.device)] = vals.to(f.device, f.dtype)
+    elif idx.numel():
+        edited = f.clone()
+        for j, i in enumerate(idx.tolist()):
+            v = vals[j].to(f.device, f.dtype)
+            edited[..., i] = torch.where(where[..., j].to(f.device), v, edited[..., i])
     W = W_dec.to(x.device, torch.float32)
     if keep_error:
         # x - decode(f) + decode(f'): the plain value where nothing is edited, exactly the edits' change elsewhere

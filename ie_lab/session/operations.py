@@ -9,7 +9,7 @@ from typing import Any
 
 from ..backend import OPERATIONS, Operation, OperationCancelled, SessionClosed
 from ..backend import CancelToken as _CancelToken
-from ..capabilities import SPLICING
+from ..capabilities import SPLICING, TRANSCODER_SPLICING
 from ..core import calls
 from ..core.calls import Record, signature_with
 from ..core.inputs import PROMPT_PARAMETERS, with_bos
@@ -204,8 +204,10 @@ class _Operations:
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", _DEFAULT)
         call = record.build(args, kwargs, door=door)  # door: this method's own keywords, offered as near matches
-        if getattr(call, "splice", None) is not None:
-            self._splicing()  # a backend that cannot splice refuses splice= here, before anything runs
+        if getattr(call, "splice", None) is not None or getattr(call, "intervene", None) is not None:
+            self._splicing()  # a backend that cannot splice refuses splice= and intervene= here, before anything runs
+        if getattr(call, "intervene", None) is not None:
+            self._backend.require(TRANSCODER_SPLICING)  # vLLM: its worker's splice reads and writes one point
         bos = self._bos(prepend_bos)
         if bos is None:
             return call
@@ -262,7 +264,9 @@ class _Operations:
         (error=True adds the error term x - decode(encode(x)) back, so only feature edits change the run).
         `with s.splice(sae):` or s.generate(..., splice=spec); spec.ablate(features) / spec.clamp(features, value)
         return a new spec; capture 'sae.<name>.acts' during a spliced run for the features. Eager and vLLM (not
-        graph mode); a remote Session refuses it."""
+        graph mode); a remote Session refuses it. Transcoders (ie_lab.load_transcoders, or one of its layers) splice
+        in place of their MLPs' outputs, read at mlp_in.L and written at mlp_out.L (eager only; docs/CIRCUITS.md,
+        "Interventions")."""
         self._check_open()
         return self._splicing().splice(sae, error=error)
 

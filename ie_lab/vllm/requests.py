@@ -14,11 +14,13 @@ from typing import Any
 import torch
 
 from ..address import Address
+from ..capabilities import TRANSCODER_SPLICING, require
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare
 from ..core.splice_spec import SpliceSpec, acts_name, make_splice_spec
 from ..core.steer_scope import active_specs, enter_scope, exit_scope
 from ..core.steer_spec import make_spec
+from ..core.transcoder_splice import TranscoderSplice, is_transcoders
 from ..errors import (
     CapabilityUnsupported,
     InputError,
@@ -73,6 +75,8 @@ def _graph_splice() -> CapabilityUnsupported:
 
 
 def _steer_payload(spec: Any) -> list[dict]:
+    if isinstance(spec, TranscoderSplice):  # intervene= or s.splice(transcoders): refused with the reason
+        require(TRANSCODER_SPLICING, "vllm")
     if isinstance(spec, SpliceSpec):
         return _splice_payload(spec)
     kwargs = spec.method_kwargs()
@@ -299,6 +303,8 @@ class _Requests:
         SAE's reconstruction, as the eager hooks do (ops/splice.py). `with spec:` or splice=spec."""
         self._check_open()
         self._refuse_in_generate_mode("splicing")
+        if is_transcoders(sae):
+            require(TRANSCODER_SPLICING, "vllm")
         spec = make_splice_spec(self.lm, sae, error=error)
         if self.lm.info.get("graph_points") is not None:
             raise _graph_splice()

@@ -125,6 +125,10 @@ CAPABILITIES: dict[str, str] = {
     "SAE splicing (reconstruction at the point, error term, feature ablation and clamping, feature activations)": (
         "yes (in the worker, per request, with the same arithmetic; not in graph mode)"
     ),
+    "transcoder splicing and interventions on graph features (intervene=)": (
+        "no: the worker's splice reads and writes one point; a transcoder reads the MLP's input and writes its output, "
+        "which the worker does not pair yet"
+    ),
     "direct logit attribution": (
         "no: it needs the pieces of the residual stream, each head's write (attn_result) and the final norm's scale "
         "of one run together, which the vLLM backend does not read out yet"
