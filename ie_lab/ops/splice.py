@@ -35,6 +35,7 @@ def splice(
         edited = f.clone()
         edited[..., idx.to(f.device)] = vals.to(f.device, f.dtype)
     elif idx.numel():
+        assert where is not None  # the branch above took where is None
         edited = f.clone()
         for j, i in enumerate(idx.tolist()):
             v = vals[j].to(f.device, f.dtype)

@@ -35,6 +35,8 @@ class FeatureTraits(traitlets.HasTraits):
     """The synced traits one feature's dashboard is drawn from (dashboard.js's fromTraits reads them): the feature
     dashboard's, and the graph panel's dashboard below its graph (ie_lab/widgets/graph_panel.py)."""
 
+    hold_sync: Any  # the widget's own (anywidget.AnyWidget), which every class mixing these traits in also is
+
     feature = traitlets.Int(0).tag(sync=True)
     n_features = traitlets.Int(0).tag(sync=True)
     address = traitlets.Unicode("").tag(sync=True)
