@@ -11,6 +11,7 @@ data-parallel rank 0 only, so a request the balancer gives rank 1 would run with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from .corpus import Activations
 from .corpus import shards as S
+from .corpus.run import _fingerprint, _texts
 from .errors import InputError
 
 PLAN = "parts.json"  # out_dir's record of the split: a rerun must split the same inputs the same way
@@ -55,12 +57,26 @@ def _check_texts(texts: Any) -> int:
     )
 
 
-def _plan(out_dir: Path, n: int, ranges: list[tuple[int, int]]) -> None:
-    """Write the split, or check a rerun splits the same way (each part's own manifest checks its prompts)."""
-    want = {"format": "ie_lab.harvest_parts", "prompts": n, "parts": [list(r) for r in ranges]}
+def inputs_hash(texts: Any, text_column: str) -> str:
+    """A SHA-256 of every prompt, the way each shard's manifest entry hashes its own (corpus/run.py): a rerun that
+    would skip a finished part is first checked to be over the same inputs."""
+    items, _ = _texts(texts, text_column)
+    h = hashlib.sha256()
+    for prompt in items:
+        _fingerprint(h, prompt)
+    return h.hexdigest()
+
+
+def _plan(out_dir: Path, n: int, ranges: list[tuple[int, int]], digest: str) -> None:
+    """Write the split, or check a rerun splits the same inputs the same way."""
+    want = {"format": "ie_lab.harvest_parts", "prompts": n, "parts": [list(r) for r in ranges], "sha256": digest}
     path = out_dir / PLAN
     if path.exists():
         have = json.loads(path.read_text())
+        if have.get("sha256") != digest:
+            raise InputError(
+                f"{out_dir} holds a harvest of other inputs: give a new out_dir, or the same inputs to continue it."
+            )
         if have != want:
             raise InputError(
                 f"{out_dir} holds a harvest split as {have.get('parts')} over {have.get('prompts')} prompts; this call "
@@ -142,7 +158,7 @@ def harvest_on_ray(
         ) from None
     out = Path(out_dir).expanduser().absolute()
     ranges = part_ranges(n, shards)
-    _plan(out, n, ranges)
+    _plan(out, n, ranges, inputs_hash(texts, harvest_kwargs.get("text_column", "text")))
     if not ray.is_initialized():
         ray.init()  # RAY_ADDRESS names a cluster; without it, a local one with this machine's cores
     task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(harvest_part)

@@ -85,8 +85,10 @@ def test_parts_on_two_workers_read_as_the_single_process_harvest(cluster, model_
     _same(again, whole)
     assert {f: f.stat().st_mtime_ns for f in (out / "part-00000").iterdir()} == stamp
 
-    with pytest.raises(Exception, match="split"):  # the same out_dir split another way
+    with pytest.raises(ie_lab.InputError, match="split"):  # the same out_dir split another way
         harvest_ray.harvest_on_ray(model_dir, TEXTS, ADDRS, out, shards=2)
+    with pytest.raises(ie_lab.InputError, match="other inputs"):  # finished parts are never taken for other texts
+        harvest_ray.harvest_on_ray(model_dir, TEXTS[::-1], ADDRS, out, shards=3)
 
 
 def test_bad_input_is_refused_before_any_task(tmp_path, model_dir):
