@@ -102,6 +102,7 @@ LAYERS = {
     "ie_lab.cli_doctor": "front",
     "ie_lab.cli_common": "front",
     "ie_lab.docs_gen": "front",
+    "ie_lab.harvest_ray": "front",  # opens a Session in each Ray task
 }
 
 BACKENDS = ("eager", "vllm", "remote")

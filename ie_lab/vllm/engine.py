@@ -117,9 +117,11 @@ REFUSED_ENGINE_KWARGS: dict[str, tuple[str, str]] = {
         "use tensor_parallel_size=.",
     ),
     "data_parallel_size": (
-        "each data-parallel engine has its own workers, and a request's capture or steering is "
-        "registered with one engine.",
-        "run one Session per engine.",
+        "each data-parallel engine has its own workers, and vLLM sends the collective_rpc a request's capture "
+        "or steering is registered and read back through to data-parallel rank 0 only, while its balancer may "
+        "give the request to another rank.",
+        "run one Session per engine; for a corpus harvest, ie_lab.harvest_on_ray splits it into parts, one "
+        "Session each (docs/HARVEST.md, 'Past one machine').",
     ),
     "enable_lora": (
         "adapters change the weights per request, which ie_lab's checks against eager do not cover.",
