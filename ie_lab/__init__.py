@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from .eager.patching import attribution_patch, logit_diff, run_with_patches
     from .loading import load  # an EagerModel whatever the backend: see its docstring
     from .remote.connect import connect  # a Session on a model served by `ie-lab serve`: docs/REMOTE.md
+    from .saelens_export import to_saelens  # a harvest as SAELens' cached activations: docs/HARVEST.md
     from .session import OperationCancelled, Session, SessionClosed
     from .transcoders import Transcoders, load_transcoders
 
@@ -67,6 +68,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "load": (".loading", "load"),
     "Activations": (".corpus", "Activations"),
     "connect": (".remote.connect", "connect"),
+    "to_saelens": (".saelens_export", "to_saelens"),
     "OperationCancelled": (".session", "OperationCancelled"),
     "Session": (".session", "Session"),
     "SessionClosed": (".session", "SessionClosed"),
@@ -204,6 +206,7 @@ __all__ = [
     "generate_stream",
     "gradients",
     "harvest",
+    "to_saelens",
     "load",
     "logit_attribution",
     "logit_diff",
