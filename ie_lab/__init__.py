@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from .harvest_ray import harvest_on_ray  # a harvest split over a Ray cluster: docs/HARVEST.md
     from .loading import load  # an EagerModel whatever the backend: see its docstring
     from .remote.connect import connect  # a Session on a model served by `ie-lab serve`: docs/REMOTE.md
+    from .saelens_export import to_saelens  # a harvest as SAELens' cached activations: docs/HARVEST.md
     from .session import OperationCancelled, Session, SessionClosed
     from .transcoders import Transcoders, load_transcoders
 
@@ -69,6 +70,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "load": (".loading", "load"),
     "Activations": (".corpus", "Activations"),
     "connect": (".remote.connect", "connect"),
+    "to_saelens": (".saelens_export", "to_saelens"),
     "OperationCancelled": (".session", "OperationCancelled"),
     "Session": (".session", "Session"),
     "SessionClosed": (".session", "SessionClosed"),
@@ -208,6 +210,7 @@ __all__ = [
     "gradients",
     "harvest",
     "harvest_on_ray",
+    "to_saelens",
     "load",
     "logit_attribution",
     "logit_diff",
