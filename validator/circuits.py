@@ -198,7 +198,9 @@ def compare(g: Any, ct: dict, ref: dict) -> dict:
     }
 
 
-def run(out_dir: str | None = RESULTS, which: tuple[str, ...] | None = None, log=print) -> dict:
+def run(
+    out_dir: str | None = RESULTS, which: tuple[str, ...] | None = None, log=print, n_prompts: int | None = None
+) -> dict:
     import torch
     import transformers
     from safetensors.torch import load_file
@@ -213,6 +215,7 @@ def run(out_dir: str | None = RESULTS, which: tuple[str, ...] | None = None, log
     work = tempfile.mkdtemp(prefix="ie_lab_validator_circuits_")
     rows, versions = [], {}
     for st in setups(work, which):
+        st["prompts"], st["texts"] = st["prompts"][:n_prompts], st["texts"][:n_prompts]
         res = run_worker(
             py,
             {"model": st["model"], "transcoders": folders(st["transcoders"]), "prompts": st["prompts"], **SETTINGS},
