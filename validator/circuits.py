@@ -49,7 +49,10 @@ DEMO_PROMPTS = (
     "one two three four five six",
 )
 TINY_PROMPTS = ("the cat sat on the mat and then it ran away", "a b c d e f g")
-TINY_FAMILIES = ("llama",)
+# The fixture families both support: circuit-tracer's nnsight backend maps Llama, Qwen 3, Gemma 2/3 and GPT-OSS;
+# ie_lab refuses Gemma's soft-capped logits and GPT-OSS' sparse MoE; GPT-2 circuit-tracer reaches only through
+# TransformerLens' hub model names (not offline from a folder).
+TINY_FAMILIES = ("llama", "qwen3")
 
 
 def ct_python() -> tuple[str | None, str]:
