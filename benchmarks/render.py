@@ -134,6 +134,13 @@ def render() -> str:
                 )
                 out.append(f"| {k} | {v * 1000:.1f} ms | {ratio:.3f}x | {verdict} |")
             out.append("")
+        elif r.get("benchmark") == "attribution_graph":
+            if r["threads"] == min(
+                json.load(open(p))["threads"]
+                for p in glob.glob(os.path.join(HERE, "results", "attribution_graph-*t-cpu.json"))
+            ):  # one section for every thread count's file
+                out += [f"## Attribution graphs vs circuit-tracer ({r['device']}, {r['date']})", ""]
+                out += readme_attribution_graph() + [""]
         elif r.get("benchmark") == "generation":
             out += [
                 f"## Generation ({r['device']}, {r['threads']} threads, {r['date']})",
@@ -675,7 +682,41 @@ def readme_eager_batching() -> list[str]:
     return out
 
 
+def readme_attribution_graph() -> list[str]:
+    files = sorted(glob.glob(os.path.join(HERE, "results", "attribution_graph-*t-cpu.json")))
+    if not files:
+        return ["No attribution-graph results yet: `python benchmarks/attribution_graph.py`."]
+    out = [
+        "| threads | batch size (ie_lab / circuit-tracer) | ie_lab `attribution_graph` | circuit-tracer `attribute` | "
+        "ie_lab / circuit-tracer | target |",
+        "| ---: | --- | ---: | ---: | ---: | --- |",
+    ]
+    wheres = []
+    for path in files:
+        r = json.load(open(path))
+        m, q, b = r["median_s"], r["ratio_ie_lab_over_circuit_tracer"], r["batch_sizes"]
+        for name in q:
+            out.append(
+                f"| {r['threads']} | {b[name]['ie_lab']} / {b[name]['circuit_tracer']} | "
+                f"{m[f'ie_lab_{name}'] * 1e3:.0f} ms | {m[f'circuit_tracer_{name}'] * 1e3:.0f} ms | {_x(q[name])} | "
+                "<= 1.00x: " + ("met" if q[name] <= 1 else "**missed**") + " |"
+            )
+        wheres.append(f"{r['threads']} thread(s), median of {r['repeats']}: " + _where(r))
+    chk = next(iter(r["checked"].values()))
+    v = r["circuit_tracer_versions"]
+    out += [
+        "",
+        f"`benchmarks/attribution_graph.py`: {r['model']}, the prompt {r['prompt']!r} ({chk['tokens']} tokens, "
+        f"{chk['features_circuit_tracer']} active features past position 0, {chk['n_logits']} logit), CPU, both "
+        "sides at the same thread count; the whole call after a warm-up, rounds alternating; "
+        f"circuit-tracer {v.get('circuit-tracer')} (nnsight backend, transformers {v.get('transformers')}) in its "
+        "own process; the two graphs checked equal first (validator/circuits.py). " + " ".join(wheres),
+    ]
+    return out
+
+
 README_BLOCKS = {
+    "attribution-graph": readme_attribution_graph,
     "remote": readme_remote,
     "projection": readme_projection,
     "vllm-modes": readme_vllm_modes,

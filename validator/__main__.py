@@ -7,8 +7,9 @@ python -m validator run --family llama --engine hf --engine tl
 python -m validator run --model gpt2 --model google/gemma-2-2b --device cuda --dtype bfloat16   # real weights
 python -m validator selftest                        # the classic mistake must come out FAIL
 python -m validator render                          # README table + heatmap from the committed JSON only
-python -m validator setup tl                        # create .venvs/tl (also: nnsight, nnterp, interp, saelens)
+python -m validator setup tl                        # create .venvs/tl (also: nnsight, nnterp, interp, saelens, circuit_tracer)
 python -m validator sae                             # load_sae's encode vs SAELens' own encode (needs .venvs/saelens)
+python -m validator circuits                        # attribution_graph vs circuit-tracer (needs .venvs/circuit_tracer)
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ def main(argv=None) -> int:
     s.add_argument("--engine", default="tl", choices=["tl", "hf"])
     sub.add_parser("render", help="re-render validator/README.md's table and the heatmap from validator/results")
     e = sub.add_parser("setup", help="create an engine environment")
-    e.add_argument("env", choices=["tl", "nnsight", "nnterp", "interp", "saelens"])
+    e.add_argument("env", choices=["tl", "nnsight", "nnterp", "interp", "saelens", "circuit_tracer"])
     sa = sub.add_parser("sae", help="ie_lab.load_sae's encode vs SAELens' encode on SAELens-written random SAEs")
     sa.add_argument("--out", default=None, help="results folder (default validator/results, and README re-rendered)")
+    ci = sub.add_parser("circuits", help="ie_lab.attribution_graph vs circuit-tracer's attribute() on the same model")
+    ci.add_argument("--out", default=None, help="results folder (default validator/results, and README re-rendered)")
     args = ap.parse_args(argv)
 
     if args.cmd == "setup":
@@ -84,15 +87,20 @@ def main(argv=None) -> int:
 
         return subprocess.call(["bash", os.path.join(HERE, "envs", "setup.sh"), args.env])
     if args.cmd == "render":
-        from . import render
+        from . import circuits, render
 
         render.write_all()
+        circuits.write_readme()
         print("rendered validator/README.md and validator/results/heatmap.{json,html}")
         return 0
     if args.cmd == "sae":
         from . import sae
 
         return sae.main(args.out)
+    if args.cmd == "circuits":
+        from . import circuits
+
+        return circuits.main(args.out)
     if args.cmd == "selftest":
         from . import selftest
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or reuse) the virtual environment one external engine runs in.
-#   validator/envs/setup.sh tl|nnsight|nnterp|interp [--force]
+#   validator/envs/setup.sh tl|nnsight|nnterp|interp|saelens|circuit_tracer [--force]
 # IE_LAB_VALIDATOR_TRANSFORMERS=X.Y.Z installs that transformers instead of the pinned one (the newest-transformers
 # sweep: use it with its own IE_LAB_VALIDATOR_VENVS folder, so the pinned environments stay as they are).
 # The environment lands in $IE_LAB_VALIDATOR_VENVS/NAME (default: .venvs/NAME at the repository root) and is
@@ -9,7 +9,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-name="${1:?usage: setup.sh tl|nnsight|nnterp|interp [--force]}"
+name="${1:?usage: setup.sh tl|nnsight|nnterp|interp|saelens|circuit_tracer [--force]}"
 reqs="$here/$name.txt"
 [ -f "$reqs" ] || { echo "no requirements file $reqs" >&2; exit 2; }
 venvs="${IE_LAB_VALIDATOR_VENVS:-$root/.venvs}"

@@ -1,0 +1,342 @@
+"""python -m validator circuits: ie_lab.attribution_graph against circuit-tracer's attribute() on the same model,
+transcoders and token ids.
+
+circuit-tracer runs in its own environment (.venvs/circuit_tracer, validator/envs/circuit_tracer.txt) through
+engines/circuit_tracer_worker.py, which converts the SAELens transcoder folders ie_lab reads into circuit-tracer's
+TranscoderSet and runs its nnsight backend on the saved HF folder. Both get the same settings: max 10 logits,
+desired_logit_prob 0.95, no feature cap, fp32, CPU. circuit-tracer prepends a special token when the prompt does not
+start with one; its token ids are handed to ie_lab, so both read the same ids.
+
+What circuit-tracer does differently, by design (so it is matched, not judged): it zeroes every feature and the
+error at position 0 (the BOS, "ignored during attribution"), and it has no bias nodes (a bias' write is in no row).
+So the comparison is on the nodes both have: features at positions >= 1 by (layer, position, index), errors at
+positions >= 1 by (layer, position), embeddings by position, logits by token id; an edge between two such nodes is
+the same quantity in both (the source's direct effect through the same frozen model), whatever other nodes exist.
+
+Per setup and prompt: the logit tokens equal; the active feature sets equal (positions >= 1); the activations'
+max abs difference; the edges' max |diff| / max |w| over every (target, source) pair of common nodes (EDGE_TOL); the
+pruned feature sets at the default thresholds (0.8, 0.98), each with its own rule (they differ: circuit-tracer
+ranks errors with features and may drop them, ie_lab keeps every error and bias node), reported as an overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from .run import HERE, RESULTS, ROOT, venvs_dir
+
+WORKER = os.path.join(HERE, "engines", "circuit_tracer_worker.py")
+# fp32 edges from two backward passes through the same frozen model: only summation order differs (d_model-long
+# dot products, a few layers), measured at ~1e-6 of the largest edge; 1e-4 leaves room for other BLAS paths while
+# a real disagreement (a norm scale left free, a wrong error vector) moves edges by percents.
+EDGE_TOL = 1e-4
+ACT_TOL = 1e-4
+SETTINGS = {
+    "max_n_logits": 10,
+    "desired_logit_prob": 0.95,
+    "batch_size": 64,
+    "node_threshold": 0.8,
+    "edge_threshold": 0.98,
+}
+DEMO_PROMPTS = (
+    "Mary and John went to the park . John gave a ball to",
+    "the cat sat on the mat and the dog sat on the",
+    "one two three four five six",
+)
+TINY_PROMPTS = ("the cat sat on the mat and then it ran away", "a b c d e f g")
+# The fixture families both support: circuit-tracer's nnsight backend maps Llama, Qwen 3, Gemma 2/3 and GPT-OSS;
+# ie_lab refuses Gemma's soft-capped logits and GPT-OSS' sparse MoE; GPT-2 circuit-tracer reaches only through
+# TransformerLens' hub model names (not offline from a folder).
+TINY_FAMILIES = ("llama", "qwen3")
+
+
+def ct_python() -> tuple[str | None, str]:
+    py = os.path.join(venvs_dir(), "circuit_tracer", "bin", "python")
+    if os.path.exists(py):
+        return py, ""
+    return None, (
+        f"no environment at {os.path.dirname(os.path.dirname(py))}: create it with "
+        "`bash validator/envs/setup.sh circuit_tracer` (or `python -m validator setup circuit_tracer`)"
+    )
+
+
+def run_worker(py: str, job: dict, work: str, timeout: int = 1800) -> dict:
+    path = os.path.join(work, "attribute.json")
+    with open(path, "w") as f:
+        json.dump({**job, "work": work}, f)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    p = subprocess.run([py, WORKER, "attribute", path], capture_output=True, text=True, timeout=timeout, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"circuit-tracer worker failed:\n{p.stderr[-4000:]}")
+    with open(path + ".out") as f:
+        return json.load(f)
+
+
+def setups(work: str, which: tuple[str, ...] | None = None) -> list[dict]:
+    """(name, model folder, transcoder folders, prompts' token ids)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import ie_lab
+    from tests.families import make_config, make_tokenizer, saved_model_dir
+    from tests.transcoder_files import write_transcoders
+
+    out = []
+    if which is None or "demo" in which:
+        tok = ie_lab.Session(ie_lab.DEMO_MODEL, device="cpu", progress=False).tokenizer
+        out.append(
+            {
+                "name": "demo",
+                "model": ie_lab.DEMO_MODEL,
+                "transcoders": ie_lab.DEMO_TRANSCODERS,
+                "prompts": [tok(p)["input_ids"] for p in DEMO_PROMPTS],
+                "texts": list(DEMO_PROMPTS),
+            }
+        )
+    for fam in TINY_FAMILIES:
+        if which is not None and f"tiny-{fam}" not in which:
+            continue
+        d = saved_model_dir(fam, work, attn_implementation="eager")
+        cfg = make_config(fam)
+        root = write_transcoders(os.path.join(work, f"tc-{fam}"), cfg.hidden_size, list(range(cfg.num_hidden_layers)))
+        tok = make_tokenizer()
+        out.append(
+            {
+                "name": f"tiny-{fam}",
+                "model": d,
+                "transcoders": root,
+                "prompts": [tok(p)["input_ids"] for p in TINY_PROMPTS],
+                "texts": list(TINY_PROMPTS),
+            }
+        )
+    return out
+
+
+def folders(root: str) -> list[str]:
+    return sorted(
+        (os.path.join(root, n) for n in os.listdir(root) if os.path.exists(os.path.join(root, n, "cfg.json"))),
+        key=lambda p: int(p.rsplit("_", 1)[-1]),
+    )
+
+
+def compare(g: Any, ct: dict, ref: dict) -> dict:
+    """One prompt: ie_lab's Graph g against circuit-tracer's graph (ct: the worker's tensors, ref: its record)."""
+    import torch
+
+    from ie_lab.core.graph import Graph
+
+    A = ct["adjacency"]
+    feats_ct = [tuple(int(v) for v in r) for r in ct["active_features"].tolist()]
+    S, n_layers = len(ref["input_tokens"]), g.info["n_layers"]
+    n_f = len(feats_ct)
+    logits_ct = ref["logit_tokens"]
+    # circuit-tracer's columns: features, errors (layer-major: L * S + p), token embeddings, logits
+    ct_index: dict[tuple, int] = {("feature", *f): j for j, f in enumerate(feats_ct)}
+    ct_index.update({("error", L, p): n_f + L * S + p for L in range(n_layers) for p in range(S)})
+    ct_index.update({("embedding", p): n_f + n_layers * S + p for p in range(S)})
+    ct_index.update({("logit", t): n_f + (n_layers + 1) * S + k for k, t in enumerate(logits_ct)})
+    mine_feats = {n.key[1:]: n for n in g.of_kind("feature")}
+    at0 = sum(1 for k in mine_feats if k[1] == 0)
+    set_ie = {k for k in mine_feats if k[1] >= 1}
+    set_ct = set(feats_ct)
+    common = [
+        n.key
+        for n in g.nodes
+        if n.key in ct_index and not (n.kind in ("feature", "error") and n.position == 0) and n.kind != "bias"
+    ]
+    targets = [k for k in common if k[0] in ("feature", "logit")]
+    ie_rows = torch.tensor([g.index(g.node(*k)) for k in targets])
+    ie_cols = torch.tensor([g.index(g.node(*k)) for k in common])
+    ct_rows = torch.tensor([ct_index[k] for k in targets])
+    ct_cols = torch.tensor([ct_index[k] for k in common])
+    w_ie = g.adjacency[ie_rows][:, ie_cols].double()
+    w_ct = A[ct_rows][:, ct_cols].double()
+    scale = float(w_ie.abs().max())
+    diff = float((w_ie - w_ct).abs().max())
+    acts_ct = dict(zip(feats_ct, ct["activation_values"].tolist()))
+    act_diff = max((abs(mine_feats[k].activation - acts_ct[k]) for k in set_ie & set_ct), default=0.0)
+    # influence on the logits, on the nodes circuit-tracer has (ie_lab's graph without its position-0 features,
+    # position-0 errors and bias nodes): the same quantity when the edges agree
+    nodes = [n for n in g.nodes if n.key in ct_index and not (n.kind in ("feature", "error") and n.position == 0)]
+    keep = torch.tensor([g.index(n) for n in nodes])
+    sub = Graph(nodes, g.adjacency[keep][:, keep], g.tokens, g.str_tokens, dict(g.info))
+    infl_ie = sub.influence()
+    infl_ct = ct["node_influence"].double() / float(ct["logit_probabilities"].double().sum())
+    infl_ct = infl_ct[torch.tensor([ct_index[n.key] for n in nodes])]
+    infl_rel = float((infl_ie - infl_ct).abs().max() / infl_ie.abs().max().clamp_min(1e-30))
+    kept_sub = {n.key[1:] for n in sub.prune(SETTINGS["node_threshold"], SETTINGS["edge_threshold"]).of_kind("feature")}
+    # pruning, each with its own rule
+    small = g.prune(SETTINGS["node_threshold"], SETTINGS["edge_threshold"])
+    kept_ie = {n.key[1:] for n in small.of_kind("feature")}
+    mask = ct["node_mask"].bool()
+    kept_ct = {f for j, f in enumerate(feats_ct) if bool(mask[j])}
+    kept_ie_1 = {k for k in kept_ie if k[1] >= 1}
+    union = kept_ie_1 | kept_ct
+    union_sub = kept_sub | kept_ct
+    return {
+        "tokens": S,
+        "logits_equal": [n.index for n in g.of_kind("logit")] == logits_ct,
+        "n_logits": len(logits_ct),
+        "features_ie_lab": len(mine_feats),
+        "features_ie_lab_at_position_0": at0,
+        "features_circuit_tracer": len(set_ct),
+        "feature_sets_equal": set_ie == set_ct,
+        "activation_max_abs": act_diff,
+        "edges_compared": int(w_ie.numel()),
+        "edge_max_abs": diff,
+        "edge_max_weight": scale,
+        "edge_rel": diff / scale if scale else 0.0,
+        "pruned_features_ie_lab": len(kept_ie_1),
+        "pruned_features_circuit_tracer": len(kept_ct),
+        "pruned_overlap": len(kept_ie_1 & kept_ct) / len(union) if union else 1.0,
+        "pruned_equal": kept_ie_1 == kept_ct,
+        "pruned_circuit_tracer_within_ie_lab": kept_ct <= kept_ie_1,
+        "influence_rel": infl_rel,
+        "pruned_same_nodes_features_ie_lab": len(kept_sub),
+        "pruned_same_nodes_overlap": len(kept_sub & kept_ct) / len(union_sub) if union_sub else 1.0,
+    }
+
+
+def run(
+    out_dir: str | None = RESULTS, which: tuple[str, ...] | None = None, log=print, n_prompts: int | None = None
+) -> dict:
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import ie_lab
+
+    py, why = ct_python()
+    if py is None:
+        raise RuntimeError(why)
+    work = tempfile.mkdtemp(prefix="ie_lab_validator_circuits_")
+    rows, versions = [], {}
+    for st in setups(work, which):
+        st["prompts"], st["texts"] = st["prompts"][:n_prompts], st["texts"][:n_prompts]
+        res = run_worker(
+            py,
+            {"model": st["model"], "transcoders": folders(st["transcoders"]), "prompts": st["prompts"], **SETTINGS},
+            work,
+        )
+        versions = res["versions"]
+        s = ie_lab.Session(st["model"], device="cpu", progress=False)
+        try:
+            tcs = ie_lab.load_transcoders(st["transcoders"], s)
+            for text, ref in zip(st["texts"], res["graphs"]):
+                ids = torch.tensor([ref["input_tokens"]])
+                g = ie_lab.attribution_graph(
+                    s,
+                    ids,
+                    tcs,
+                    max_logits=SETTINGS["max_n_logits"],
+                    desired_logit_prob=SETTINGS["desired_logit_prob"],
+                    batch_size=SETTINGS["batch_size"],
+                )
+                r = {"setup": st["name"], "prompt": text, **compare(g, load_file(ref["file"]), ref)}
+                r["verdict"] = (
+                    "PASS"
+                    if r["logits_equal"]
+                    and r["feature_sets_equal"]
+                    and r["edge_rel"] <= EDGE_TOL
+                    and r["activation_max_abs"] <= ACT_TOL
+                    and r["influence_rel"] <= EDGE_TOL
+                    else "FAIL"
+                )
+                rows.append(r)
+                log(
+                    f"{st['name']:11s} {text[:40]!r:44s} feats {r['features_circuit_tracer']:4d} "
+                    f"edges {r['edges_compared']:7d} rel {r['edge_rel']:.2g} pruned overlap {r['pruned_overlap']:.3f} "
+                    f"{r['verdict']}"
+                )
+        finally:
+            s.close()
+    doc = {
+        "what": "ie_lab.attribution_graph vs circuit-tracer attribute() (nnsight backend), same model, transcoders, ids",
+        "settings": SETTINGS,
+        "tolerance_edge_rel": EDGE_TOL,
+        "tolerance_activation_max_abs": ACT_TOL,
+        "dtype": "float32",
+        "versions": {**versions, "ie_lab_transformers": transformers.__version__, "ie_lab_torch": torch.__version__},
+        "rows": rows,
+        "all_pass": all(r["verdict"] == "PASS" for r in rows),
+    }
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "circuits.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+    return doc
+
+
+README = os.path.join(HERE, "README.md")
+START = "<!-- validator-circuits:start (generated by `python -m validator circuits` from results/circuits.json) -->"
+END = "<!-- validator-circuits:end -->"
+
+
+def table(doc: dict) -> str:
+    """The README's circuit-tracer table, from results/circuits.json alone."""
+    v, st = doc["versions"], doc["settings"]
+    lines = [
+        f"circuit-tracer {v.get('circuit-tracer')} (nnsight {v.get('nnsight')}, transformers {v.get('transformers')}, "
+        f"torch {v.get('torch')}) vs ie_lab (transformers {v.get('ie_lab_transformers')}); fp32, CPU; max "
+        f"{st['max_n_logits']} logits, desired_logit_prob {st['desired_logit_prob']}, no feature cap; tolerance: "
+        f"edges max |diff| / max |w| {doc['tolerance_edge_rel']:g}, activations max abs "
+        f"{doc['tolerance_activation_max_abs']:g}. Pruning at node {st['node_threshold']}, edge "
+        f"{st['edge_threshold']}, each with its own rule: overlap = |both| / |either| of the kept features (positions "
+        ">= 1); \"c-t's nodes\": ie_lab's rule on its graph cut to circuit-tracer's nodes. Influence rel: max |diff| / "
+        "max of each common node's influence on the logits (normalised logit weights).",
+        "",
+        "| setup | prompt | tokens | logits equal | features (+ ie_lab's at pos 0) | feature sets equal | edges | "
+        "edge rel | act max abs | influence rel | pruned features ie_lab / c-t (c-t within ie_lab) | overlap | "
+        "overlap, c-t's nodes | verdict |",
+        "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['setup']} | {r['prompt']!r} | {r['tokens']} | {r['logits_equal']} | "
+            f"{r['features_circuit_tracer']} (+{r['features_ie_lab_at_position_0']}) | {r['feature_sets_equal']} | "
+            f"{r['edges_compared']} | {r['edge_rel']:.2g} | {r['activation_max_abs']:.2g} | {r['influence_rel']:.2g} | "
+            f"{r['pruned_features_ie_lab']} / {r['pruned_features_circuit_tracer']} "
+            f"({r['pruned_circuit_tracer_within_ie_lab']}) | {r['pruned_overlap']:.3f} | "
+            f"{r['pruned_same_nodes_overlap']:.3f} | {r['verdict']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def readme_with(text: str, doc: dict) -> str:
+    if START not in text or END not in text:
+        raise ValueError(f"{README} lacks the circuit-tracer section markers")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return head + START + "\n\n" + table(doc) + "\n" + END + tail
+
+
+def write_readme(results_dir: str = RESULTS, readme: str = README) -> None:
+    path = os.path.join(results_dir, "circuits.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        doc = json.load(f)
+    with open(readme) as f:
+        text = f.read()
+    new = readme_with(text, doc)
+    if new != text:
+        with open(readme, "w") as f:
+            f.write(new)
+
+
+def main(out_dir: str | None) -> int:
+    py, why = ct_python()
+    if py is None:
+        print(why)
+        return 2
+    doc = run(out_dir or RESULTS)
+    if out_dir is None:
+        write_readme()
+    print("circuit-tracer check:", "every row PASS" if doc["all_pass"] else "NOT all PASS")
+    return 0 if doc["all_pass"] else 1
