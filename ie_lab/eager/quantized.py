@@ -12,8 +12,9 @@ transformers 5.19):
 - gptq and awq (quant_method "gptq" / "awq"): transformers needs gptqmodel (and optimum for gptq); gptqmodel 7.7 is
   on PyPI as source only (70 C++/CUDA files built at install), not in ie_lab's environments. Refused with that named.
 - bitsandbytes: bitsandbytes 0.50.2 installs from PyPI with a CPU backend, and transformers' quantizer also needs
-  accelerate; with both, nf4 and 8-bit checkpoints (saved as safetensors) load and run on CPU. Neither is in
-  ie_lab's environments, so refused where either is missing; where both are, transformers loads it as for anyone.
+  accelerate; with both, nf4 and 8-bit checkpoints (saved as safetensors) load and run on CPU, the 4-bit kernel
+  computing in bfloat16 even in a float32 model (tests/test_quantized_bnb.py, where both are installed). Neither is
+  in ie_lab's environments, so refused where either is missing; where both are, transformers loads it as for anyone.
 - torchao (torchao 0.18, pinned in the vLLM line's environment): transformers saves and loads its tensors as
   safetensors (torchao's flattened tensor subclasses: Int8Tensor, IntxUnpackedToInt8Tensor, Int4Tensor, Float8Tensor
   ..., their integers and scales as plain tensors and their layout in the file's metadata). On CPU int8 weight-only
