@@ -11,8 +11,8 @@ started here, and why nothing of theirs goes unchecked): two TP=2 engines per fa
 does.
 
 Runs tests/vllm_tp_script.py in a subprocess (vLLM spawns its workers, which re-import __main__).
-About a minute and a half per family: two AsyncLLM engines (hook mode, then graph mode), each with two workers pinned
-one core each.
+About two minutes per family on a quiet 2-core machine, nearly all of it the two AsyncLLM engines' start-ups (hook
+mode, then graph mode; each spawns an engine core and two workers pinned one core each); the requests take seconds.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def check_tp_result(family: str, results: dict) -> None:
 
 
 # This module's families; tests/test_vllm_tp_hybrids.py runs the rest (two modules: the two test workers take one
-# each, about four and a half minutes apiece).
+# each, three families apiece).
 FAMILIES = ("gpt_oss", "lfm2", "mamba2")
 
 
