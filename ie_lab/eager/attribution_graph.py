@@ -9,15 +9,17 @@ b_dec and, into their own features, b_enc). So each target (a feature's pre-acti
 the sum of its incoming edges.
 
 How: one clean forward records each MLP's input and output, each norm's input and output (its scale fitted from
-the two, ops/attribution.freeze_norm) and the logits. Then, per batch of at most batch_size targets, one forward
-of that many copies of the prompt in which
+the two, ops/attribution.freeze_norm) and the logits. Then one forward of batch_size copies of the prompt (fewer
+when there are fewer targets), its autograd graph kept for every batch of targets' backward, in which
   * the stack's input and each MLP's output are leaves holding their clean values (stop-gradient at the MLPs: no
     path runs through an MLP or a feature's nonlinearity),
   * each norm returns its clean output plus its frozen linear map of (input - input.detach()): the same values,
     the frozen scale's gradient,
   * each attention call gets its query and key detached (arch/attention_tap.editing): the pattern is a constant,
-and one backward of the sum of the copies' targets gives each copy's gradients; an edge is the gradient at the
-source's write dotted with the write. Every hook is removed when the forward ends or fails.
+and per batch of at most batch_size targets, one backward (retain_graph until the last) of the sum of the copies'
+targets gives each copy's gradients (target b seeds copy b; torch.autograd.grad, so none accumulate across
+batches); an edge is the gradient at the source's write dotted with the write. Every hook is removed when the
+forward ends or fails: the backward needs none.
 """
 
 from __future__ import annotations
@@ -265,11 +267,16 @@ def _build(
     n_src = n_f + n_e + n_emb + len(bias_names)
     rows = torch.zeros(len(targets), n_src)
     frozen = _freeze(lm, clean, outs) if freeze_norms else {}
-    for start in range(0, len(targets), batch_size):
-        chunk = targets[start : start + batch_size]
-        rows[start : start + len(chunk)] = _edges(
-            lm, ids, chunk, clean, frozen, by_layer, feats, errors, bias_names, bias_rows, freeze_patterns, outs
-        )
+    if targets:
+        # one frozen forward of min(batch_size, targets) copies, reused by every batch's backward
+        fwd = _frozen_forward(lm, ids, min(batch_size, len(targets)), clean, frozen, bias_rows, freeze_patterns, outs)
+        for start in range(0, len(targets), batch_size):
+            chunk = targets[start : start + batch_size]
+            last = start + batch_size >= len(targets)
+            rows[start : start + len(chunk)] = _edges(
+                fwd, chunk, clean, by_layer, feats, errors, bias_names, bias_rows, S, retain=not last
+            )
+        del fwd
     # nodes, in the adjacency's order
     toks = _token_texts(lm, ids[0].tolist())
     origin = GraphOrigin(weakref.ref(lm), dict(by_layer), tuple(ids[0].tolist()))  # for intervene= (its nodes)
@@ -410,22 +417,20 @@ def _feature_columns(feats: list) -> dict[int, tuple[torch.Tensor, ...]]:
     }
 
 
-def _edges(
+def _frozen_forward(
     lm: Any,
     ids: torch.Tensor,
-    chunk: list[tuple],
+    B: int,
     clean: dict,
     frozen: dict[int, FrozenNorm],
-    by_layer: dict,
-    feats: list,
-    errors: dict,
-    bias_names: list[str],
     bias_mods: dict[str, nn.Module],
     freeze_patterns: bool,
     outs: dict[int, Address],
-) -> torch.Tensor:
-    """[len(chunk), sources]: each target's incoming edges, from one forward of len(chunk) copies and one backward."""
-    B, S = len(chunk), ids.shape[1]
+) -> dict[str, Any]:
+    """One forward of B copies of the prompt through the frozen model, its autograd graph kept for every batch's
+    backward: the logits, each MLP's live input, the leaves (the stack's input, each MLP's output) and each bias
+    module's output. Every hook and edit is gone when this returns or raises (the backward needs none of them)."""
+    S = ids.shape[1]
     n_layers = len(lm.binding.layers)
     leaves: dict[Any, torch.Tensor] = {}
     live_in: dict[int, torch.Tensor] = {}
@@ -487,6 +492,28 @@ def _edges(
         finally:
             for h in handles:
                 h.remove()
+    return {"logits": logits, "live_in": live_in, "leaves": leaves, "bias_out": bias_out, "copies": B}
+
+
+def _edges(
+    fwd: dict[str, Any],
+    chunk: list[tuple],
+    clean: dict,
+    by_layer: dict,
+    feats: list,
+    errors: dict,
+    bias_names: list[str],
+    bias_mods: dict[str, nn.Module],
+    S: int,
+    retain: bool,
+) -> torch.Tensor:
+    """[len(chunk), sources]: each target's incoming edges, from one backward through the shared forward: target b
+    seeds copy b (copies past len(chunk) get no seed, so no gradient). torch.autograd.grad returns this backward's
+    gradients alone (nothing accumulates across batches); retain keeps the forward's graph for the next batch."""
+    B = len(chunk)
+    logits, live_in, leaves, bias_out = fwd["logits"], fwd["live_in"], fwd["leaves"], fwd["bias_out"]
+    n_layers = len(errors)
+    with torch.enable_grad():
         total = logits.new_zeros(())
         for b, tgt in enumerate(chunk):
             if tgt[0] == "logit":
@@ -499,7 +526,10 @@ def _edges(
         names = [n for n in bias_names if n in bias_out]
         keys: list[Any] = ["embed", *range(n_layers), *names]
         tensors = [leaves["embed"]] + [leaves[L] for L in range(n_layers)] + [bias_out[n] for n in names]
-        grads = dict(zip(keys, torch.autograd.grad(total, tensors, allow_unused=True)))
+        got = torch.autograd.grad(total, tensors, allow_unused=True, retain_graph=retain)
+    # the first B copies: the ones this batch seeded
+    n = fwd["copies"]
+    grads = {k: (None if g is None else g.reshape(n, -1, g.shape[-1])[:B]) for k, g in zip(keys, got)}
     rows = torch.zeros(B, len(feats) + n_layers * S + S + len(bias_names))
     # features: activation x (gradient at the MLP's output . decoder row)
     at = {L: grads[L].float() for L in range(n_layers) if grads[L] is not None}
@@ -531,6 +561,6 @@ def _edges(
             continue
         bias = bias_mods[name]._parameters["bias"]
         assert bias is not None
-        gsum = gb.float().reshape(B, -1, gb.shape[-1]).sum(1)
+        gsum = gb.float().sum(1)
         rows[:, col] = (gsum @ bias.detach().float().to(gsum.device)).cpu()
     return rows
