@@ -32,6 +32,15 @@ def _plain(t: torch.Tensor) -> list[torch.Tensor]:
     return [x for n in names for x in _plain(getattr(t, n))]
 
 
+def _bytes(t: torch.Tensor) -> Any:
+    """The tensor's bytes as a buffer hashlib reads without another copy."""
+    flat = t.reshape(-1).contiguous()
+    try:
+        return flat.view(torch.uint8).cpu().numpy()
+    except (RuntimeError, TypeError):  # a dtype with no byte view: its values
+        return (flat.dequantize() if flat.is_quantized else flat).double().cpu().numpy()
+
+
 def parameters_hash(module: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in sorted(module.named_parameters(), key=lambda kv: kv[0]):
@@ -39,7 +48,7 @@ def parameters_hash(module: torch.nn.Module) -> str:
         for t in _plain(p.detach()):
             if t.device.type == "meta":  # offloaded: its bytes are not here to hash (its name and shape are)
                 continue
-            h.update(t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy().data)
+            h.update(_bytes(t))
     return h.hexdigest()[:16]
 
 
