@@ -1,6 +1,8 @@
 """A corpus harvest past one machine (docs/HARVEST.md, "Past one machine"): the prompts split into N contiguous
 ranges, one harvest task per range on a Ray cluster, each writing `out_dir/part-0000k/` with the ordinary resumable
-harvest (ie_lab/corpus/run.py), read back as one `ie_lab.Activations` whose prompt ids are the inputs' own order.
+harvest (ie_lab/corpus/run.py), read back as one `ie_lab.Activations` whose prompt ids are the inputs' own order. With sae=, each shard keeps its own
+per-feature top-k (corpus/features.py) and the reader merges every shard's, across the parts as within one harvest,
+so features and top_rows equal a one-process harvest's.
 
 Each task opens its own Session on the node Ray places it on (the model path must be readable there, and out_dir
 shared by every node: a network filesystem, or one machine). Ray is optional (`pip install ie_lab[ray]`) and imported
@@ -19,6 +21,7 @@ from typing import Any
 
 from .corpus import Activations
 from .corpus import shards as S
+from .corpus.features import FeatureBuffer
 from .corpus.run import _fingerprint, _texts
 from .errors import InputError
 
@@ -97,12 +100,14 @@ def _done(d: Path) -> bool:
     return bool(m and m.get("complete"))
 
 
-def harvest_part(model: str, texts: Any, addresses: Any, out: str, backend: str, session_kwargs: dict, kw: dict) -> str:
+def harvest_part(
+    model: str, texts: Any, addresses: Any, out: str, backend: str, session_kwargs: dict, kw: dict, sae: Any = None
+) -> str:
     """One part, in whichever process runs it: its own Session, the ordinary (resumable) harvest, closed after."""
     from .session import Session
 
     with Session(model, backend=backend, progress=False, **session_kwargs) as s:
-        s.harvest(texts, addresses, out, progress=False, **kw)
+        s.harvest(texts, addresses, out, progress=False, sae=sae, **kw)
     return out
 
 
@@ -123,8 +128,10 @@ def harvest_on_ray(
     out_dir/part-0000k/ through its own Session(model, backend=...); returns Activations of the parts in order
     (prompt ids equal the inputs' order). Resumable: a rerun skips finished parts and resumes partial ones through
     harvest's own resume. Ray must be installed; an unconnected process is connected by ray.init() (RAY_ADDRESS, or a
-    local cluster). num_cpus / num_gpus: each task's Ray resources. harvest_kwargs: s.harvest's (batch_size,
-    max_tokens_per_prompt, shard_rows, ...)."""
+    local cluster). num_cpus / num_gpus: each task's Ray resources. session_kwargs: each task's Session's (dtype,
+    prepend_bos, vLLM's engine keywords, ...). harvest_kwargs: s.harvest's (batch_size, max_tokens_per_prompt,
+    shard_rows, prepend_bos, sae, top_k, ...): with sae=, each part keeps its rows' features and its shards' own
+    top-k, and Activations reads the parts' top-k merged (top_rows equals a one-process harvest's)."""
     if not isinstance(model, (str, os.PathLike)):
         raise InputError(
             f"harvest_on_ray opens a Session on each node from the model's path or hub name, got a "
@@ -134,17 +141,13 @@ def harvest_on_ray(
         raise InputError(f"shards must be a positive integer (how many prompt ranges), got {shards!r}.")
     if not isinstance(out_dir, (str, os.PathLike)):
         raise InputError(f"out_dir must be a directory path, got {type(out_dir).__name__}.")
-    for key in ("progress", "sae"):
-        if key in harvest_kwargs:
-            raise InputError(
-                f"harvest_on_ray does not take {key}=: "
-                + (
-                    "the tasks run on other processes, which show no bar here."
-                    if key == "progress"
-                    else "an SAE's top-k rows are kept per part and not merged across parts yet; harvest the "
-                    "SAE's point and encode it, or run s.harvest(..., sae=) in one process."
-                )
-            )
+    if "progress" in harvest_kwargs:
+        raise InputError(
+            "harvest_on_ray does not take progress=: the tasks run on other processes, which show no bar here."
+        )
+    sae = harvest_kwargs.pop("sae", None)
+    if sae is not None:  # refused here, before any task loads a model, if harvest would refuse it
+        FeatureBuffer(sae, harvest_kwargs.get("top_k", 32))
     if isinstance(addresses, str):
         addresses = [addresses]
     n = _check_texts(texts)
@@ -163,6 +166,7 @@ def harvest_on_ray(
         ray.init()  # RAY_ADDRESS names a cluster; without it, a local one with this machine's cores
     task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(harvest_part)
     model_s = os.fspath(model)
+    sae_ref = ray.put(sae) if sae is not None else None  # one copy in the object store, not one per task
     pending = [
         task.remote(
             model_s,
@@ -172,6 +176,7 @@ def harvest_on_ray(
             backend,
             session_kwargs or {},
             harvest_kwargs,
+            sae_ref,
         )
         for j, (a, b) in enumerate(ranges)
         if not _done(part_dir(out, j))

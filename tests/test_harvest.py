@@ -203,6 +203,66 @@ def test_bad_input_is_refused_naming_the_fix(lm, whole, tmp_path):
     assert_clean(lm)
 
 
+def test_prepend_bos_reaches_the_texts_and_other_weights_are_refused(lm, whole, tmp_path):
+    """prepend_bos follows the door's rule (the call's keyword, else the Session's) on every text harvest reads; a
+    model of the same name and architecture with other weights never resumes into a harvest folder."""
+    import copy
+
+    from tests.families import make_model, make_tokenizer
+
+    texts, at = TEXTS[:4], ["resid_post.0"]
+    bos = lm.tokenizer.bos_token_id
+    with ie_lab.Session(make_model("llama"), make_tokenizer(), prepend_bos=True, progress=False) as s:
+        with_bos = s.harvest(texts, at, tmp_path / "bos", batch_size=3, progress=False)  # the Session's True
+        plain = s.harvest(texts, at, tmp_path / "plain", batch_size=3, progress=False, prepend_bos=False)
+        for i, t in enumerate(texts):
+            a, b = with_bos.rows_of(i), plain.rows_of(i)
+            assert len(a) == len(b) + 1 and int(with_bos.token_ids[a.start]) == bos
+            assert torch.equal(with_bos.token_ids[a.start + 1 : a.stop], plain.token_ids[b.start : b.stop])
+            assert torch.allclose(with_bos[at[0]][a], s.capture(t, at)[at[0]][0], atol=1e-5)  # the door's ids
+            assert torch.allclose(plain[at[0]][b], s.capture(t, at, prepend_bos=False)[at[0]][0], atol=1e-5)
+        # the BOS changes every later row too (attention reads it), so the rows are not the plain ones shifted
+        assert not torch.allclose(with_bos[at[0]][a][1:], plain[at[0]][b], atol=1e-3)
+        assert with_bos.manifest["prepend_bos"] is True and plain.manifest["prepend_bos"] is False
+        with pytest.raises(ie_lab.InputError, match=r"another harvest \(prepend_bos"):
+            s.harvest(texts, at, tmp_path / "bos", prepend_bos=None, progress=False)
+    free = ie_lab.harvest(lm, texts, at, tmp_path / "free", prepend_bos=True, progress=False)  # the free function
+    assert torch.equal(free.token_ids, with_bos.token_ids)
+
+    other = copy.deepcopy(lm.hf)  # one weight moved by 1e-3: the same name, architecture and tokenizer
+    with torch.no_grad():
+        other.model.layers[1].mlp.down_proj.weight[0, 0] += 1e-3
+    other_lm = ie_lab.load(other, lm.tokenizer, quiet=True)
+    assert other_lm.name == lm.name and other_lm.facts == lm.facts
+    with pytest.raises(ie_lab.InputError, match=r"other weights.*give a new out_dir, or load the weights"):
+        ie_lab.harvest(other_lm, TEXTS, ADDRS, whole.dirs[0], progress=False)
+    assert ie_lab.harvest(lm, TEXTS, ADDRS, whole.dirs[0], progress=False).manifest["weights"]["from"] == "parameters"
+
+
+def test_checkpoint_files_identify_a_served_models_weights(tmp_path):
+    """vLLM's weights are in its engine's process: they are identified by the checkpoint files (a hub download by
+    its blob's SHA-256 name, read from the link, not the bytes); an eager harvest cannot be checked against them."""
+    from ie_lab.corpus import identity
+
+    (tmp_path / "m").mkdir()
+    f = tmp_path / "m" / "model.safetensors"
+    f.write_bytes(b"weights one")
+    one = identity.files_hash(str(tmp_path / "m"))
+    f.write_bytes(b"weights two")
+    assert identity.files_hash(str(tmp_path / "m")) != one and identity.files_hash(str(tmp_path / "none")) is None
+    blob = tmp_path / "blobs" / ("ab" * 32)  # a hub cache: the link's target is named by the file's SHA-256
+    blob.parent.mkdir()
+    blob.write_bytes(b"weights one")
+    f.unlink()
+    f.symlink_to(blob)
+    linked = identity.files_hash(str(tmp_path / "m"))
+    blob.write_bytes(b"weights two")  # the name is trusted, the bytes not read again
+    assert identity.files_hash(str(tmp_path / "m")) == linked != one
+    why = identity.check_weights("out", {"from": "parameters", "hash": "x"}, {"from": "files", "hash": "x"})
+    assert "continue it on the backend it was started on" in why
+    assert identity.check_weights("out", None, {"from": "files", "hash": "x"}) is None  # a harvest from before
+
+
 def _sae():
     from ie_lab.sae import SAE
 

@@ -40,7 +40,8 @@ def test_every_operation_has_one_record():
 @pytest.mark.parametrize("op", sorted(calls.RECORDS))
 def test_every_door_shows_exactly_the_records_fields(op):
     want = _record(op)
-    for name, extra in ((op, DOOR | DOOR_OF.get(op, set())), ("a" + op, DOOR)):
+    fields = {n for n, _, _ in want}  # harvest's prepend_bos is its record's field (its texts are read lazily)
+    for name, extra in ((op, (DOOR | DOOR_OF.get(op, set())) - fields), ("a" + op, DOOR - fields)):
         got = _params(getattr(Session, name))
         assert got[0][0] == "self", name
         assert got[1 : 1 + len(want)] == want, name  # the record's fields, kinds and defaults, in order

@@ -332,8 +332,9 @@ class Harvest(Record):
     doc: ClassVar[str] = (
         "Activations at `addresses` over a corpus (a list of texts, or a dataset with a text column), written to "
         "out_dir as memory-mappable shards as the model runs; the same call again resumes where it stopped. "
-        "sae=: an SAE's features kept too, sparse, with each feature's top_k rows. Returns "
-        "ie_lab.Activations(out_dir) (docs/HARVEST.md)."
+        "sae=: an SAE's features kept too, sparse, with each feature's top_k rows. prepend_bos: True / False put "
+        "a BOS token first in each text or not (None: the tokenizer's own choice; a Session's door fills in its "
+        "own setting when the call gives none). Returns ie_lab.Activations(out_dir) (docs/HARVEST.md)."
     )
     # not served: it writes files where the model runs (RemoteBackend refuses it by name, ie_lab/remote/ops.py)
     texts_or_dataset: Any = arg()
@@ -347,6 +348,9 @@ class Harvest(Record):
     progress: bool = arg(True)
     sae: Any = arg(None)
     top_k: int = arg(32)
+    # a field, not only the door's keyword as on the other operations: the texts are read lazily (a dataset of any
+    # size), so the door cannot turn them into ids up front; the Harvester applies it to each text as it reads it
+    prepend_bos: bool | None = arg(None)
 
 
 @dataclass(frozen=True)

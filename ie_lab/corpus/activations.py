@@ -136,11 +136,11 @@ class Activations:
             self.manifests.append(m)
         first = self.manifests[0]
         for d, m in zip(self.dirs[1:], self.manifests[1:]):
-            for key in ("addresses", "widths", "dtype"):
+            for key in ("addresses", "widths", "dtype", "sae"):  # sae: the features' and top-k's meaning
                 if m.get(key) != first.get(key):
                     raise InputError(
                         f"{d} differs from {self.dirs[0]} in {key} ({m.get(key)} vs {first.get(key)}): only "
-                        "harvests of the same points and dtype read as one; open them as separate Activations."
+                        "harvests of the same points, dtype and SAE read as one; open them as separate Activations."
                     )
         self.addresses: list[str] = list(first["addresses"])
         self.widths: dict[str, int] = dict(first.get("widths") or {})

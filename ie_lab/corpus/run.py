@@ -11,7 +11,6 @@ killed process the same call skips exactly the committed prompts (checked to be 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 from collections.abc import Iterator, Mapping
@@ -22,12 +21,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..core.inputs import prepare
+from ..core.inputs import check_prepend_bos, prepare, with_bos
 from ..errors import AddressError, InputError, check_flag
 from ..points import Width
 from . import shards as S
 from .activations import Activations
 from .features import FeatureBuffer
+from .identity import check_weights, model_identity
 
 DEFAULT_SHARD_ROWS = 16384
 DEFAULT_MAX_TOKENS = 1024
@@ -108,20 +108,6 @@ def _fingerprint(h: Any, prompt: Any) -> None:
         h.update(b"i" + np.asarray(ids, dtype=np.int64).tobytes() + b";")
 
 
-def model_identity(lm: Any) -> dict[str, Any]:
-    """What a resumed or read harvest is checked against: the model's name and architecture, the tokenizer's vocab."""
-    facts = hashlib.sha256(f"{lm.name}\n{lm.facts!r}".encode()).hexdigest()[:16]
-    tok = lm.tokenizer
-    tok_hash = None
-    if tok is not None:
-        vocab = json.dumps(sorted(tok.get_vocab().items()), separators=(",", ":"))
-        tok_hash = hashlib.sha256(vocab.encode()).hexdigest()[:16]
-    return {
-        "model": {"name": str(lm.name), "hash": facts},
-        "tokenizer": {"name": str(getattr(tok, "name_or_path", "") or ""), "hash": tok_hash},
-    }
-
-
 def ie_lab_version() -> str:
     import importlib.metadata
 
@@ -151,7 +137,10 @@ class Harvester:
         progress: bool,
         sae: Any = None,
         top_k: int = 32,
+        prepend_bos: bool | None = None,
     ):
+        check_prepend_bos(prepend_bos)
+        self.prepend_bos = prepend_bos
         self.features = FeatureBuffer(sae, top_k) if sae is not None else None
         extra = [] if self.features is None or self.features.address in addrs else [self.features.address]
         self.capture_addrs = [*addrs, *extra]  # what each batch captures: the points kept, and the SAE's
@@ -177,6 +166,7 @@ class Harvester:
             "addresses": self.names,
             "dtype": self.dtype,
             "max_tokens_per_prompt": max_tokens_per_prompt,
+            "prepend_bos": prepend_bos,  # other ids, other rows (a harvest from before this key read None)
             "sae": None if self.features is None else self.features.identity,
             **ident,
         }
@@ -217,10 +207,15 @@ class Harvester:
         if m.get("format") != S.FORMAT:
             raise InputError(f"{self.out} holds a {S.MANIFEST} that is not a harvest's: give an empty or new out_dir.")
         for key, value in want.items():
-            if m.get(key) != value:
+            if key == "weights":
+                why = check_weights(self.out, m.get(key), value)
+                if why:
+                    raise InputError(why)
+            elif m.get(key) != value:
                 raise InputError(
                     f"{self.out} holds another harvest ({key}: {m.get(key)!r}, this call: {value!r}); a harvest "
-                    "continues only with the same model, addresses, dtype and max_tokens_per_prompt: give a new "
+                    "continues only with the same model, addresses, dtype, max_tokens_per_prompt and prepend_bos: give "
+                    "a new "
                     "out_dir, or call again exactly as the harvest there was started."
                 )
 
@@ -232,6 +227,8 @@ class Harvester:
     def _ids(self, i: int, prompt: Any) -> torch.Tensor:
         if isinstance(prompt, Mapping):
             raise InputError(f"prompt {i} is a {type(prompt).__name__}: pass text_column= to name its text.")
+        if isinstance(prompt, str) and self.prepend_bos is not None:  # the door's rule (core/inputs.py with_bos)
+            prompt = with_bos(self.lm.tokenizer, prompt, self.prepend_bos)
         try:
             ids = prepare(self.lm, prompt)[0]
         except InputError as e:

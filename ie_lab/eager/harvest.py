@@ -31,6 +31,7 @@ def harvest(
     progress: bool = True,
     sae: Any = None,
     top_k: int = 32,
+    prepend_bos: bool | None = None,
 ) -> Activations:
     """Activations at `addresses` over every prompt of texts_or_dataset, written to out_dir in shards as the model
     runs (docs/HARVEST.md); calling it again with the same arguments resumes after the last committed shard.
@@ -39,7 +40,8 @@ def harvest(
     max_tokens_per_prompt: a longer prompt keeps its first tokens (None: whole); shard_rows: rows buffered before
     a shard is written and committed (a killed run loses at most these); progress: a bar counting tokens (tok/s);
     sae: an ie_lab SAE whose features are kept too, sparse, with each feature's top_k rows (its point is captured
-    whether or not `addresses` names it)."""
+    whether or not `addresses` names it); prepend_bos: True / False put a BOS token first in each text or not (None:
+    the tokenizer's own choice)."""
     lm = lm_of(model)
     addrs = parse_addresses(lm, addresses) if addresses else []
     batch_size = check_batch_size(batch_size)
@@ -57,6 +59,7 @@ def harvest(
         progress=progress,
         sae=sae,
         top_k=top_k,
+        prepend_bos=prepend_bos,
     )
     try:
         for batch in h.batches():

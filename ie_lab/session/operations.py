@@ -209,6 +209,8 @@ class _Operations:
         if getattr(call, "intervene", None) is not None:
             self._backend.require(TRANSCODER_SPLICING)  # vLLM: its worker's splice reads and writes one point
         bos = self._bos(prepend_bos)
+        if hasattr(call, "prepend_bos"):  # harvest: its texts are read lazily, so the record carries the choice
+            return call.replace(prepend_bos=bos)
         if bos is None:
             return call
         tok = self._lm.tokenizer
@@ -311,7 +313,9 @@ def _named(fn: Any, name: str, record: type[Record], doc: str, **door: Any) -> N
     """fn shows the operation's real parameters: help(s.capture) lists the record's fields (grad=, ...), then the
     keywords of the Session's door (prepend_bos, and generate's print_tokens)."""
     fn.__name__, fn.__qualname__, fn.__doc__ = name, f"Session.{name}", doc
-    fn.__signature__ = signature_with(record, before=("self",), door={"prepend_bos": _DEFAULT, **door})
+    own = {f.name for f in record.parameters()}  # harvest's prepend_bos is a field of its record (calls.Harvest)
+    door = {k: v for k, v in {"prepend_bos": _DEFAULT, **door}.items() if k not in own}
+    fn.__signature__ = signature_with(record, before=("self",), door=door)
 
 
 _BOS_DOC = " prepend_bos: True / False put a BOS token first or not (default: the Session's setting; docs/PORTING.md)."

@@ -181,6 +181,7 @@ class _Operations:
             progress=call.progress,
             sae=call.sae,
             top_k=call.top_k,
+            prepend_bos=call.prepend_bos,
         )
         take = h.capture_addrs
         self._work_for(take, None)  # the SAE's point too
