@@ -9,6 +9,7 @@ Llama, with random JumpReLU transcoders written for the test."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -116,3 +117,11 @@ def test_refusals_name_the_fix(setup, tmp_path):
         v.capture("the dog ran", ["mlp_out.0"], intervene={_node(g, tv): 0.0})
     with pytest.raises(ie_lab.InputError, match="no transcoder this call knows"):
         v.capture(TEXT, ["mlp_out.0"], intervene={(0, 1): 0.0})
+    # what the worker cannot pair or encode is refused before a request is built, naming eager
+    wide = dataclasses.replace(tv[0], W_dec=tv[0].W_dec[:, None, :].expand(-1, 2, -1))  # one that writes two layers
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="cross-layer.*backend='eager'"):
+        v.splice(wide, error=True)
+    odd = dataclasses.replace(tv[0], activation="gelu", threshold=None)
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="activation 'gelu'.*backend='eager'"):
+        v.splice(odd)
+    assert v.worker_state()[0]["specs"] == []

@@ -75,6 +75,14 @@ def _check_transcoder(lm: Any, t: Any) -> str:
     """The activation the worker encodes t's features with, once both of its points are served on this model."""
     check_served(lm, t.address_in)
     check_served(lm, t.address_out, steering=True)
+    W_dec = t.W_dec
+    if t.address_out.layer != t.layer or W_dec.dim() != 2 or tuple(W_dec.shape) != (t.d_sae, lm.facts.d_model):
+        raise CapabilityUnsupported(
+            f"the transcoder {t.address_in} -> {t.address_out} (W_dec {tuple(W_dec.shape)}) on backend='vllm'",
+            "the worker pairs one layer's mlp_in with the same layer's mlp_out, through a [d_sae, d_model] decoder; "
+            "a transcoder that writes other layers (cross-layer) is not spliced there",
+            "use backend='eager'",
+        )
     act = "jumprelu" if getattr(t, "threshold", None) is not None else getattr(t, "activation", None)
     if act not in ("relu", "jumprelu", "topk"):
         raise CapabilityUnsupported(
