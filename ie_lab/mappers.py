@@ -129,6 +129,8 @@ def _shape(model: Any) -> _Shape:
         facts = _family_facts(model.strip())
     elif isinstance(model, ArchFacts):
         facts = model
+    elif isinstance(getattr(lm, "facts", None), ArchFacts):  # a model computed elsewhere (vLLM): its config's facts
+        facts = lm.facts
     else:
         try:
             facts = ArchFacts.from_config(model)

@@ -168,34 +168,25 @@ def test_no_hook_is_left_after_a_failure_inside_the_forward(demo, monkeypatch):
     assert_clean(s._lm)
 
 
-def test_vllm_and_remote_sessions_refuse_naming_eager(demo):
-    from ie_lab.vllm.requests import _steer_payload  # what a vLLM request carries: a transcoder splice is refused
-
-    s, tcs, _ = demo
+def test_a_remote_session_refuses_naming_where_to_intervene():
     require(TRANSCODER_SPLICING, "eager")
-    with pytest.raises(ie_lab.CapabilityUnsupported, match="backend='eager'"):
-        require(TRANSCODER_SPLICING, "vllm")
-    with pytest.raises(ie_lab.CapabilityUnsupported, match="reads the MLP's input and writes its output.*eager"):
-        _steer_payload(s.splice(tcs, error=True))
+    require(TRANSCODER_SPLICING, "vllm")  # the worker splices transcoders (tests/test_vllm_transcoders.py)
     from ie_lab.core import calls
     from ie_lab.session.operations import _Operations
 
-    class VLLMLike:  # a backend that splices SAEs but not transcoders: intervene= refused at the door
-        name = "vllm"
+    class Remote:  # what a remote Session's backend offers: no splice (its server may well be eager)
+        name = "remote"
 
         def require(self, capability):
-            require(capability, "vllm")
-
-        def splice(self, sae, *, error=False):
-            raise AssertionError("not reached")
+            require(capability, "eager")
 
     class Door(_Operations):
-        _backend = VLLMLike()
+        _backend = Remote()
 
         def _bos(self, prepend_bos):
             return None
 
-    with pytest.raises(ie_lab.CapabilityUnsupported, match="transcoder splicing.*backend='eager'"):
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="transcoder splicing.*remote Session.*weights"):
         Door()._door(calls.Generate, (PROMPT,), {"intervene": {(0, 1): 0.0}})
     from ie_lab.remote.ops import OPS, ArgError
 

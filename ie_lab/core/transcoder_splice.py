@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ import torch
 from ..address import Address
 from ..errors import InputError, shown_value
 from ..ops.splice import splice as splice_rows
+from .client_model import ClientModel
 from .inputs import prepare, prepare_prompts
 from .steer_spec import ForwardState, SteerSpec, position_mask
 
@@ -255,6 +257,19 @@ def _prompts_ids(lm: Any, prompt: Any) -> list[list[int]]:
     return rows
 
 
+def _same_model(built_on: Any, lm: Any) -> bool:
+    """Whether a graph built on ``built_on`` names positions and features of ``lm``: the same model, or, where lm's
+    weights live elsewhere (a vLLM engine, which builds no graph: it has no gradients), a model loaded from the same
+    checkpoint (the same folder or id, and the same facts)."""
+    if built_on is lm:
+        return True
+    if built_on is None or not isinstance(lm, ClientModel) or isinstance(built_on, ClientModel):
+        return False
+    names = [str(getattr(m, "name", "") or "") for m in (built_on, lm)]
+    where = [os.path.realpath(n) if os.path.isdir(n) else n for n in names]
+    return bool(names[0]) and where[0] == where[1] and built_on.facts == lm.facts
+
+
 def _node_target(node: Any, lm: Any, prompt_ids: Callable[[], list[list[int]]]) -> tuple[int, int, int, Any]:
     """(layer, feature, position, its transcoder) of a graph's feature node, checked against this call."""
     if node.kind != "feature":
@@ -269,10 +284,11 @@ def _node_target(node: Any, lm: Any, prompt_ids: Callable[[], list[list[int]]]) 
             "use a node of a graph built here (ie_lab.attribution_graph(s, prompt, tcs)), or a (layer, feature) pair "
             "with the transcoders spliced into the call (splice=s.splice(tcs, error=True))."
         )
-    if origin.model() is not lm:
+    if not _same_model(origin.model(), lm):
         raise InputError(
             f"intervene: {node!r} is a node of a graph built on another model; build the graph on this one "
-            "(ie_lab.attribution_graph(s, prompt, tcs) with this Session)."
+            "(ie_lab.attribution_graph(s, prompt, tcs) with this Session; for a vLLM Session, with an eager Session "
+            "of the same checkpoint: the same folder or id)."
         )
     t = origin.transcoders.get(node.layer)
     if t is None or not 0 <= int(node.index) < t.d_sae:

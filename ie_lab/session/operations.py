@@ -204,10 +204,11 @@ class _Operations:
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", _DEFAULT)
         call = record.build(args, kwargs, door=door)  # door: this method's own keywords, offered as near matches
-        if getattr(call, "splice", None) is not None or getattr(call, "intervene", None) is not None:
-            self._splicing()  # a backend that cannot splice refuses splice= and intervene= here, before anything runs
-        if getattr(call, "intervene", None) is not None:
-            self._backend.require(TRANSCODER_SPLICING)  # vLLM: its worker's splice reads and writes one point
+        intervene = getattr(call, "intervene", None) is not None
+        if getattr(call, "splice", None) is not None or intervene:
+            self._splicing(intervene)  # a backend that cannot splice refuses splice= and intervene= here, first
+        if intervene:
+            self._backend.require(TRANSCODER_SPLICING)  # a backend whose splices cannot pair mlp_in with mlp_out
         bos = self._bos(prepend_bos)
         if hasattr(call, "prepend_bos"):  # harvest: its texts are read lazily, so the record carries the choice
             return call.replace(prepend_bos=bos)
@@ -267,14 +268,26 @@ class _Operations:
         `with s.splice(sae):` or s.generate(..., splice=spec); spec.ablate(features) / spec.clamp(features, value)
         return a new spec; capture 'sae.<name>.acts' during a spliced run for the features. Eager and vLLM (not
         graph mode); a remote Session refuses it. Transcoders (ie_lab.load_transcoders, or one of its layers) splice
-        in place of their MLPs' outputs, read at mlp_in.L and written at mlp_out.L (eager only; docs/CIRCUITS.md,
+        in place of their MLPs' outputs, read at mlp_in.L and written at mlp_out.L (eager and vLLM; docs/CIRCUITS.md,
         "Interventions")."""
         self._check_open()
         return self._splicing().splice(sae, error=error)
 
-    def _splicing(self) -> Any:
-        """The backend, where it splices; otherwise CapabilityUnsupported naming the eager backend."""
+    def _splicing(self, intervene: bool = False) -> Any:
+        """The backend, where it splices; otherwise CapabilityUnsupported naming the eager backend (intervene: the
+        refusal names transcoders, the call's intervene= would splice them)."""
         self._backend.require(SPLICING)
+        if intervene and not callable(getattr(self._backend, "splice", None)):
+            raise CapabilityUnsupported(
+                TRANSCODER_SPLICING + " on a remote Session",
+                "intervene= splices transcoders into the forward, whose weights would have to travel to the server; "
+                "the served operations take steering as data (addresses and a vector) and have no checked argument "
+                "for a transcoder",
+                "run ie_lab where the model is (Session(model) or Session(path, backend='vllm')) to intervene, or "
+                "steer along a feature's decoder direction remotely (tcs[L].steer(s, feature, scale) adds "
+                "scale x W_dec[feature] at mlp_out.L)",
+                backend=f"backend={self._backend.name!r}",
+            )
         if not callable(getattr(self._backend, "splice", None)):  # a remote Session (its server may be eager)
             raise CapabilityUnsupported(
                 SPLICING + " on a remote Session",

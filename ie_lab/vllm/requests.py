@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -14,18 +15,17 @@ from typing import Any
 import torch
 
 from ..address import Address
-from ..capabilities import TRANSCODER_SPLICING, require
 from ..core.addresses import parse_addresses
 from ..core.inputs import prepare
 from ..core.splice_spec import SpliceSpec, acts_name, make_splice_spec
 from ..core.steer_scope import active_specs, enter_scope, exit_scope
 from ..core.steer_spec import make_spec
-from ..core.transcoder_splice import TranscoderSplice, is_transcoders
+from ..core.transcoder_splice import TranscoderSplice, is_transcoders, make_transcoder_splice
 from ..errors import (
     CapabilityUnsupported,
     InputError,
 )
-from ..ops.projection import to_plain
+from ..ops.projection import Encoder, to_plain
 from .checks import (
     _Work,
     check_graph_steer,
@@ -36,7 +36,7 @@ from .checks import (
 # vllm itself is imported inside the methods that build requests (SamplingParams, TokensPrompt): it is an optional,
 # heavy dependency, and importing this module must not import it.
 from .results import _raise_if_failed
-from .wire import RECOMPUTED, pack
+from .wire import RECOMPUTED, SPLICE_METHODS, pack
 
 
 def _splice_payload(spec: SpliceSpec) -> list[dict]:
@@ -65,18 +65,88 @@ def _splice_payload(spec: SpliceSpec) -> list[dict]:
     ]
 
 
+def _columns(w: torch.Tensor, dim: int, cols: torch.Tensor | None) -> torch.Tensor:
+    """A transcoder weight in float32, cut to the features that travel (cols; None: all of them)."""
+    w = w.detach().float()
+    return w if cols is None else w.index_select(dim, cols)
+
+
+def _check_transcoder(lm: Any, t: Any) -> str:
+    """The activation the worker encodes t's features with, once both of its points are served on this model."""
+    check_served(lm, t.address_in)
+    check_served(lm, t.address_out, steering=True)
+    W_dec = t.W_dec
+    if t.address_out.layer != t.layer or W_dec.dim() != 2 or tuple(W_dec.shape) != (t.d_sae, lm.facts.d_model):
+        raise CapabilityUnsupported(
+            f"the transcoder {t.address_in} -> {t.address_out} (W_dec {tuple(W_dec.shape)}) on backend='vllm'",
+            "the worker pairs one layer's mlp_in with the same layer's mlp_out, through a [d_sae, d_model] decoder; "
+            "a transcoder that writes other layers (cross-layer) is not spliced there",
+            "use backend='eager'",
+        )
+    act = "jumprelu" if getattr(t, "threshold", None) is not None else getattr(t, "activation", None)
+    if act not in ("relu", "jumprelu", "topk"):
+        raise CapabilityUnsupported(
+            f"a transcoder with activation {act!r} on backend='vllm'",
+            "the worker encodes with ops/projection.py's activations (relu, jumprelu, topk) only",
+            "use backend='eager', which calls the transcoder's own activate()",
+        )
+    return act
+
+
+def _transcoder_payload(spec: TranscoderSplice) -> list[dict]:
+    """A transcoder splice as two steering entries per layer, paired by 'tc': 'transcoder_in' at mlp_in.L keeps the
+    request's rows the MLP reads, and 'transcoder' at mlp_out.L encodes them and writes (ops/splice.py, the eager
+    hooks' arithmetic). A clamp's position travels as an absolute position (None: every position, prompt and
+    generated), which the worker matches against each row's own position, however vLLM packs and chunks the batch.
+    With the error term kept, a layer with no clamp is the plain run and sends nothing, and (a ReLU or JumpReLU
+    encoder: each feature's activation is its own column's) only the clamped features' columns travel."""
+    out: list[dict] = []
+    for t in spec.transcoders:
+        act = _check_transcoder(spec.lm, t)
+        th = getattr(t, "threshold", None)
+        mine = [c for c in spec.clamps if c[0] == t.layer]
+        if spec.error and not mine:
+            continue
+        feats = sorted({c[1] for c in mine}) if spec.error and act != "topk" else list(range(t.d_sae))
+        col = {f: j for j, f in enumerate(feats)}
+        cols = None if len(feats) == t.d_sae else torch.tensor(feats, dtype=torch.long)
+        kept = functools.partial(_columns, cols=cols)
+        k = getattr(t, "k", None) if act == "topk" else None
+        enc = Encoder(kept(t.W_enc, 1), kept(t.b_enc, 0), None, act, None if th is None else kept(th, 0), k)
+        key = f"{id(spec)}.{t.layer}"
+        none = {"kwargs": {}, "vector": pack(torch.zeros(0)), "positions": "all", "tc": key}
+        out.append({"address": str(t.address_in), "method": "transcoder_in", **none})
+        out.append(
+            {
+                "address": str(t.address_out),
+                "method": "transcoder",
+                **none,
+                "transcoder": {
+                    "encoder": to_plain(enc, pack),
+                    "W_dec": pack(kept(t.W_dec, 0)),
+                    "b_dec": None if spec.error or t.b_dec is None else pack(t.b_dec.detach().float()),
+                    "idx": [col[c[1]] for c in mine],
+                    "vals": [float(c[3]) for c in mine],
+                    "at": [None if c[2] is None else int(c[2]) for c in mine],
+                    "error": bool(spec.error),
+                },
+            }
+        )
+    return out
+
+
 def _graph_splice() -> CapabilityUnsupported:
     return CapabilityUnsupported(
-        "SAE splicing in graph mode",
+        "SAE and transcoder splicing in graph mode",
         "graph mode's compiled trunk applies the steering methods of its static buffers only; a splice runs an SAE's "
-        "encoder and decoder at its point",
+        "(or a transcoder's) encoder and decoder at its point",
         "create the Session without graph_points / steer_points (hooks apply splices), or use backend='eager'",
     )
 
 
 def _steer_payload(spec: Any) -> list[dict]:
-    if isinstance(spec, TranscoderSplice):  # intervene= or s.splice(transcoders): refused with the reason
-        require(TRANSCODER_SPLICING, "vllm")
+    if isinstance(spec, TranscoderSplice):  # intervene= or s.splice(transcoders)
+        return _transcoder_payload(spec)
     if isinstance(spec, SpliceSpec):
         return _splice_payload(spec)
     kwargs = spec.method_kwargs()
@@ -141,7 +211,7 @@ class _Requests:
             if getattr(sp, "lm", None) is not self.lm:
                 raise InputError("this steering spec was made on another model; make it with this Session's steer().")
             payload += _steer_payload(sp)
-        if self._graph is not None and any(p["method"] == "splice" for p in payload):
+        if self._graph is not None and any(p["method"] in SPLICE_METHODS for p in payload):
             raise _graph_splice()
         if self._graph is not None:
             sites = [p["address"] for p in payload]
@@ -303,10 +373,16 @@ class _Requests:
         SAE's reconstruction, as the eager hooks do (ops/splice.py). `with spec:` or splice=spec."""
         self._check_open()
         self._refuse_in_generate_mode("splicing")
-        if is_transcoders(sae):
-            require(TRANSCODER_SPLICING, "vllm")
+        graph = self.lm.info.get("graph_points") is not None
+        if is_transcoders(sae):  # read at mlp_in.L, written at mlp_out.L (docs/CIRCUITS.md, "Interventions")
+            tspec = make_transcoder_splice(self.lm, sae, error=error)
+            if graph:
+                raise _graph_splice()
+            for t in tspec.transcoders:
+                _check_transcoder(self.lm, t)
+            return tspec
         spec = make_splice_spec(self.lm, sae, error=error)
-        if self.lm.info.get("graph_points") is not None:
+        if graph:
             raise _graph_splice()
         check_served(self.lm, spec.addresses[0], steering=True)
         return spec

@@ -126,8 +126,8 @@ CAPABILITIES: dict[str, str] = {
         "yes (in the worker, per request, with the same arithmetic; not in graph mode)"
     ),
     "transcoder splicing and interventions on graph features (intervene=)": (
-        "no: the worker's splice reads and writes one point; a transcoder reads the MLP's input and writes its output, "
-        "which the worker does not pair yet"
+        "yes (in the worker, per request: features encoded from mlp_in.L, written at mlp_out.L with the same "
+        "arithmetic; a graph's nodes from an eager Session of the same checkpoint; not in graph mode)"
     ),
     "direct logit attribution": (
         "no: it needs the pieces of the residual stream, each head's write (attn_result) and the final norm's scale "

@@ -13,6 +13,10 @@ import torch
 # Points no hook reads on vLLM: the worker rebuilds them from the captured post-RoPE q and k.
 RECOMPUTED = ("attn_scores", "attn_probs")
 
+# Steering entries that splice a dictionary in (an SAE at its point; a transcoder read at mlp_in and written at
+# mlp_out, its two entries paired by their 'tc' key): they run in the worker's hooks, never in graph mode's trunk.
+SPLICE_METHODS = ("splice", "transcoder_in", "transcoder")
+
 
 def pack(t: torch.Tensor) -> dict:
     t = t.detach().to("cpu").contiguous()

@@ -49,6 +49,23 @@ def _gather(t: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
 
 
+def _transcoder(r: Row, s: dict, seg: torch.Tensor) -> torch.Tensor:
+    """One request's rows at a transcoder's output point, the transcoder spliced in (ops/splice.py, the eager hooks'
+    arithmetic) from the rows its input point handed the MLP in this forward. A clamp at a position edits the row of
+    that absolute position only (wherever vLLM put it in the flattened batch; in no forward when a prefix cache or an
+    earlier chunk already ran it); a clamp at every position (None) edits every row, prompt and generated."""
+    x = r.spec.tc_seen.pop(s["tc"], None)
+    if x is None or x.shape[0] != seg.shape[0]:
+        raise RuntimeError(f"the transcoder written at {s['address']} ran without its input rows in this forward")
+    enc, W, b, idx, vals, at, error = s["tc_t"]
+    where = None
+    if any(p is not None for p in at):
+        pos = r.positions.to(seg.device)
+        where = torch.stack([torch.ones_like(pos, dtype=torch.bool) if p is None else pos == p for p in at], -1)
+    new, _ = splice_rows(seg, project_scores(x.to(seg.device), enc), W, b, idx, vals, error, where)
+    return new.to(seg.dtype)
+
+
 class IELabWorker(WorkerReadout):
     """Mixed into vLLM's worker class; every public method here (and of its base WorkerReadout) is reachable through
     collective_rpc."""
@@ -360,13 +377,27 @@ class IELabWorker(WorkerReadout):
         if not todo:
             return None
         out = t.clone()
+        changed = False
         for r, s in todo:
             if r.spec.error is not None:
                 continue
             try:  # one request's steering failing fails that request only; the others in this forward go on
                 seg = out[r.start : r.end]
+                if s["method"] == "transcoder_in":  # read, for the transcoder's write at mlp_out in this forward
+                    r.spec.tc_seen[s["tc"]] = seg.detach().to(torch.float32, copy=True)
+                    continue
+                changed = True
                 if s["method"] == "splice":
                     out[r.start : r.end] = self._splice(r, s, seg)
+                    continue
+                if s["method"] == "transcoder":
+                    new = _transcoder(r, s, seg)
+                    broke = ~torch.isfinite(new).all(dim=-1)
+                    if bool(broke.any()):  # kept out of the KV cache, as a steering edit's non-finite rows are
+                        r.spec.error = non_finite(point, r, broke.cpu())
+                        out[r.start : r.end] = t[r.start : r.end]
+                        continue
+                    out[r.start : r.end] = new
                     continue
                 mask = position_mask(
                     s["positions"],
@@ -389,7 +420,7 @@ class IELabWorker(WorkerReadout):
                 out[r.start : r.end] = new
             except Exception as e:  # noqa: BLE001
                 r.spec.error = f"steering {point} with {s['method']}: {type(e).__name__}: {e}"
-        return out
+        return out if changed else None
 
     def _splice(self, r: Row, s: dict, seg: torch.Tensor) -> torch.Tensor:
         """One request's rows with an SAE spliced in (ops/splice.py, the eager hooks' arithmetic); its features kept
@@ -452,6 +483,13 @@ class IELabWorker(WorkerReadout):
             s["vector_t"] = unpack(s["vector"]).to(torch.float32)
             if isinstance(s.get("positions"), dict):  # a boolean mask travels packed
                 s["positions"] = unpack(s["positions"]).bool()
+            if s["method"] == "transcoder":  # the transcoder's encoder, decoder and clamps, unpacked once per request
+                tc = s["transcoder"]
+                b = None if tc["b_dec"] is None else unpack(tc["b_dec"]).float()
+                idx = torch.tensor(tc["idx"], dtype=torch.long)
+                vals = torch.tensor(tc["vals"], dtype=torch.float32)
+                enc = from_plain(tc["encoder"], unpack)
+                s["tc_t"] = (enc, unpack(tc["W_dec"]).float(), b, idx, vals, list(tc["at"]), bool(tc["error"]))
             if s["method"] == "splice":  # the SAE, unpacked once per request
                 sp = s["splice"]
                 b = None if sp["b_dec"] is None else unpack(sp["b_dec"]).float()

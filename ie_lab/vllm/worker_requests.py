@@ -46,6 +46,8 @@ class Spec:
     project: dict[str, tuple[Any, int | None, int]] = field(default_factory=dict)
     proj_store: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=lambda: defaultdict(list))
     graph_steer: list["GraphSteer"] = field(default_factory=list)  # graph mode: the steer entries, prepared once
+    # a transcoder's input rows (mlp_in.L, float32), kept by its 'tc' key for its output point in the same forward
+    tc_seen: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
