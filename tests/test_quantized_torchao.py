@@ -1,4 +1,4 @@
-"""torchao checkpoints on the eager backend (docs/LOADING.md, Quantized checkpoints); the cases are in
+"""torchao checkpoints on the eager and vLLM backends (docs/LOADING.md, Quantized checkpoints); the cases are in
 tests/torchao_cases.py.
 
 torchao is not installed in ie_lab's test environment: where it is, transformers imports it in every process that

