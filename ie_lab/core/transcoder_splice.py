@@ -6,7 +6,10 @@ first; with error=True the transcoder's error term (the MLP's true output minus 
 so the run is exactly the plain run except for the clamps' decoder-direction change, (value - act) x W_dec[f]
 (ops/splice.py's arithmetic, which writes where it does not read). It is a SteerSpec, carried and scoped as every
 splice and steering spec is (core/splice_spec.py): its hooks are a reader at mlp_in.L and a writer at mlp_out.L
-that share what the reader saw in the same forward (``writes``).
+that share what the reader saw in the same forward (``writes``). A cross-layer transcoder (CLT) splices whole: layer
+L's writer also adds every earlier layer's (edited) features times their decoders into L (with the error kept, their
+edits' change alone), so clamping a layer-l feature moves every layer l' >= l's output by (value - act) x
+W_dec[l -> l'][f]; a skip transcoder's skip path joins its reconstruction when the error is dropped.
 
 ``intervene={node: value}`` on capture / generate / generate_stream is folded here into such a splice (error=True)
 of the layers intervened on (``with_interventions``): a graph's feature node clamps its feature at its position of

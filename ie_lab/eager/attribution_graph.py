@@ -1,8 +1,10 @@
-"""attribution_graph(): the attribution graph of one prompt through per-layer transcoders, on the eager backend.
+"""attribution_graph(): the attribution graph of one prompt through transcoders, on the eager backend.
 
 The local replacement model (docs/CIRCUITS.md): each MLP's output is its transcoder's output plus an error node (the
 true MLP output minus the transcoder's, a constant); every attention pattern and every norm's scale is frozen at
-its value on this prompt. The model is then linear (jointly homogeneous) in what the nodes write: the embeddings
+its value on this prompt. A cross-layer transcoder's layer-l feature writes into the MLP output of every layer
+l' >= l (its edges sum those writes; each layer's error is its output less every write into it); a skip
+transcoder's skip path (x @ W_skip) stays live, a linear path from the MLP's input to its output. The model is then linear (jointly homogeneous) in what the nodes write: the embeddings
 (the stack's input per position), each active feature's decoder row times its activation, each error, and every
 bias (each parameter named ``bias`` the frozen model adds: attention and norm biases, the head's; the transcoders'
 b_dec and, into their own features, b_enc). So each target (a feature's pre-activation, a demeaned logit) is exactly
@@ -34,7 +36,7 @@ from torch import nn
 
 from ..address import Address
 from ..arch.attention_tap import editing
-from ..core.graph import Graph, GraphOrigin, Node
+from ..core.graph import Graph, GraphOrigin, Node, completeness
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..errors import CapabilityUnsupported, InputError, shown_value
 from ..ops.attribution import FrozenNorm, freeze_norm
@@ -91,20 +93,6 @@ def attribution_graph(
             "report the family; logit_attribution and gradients still work on it",
         )
     return graph
-
-
-def completeness(graph: Graph) -> torch.Tensor:
-    """[targets]: per feature and logit node, |sum of incoming edges - value| / max(|value|, 1e-2 x sum of
-    |incoming edges|, 1e-3 x that sum's mean over the targets)."""
-    rows = [i for i, n in enumerate(graph.nodes) if n.kind in ("feature", "logit")]
-    if not rows:
-        return torch.zeros(0)
-    adj = graph.adjacency[rows].double()
-    vals = torch.tensor([graph.nodes[i].value for i in rows], dtype=torch.float64)
-    l1 = adj.abs().sum(1)
-    # a value near 0 whose edges are near 0 too (a ReLU feature just above 0) is measured against the graph's scale
-    denom = torch.maximum(vals.abs(), 1e-2 * l1).clamp_min(max(1e-3 * float(l1.mean()), 1e-12))
-    return (adj.sum(1) - vals).abs() / denom
 
 
 def _check_model(lm: Any, transcoders: Any) -> dict[int, Any]:
