@@ -143,8 +143,8 @@ class Transcoder:
 
 
 class Transcoders:
-    """The per-layer transcoders of one model, one per layer at most, in layer order (index by layer:
-    ``tcs[2]``)."""
+    """The transcoders of one model, one per layer at most, in layer order (index by layer: ``tcs[2]``): per-layer
+    ones, or the layers of one cross-layer transcoder (``cross_layer``)."""
 
     def __init__(self, items: list[Transcoder]):
         self._by_layer = {t.layer: t for t in sorted(items, key=lambda t: t.layer)}
@@ -286,8 +286,8 @@ def _refuse_other_kinds(cfg: dict, where: str) -> None:
     if text == "skip_transcoder":
         raise InputError(
             f"{where}: a skip transcoder (W_skip: a linear path from the MLP's input to its output beside the "
-            "features): not supported yet (its skip would be an edge of its own in an attribution graph). Use a "
-            "transcoder without the skip."
+            "features) in SAELens' layout: ie_lab reads skip transcoders in circuit-tracer's layout "
+            "(layer_<L>.safetensors with W_skip; docs/CIRCUITS.md)."
         )
     if text not in ARCHITECTURES:
         raise InputError(
