@@ -2,7 +2,8 @@
 with their tensors in ie_lab's orientation; each layer's reconstruction holds every earlier layer's write; the
 attribution graph is complete on tiny Llama and the demo model, and a feature's edge into a logit holds its
 cross-layer write (hand-computed through the frozen final norm: dropping the cross-layer decoders misses it); an
-ablation moves every later layer's MLP output by exactly -act x W_dec[l -> l'][f]; the graph panel's data and
+ablation moves every later layer's MLP output by exactly -act x W_dec[l -> l'][f], and a CLT (or a skip transcoder)
+spliced without its error term writes its reconstruction; the graph panel's data and
 dashboards take a CLT feature; bad folders are refused with the reason."""
 
 from __future__ import annotations
@@ -116,6 +117,11 @@ def test_a_skip_transcoders_graph_is_complete(llama, tmp_path):
     )
     g = ie_lab.attribution_graph(lm, PROMPT, sk, batch_size=64)
     assert len(g.of_kind("feature")) > 20 and float(completeness(g).max()) < 1e-3
+    # spliced without the error term, the skip path joins the reconstruction
+    s = llama[3]
+    got = s.capture(PROMPT, ["mlp_in.1", "mlp_out.1"], splice=s.splice(sk))
+    x = got["mlp_in.1"][0].float()
+    assert torch.allclose(got["mlp_out.1"][0].float(), sk[1].decode(sk[1].encode(x)) + sk[1].skip(x), atol=1e-4)
 
 
 def test_ablating_a_clt_node_moves_every_later_mlp_output_by_its_decoder_rows(demo):
@@ -139,6 +145,19 @@ def test_ablating_a_clt_node_moves_every_later_mlp_output_by_its_decoder_rows(de
         if L > 0:  # the wrong answer (no cross-layer write) fails the same check
             assert not torch.allclose(moved[f.position], torch.zeros_like(expected), atol=tol)
     assert not torch.equal(got[f"mlp_out.{N - 1}"], plain[f"mlp_out.{N - 1}"])
+    # a (layer, feature) pair on the whole CLT's splice: every position, by its own activation there
+    last = f"mlp_out.{N - 1}"
+    pair = s.capture(DEMO_PROMPT, pts, splice=s.splice(tcs, error=True).ablate((0, f.index)))
+    acts = tcs[0].encode(plain["mlp_in.0"][0].float())[:, f.index]
+    with torch.no_grad():
+        own = s._lm.binding.layers[N - 1].mlp(pair[f"mlp_in.{N - 1}"].to(s._lm.dtype)).float()[0]
+    want = -acts[:, None] * tcs[0].decoder(N - 1)[f.index]
+    assert int((acts > 0).sum()) >= 2 and torch.allclose(pair[last][0].float() - own, want, atol=1e-4)
+    # without the error term each layer's output is the CLT's reconstruction from this run's inputs
+    rec = s.capture(DEMO_PROMPT, pts, splice=s.splice(tcs))
+    pred = tcs.reconstruct({L: rec[f"mlp_in.{L}"][0].float() for L in range(N)})
+    for L in range(N):
+        assert torch.allclose(rec[f"mlp_out.{L}"][0].float(), pred[L], atol=1e-4), L
     with pytest.raises(ie_lab.InputError, match="splices whole"):
         s.splice(tcs[1], error=True)
     assert_clean(s._lm)
