@@ -1,12 +1,14 @@
-"""Per-layer transcoders as users have them on disk: SAELens' transcoder folders (cfg.json and safetensors weights),
-one per layer, each reading the MLP's input after its norm (mlp_in.L) and predicting the MLP's output (mlp_out.L).
+"""Transcoders as users have them on disk: SAELens' transcoder folders (cfg.json and safetensors weights), one per
+layer, each reading the MLP's input after its norm (mlp_in.L) and predicting the MLP's output (mlp_out.L); and
+circuit-tracer's layout (circuit_tracer_files.py): per-layer files, with a skip path (W_skip) or not, and
+cross-layer transcoders (CLT), whose layer-L features write into the output of layer L and of every later layer.
 
 ``load_transcoders(path, session)`` reads one folder, or a parent folder of them (one per layer), and attaches each
 transcoder to the points its hook names mean on the model (ie_lab/mappers.py). The file checks are the SAE's
 (ie_lab/sae_files.py: every config field and tensor checked before use); what is a transcoder's own is read here:
 the architecture (SAELens' ``transcoder`` = ReLU, ``jumprelu_transcoder``, and ``topk_transcoder`` with its k), the
 output's hook name (``hook_name_out``) and width (``d_out``), and b_dec belonging to the output (never subtracted from
-the input). Skip transcoders (W_skip) and cross-layer transcoders are refused with the reason. The transcoders feed
+the input). Skip and cross-layer transcoders in SAELens' layout are refused with the reason. The transcoders feed
 ie_lab.attribution_graph (docs/CIRCUITS.md); ``check`` reports each layer's reconstruction error of the MLP output.
 """
 
@@ -46,6 +48,12 @@ class Transcoder:
     k: int | None = None
     source: str = ""
     cfg: dict = field(default_factory=dict)
+    # A cross-layer transcoder's layer: W_dec is its write into its own layer's output; decoders[l] [d_sae, d] its
+    # write into a later layer l's output (address_out's kind at layer l); clt_layers every layer of its CLT.
+    decoders: dict[int, torch.Tensor] = field(default_factory=dict)
+    clt_layers: tuple[int, ...] = ()
+    # A skip transcoder's linear path beside the features: x @ W_skip [d_in, d_out] added to its output.
+    W_skip: torch.Tensor | None = None
 
     @property
     def layer(self) -> int:
@@ -79,7 +87,31 @@ class Transcoder:
         return self.activate(self.pre_activations(x))
 
     def decode(self, f: torch.Tensor) -> torch.Tensor:
+        """Its own layer's output from its own features (a CLT layer's output also holds the earlier layers' writes:
+        Transcoders.reconstruct)."""
         return f.float() @ self.W_dec.to(f.device) + self.b_dec.to(f.device)
+
+    def skip(self, x: torch.Tensor) -> torch.Tensor:
+        """The skip path's write for inputs x (zeros without W_skip)."""
+        if self.W_skip is None:
+            return torch.zeros(*x.shape[:-1], int(self.W_dec.shape[1]), device=x.device)
+        return x.float() @ self.W_skip.to(x.device).float()
+
+    @property
+    def cross_layer(self) -> bool:
+        return bool(self.clt_layers)
+
+    @property
+    def writes_to(self) -> list[int]:
+        """The layers whose output its features write: its own, then a CLT's later ones."""
+        return [self.layer, *sorted(self.decoders)]
+
+    def decoder(self, layer: int) -> torch.Tensor | None:
+        """[d_sae, d]: its features' write into layer's output (None where they write nothing)."""
+        return self.W_dec if layer == self.layer else self.decoders.get(layer)
+
+    def output_at(self, layer: int) -> Address:
+        return self.address_out if layer == self.layer else Address(self.address_out.name, layer)
 
     # What a feature dashboard reads of a dictionary (ie_lab.widgets.feature_data): the point its encoder reads,
     # and steering along a feature's decoder direction, which a transcoder writes at its output point.
@@ -88,25 +120,31 @@ class Transcoder:
         return self.address_in
 
     def steer(self, session: Any, feature: int, scale: float = 1.0, **kwargs: Any) -> Any:
-        """A steering spec adding scale x the feature's decoder direction at the transcoder's output point."""
+        """A steering spec adding scale x the feature's decoder direction at the transcoder's output point; for a
+        cross-layer transcoder a list of them, one per layer it writes (steer= takes the list)."""
         if isinstance(feature, bool) or not isinstance(feature, int) or not 0 <= feature < self.d_sae:
             raise InputError(f"feature={feature!r}: an int from 0 to {self.d_sae - 1}.")
-        return session.steer(self.address_out, self.W_dec[feature].float(), scale=scale, **kwargs)
+        specs = [
+            session.steer(self.output_at(L), self.decoder(L)[feature].float(), scale=scale, **kwargs)  # type: ignore[index]
+            for L in self.writes_to
+        ]
+        return specs if self.cross_layer else specs[0]
 
     def splice(self, session: Any, *, error: bool = False) -> Any:
         """This transcoder spliced in place of its MLP's output (s.splice(self, error=...)): docs/CIRCUITS.md."""
         return session.splice(self, error=error)
 
     def __repr__(self) -> str:
+        outs = f"{self.address_out}" + (f" .. layer {self.writes_to[-1]}" if self.decoders else "")
+        extra = (", cross-layer" if self.cross_layer else "") + (", skip" if self.W_skip is not None else "")
         return (
-            f"Transcoder({self.activation}, d_in={self.d_in}, d_sae={self.d_sae}, {self.address_in} -> "
-            f"{self.address_out})"
+            f"Transcoder({self.activation}, d_in={self.d_in}, d_sae={self.d_sae}, {self.address_in} -> {outs}{extra})"
         )
 
 
 class Transcoders:
-    """The per-layer transcoders of one model, one per layer at most, in layer order (index by layer:
-    ``tcs[2]``)."""
+    """The transcoders of one model, one per layer at most, in layer order (index by layer: ``tcs[2]``): per-layer
+    ones, or the layers of one cross-layer transcoder (``cross_layer``)."""
 
     def __init__(self, items: list[Transcoder]):
         self._by_layer = {t.layer: t for t in sorted(items, key=lambda t: t.layer)}
@@ -126,18 +164,39 @@ class Transcoders:
     def layers(self) -> list[int]:
         return list(self._by_layer)
 
+    @property
+    def cross_layer(self) -> bool:
+        """A cross-layer transcoder (CLT): each layer's features write into its own and every later layer's output."""
+        return any(t.cross_layer for t in self)
+
+    def reconstruct(self, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Per layer written, its output predicted from the inputs {layer: [..., d_in]}: every feature's write into
+        that layer (a CLT's earlier layers' too), its b_dec and its skip path."""
+        out: dict[int, torch.Tensor] = {}
+        for t in self:
+            x = inputs[t.layer]
+            f = t.encode(x)
+            for L in t.writes_to:
+                W = t.decoder(L)
+                assert W is not None
+                out[L] = out.get(L, 0) + f @ W.to(x.device).float()  # type: ignore[operator]
+        for t in self:
+            out[t.layer] = out[t.layer] + t.b_dec.to(inputs[t.layer].device).float() + t.skip(inputs[t.layer])
+        return out
+
     def reconstruction_errors(self, session: Any, prompts: Any) -> dict[int, float]:
-        """Per layer, the fraction of the MLP output's variance the transcoder leaves unexplained over every token of
-        the prompts: |y - decode(encode(x))|^2 summed over |y - mean(y)|^2 summed (x = mlp_in.L, y = mlp_out.L, one
-        capture)."""
+        """Per layer, the fraction of the MLP output's variance the transcoders leave unexplained over every token of
+        the prompts: |y - prediction|^2 summed over |y - mean(y)|^2 summed (y = mlp_out.L; the prediction from
+        mlp_in.L, and for a CLT from every earlier layer's input too; one capture)."""
         rows = [prompts] if isinstance(prompts, str) else list(prompts)
-        addrs = [a for t in self for a in (t.address_in, t.address_out)]
+        addrs = list(dict.fromkeys(a for t in self for a in (t.address_in, t.address_out)))
         caches = [session.capture(p, addrs) for p in rows]
+        xs = {t.layer: torch.cat([c[t.address_in][0].float() for c in caches]) for t in self}
+        pred = self.reconstruct(xs)
         out = {}
         for t in self:
-            x = torch.cat([c[t.address_in][0].float() for c in caches])
             y = torch.cat([c[t.address_out][0].float() for c in caches])
-            err = (y - t.decode(t.encode(x))).pow(2).sum()
+            err = (y - pred[t.layer]).pow(2).sum()
             out[t.layer] = float(err / (y - y.mean(0)).pow(2).sum())
         return out
 
@@ -161,7 +220,8 @@ class Transcoders:
 
     def __repr__(self) -> str:
         acts = sorted({t.activation for t in self})
-        return f"Transcoders({len(self)} layers {self.layers}, {'/'.join(acts)}, d_sae {[t.d_sae for t in self]})"
+        kind = "cross-layer transcoder: " if self.cross_layer else ""
+        return f"Transcoders({kind}{len(self)} layers {self.layers}, {'/'.join(acts)}, d_sae {[t.d_sae for t in self]})"
 
 
 def _hook_name_out(cfg: dict, where: str) -> str:
@@ -219,15 +279,15 @@ def _refuse_other_kinds(cfg: dict, where: str) -> None:
     text = arch.strip().lower() if isinstance(arch, str) else None
     if text is not None and (text == "clt" or text.endswith("_clt") or "cross" in text) or "n_layers" in cfg:
         raise InputError(
-            f"{where}: a cross-layer transcoder (architecture {found_text(arch)}): its features write to every later "
-            "layer, and ie_lab reads per-layer transcoders only so far. Use per-layer transcoders (one folder per "
-            "layer, architecture 'transcoder', 'jumprelu_transcoder' or 'topk_transcoder')."
+            f"{where}: a cross-layer transcoder in SAELens' layout (architecture {found_text(arch)}): ie_lab reads "
+            "CLTs in circuit-tracer's layout (W_enc_<L>.safetensors and W_dec_<L>.safetensors per layer; "
+            "docs/CIRCUITS.md). Save it in that layout (circuit-tracer's CrossLayerTranscoder.to_safetensors)."
         )
     if text == "skip_transcoder":
         raise InputError(
             f"{where}: a skip transcoder (W_skip: a linear path from the MLP's input to its output beside the "
-            "features): not supported yet (its skip would be an edge of its own in an attribution graph). Use a "
-            "transcoder without the skip."
+            "features) in SAELens' layout: ie_lab reads skip transcoders in circuit-tracer's layout "
+            "(layer_<L>.safetensors with W_skip; docs/CIRCUITS.md)."
         )
     if text not in ARCHITECTURES:
         raise InputError(
@@ -262,7 +322,10 @@ def _load_one(folder: str, model: Any, engine: str) -> Transcoder:
     weights_path = weights_file(folder)
     weights = load_weights(weights_path)
     if "W_skip" in weights:
-        raise InputError(f"{weights_path}: a W_skip tensor (a skip transcoder): not supported yet; use one without.")
+        raise InputError(
+            f"{weights_path}: a W_skip tensor (a skip transcoder) in SAELens' layout: ie_lab reads skip transcoders "
+            "in circuit-tracer's layout (layer_<L>.safetensors with W_skip; docs/CIRCUITS.md)."
+        )
     for need in ("W_dec",):
         if need not in weights:
             raise InputError(f"{weights_path}: no {need}: a transcoder needs its decoder W_dec [d_sae, d_out].")
@@ -300,11 +363,12 @@ def _load_one(folder: str, model: Any, engine: str) -> Transcoder:
 
 
 def load_transcoders(path: Any, model: Any, *, engine: str = "auto") -> Transcoders:
-    """Per-layer transcoders from a SAELens transcoder folder (cfg.json + sae_weights.safetensors) or a folder of
-    such folders (one per layer), attached to the points their hook names mean on model (a Session or a loaded
-    model). engine: the library whose hook names the configs use ('transformerlens', 'transformerlens_bridge'), or
+    """Transcoders from a SAELens transcoder folder (cfg.json + sae_weights.safetensors), a folder of such folders
+    (one per layer), or a folder in circuit-tracer's layout (per-layer layer_<L>.safetensors, or a cross-layer
+    transcoder's W_enc_<L> / W_dec_<L>.safetensors; config.yaml), attached to the points their hook names mean on
+    model (a Session or a loaded model). engine: the library whose hook names the configs use ('transformerlens', 'transformerlens_bridge'), or
     'auto' (each name read in both, refused if the two disagree). Every field and tensor is checked first (the
-    SAE's checks, ie_lab/sae_files.py); a cross-layer or skip transcoder is refused with the reason."""
+    SAE's checks, ie_lab/sae_files.py; circuit_tracer_files.py's)."""
     try:
         path = os.fsdecode(os.fspath(path))
     except TypeError:
@@ -325,12 +389,14 @@ def load_transcoders(path: Any, model: Any, *, engine: str = "auto") -> Transcod
             for n in os.listdir(path)
             if os.path.isdir(os.path.join(path, n)) and os.path.lexists(os.path.join(path, n, "cfg.json"))
         )
-        if not folders and any(n.startswith("W_enc_") for n in os.listdir(path)):
-            raise InputError(
-                f"{path}: circuit-tracer's own layout (W_enc_<layer>.safetensors files and a config.yaml), which "
-                "ie_lab does not read yet (and cross-layer transcoders not at all so far): save each layer's "
-                "transcoder as a SAELens folder (cfg.json + sae_weights.safetensors)."
-            )
+        from .circuit_tracer_files import is_circuit_tracer_folder, load_circuit_tracer
+
+        if not folders and is_circuit_tracer_folder(path):
+
+            def resolve(name: str, m: Any, where: str, field_name: str) -> Address:
+                return _resolve(name, m, engine, where, field_name)
+
+            return Transcoders(load_circuit_tracer(path, model, Transcoder, resolve))
         if not folders:
             raise InputError(
                 f"{path}: no cfg.json here nor in any subfolder; a transcoder folder holds cfg.json and "

@@ -104,7 +104,9 @@ def test_bad_weights_and_layouts_are_refused(lm, tmp_path):
         ie_lab.load_transcoders(twice, lm)
     os.makedirs(tmp_path / "ct")
     save_file({"W_enc": torch.zeros(d, 4)}, str(tmp_path / "ct" / "W_enc_0.safetensors"))
-    with pytest.raises(ie_lab.InputError, match="circuit-tracer's own layout"):
+    with pytest.raises(
+        ie_lab.InputError, match="one decoder file per layer"
+    ):  # circuit-tracer's CLT layout, half of it
         ie_lab.load_transcoders(str(tmp_path / "ct"), lm)
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ie_lab.InputError, match="no cfg.json"):

@@ -13,7 +13,7 @@ import torch
 import ie_lab
 from ie_lab.errors import InputError
 from ie_lab.widgets import GraphPanel
-from ie_lab.widgets.graph_panel_data import DRAWN, TranscoderFeatures, graph_data, node_id
+from ie_lab.widgets.graph_panel_data import DRAWN, graph_data, node_id
 
 PROMPT = "Mary and John went to the park . John gave a ball to"
 TEXTS = ["One Monday , Otto went to the garage .", "Jade gave a ball to Mary .", "John and Mary went to the park ."]
@@ -174,7 +174,7 @@ def test_bad_arguments_are_refused_with_the_fix(s, g, tcs):
     feat = next(i for i in p.node_ids if i.startswith("feat:"))
     with pytest.raises(InputError, match="corpus="):
         p.select(feat)
-    assert TranscoderFeatures(tcs[0]).address == tcs[0].address_in
+    assert tcs[0].address == tcs[0].address_in  # the panel's dashboards read the Transcoder as an SAE
     d = graph_data(g.prune())
     assert d.kind.dtype == np.int32 and d.weight.dtype == np.float32
 

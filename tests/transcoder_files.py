@@ -48,3 +48,47 @@ def write_transcoders(
         with open(os.path.join(folder, "cfg.json"), "w") as f:
             json.dump(cfg, f)
     return root
+
+
+def write_circuit_tracer(
+    root: str,
+    d_model: int,
+    n_layers: int,
+    *,
+    n: int = 24,
+    clt: bool = True,
+    skip: bool = False,
+    jumprelu: bool = True,
+    seed: int = 0,
+    hooks: tuple[str, str] | None = ("mlp.hook_in", "hook_mlp_out"),
+) -> str:
+    """Random transcoders in circuit-tracer's layout under root: a cross-layer transcoder (W_enc_<L>.safetensors with
+    W_enc_<L> [n, d], b_enc_<L>, b_dec_<L>, threshold_<L>; W_dec_<L>.safetensors with W_dec_<L> [n, n_layers - L, d])
+    or per-layer files (layer_<L>.safetensors: W_enc [n, d], W_dec, b_enc, b_dec, activation_function.threshold,
+    W_skip [d, d] with skip=True), and a config.yaml naming the hooks (none when hooks is None)."""
+    g = torch.Generator().manual_seed(seed)
+    os.makedirs(root, exist_ok=True)
+    d = d_model
+    for L in range(n_layers):
+        W_enc = torch.randn(n, d, generator=g) / d**0.5
+        b_enc, b_dec = torch.randn(n, generator=g) * 0.1, torch.randn(d, generator=g) * 0.1
+        th = torch.full((n,), 0.3)
+        if clt:
+            enc = {f"W_enc_{L}": W_enc, f"b_enc_{L}": b_enc, f"b_dec_{L}": b_dec}
+            if jumprelu:
+                enc[f"threshold_{L}"] = th
+            save_file(enc, os.path.join(root, f"W_enc_{L}.safetensors"))
+            W_dec = torch.randn(n, n_layers - L, d, generator=g) * 0.3
+            save_file({f"W_dec_{L}": W_dec}, os.path.join(root, f"W_dec_{L}.safetensors"))
+        else:
+            w = {"W_enc": W_enc, "W_dec": torch.randn(n, d, generator=g) * 0.3, "b_enc": b_enc, "b_dec": b_dec}
+            if jumprelu:
+                w["activation_function.threshold"] = th
+            if skip:
+                w["W_skip"] = torch.randn(d, d, generator=g) * 0.2 / d**0.5
+            save_file(w, os.path.join(root, f"layer_{L}.safetensors"))
+    if hooks is not None:
+        kind = "cross_layer_transcoder" if clt else "transcoder_set"
+        with open(os.path.join(root, "config.yaml"), "w") as f:
+            f.write(f"model_kind: {kind}\nfeature_input_hook: {hooks[0]}\nfeature_output_hook: {hooks[1]}\n")
+    return root

@@ -53,6 +53,10 @@ TINY_PROMPTS = ("the cat sat on the mat and then it ran away", "a b c d e f g")
 # ie_lab refuses Gemma's soft-capped logits and GPT-OSS' sparse MoE; GPT-2 circuit-tracer reaches only through
 # TransformerLens' hub model names (not offline from a folder).
 TINY_FAMILIES = ("llama", "qwen3")
+# Transcoders in circuit-tracer's own layout (read by its own loaders there, by ie_lab.load_transcoders here): a
+# random cross-layer transcoder (each layer's features write into every later layer's MLP output) on the demo model
+# and tiny Llama, and random per-layer skip transcoders (W_skip) on tiny Llama.
+OWN_LAYOUT = ("demo-clt", "tiny-llama-clt", "tiny-llama-skip")
 
 
 def ct_python() -> tuple[str | None, str]:
@@ -83,7 +87,7 @@ def setups(work: str, which: tuple[str, ...] | None = None) -> list[dict]:
         sys.path.insert(0, ROOT)
     import ie_lab
     from tests.families import make_config, make_tokenizer, saved_model_dir
-    from tests.transcoder_files import write_transcoders
+    from tests.transcoder_files import write_circuit_tracer, write_transcoders
 
     out = []
     if which is None or "demo" in which:
@@ -111,6 +115,38 @@ def setups(work: str, which: tuple[str, ...] | None = None) -> list[dict]:
                 "transcoders": root,
                 "prompts": [tok(p)["input_ids"] for p in TINY_PROMPTS],
                 "texts": list(TINY_PROMPTS),
+            }
+        )
+    for name in OWN_LAYOUT:
+        if which is not None and name not in which:
+            continue
+        if name.startswith("demo"):
+            model, tok = ie_lab.DEMO_MODEL, ie_lab.Session(ie_lab.DEMO_MODEL, device="cpu", progress=False).tokenizer
+            texts, n = DEMO_PROMPTS, 64
+            with open(os.path.join(model, "config.json")) as f:
+                mc = json.load(f)
+            d, n_layers = mc["hidden_size"], mc["num_hidden_layers"]
+        else:
+            model, tok = saved_model_dir("llama", work, attn_implementation="eager"), make_tokenizer()
+            texts, n = TINY_PROMPTS, 24
+            d, n_layers = make_config("llama").hidden_size, make_config("llama").num_hidden_layers
+        root = write_circuit_tracer(
+            os.path.join(work, f"tc-{name}"),
+            d,
+            n_layers,
+            n=n,
+            clt=name.endswith("clt"),
+            skip=name.endswith("skip"),
+            seed=1,
+        )
+        out.append(
+            {
+                "name": name,
+                "model": model,
+                "transcoders": root,
+                "own_layout": True,
+                "prompts": [tok(p)["input_ids"] for p in texts],
+                "texts": list(texts),
             }
         )
     return out
@@ -221,7 +257,12 @@ def run(
         st["prompts"], st["texts"] = st["prompts"][:n_prompts], st["texts"][:n_prompts]
         res = run_worker(
             py,
-            {"model": st["model"], "transcoders": folders(st["transcoders"]), "prompts": st["prompts"], **SETTINGS},
+            {
+                "model": st["model"],
+                "transcoders": st["transcoders"] if st.get("own_layout") else folders(st["transcoders"]),
+                "prompts": st["prompts"],
+                **SETTINGS,
+            },
             work,
         )
         versions = res["versions"]

@@ -220,3 +220,17 @@ def _influence(adj: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             break
         total += x
     return total
+
+
+def completeness(graph: Graph) -> torch.Tensor:
+    """[targets]: per feature and logit node, |sum of incoming edges - value| / max(|value|, 1e-2 x sum of
+    |incoming edges|, 1e-3 x that sum's mean over the targets)."""
+    rows = [i for i, n in enumerate(graph.nodes) if n.kind in ("feature", "logit")]
+    if not rows:
+        return torch.zeros(0)
+    adj = graph.adjacency[rows].double()
+    vals = torch.tensor([graph.nodes[i].value for i in rows], dtype=torch.float64)
+    l1 = adj.abs().sum(1)
+    # a value near 0 whose edges are near 0 too (a ReLU feature just above 0) is measured against the graph's scale
+    denom = torch.maximum(vals.abs(), 1e-2 * l1).clamp_min(max(1e-3 * float(l1.mean()), 1e-12))
+    return (adj.sum(1) - vals).abs() / denom

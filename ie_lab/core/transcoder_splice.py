@@ -6,7 +6,10 @@ first; with error=True the transcoder's error term (the MLP's true output minus 
 so the run is exactly the plain run except for the clamps' decoder-direction change, (value - act) x W_dec[f]
 (ops/splice.py's arithmetic, which writes where it does not read). It is a SteerSpec, carried and scoped as every
 splice and steering spec is (core/splice_spec.py): its hooks are a reader at mlp_in.L and a writer at mlp_out.L
-that share what the reader saw in the same forward (``writes``).
+that share what the reader saw in the same forward (``writes``). A cross-layer transcoder (CLT) splices whole: layer
+L's writer also adds every earlier layer's (edited) features times their decoders into L (with the error kept, their
+edits' change alone), so clamping a layer-l feature moves every layer l' >= l's output by (value - act) x
+W_dec[l -> l'][f]; a skip transcoder's skip path joins its reconstruction when the error is dropped.
 
 ``intervene={node: value}`` on capture / generate / generate_stream is folded here into such a splice (error=True)
 of the layers intervened on (``with_interventions``): a graph's feature node clamps its feature at its position of
@@ -117,13 +120,25 @@ class TranscoderSplice(SteerSpec):
             )
         return self._weights[key]
 
+    def _extra(self, t: Any, device: Any) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+        """A CLT layer's decoders into later layers and a skip transcoder's W_skip, moved once."""
+        key = (t.layer, device, "extra")
+        if key not in self._weights:
+            dec = {L: W.detach().to(device, torch.float32) for L, W in getattr(t, "decoders", {}).items()}
+            skip = getattr(t, "W_skip", None)
+            self._weights[key] = (dec, None if skip is None else skip.detach().to(device, torch.float32))
+        return self._weights[key]
+
     def writes(self, state: ForwardState, special_ids: frozenset[int]) -> list[tuple[Address, Callable]]:
         out: list[tuple[Address, Callable]] = []
+        # a CLT's features of the running forward, {layer: (f, f')}: layer L's writer adds the earlier layers' writes
+        # into its output (the layers run in order, so an earlier layer's entry is this forward's)
+        clt = threading.local()
         for t in self.transcoders:
-            out += self._layer_writes(t, state, special_ids)
+            out += self._layer_writes(t, state, special_ids, clt)
         return out
 
-    def _layer_writes(self, t: Any, state: ForwardState, special_ids: frozenset[int]) -> list:
+    def _layer_writes(self, t: Any, state: ForwardState, special_ids: frozenset[int], clt: Any) -> list:
         mine = [c for c in self.clamps if c[0] == t.layer]
         idx = torch.tensor([c[1] for c in mine], dtype=torch.long)
         vals = torch.tensor([c[3] for c in mine], dtype=torch.float32)
@@ -153,7 +168,20 @@ class TranscoderSplice(SteerSpec):
                     )
                     masks.append(torch.ones(y.shape[:2], dtype=torch.bool, device=y.device) if m is None else m)
                 where = torch.stack(masks, -1)
-            new, _ = splice_rows(y, f, W_dec, b_dec, idx, vals, keep_error, where)
+            new, edited = splice_rows(y, f, W_dec, b_dec, idx, vals, keep_error, where)
+            later, skip = self._extra(t, y.device)
+            if skip is not None and not keep_error:  # kept, the error term holds the skip path's write already
+                new = new + x.float() @ skip
+            if getattr(t, "clt_layers", ()):
+                feats = getattr(clt, "feats", None)
+                if feats is None or t.layer == min(t.clt_layers):
+                    feats = clt.feats = {}
+                for src, (f0, f1, dec) in feats.items():
+                    if f0.shape[:-1] != y.shape[:-1]:
+                        raise RuntimeError(f"CLT splice at layer {t.layer}: layer {src}'s features are of another run")
+                    if t.layer in dec:
+                        new = new + ((f1 - f0) if keep_error else f1) @ dec[t.layer]
+                feats[t.layer] = (f, edited, later)
             return new.to(y.dtype)
 
         return [(t.address_in, read), (t.address_out, write)]
@@ -215,14 +243,21 @@ def make_transcoder_splice(lm: Any, transcoders: Any, *, error: bool = False) ->
     layers = [t.layer for t in items]
     if len(set(layers)) != len(layers):
         raise InputError(f"splice: two transcoders for one layer ({sorted(layers)}); splice one per layer.")
+    missing = sorted({c for t in items for c in getattr(t, "clt_layers", ())} - set(layers))
+    if missing:
+        raise InputError(
+            f"splice: a cross-layer transcoder splices whole (each layer's output holds every earlier layer's writes); "
+            f"its layers {missing} are missing: pass the whole ie_lab.load_transcoders(...) result."
+        )
     held = []
     for t in sorted(items, key=lambda t: t.layer):
         L = t.layer
         ok_out = t.address_out in (Address.parse(f"mlp_out.{L}"), Address.parse(f"mlp_out_post.{L}"))
-        if t.address_in != Address.parse(f"mlp_in.{L}") or not ok_out:
+        if t.address_in not in (Address.parse(f"mlp_in.{L}"), Address.parse(f"resid_mid.{L}")) or not ok_out:
             raise InputError(
                 f"splice: the transcoder at layer {L} reads {t.address_in} and predicts {t.address_out}; a transcoder "
-                f"splice replaces an MLP: it reads mlp_in.{L} and predicts mlp_out.{L} (or mlp_out_post.{L})."
+                f"splice replaces an MLP: it reads mlp_in.{L} (or resid_mid.{L}) and predicts mlp_out.{L} (or "
+                f"mlp_out_post.{L})."
             )
         for a in (t.address_in, t.address_out):
             try:
@@ -339,6 +374,8 @@ def with_interventions(intervene: Any, spliced: list[Any], lm: Any, prompt: Any)
                     "splice: intervene with nodes of one graph (or the transcoders that graph was built with)."
                 )
             known.setdefault(L, t)
+            for c in getattr(t, "clt_layers", ()):  # a CLT splices whole: every layer of it, from the node's graph
+                known.setdefault(c, key.origin.transcoders[c])
             targets.append((L, f, p, v))
         elif isinstance(key, tuple) and len(key) == 2:
             pairs.append((key, v))
@@ -367,7 +404,7 @@ def with_interventions(intervene: Any, spliced: list[Any], lm: Any, prompt: Any)
             placed |= {t.layer for t in sp.transcoders}
     rest = [c for c in targets if c[0] not in placed]
     if rest:
-        layers = sorted({c[0] for c in rest})
+        layers = sorted({c[0] for c in rest} | {c for r in rest for c in getattr(known[r[0]], "clt_layers", ())})
         spec = make_transcoder_splice(lm, [known[L] for L in layers], error=True)
         out.append(spec.with_clamps(rest))
     return out

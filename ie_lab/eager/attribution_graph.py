@@ -1,8 +1,10 @@
-"""attribution_graph(): the attribution graph of one prompt through per-layer transcoders, on the eager backend.
+"""attribution_graph(): the attribution graph of one prompt through transcoders, on the eager backend.
 
 The local replacement model (docs/CIRCUITS.md): each MLP's output is its transcoder's output plus an error node (the
 true MLP output minus the transcoder's, a constant); every attention pattern and every norm's scale is frozen at
-its value on this prompt. The model is then linear (jointly homogeneous) in what the nodes write: the embeddings
+its value on this prompt. A cross-layer transcoder's layer-l feature writes into the MLP output of every layer
+l' >= l (its edges sum those writes; each layer's error is its output less every write into it); a skip
+transcoder's skip path (x @ W_skip) stays live, a linear path from the MLP's input to its output. The model is then linear (jointly homogeneous) in what the nodes write: the embeddings
 (the stack's input per position), each active feature's decoder row times its activation, each error, and every
 bias (each parameter named ``bias`` the frozen model adds: attention and norm biases, the head's; the transcoders'
 b_dec and, into their own features, b_enc). So each target (a feature's pre-activation, a demeaned logit) is exactly
@@ -34,7 +36,7 @@ from torch import nn
 
 from ..address import Address
 from ..arch.attention_tap import editing
-from ..core.graph import Graph, GraphOrigin, Node
+from ..core.graph import Graph, GraphOrigin, Node, completeness
 from ..core.inputs import prepare, prepare_prompts, str_tokens
 from ..errors import CapabilityUnsupported, InputError, shown_value
 from ..ops.attribution import FrozenNorm, freeze_norm
@@ -93,20 +95,6 @@ def attribution_graph(
     return graph
 
 
-def completeness(graph: Graph) -> torch.Tensor:
-    """[targets]: per feature and logit node, |sum of incoming edges - value| / max(|value|, 1e-2 x sum of
-    |incoming edges|, 1e-3 x that sum's mean over the targets)."""
-    rows = [i for i, n in enumerate(graph.nodes) if n.kind in ("feature", "logit")]
-    if not rows:
-        return torch.zeros(0)
-    adj = graph.adjacency[rows].double()
-    vals = torch.tensor([graph.nodes[i].value for i in rows], dtype=torch.float64)
-    l1 = adj.abs().sum(1)
-    # a value near 0 whose edges are near 0 too (a ReLU feature just above 0) is measured against the graph's scale
-    denom = torch.maximum(vals.abs(), 1e-2 * l1).clamp_min(max(1e-3 * float(l1.mean()), 1e-12))
-    return (adj.sum(1) - vals).abs() / denom
-
-
 def _check_model(lm: Any, transcoders: Any) -> dict[int, Any]:
     if getattr(lm, "binding", None) is None or getattr(lm, "hf", None) is None:
         raise CapabilityUnsupported(
@@ -143,16 +131,29 @@ def _check_model(lm: Any, transcoders: Any) -> dict[int, Any]:
     for t in transcoders:
         L = t.layer
         ok_out = t.address_out in (Address.parse(f"mlp_out.{L}"), Address.parse(f"mlp_out_post.{L}"))
-        if t.address_in != Address.parse(f"mlp_in.{L}") or not ok_out:
+        if t.address_in not in (Address.parse(f"mlp_in.{L}"), Address.parse(f"resid_mid.{L}")) or not ok_out:
             raise InputError(
                 f"the transcoder at layer {L} reads {t.address_in} and predicts {t.address_out}; an attribution graph "
-                f"replaces each MLP, so its transcoder reads mlp_in.{L} and predicts mlp_out.{L} (or mlp_out_post.{L}, "
-                "the MLP with its post-norm)."
+                f"replaces each MLP, so its transcoder reads mlp_in.{L} (or resid_mid.{L}, before the MLP's norm) and "
+                f"predicts mlp_out.{L} (or mlp_out_post.{L}, the MLP with its post-norm)."
             )
-        if L >= len(b.layers):
-            raise InputError(f"a transcoder at layer {L}, but the model has {len(b.layers)} layers.")
+        if max(getattr(t, "writes_to", [L])) >= len(b.layers):
+            raise InputError(
+                f"a transcoder writing layer {max(t.writes_to)}, but the model has {len(b.layers)} layers."
+            )
         by_layer[L] = t
+    missing = sorted({c for t in by_layer.values() for c in getattr(t, "clt_layers", ())} - set(by_layer))
+    if missing:
+        raise InputError(
+            f"the cross-layer transcoder's layers {missing} are missing: its graph needs every layer of it (each "
+            "layer's output holds the earlier layers' writes); pass the whole ie_lab.load_transcoders(...) result."
+        )
     return by_layer
+
+
+def _writes(t: Any) -> list[tuple[int, torch.Tensor]]:
+    """(layer, decoder [d_sae, d]) for every layer a transcoder's features write: its own, and a CLT's later ones."""
+    return [(L, t.decoder(L)) for L in t.writes_to] if hasattr(t, "writes_to") else [(t.layer, t.W_dec)]
 
 
 def _norm_modules(lm: Any, outs: dict[int, Address]) -> list[nn.Module]:
@@ -191,6 +192,10 @@ def build_graph(
     by_layer = _check_model(lm, transcoders)
     n_layers = len(lm.binding.layers)
     outs = {L: by_layer[L].address_out if L in by_layer else Address.parse(f"mlp_out.{L}") for L in range(n_layers)}
+    for t in by_layer.values():
+        for L in getattr(t, "decoders", {}):
+            if t.output_at(L) != outs[L]:
+                raise InputError(f"layer {t.layer}'s transcoder writes {t.output_at(L)}, but layer {L} is {outs[L]}.")
     ids = prepare(lm, prompt)[0]
     if ids.shape[0] != 1:
         raise InputError(f"attribution_graph reads one prompt; got a batch of {ids.shape[0]}.")
@@ -222,8 +227,9 @@ def _build(
     freeze_patterns: bool,
 ) -> Graph:
     n_layers = len(lm.binding.layers)
+    ins = {L: by_layer[L].address_in if L in by_layer else Address.parse(f"mlp_in.{L}") for L in range(n_layers)}
     with torch.no_grad():
-        clean = _clean_run(lm, ids, outs)
+        clean = _clean_run(lm, ids, ins, outs)
     S = ids.shape[1]
     # features, their writes, the errors
     feats: list[tuple[int, int, int, float, float]] = []  # layer, position, index, activation, pre-activation
@@ -233,21 +239,23 @@ def _build(
         act = t.activate(pre)
         for p, i in act.nonzero().tolist():
             feats.append((L, p, i, float(act[p, i]), float(pre[p, i])))
-    if max_features is not None and len(feats) > max_features:
-        size = {L: t.W_dec.norm(dim=1) for L, t in by_layer.items()}
+    if max_features is not None and len(feats) > max_features:  # a CLT feature's size: all its decoders together
+        size = {L: sum(W.pow(2).sum(1) for _, W in _writes(t)).sqrt() for L, t in by_layer.items()}
         order = sorted(range(len(feats)), key=lambda j: -abs(feats[j][3]) * float(size[feats[j][0]][feats[j][2]]))
         feats = sorted(feats[j] for j in order[:max_features])
-    errors = {}
-    for L in range(n_layers):
-        y = clean["mlp_out"][L].float()
-        if L in by_layer:
-            t = by_layer[L]
-            acts = torch.zeros(S, t.d_sae, device=y.device)
-            for fl, p, i, a, _ in feats:
-                if fl == L:
-                    acts[p, i] = a
-            y = y - t.decode(acts)
-        errors[L] = y
+    # each layer's error: its output less every kept feature's write into it (a CLT's earlier layers' too), its
+    # b_dec and its skip path's write
+    errors = {L: clean["mlp_out"][L].float().clone() for L in range(n_layers)}
+    for L, t in by_layer.items():
+        acts = torch.zeros(S, t.d_sae, device=errors[L].device)
+        for fl, p, i, a, _ in feats:
+            if fl == L:
+                acts[p, i] = a
+        for L2, W in _writes(t):
+            errors[L2] -= acts @ W.to(acts.device).float()
+        errors[L] -= t.b_dec.to(acts.device).float()
+        if getattr(t, "W_skip", None) is not None:
+            errors[L] -= t.skip(clean["mlp_in"][L].float())
     # logit nodes
     last = clean["logits"].float()
     probs = last.softmax(-1)
@@ -269,7 +277,9 @@ def _build(
     frozen = _freeze(lm, clean, outs) if freeze_norms else {}
     if targets:
         # one frozen forward of min(batch_size, targets) copies, reused by every batch's backward
-        fwd = _frozen_forward(lm, ids, min(batch_size, len(targets)), clean, frozen, bias_rows, freeze_patterns, outs)
+        fwd = _frozen_forward(
+            lm, ids, min(batch_size, len(targets)), clean, frozen, bias_rows, freeze_patterns, ins, outs, by_layer
+        )
         for start in range(0, len(targets), batch_size):
             chunk = targets[start : start + batch_size]
             last = start + batch_size >= len(targets)
@@ -328,9 +338,10 @@ def _token_texts(lm: Any, ids: list[int]) -> list[str]:
     return list(str_tokens(lm, torch.tensor([ids]))[0])
 
 
-def _clean_run(lm: Any, ids: torch.Tensor, outs: dict[int, Address]) -> dict[str, Any]:
-    """The clean forward's records; "mlp_out" holds what each layer's replacement stands for (outs[L]: mlp_out.L,
-    or mlp_out_post.L where the transcoder predicts the MLP with its post-norm)."""
+def _clean_run(lm: Any, ids: torch.Tensor, ins: dict[int, Address], outs: dict[int, Address]) -> dict[str, Any]:
+    """The clean forward's records; "mlp_in" holds what each layer's transcoder reads (ins[L]: mlp_in.L, or
+    resid_mid.L), "mlp_out" what each layer's replacement stands for (outs[L]: mlp_out.L, or mlp_out_post.L where the
+    transcoder predicts the MLP with its post-norm)."""
     n_layers = len(lm.binding.layers)
     out: dict[str, Any] = {"mlp_in": {}, "mlp_out": {}, "norm": {}}
 
@@ -347,7 +358,7 @@ def _clean_run(lm: Any, ids: torch.Tensor, outs: dict[int, Address]) -> dict[str
     edits = [(Address.parse("resid_pre.0"), keep("embed", None))]
     for L in range(n_layers):
         edits += [
-            (Address.parse(f"mlp_in.{L}"), keep("mlp_in", L)),
+            (ins[L], keep("mlp_in", L)),
             (outs[L], keep("mlp_out", L)),
         ]
     handles = []
@@ -425,7 +436,9 @@ def _frozen_forward(
     frozen: dict[int, FrozenNorm],
     bias_mods: dict[str, nn.Module],
     freeze_patterns: bool,
+    ins: dict[int, Address],
     outs: dict[int, Address],
+    by_layer: dict[int, Any],
 ) -> dict[str, Any]:
     """One forward of B copies of the prompt through the frozen model, its autograd graph kept for every batch's
     backward: the logits, each MLP's live input, the leaves (the stack's input, each MLP's output) and each bias
@@ -437,9 +450,14 @@ def _frozen_forward(
     bias_out: dict[str, torch.Tensor] = {}
 
     def leaf(kind: Any, value: torch.Tensor) -> Callable:
+        skip = getattr(by_layer.get(kind), "W_skip", None) if isinstance(kind, int) else None
+
         def edit(t: torch.Tensor, off: int) -> torch.Tensor:
             v = value.to(t.dtype).expand(B, -1, -1).clone().requires_grad_(True)
             leaves[kind] = v
+            if skip is not None:  # a skip transcoder's linear path stays live: the same value, its gradient
+                x = live_in[kind]
+                return v + ((x - x.detach()).float() @ skip.to(x.device).float()).to(t.dtype)
             return v
 
         return edit
@@ -454,7 +472,7 @@ def _frozen_forward(
     edits = [(Address.parse("resid_pre.0"), leaf("embed", clean["embed"]))]
     for L in range(n_layers):
         edits += [
-            (Address.parse(f"mlp_in.{L}"), read_in(L)),
+            (ins[L], read_in(L)),
             (outs[L], leaf(L, clean["mlp_out"][L])),
         ]
     handles = []
@@ -534,8 +552,9 @@ def _edges(
     # features: activation x (gradient at the MLP's output . decoder row)
     at = {L: grads[L].float() for L in range(n_layers) if grads[L] is not None}
     for L, (cols, pos, idx, acts) in _feature_columns(feats).items():
-        if L in at:
-            per = at[L] @ by_layer[L].W_dec.to(at[L].device).T  # [B, S, d_sae]: gradient . each decoder row
+        # gradient . each decoder row, summed over the layers the features write (a CLT's: L and every later one)
+        per = sum(at[L2] @ W.to(at[L2].device).float().T for L2, W in _writes(by_layer[L]) if L2 in at)
+        if isinstance(per, torch.Tensor):  # [B, S, d_sae]
             rows[:, cols] = (per[:, pos, idx] * acts.to(per.device)).cpu()
     base = len(feats)
     for L, gl in at.items():

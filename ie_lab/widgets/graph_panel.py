@@ -4,7 +4,7 @@ layer (rows: embeddings at the bottom, each layer's features and error above, th
 
 Hover a node for its label and its strongest incoming and outgoing edges; click a feature node and the kernel sends
 that feature's dashboard (its top contexts over ``corpus``, its promoted and suppressed tokens: feature_data over a
-``TranscoderFeatures``), drawn below the graph; select several feature nodes (shift-click) and name the group: the
+the layer's Transcoder, which reads as an SAE), drawn below the graph; select several feature nodes (shift-click) and name the group: the
 kernel keeps ``panel.supernodes`` ({name: [node ids]}) and the drawing shows one box with the group's edges summed;
 change the node and edge thresholds and the kernel prunes the full graph again (``graph.prune``) and sends the new
 subgraph. The numbers travel as binary buffers (float32 / int32); what the panel draws is ``graph_panel_data``'s.
@@ -22,7 +22,7 @@ from ..errors import InputError, plural
 from . import _base, _static
 from .dashboard import FeatureTraits
 from .dashboard_data import MAX_TOP, EncodedCorpus, encode_corpus, feature_data
-from .graph_panel_data import LOGIT_NOTE, TranscoderFeatures, graph_data, node_id
+from .graph_panel_data import LOGIT_NOTE, graph_data, node_id
 
 
 def _f32(a: Any) -> bytes:
@@ -126,7 +126,7 @@ class GraphPanel(FeatureTraits, _base.Panel):
             raise InputError(
                 "this panel has no feature dashboards: open it with transcoders= and corpus= (a list of texts)."
             )
-        tc = TranscoderFeatures(self._tcs[n.layer])
+        tc = self._tcs[n.layer]  # a Transcoder reads as an SAE: address, encode, W_dec, d_sae
         if n.layer not in self._encoded:
             self._encoded[n.layer] = encode_corpus(self._session, tc, list(self._texts))
         d = feature_data(self._session, tc, int(n.index), self._encoded[n.layer], top=self._top)  # type: ignore[arg-type]

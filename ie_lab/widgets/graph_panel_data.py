@@ -5,23 +5,21 @@ bias nodes are not drawn, they are counted in a note with their summed weight) w
 L's features and error L + 1, logits n_layers + 1), their column (the position), an id the front end names them by,
 and its edges (source, target, weight) among the drawn nodes: the pruned adjacency's nonzero entries, unchanged.
 
-A transcoder's features get feature dashboards through ``TranscoderFeatures``: the attributes that
-``encode_corpus`` and ``feature_data`` read of an SAE (the point it encodes, its widths, its encoder, its decoder
-rows), so a transcoder feature's top contexts are its activations over a corpus at its layer's ``mlp_in`` and its
-promoted and suppressed tokens are its decoder row (what it adds to the MLP's output, hence to the residual) through
-the final norm and the unembedding: its direct effect on the logits, not through the later layers.
+A transcoder (ie_lab/transcoders.py's Transcoder) is what ``encode_corpus`` and ``feature_data`` read of an SAE
+itself (``address``, ``encode``, ``W_dec``, ``d_sae``, ``steer``), so a transcoder feature's top contexts are its
+activations over a corpus at the point its layer reads (``mlp_in``, or ``resid_mid`` for a CLT reading there) and its
+promoted and suppressed tokens are its decoder row into its own layer's output (hence the residual) through the final
+norm and the unembedding: its direct effect on the logits, not through the later layers (a CLT feature's writes into
+later layers are on the graph's edges).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import torch
 
 from ..core.graph import Graph, Node
-from ..errors import InputError
 
 DRAWN = ("embedding", "feature", "error", "logit")  # kind codes 0..3 in the arrays sent
 
@@ -109,28 +107,6 @@ def graph_data(g: Graph) -> GraphData:
         n_layers=n_layers,
         note=note,
     )
-
-
-class TranscoderFeatures:
-    """One transcoder as the SAE-like object ``encode_corpus`` and ``feature_data`` read: ``address`` the point its
-    encoder reads (``mlp_in.L``), ``encode`` its activation on rows there, ``W_dec`` its decoder rows (written to the
-    MLP's output, which the residual adds). Steering along a transcoder feature is not offered (no ``steer``)."""
-
-    def __init__(self, transcoder: Any):
-        self.transcoder = transcoder
-        self.address = transcoder.address_in
-        self.d_in = transcoder.d_in
-        self.d_sae = transcoder.d_sae
-        self.W_dec = transcoder.W_dec
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.transcoder.encode(x)
-
-    def steer(self, *_: Any, **__: Any) -> Any:
-        raise InputError("the graph panel's dashboards do not steer: a transcoder feature writes to the MLP's output.")
-
-    def __repr__(self) -> str:
-        return f"TranscoderFeatures({self.transcoder!r})"
 
 
 LOGIT_NOTE = (

@@ -9,6 +9,10 @@ b_enc, b_dec, threshold) becomes circuit-tracer's SingleLayerTranscoder (W_enc s
 ``mlp.hook_in`` (the MLP's input after its norm) and writing ``mlp.hook_out`` (the MLP's output): the points
 ie_lab's transcoders read and predict (mlp_in.L, mlp_out.L). The model is circuit-tracer's nnsight backend
 (NNSightReplacementModel) loaded from the local folder: no hub.
+
+A job whose "transcoders" is one folder in circuit-tracer's own layout (a cross-layer transcoder's W_enc_<L> /
+W_dec_<L>.safetensors, or per-layer layer_<L>.safetensors, with or without W_skip; config.yaml naming the hooks) is
+read by circuit-tracer's own loaders (load_clt, load_transcoder_set): nothing converted, the files ie_lab reads.
 """
 
 from __future__ import annotations
@@ -56,6 +60,28 @@ def transcoder_set(folders: list[str]):
     return TranscoderSet(by_layer, feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out")
 
 
+def own_layout(folder: str):
+    """Transcoders in circuit-tracer's layout, through its own loaders, fp32 on CPU, every tensor in memory."""
+    import glob
+
+    import torch
+    import yaml
+    from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+    from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+
+    with open(os.path.join(folder, "config.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    hooks = {"feature_input_hook": cfg["feature_input_hook"], "feature_output_hook": cfg["feature_output_hook"]}
+    cpu, f32 = torch.device("cpu"), torch.float32
+    if cfg["model_kind"] == "cross_layer_transcoder":
+        return load_clt(folder, **hooks, device=cpu, dtype=f32, lazy_decoder=False, lazy_encoder=False)
+    n = len(glob.glob(os.path.join(folder, "layer_*.safetensors")))
+    paths = {i: os.path.join(folder, f"layer_{i}.safetensors") for i in range(n)}
+    return load_transcoder_set(
+        paths, scan="ie_lab-validator", **hooks, device=cpu, dtype=f32, lazy_encoder=False, lazy_decoder=False
+    )
+
+
 def readable_folder(model: str, work: str) -> str:
     """The model folder as transformers 4.57 reads it: a folder saved by transformers 5 names its tokenizer class
     TokenizersBackend, which 4.57 lacks; the same tokenizer.json under PreTrainedTokenizerFast. Every other file is
@@ -84,7 +110,7 @@ def attribute(job: dict) -> dict:
     from safetensors.torch import save_file
 
     torch.set_num_threads(int(job.get("threads") or torch.get_num_threads()))
-    tcs = transcoder_set(job["transcoders"])
+    tcs = own_layout(job["transcoders"]) if isinstance(job["transcoders"], str) else transcoder_set(job["transcoders"])
     model = ReplacementModel.from_pretrained_and_transcoders(
         readable_folder(job["model"], job["work"]),
         tcs,
