@@ -233,11 +233,12 @@ def test_reasoning_read_from_the_content_deepseek_r1_style(models):
         lm.tokenizer.chat_template = saved
 
 
-def test_a_chat_travels_to_a_remote_server_as_its_ids(models):
+def test_a_chat_travels_to_a_remote_server_as_its_ids_and_stop_ids(models):
     from ie_lab.remote.client import _chat_ids
 
     chat = ie_lab.to_chat(models["llama3"], [{"role": "user", "content": "Hi"}])
-    assert _chat_ids(chat) == chat.ids[0].tolist() and _chat_ids([chat, "x"]) == [chat.ids[0].tolist(), "x"]
+    wire = {"chat_ids": chat.ids[0].tolist(), "stop_ids": sorted(chat.stop_ids)}
+    assert _chat_ids(chat) == wire and _chat_ids([chat, "x"]) == [wire, "x"]
 
 
 def test_the_harmony_cut_agrees_with_openai_harmony():
