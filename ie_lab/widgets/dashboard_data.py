@@ -186,9 +186,10 @@ def encode_corpus(session: Any, sae: Any, acts: Any) -> EncodedCorpus:
         raise InputError(
             f"acts must be an ie_lab.Activations (a harvest) or a list of texts, got {type(acts).__name__}."
         )
-    stored = holds_features_of(acts, sae)
-    if stored:  # the harvest kept this SAE's features (sae=): read them; its rows of the point may be absent
-        x, n = None, len(acts)
+    stored: Any = acts if holds_features_of(acts, sae) else None  # an Activations whose features are this SAE's
+    x: Any = None
+    if stored is not None:  # read, not encoded: the harvest's rows of the point may even be absent
+        n = len(acts)
     else:
         have = [str(a) for a in acts.addresses]
         if key not in have:
@@ -214,7 +215,7 @@ def encode_corpus(session: Any, sae: Any, acts: Any) -> EncodedCorpus:
     r_all, f_all, v_all = [], [], []
     for a in range(0, n, ENCODE_ROWS):
         b = min(a + ENCODE_ROWS, n)
-        z = acts.features(range(a, b)) if stored else sae.encode(x[a:b].float())
+        z = stored.features(range(a, b)) if stored is not None else sae.encode(x[a:b].float())
         nz = (z > 0).nonzero()
         r_all.append(nz[:, 0] + a)
         f_all.append(nz[:, 1])
