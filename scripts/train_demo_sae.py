@@ -23,27 +23,17 @@ features on held-out tokens, tokens seen, seconds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import random
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np
+import demo_dictionaries as dd  # scripts/: the scaffolding this script shares with train_demo_transcoders.py
 import torch
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO_ROOT))
-import train_demo_model as tdm  # noqa: E402
-
-DEMO_MODEL = REPO_ROOT / "ie_lab" / "demo_model"
-DEFAULT_OUT = REPO_ROOT / "ie_lab" / "demo_sae"
+DEFAULT_OUT = dd.REPO_ROOT / "ie_lab" / "demo_sae"
 HOOK_NAME = "blocks.{layer}.hook_resid_post"
 
 
@@ -85,79 +75,34 @@ def measure(x: torch.Tensor, p: dict, k: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
-    ap.add_argument("--seed", type=int, default=1)  # the demo model trained on seed 0's stream: other documents
+    # the demo model trained on seed 0's stream: other documents
+    ap = dd.parser(__doc__, DEFAULT_OUT, seed=1, d_sae=512, k=16, train_rows=4096, eval_rows=512, epochs=2)
     ap.add_argument("--layer", type=int, default=1)
-    ap.add_argument("--d-sae", type=int, default=512)
-    ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--train-rows", type=int, default=4096)  # x ctx 128 = 524,288 tokens
-    ap.add_argument("--eval-rows", type=int, default=512)
-    ap.add_argument("--ctx", type=int, default=128)
-    ap.add_argument("--batch-tokens", type=int, default=2048)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    args = ap.parse_args()  # --train-rows 4096 x ctx 128 = 524,288 tokens
 
-    torch.set_num_threads(args.threads)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True)
-    t0 = time.time()
-
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(str(DEMO_MODEL), dtype=torch.float32).eval()
-    vocab = AutoTokenizer.from_pretrained(str(DEMO_MODEL)).get_vocab()
-    special = {vocab[t] for t in tdm.SPECIALS}
-    shares = {"repeat": 0.40, "story": 0.42, "ioi": 0.18}  # the demo model's (training_report.json)
-    train_x = activations(
-        model, tdm.DocStream(vocab, special, shares, args.seed), args.train_rows, args.ctx, args.layer
-    )
-    eval_x = activations(
-        model, tdm.DocStream(vocab, special, shares, args.seed + 1000), args.eval_rows, args.ctx, args.layer
-    )
+    t0 = dd.seeded(args)
+    model, stream = dd.demo_model()
+    train_x = activations(model, stream(args.seed), args.train_rows, args.ctx, args.layer)
+    eval_x = activations(model, stream(args.seed + 1000), args.eval_rows, args.ctx, args.layer)
     t_acts = time.time() - t0
     d = train_x.shape[1]
     print(f"activations: train {tuple(train_x.shape)}, eval {tuple(eval_x.shape)} in {t_acts:.1f} s", flush=True)
 
     g = torch.Generator().manual_seed(args.seed)
-    W_dec = torch.randn(args.d_sae, d, generator=g)
-    W_dec /= W_dec.norm(dim=1, keepdim=True)
+    W_dec = dd.unit_rows(torch.randn(args.d_sae, d, generator=g))
     p = {
         "W_enc": W_dec.t().clone().contiguous(),
         "b_enc": torch.zeros(args.d_sae),
         "W_dec": W_dec,
         "b_dec": train_x.mean(0).clone(),
     }
-    for v in p.values():
-        v.requires_grad_(True)
-    opt = torch.optim.Adam(p.values(), lr=args.lr)
     n = train_x.shape[0]
-    steps = args.epochs * (n // args.batch_tokens)
-    step = 0
-    for epoch in range(args.epochs):
-        order = torch.randperm(n, generator=g)
-        for i in range(n // args.batch_tokens):
-            x = train_x[order[i * args.batch_tokens : (i + 1) * args.batch_tokens]]
-            lr = args.lr * min(1.0, 2 * (1 - step / steps))  # flat, then linear decay over the last half
-            for group in opt.param_groups:
-                group["lr"] = lr
-            loss = (decode(encode(x, p, args.k), p) - x).pow(2).sum(-1).mean()
-            opt.zero_grad()
-            loss.backward()
-            # the decoder's rows stay unit-norm: drop the gradient along each row, step, renormalise
-            with torch.no_grad():
-                W, G = p["W_dec"], p["W_dec"].grad
-                G -= (G * W).sum(1, keepdim=True) * W
-            opt.step()
-            with torch.no_grad():
-                p["W_dec"] /= p["W_dec"].norm(dim=1, keepdim=True)
-            step += 1
-            if step % 100 == 0 or step == steps:
-                print(f"epoch {epoch} step {step}/{steps} loss {loss.item():.4f}", flush=True)
+
+    def loss_of(idx: torch.Tensor) -> torch.Tensor:
+        x = train_x[idx]
+        return (decode(encode(x, p, args.k), p) - x).pow(2).sum(-1).mean()
+
+    steps = dd.train(p, n, loss_of, args, g, "")
 
     weights = {name: v.detach().contiguous() for name, v in p.items()}
     held_out = measure(eval_x, weights, args.k)
@@ -181,37 +126,17 @@ def main() -> None:
         "normalize_activations": "none",
         "reshape_activations": "none",
         "rescale_acts_by_decoder_norm": False,
-        "metadata": {
-            "model_name": "ie_lab-demo",
-            "hook_name": hook_name,
-            "hook_head_index": None,
-            "prepend_bos": True,
-            "context_size": args.ctx,
-            "dataset_path": "scripts/train_demo_model.py DocStream",
-            "sae_lens_training_version": None,
-        },
+        "metadata": dd.metadata(hook_name, args.ctx),
     }
     (out / "cfg.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    head = {"point": f"resid_post.{args.layer}", "hook_name": hook_name}
+    counts = {"train_tokens": int(n), "tokens_seen": int(steps * args.batch_tokens), "steps": steps}
     report = {
-        "recipe": {
-            "command": "nice -n 10 python scripts/train_demo_sae.py",
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
-            "model": "ie_lab/demo_model",
-            "point": f"resid_post.{args.layer}",
-            "hook_name": hook_name,
-            "corpus": {"generator": "scripts/train_demo_model.py DocStream", "shares": shares},
-            "train_tokens": int(n),
-            "tokens_seen": int(steps * args.batch_tokens),
-            "steps": steps,
-            "activation_seconds": round(t_acts, 1),
-            "total_seconds": round(time.time() - t0, 1),
-            "torch": torch.__version__,
-        },
+        "recipe": dd.recipe("train_demo_sae.py", args, head, counts, t0, t_acts),
         "held_out": held_out,
         "train_sample": train_metrics,
     }
-    (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out} in {time.time() - t0:.1f} s", flush=True)
+    dd.write_report(out, report, t0)
 
 
 if __name__ == "__main__":

@@ -23,27 +23,17 @@ JumpReLU shipped), dead features, tokens seen, seconds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import random
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np
+import demo_dictionaries as dd  # scripts/: the scaffolding this script shares with train_demo_sae.py
 import torch
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO_ROOT))
-import train_demo_model as tdm  # noqa: E402
-
-DEMO_MODEL = REPO_ROOT / "ie_lab" / "demo_model"
-DEFAULT_OUT = REPO_ROOT / "ie_lab" / "demo_transcoders"
+DEFAULT_OUT = dd.REPO_ROOT / "ie_lab" / "demo_transcoders"
 
 
 def activations(model, stream, rows: int, ctx: int, batch: int = 64) -> tuple[list, list]:
@@ -103,40 +93,19 @@ def train_layer(x: torch.Tensor, y: torch.Tensor, args, g: torch.Generator, L: i
     d_in, d_out = x.shape[1], y.shape[1]
     cx = float(x[:65536].float().norm(dim=1).median()) / d_in**0.5
     cy = float(y[:65536].float().norm(dim=1).median()) / d_out**0.5
-    W_dec = torch.randn(args.d_sae, d_out, generator=g)
-    W_dec /= W_dec.norm(dim=1, keepdim=True)
+    W_dec = dd.unit_rows(torch.randn(args.d_sae, d_out, generator=g))
     p = {
         "W_enc": (W_dec.t().clone() * 0.5).contiguous() if d_in == d_out else torch.randn(d_in, args.d_sae) * 0.05,
         "b_enc": torch.zeros(args.d_sae),
         "W_dec": W_dec,
         "b_dec": y[:65536].float().mean(0).clone() / cy,
     }
-    for v in p.values():
-        v.requires_grad_(True)
-    opt = torch.optim.Adam(p.values(), lr=args.lr)
-    n = x.shape[0]
-    steps = args.epochs * (n // args.batch_tokens)
-    step = 0
-    for epoch in range(args.epochs):
-        order = torch.randperm(n, generator=g)
-        for i in range(n // args.batch_tokens):
-            idx = order[i * args.batch_tokens : (i + 1) * args.batch_tokens]
-            xb, yb = x[idx].float() / cx, y[idx].float() / cy
-            lr = args.lr * min(1.0, 2 * (1 - step / steps))  # flat, then linear decay over the last half
-            for group in opt.param_groups:
-                group["lr"] = lr
-            loss = (topk(pre_acts(xb, p), args.k) @ p["W_dec"] + p["b_dec"] - yb).pow(2).sum(-1).mean()
-            opt.zero_grad()
-            loss.backward()
-            with torch.no_grad():  # the decoder's rows stay unit-norm: drop the gradient along each row
-                W, G = p["W_dec"], p["W_dec"].grad
-                G -= (G * W).sum(1, keepdim=True) * W
-            opt.step()
-            with torch.no_grad():
-                p["W_dec"] /= p["W_dec"].norm(dim=1, keepdim=True)
-            step += 1
-            if step % 100 == 0 or step == steps:
-                print(f"layer {L} epoch {epoch} step {step}/{steps} loss {loss.item():.4f}", flush=True)
+
+    def loss_of(idx: torch.Tensor) -> torch.Tensor:
+        xb, yb = x[idx].float() / cx, y[idx].float() / cy
+        return (topk(pre_acts(xb, p), args.k) @ p["W_dec"] + p["b_dec"] - yb).pow(2).sum(-1).mean()
+
+    steps = dd.train(p, x.shape[0], loss_of, args, g, f"layer {L} ")
     w = {name: v.detach().contiguous() for name, v in p.items()}
     w["W_enc"], w["W_dec"], w["b_dec"] = w["W_enc"] / cx, w["W_dec"] * cy, w["b_dec"] * cy  # the scales folded in
     # one threshold per layer: the pre-activation above which the training tokens keep k features on average
@@ -148,40 +117,16 @@ def train_layer(x: torch.Tensor, y: torch.Tensor, args, g: torch.Generator, L: i
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
-    ap.add_argument("--seed", type=int, default=2)  # the demo model trained on seed 0's stream, the demo SAE on 1
-    ap.add_argument("--d-sae", type=int, default=256)
-    ap.add_argument("--k", type=int, default=12)
-    ap.add_argument("--train-rows", type=int, default=2048)  # x ctx 128 = 262,144 tokens
-    ap.add_argument("--eval-rows", type=int, default=256)
-    ap.add_argument("--ctx", type=int, default=128)
-    ap.add_argument("--batch-tokens", type=int, default=2048)
-    ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    # the demo model trained on seed 0's stream, the demo SAE on 1
+    ap = dd.parser(__doc__, DEFAULT_OUT, seed=2, d_sae=256, k=12, train_rows=2048, eval_rows=256, epochs=8)
+    args = ap.parse_args()  # --train-rows 2048 x ctx 128 = 262,144 tokens
 
-    torch.set_num_threads(args.threads)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True)
-    t0 = time.time()
-
+    t0 = dd.seeded(args)
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer, LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(str(DEMO_MODEL), dtype=torch.float32).eval()
-    vocab = AutoTokenizer.from_pretrained(str(DEMO_MODEL)).get_vocab()
-    special = {vocab[t] for t in tdm.SPECIALS}
-    shares = {"repeat": 0.40, "story": 0.42, "ioi": 0.18}  # the demo model's (training_report.json)
-    train_in, train_out = activations(
-        model, tdm.DocStream(vocab, special, shares, args.seed), args.train_rows, args.ctx
-    )
-    eval_in, eval_out = activations(
-        model, tdm.DocStream(vocab, special, shares, args.seed + 1000), args.eval_rows, args.ctx
-    )
+    model, stream = dd.demo_model()
+    train_in, train_out = activations(model, stream(args.seed), args.train_rows, args.ctx)
+    eval_in, eval_out = activations(model, stream(args.seed + 1000), args.eval_rows, args.ctx)
     t_acts = time.time() - t0
     print(f"activations: {len(train_in)} layers, train {tuple(train_in[0].shape)} in {t_acts:.1f} s", flush=True)
 
@@ -219,36 +164,21 @@ def main() -> None:
             "hook_name_out": f"blocks.{L}.hook_mlp_out",
             "hook_layer_out": L,
             "hook_head_index_out": None,
-            "metadata": {
-                "model_name": "ie_lab-demo",
-                "hook_name": f"blocks.{L}.mlp.hook_in",  # TransformerLens bridge; TL's ln2.hook_normalized is before the gain
-                "hook_head_index": None,
-                "prepend_bos": True,
-                "context_size": args.ctx,
-                "dataset_path": "scripts/train_demo_model.py DocStream",
-                "sae_lens_training_version": None,
-            },
+            # TransformerLens bridge's name; TL's ln2.hook_normalized is before the gain
+            "metadata": dd.metadata(f"blocks.{L}.mlp.hook_in", args.ctx),
         }
         (folder / "cfg.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    report = {
-        "recipe": {
-            "command": "nice -n 10 python scripts/train_demo_transcoders.py",
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
-            "model": "ie_lab/demo_model",
-            "trained_as": "topk",
-            "shipped_as": "jumprelu_transcoder (one threshold per layer, calibrated to k features per token)",
-            "corpus": {"generator": "scripts/train_demo_model.py DocStream", "shares": shares},
-            "train_tokens": int(train_in[0].shape[0]),
-            "tokens_seen_per_layer": int(steps * args.batch_tokens),
-            "steps_per_layer": steps,
-            "activation_seconds": round(t_acts, 1),
-            "total_seconds": round(time.time() - t0, 1),
-            "torch": torch.__version__,
-        },
-        "layers": layers,
+    head = {
+        "trained_as": "topk",
+        "shipped_as": "jumprelu_transcoder (one threshold per layer, calibrated to k features per token)",
     }
-    (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out} in {time.time() - t0:.1f} s", flush=True)
+    counts = {
+        "train_tokens": int(train_in[0].shape[0]),
+        "tokens_seen_per_layer": int(steps * args.batch_tokens),
+        "steps_per_layer": steps,
+    }
+    report = {"recipe": dd.recipe("train_demo_transcoders.py", args, head, counts, t0, t_acts), "layers": layers}
+    dd.write_report(out, report, t0)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,30 @@ def test_a_chat_stops_at_the_end_of_the_assistant_turn(models):
     assert ie_lab.generate(lm, ie_lab.to_chat(lm, msgs, stop_ids=[]), 4, steer=spec).ids == [eot] * 4
 
 
+def test_project_with_generation_stops_where_generate_does(models):
+    """project(..., max_new_tokens>0) stops at a conversation's (and a Chat's) turn end as generate does; the rendered
+    ids alone run on to the length. The scores cover the tokens the model read: the prompt, then all but the last
+    generated token."""
+    lm = models["llama3"]
+    (eot,) = ids_of(lm, "<|eot_id|>")
+    msgs = [{"role": "user", "content": "Hi"}]
+    chat = ie_lab.to_chat(lm, msgs)
+    n = chat.ids.shape[1]
+    w = lm.hf.get_output_embeddings().weight[eot].detach()
+    spec = ie_lab.steer(lm, "resid_post.1", w, scale=100.0)
+    probe = torch.randn(3, lm.facts.d_model, generator=torch.Generator().manual_seed(0))
+    for prompt in (msgs, chat):
+        p = ie_lab.project(lm, prompt, "resid_post.0", probe, max_new_tokens=4, steer=spec)
+        assert p.generated == ie_lab.generate(lm, prompt, 4, steer=spec).ids == [eot]
+        assert p.scores.shape == (n, 3)
+    p = ie_lab.project(lm, chat.ids, "resid_post.0", probe, max_new_tokens=4, steer=spec)
+    assert p.generated == [eot] * 4 and p.scores.shape == (n + 3, 3)
+    assert (
+        ie_lab.project(lm, msgs, "resid_post.0", probe, max_new_tokens=4, steer=spec, ignore_eos=True).generated
+        == [eot] * 4
+    )
+
+
 def test_harmony_stops_at_return_not_at_end(models):
     lm = models["harmony"]
     end, ret = ids_of(lm, "<|end|>", "<|return|>")
@@ -209,11 +233,12 @@ def test_reasoning_read_from_the_content_deepseek_r1_style(models):
         lm.tokenizer.chat_template = saved
 
 
-def test_a_chat_travels_to_a_remote_server_as_its_ids(models):
+def test_a_chat_travels_to_a_remote_server_as_its_ids_and_stop_ids(models):
     from ie_lab.remote.client import _chat_ids
 
     chat = ie_lab.to_chat(models["llama3"], [{"role": "user", "content": "Hi"}])
-    assert _chat_ids(chat) == chat.ids[0].tolist() and _chat_ids([chat, "x"]) == [chat.ids[0].tolist(), "x"]
+    wire = {"chat_ids": chat.ids[0].tolist(), "stop_ids": sorted(chat.stop_ids)}
+    assert _chat_ids(chat) == wire and _chat_ids([chat, "x"]) == [wire, "x"]
 
 
 def test_the_harmony_cut_agrees_with_openai_harmony():

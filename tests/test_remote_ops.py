@@ -289,3 +289,34 @@ def test_a_cancelled_sweep_stops_on_the_server_and_frees_its_slot(remote, local,
     torch.testing.assert_close(
         remote.capture(CLEAN, "final_norm")["final_norm"], local.capture(CLEAN, "final_norm")["final_norm"], **TOL
     )
+
+
+def test_a_chat_generates_remotely_to_its_stop_ids_as_locally(server, token, remote, local):
+    """A Chat crosses as its ids and the ids its generation stops at (its turn end): the remote generation stops
+    where the local one does, not at the model's EOS only. The demo model has no chat template, so the Chat is made
+    from ids, stopping at the third token greedy decoding reaches; a malformed chat is refused before anything runs."""
+    from ie_lab.core.chat import Chat
+    from ie_lab.core.chat_conventions import ChatConvention
+
+    ids = local.tokens("One Monday , Mary went to the park .")
+    free = local.generate(ids, 6).ids
+    assert len(free) == 6  # no EOS on the way: only the chat's stop id can end it early
+    stop = free[2]
+    chat = Chat(ids, (), ChatConvention("plain", (), None, False, False, {}), frozenset({stop}))
+    want = local.generate(chat, 6)
+    assert want.ids == free[: free.index(stop) + 1] and want.stop_reason == "eos" and len(want.ids) < 6
+    got = remote.generate(chat, 6)
+    assert (got.ids, got.stop_reason) == (want.ids, want.stop_reason)
+    # a batch stops each prompt at the union of their stop ids, remotely as locally
+    both = [r.ids for r in local.generate([chat, ids], 6)]
+    assert both == [want.ids, want.ids] and [r.ids for r in remote.generate([chat, ids], 6)] == both
+    before = stats(server, token)
+    for name, bad in {
+        "too many stop ids": {"chat_ids": ids[0].tolist(), "stop_ids": list(range(1000))},  # the bound is 64
+        "a negative stop id": {"chat_ids": ids[0].tolist(), "stop_ids": [-1]},
+        "no ids": {"chat_ids": [], "stop_ids": [stop]},
+        "another key": {"chat_ids": ids[0].tolist(), "stop_ids": [stop], "spans": []},
+    }.items():
+        r = post(server, "generate", encode({"args": [bad, 4], "kwargs": {}}), token)
+        assert r.status_code == 400 and r.json()["error"]["class"] == "InputError", (name, r.text[:300])
+    assert stats(server, token)["operations"] == before["operations"]

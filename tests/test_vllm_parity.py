@@ -112,7 +112,13 @@ def test_parallel_blocks_capture_and_steer_like_eager(served):
     with s.steer("mlp_in.1", v, scale=2.0):
         got = s.capture(TEXT, ["attn_out.1", "mlp_out.1"])
     assert close(got["attn_out.1"], c["attn_out.1"]) and not close(got["mlp_out.1"], c["mlp_out.1"])
-    # transformers hands out probabilities only on these families: no scores to check vLLM's against
+    # GPT-J's scores, rebuilt from vLLM's q and k, were compared with eager's above (eager reads them from GPT-J's
+    # own attention step); transformers hands out probabilities only on the unchecked families (Falcon): no scores
+    # to check vLLM's against
+    if family == "gptj":
+        assert {"attn_scores.0", "attn_scores.1"} <= set(addrs)
+        att = s.attention(TEXT, [1])
+        assert close(att.scores[1][None], ce["attn_scores.1"])
     if s.facts.model_type in quirks.VLLM_SCORES_UNCHECKED:
         assert "attn_scores.0" not in addrs
         with pytest.raises(ie_lab.CapabilityUnsupported, match="attn_probs.0"):

@@ -7,6 +7,7 @@ browser sends; the static HTML export. A neighbouring feature's data must differ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -191,6 +192,30 @@ def test_a_real_harvest_on_disk_gives_the_data_a_list_of_texts_gives(s, sae, ref
         np.testing.assert_allclose(a.contexts[0].values, b.contexts[0].values, rtol=1e-4, atol=1e-5)
     other = feature_data(s, sae, rare, acts, top=5)
     assert [c.row for c in other.contexts] != [c.row for c in feature_data(s, sae, often, acts, top=5).contexts]
+
+
+def test_a_harvest_that_kept_the_saes_features_is_read_not_encoded_again(s, sae, ref, tmp_path, monkeypatch):
+    """harvest(..., sae=sae) stores every row's features: encode_corpus reads them (sae.encode is never called) and
+    gives the dashboard encoding gives; a changed SAE (another b_enc, another hash) is encoded, not read."""
+    kept = s.harvest(TEXTS, [sae.address], str(tmp_path / "k"), sae=sae, batch_size=3, shard_rows=16, progress=False)
+    plain = s.harvest(TEXTS, [sae.address], str(tmp_path / "p"), batch_size=3, shard_rows=16, progress=False)
+    want = encode_corpus(s, sae, plain)
+    calls = []
+    monkeypatch.setattr(sae, "encode", lambda x: calls.append(x) or pytest.fail("encoded a stored harvest"))
+    got = encode_corpus(s, sae, kept)
+    assert calls == []
+    assert torch.equal(got.ptr, want.ptr) and torch.equal(got.rows, want.rows) and got.spans == want.spans
+    torch.testing.assert_close(got.vals, want.vals, rtol=1e-5, atol=1e-6)
+    for f in _features(ref):
+        a, b = feature_data(s, sae, f, got, top=5), feature_data(s, sae, f, want, top=5)
+        assert [(c.row, c.token_ids) for c in a.contexts] == [(c.row, c.token_ids) for c in b.contexts]
+        np.testing.assert_array_equal(a.hist_counts, b.hist_counts)
+    monkeypatch.undo()
+    other = dataclasses.replace(sae, b_enc=sae.b_enc + 0.05)
+    read = []
+    monkeypatch.setattr(type(kept), "features", lambda self, rows: read.append(rows) or pytest.fail("read"))
+    mine = encode_corpus(s, other, kept)
+    assert read == [] and not torch.equal(mine.vals, want.vals)
 
 
 def test_steering_is_the_sessions_generation_with_and_without_the_decoder_direction(s, sae, corpus):

@@ -87,10 +87,11 @@ def main(argv=None) -> int:
 
         return subprocess.call(["bash", os.path.join(HERE, "envs", "setup.sh"), args.env])
     if args.cmd == "render":
-        from . import circuits, render
+        from . import circuits, render, sae
 
         render.write_all()
         circuits.write_readme()
+        sae.write_readme()
         print("rendered validator/README.md and validator/results/heatmap.{json,html}")
         return 0
     if args.cmd == "sae":

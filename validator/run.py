@@ -25,17 +25,22 @@ def venvs_dir() -> str:
     return os.environ.get("IE_LAB_VALIDATOR_VENVS", os.path.join(ROOT, ".venvs"))
 
 
-def engine_python(engine: str) -> tuple[str | None, str]:
-    env = S.ENGINES[engine].env
-    if env is None:
-        return sys.executable, ""
+def env_python(env: str, hint: str = "") -> tuple[str | None, str]:
+    """(the python of .venvs/<env>, "") or (None, how to create that environment)."""
     py = os.path.join(venvs_dir(), env, "bin", "python")
     if os.path.exists(py):
         return py, ""
     return None, (
         f"no environment at {os.path.dirname(os.path.dirname(py))}: create it with "
-        f"`bash validator/envs/setup.sh {env}` (or pass --setup)"
+        f"`bash validator/envs/setup.sh {env}` ({hint or f'or `python -m validator setup {env}`'})"
     )
+
+
+def engine_python(engine: str) -> tuple[str | None, str]:
+    env = S.ENGINES[engine].env
+    if env is None:
+        return sys.executable, ""
+    return env_python(env, "or pass --setup")
 
 
 def setup_env(engine: str) -> None:

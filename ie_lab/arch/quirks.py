@@ -463,8 +463,10 @@ VLLM_LAYOUTS_REFUSED: dict[str, tuple[tuple[Any, str, str], ...]] = {
 
 # Families whose attention weights leave HF's module only as probabilities (eager refuses attn_scores there):
 # vLLM's scores, rebuilt from q and k, would have nothing to be checked against, so they are refused too. That is so
-# on the transformers line vLLM runs with (5.19); newer lines moved both onto the registry (ATTENTION_IN_MODULE).
-VLLM_SCORES_UNCHECKED = frozenset({"gptj", "falcon"})
+# on the transformers line vLLM runs with (5.19); newer lines moved Falcon onto the registry (ATTENTION_IN_MODULE).
+# GPT-J is not here: eager reads its scores from its own attention step (SCORES_AT_ATTENTION_STEP, or the registry
+# from 5.24), and vLLM's rebuilt scores equal them (tests/test_vllm_parity.py, the parallel-block families).
+VLLM_SCORES_UNCHECKED = frozenset({"falcon"})
 
 # Families whose vLLM layer sums attention and MLP before one all-reduce: with tensor parallelism each rank's
 # o_proj / down_proj output is a partial sum, so attn_out and mlp_out exist on no single rank.

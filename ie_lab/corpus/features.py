@@ -18,7 +18,7 @@ import torch
 
 from ..core.projection_args import make_encoder
 from ..errors import InputError
-from ..ops.projection import scores
+from ..ops.projection import Encoder, scores
 
 
 def _positive(x: Any) -> int:
@@ -27,38 +27,47 @@ def _positive(x: Any) -> int:
     return x
 
 
+def encoder_of(sae: Any) -> Encoder:
+    """The checked encoder of an ie_lab SAE attached to a point (what a harvest with sae= applies to each row)."""
+    for attr in ("encoder", "activation", "address", "d_in"):
+        if not hasattr(sae, attr):
+            raise InputError(
+                f"sae= takes an ie_lab SAE (ie_lab.load_sae(...), docs/SAE.md); got {type(sae).__name__}, "
+                f"which has no {attr!r}."
+            )
+    if sae.address is None:
+        raise InputError("this SAE is attached to no point: load it with a model (ie_lab.load_sae(path, s)).")
+    return make_encoder(
+        int(sae.d_in),
+        sae.encoder(),
+        activation=sae.activation,
+        k=getattr(sae, "k", None) if sae.activation == "topk" else None,
+    )
+
+
+def sae_identity(sae: Any, enc: Encoder | None = None) -> dict[str, Any]:
+    """What the manifest records of the SAE a harvest encoded with: its point, width, activation and a hash of
+    every number the encoding reads (weights, biases, threshold, a top-k's k), so a reader can tell whether the
+    stored features are the ones this SAE gives (the feature dashboards read them instead of encoding again)."""
+    enc = encoder_of(sae) if enc is None else enc
+    h = hashlib.sha256(enc.W.numpy().tobytes())
+    for t in (enc.b, enc.b_dec, enc.threshold):
+        if t is not None:
+            h.update(t.numpy().tobytes())
+    if enc.topk is not None:  # same weights, another k: other features
+        h.update(f"topk={enc.topk}".encode())
+    return {"address": str(sae.address), "d_sae": enc.k, "activation": enc.activation, "hash": h.hexdigest()[:16]}
+
+
 class FeatureBuffer:
     """One shard's sparse features and running top-k, filled batch by batch."""
 
     def __init__(self, sae: Any, top_k: int):
-        for attr in ("encoder", "activation", "address", "d_in"):
-            if not hasattr(sae, attr):
-                raise InputError(
-                    f"sae= takes an ie_lab SAE (ie_lab.load_sae(...), docs/SAE.md); got {type(sae).__name__}, "
-                    f"which has no {attr!r}."
-                )
-        if sae.address is None:
-            raise InputError("this SAE is attached to no point: load it with a model (ie_lab.load_sae(path, s)).")
+        self.enc = encoder_of(sae)
         self.top_k = _positive(top_k)
         self.address = sae.address
-        self.enc = make_encoder(
-            int(sae.d_in),
-            sae.encoder(),
-            activation=sae.activation,
-            k=getattr(sae, "k", None) if sae.activation == "topk" else None,
-        )
         self.d_sae = self.enc.k
-        h = hashlib.sha256(self.enc.W.numpy().tobytes())
-        for t in (self.enc.b, self.enc.b_dec, self.enc.threshold):
-            if t is not None:
-                h.update(t.numpy().tobytes())
-        self.identity = {
-            "address": str(self.address),
-            "d_sae": self.d_sae,
-            "activation": self.enc.activation,
-            "top_k": self.top_k,
-            "hash": h.hexdigest()[:16],
-        }
+        self.identity = {**sae_identity(sae, self.enc), "top_k": self.top_k}
         self.reset()
 
     def reset(self) -> None:

@@ -304,8 +304,10 @@ def plan(
     steer: SteerSpec | Sequence[SteerSpec] | None = None,
     keep_logits: bool = True,
     ignore_eos: bool = False,
+    stops_of: Any = None,
 ) -> Plan:
-    """Check every argument of a generation and read its prompts, before any forward (refusals name the prompt)."""
+    """Check every argument of a generation and read its prompts, before any forward (refusals name the prompt).
+    stops_of: the prompt as the caller was given it, where `prompt` is its ids (project): where it stops."""
     many = prepare_prompts(lm, prompt, rows=True)
     batch = many is not None
     stops = check_generation_args(
@@ -345,7 +347,7 @@ def plan(
         except InputError as e:
             raise InputError(f"prompt {i}: {e}" if batch else str(e)) from None
     # A conversation stops at the end of the assistant's turn, a Chat at its stop_ids (core/chat.py)
-    eos = set() if ignore_eos else stop_ids_for(lm, prompt, _eos_ids(lm))
+    eos = set() if ignore_eos else stop_ids_for(lm, prompt if stops_of is None else stops_of, _eos_ids(lm))
     return Plan(rows, batch, stops, seeds, addrs, specs, eos)
 
 
@@ -396,6 +398,7 @@ def generate_stream(
     keep_logits: bool = True,
     ignore_eos: bool = False,
     _result: dict | None = None,
+    _stops_of: Any = None,
 ) -> Iterator[GenStep]:
     """Yield one GenStep per generated token. Greedy when temperature is 0; ignore_eos=True runs to the length.
 
@@ -418,6 +421,7 @@ def generate_stream(
         steer=steer,
         keep_logits=keep_logits,
         ignore_eos=ignore_eos,
+        stops_of=_stops_of,
     )
     rows = p.rows
     gens = [torch.Generator().manual_seed(x) if x is not None else None for x in p.seeds]

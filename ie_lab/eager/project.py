@@ -115,7 +115,8 @@ def project(
 
                 run_issued(lm, specs, forward)
             else:
-                res = generate(lm, ids, n_new, steer=specs, keep_logits=False, **gen)
+                # stops where generate(prompt) would: a Chat at its stop_ids, a conversation at its turn end
+                res = generate(lm, ids, n_new, steer=specs, keep_logits=False, _stops_of=prompt, **gen)
                 generated = [int(t) for t in res.ids]
     if not taps.parts:
         raise CapabilityUnsupported(str(addr), "no forward passed through this point.", "use capture() to check it.")

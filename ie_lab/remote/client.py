@@ -321,7 +321,7 @@ class RemoteBackend:
         kwargs = {k: v for k, v in call.given().items() if wire.get(k) != "local"}
         if "progress" in wire and wire["progress"] == "local":
             check_flag("progress", call.progress)  # type: ignore[attr-defined]
-        # a Chat travels as its ids (the messages themselves travel as a conversation, which the server renders)
+        # a Chat travels as its ids and stop ids (messages travel as a conversation, which the server renders)
         args = [_chat_ids(a) for a in call.positional()]
         if isinstance(call, calls.Patch) and isinstance(call.source, Cache):
             args[1] = self._cache_tensors(call.source, call.addresses)
@@ -504,9 +504,10 @@ class RemoteBackend:
 
 
 def _chat_ids(x: Any) -> Any:
-    """A Chat (ie_lab.to_chat) or a list holding Chats, with each Chat as its token ids."""
+    """A Chat (ie_lab.to_chat) or a list holding Chats, with each Chat as its token ids and the ids its generation
+    stops at (the server rebuilds it from them: remote/ops.py _chat)."""
     if isinstance(x, Chat):
-        return x.ids[0].tolist()
+        return {"chat_ids": x.ids[0].tolist(), "stop_ids": sorted(x.stop_ids)}
     if isinstance(x, (list, tuple)) and any(isinstance(p, Chat) for p in x):
         return [_chat_ids(p) for p in x]
     return x

@@ -17,6 +17,8 @@ import torch
 from ..address import Address
 from ..cache import Cache
 from ..core import calls
+from ..core.chat import Chat
+from ..core.chat_conventions import ChatConvention
 from ..core.projection_args import SAE_KEYS
 from ..errors import IELabError, InputError
 from .metrics import KINDS, Metric
@@ -111,9 +113,33 @@ def _message(op: str, name: str, x: Any) -> dict:
 
 _ids = list_of(_int)
 _conversation = list_of(_message)
-# One prompt: text, token ids (a list or a 1-D / 2-D integer tensor), or a conversation of chat messages.
+MAX_STOP_IDS = 64  # a Chat's stop ids: its turn end and the model's EOS, a handful
+# The convention of a Chat rebuilt here: only its ids and stop ids cross (no spans, no markers).
+_WIRE_CONVENTION = ChatConvention("plain", (), None, False, False, {})
+
+
+def _chat(op: str, name: str, x: Any) -> Chat:
+    """A Chat (ie_lab.to_chat) as the client sends it, {"chat_ids": [...], "stop_ids": [...]}: rebuilt as a Chat of
+    those ids, so generation stops at its stop ids here as it does locally."""
+    if not isinstance(x, dict) or set(x) != {"chat_ids", "stop_ids"}:
+        raise _bad(op, name, "a chat {'chat_ids': [token ids], 'stop_ids': [token ids]}", x)
+    ids, stops = _ids(op, name, x["chat_ids"]), _ids(op, name, x["stop_ids"])
+    if not ids or len(stops) > MAX_STOP_IDS or any(not 0 <= i < 2**31 for i in ids + stops):
+        raise ArgError(
+            f"{op}: argument {name!r}: a chat needs its token ids (at least one) and at most {MAX_STOP_IDS} stop ids, "
+            "each a token id (0 or more)."
+        )
+    return Chat(torch.tensor([ids]), (), _WIRE_CONVENTION, frozenset(stops))
+
+
+# One prompt: text, token ids (a list or a 1-D / 2-D integer tensor), a conversation of chat messages, or a Chat.
 PROMPT = one_of(
-    _text, _ids, lambda op, n, x: _tensor(op, n, x, ints=True), _conversation, want="text, token ids or a conversation"
+    _text,
+    _ids,
+    lambda op, n, x: _tensor(op, n, x, ints=True),
+    _conversation,
+    _chat,
+    want="text, token ids, a conversation or a chat",
 )
 # Several prompts: a list of any of those (capture and generation also take one).
 PROMPTS = one_of(PROMPT, list_of(PROMPT), want="a prompt or a list of prompts (text, token ids or a conversation)")

@@ -39,7 +39,8 @@ def families_line() -> str:
         return ", ".join(f"`{f}`" for f in sorted(fams))
 
     out += (
-        f"\nWith limits: {names(quirks.VLLM_SCORES_UNCHECKED)} refuse `attn_scores` (transformers hands out "
+        f"\nWith limits: {names(quirks.VLLM_SCORES_UNCHECKED)} "
+        f"{'refuses' if len(quirks.VLLM_SCORES_UNCHECKED) == 1 else 'refuse'} `attn_scores` (transformers hands out "
         "their probabilities only, so there is nothing to check rebuilt scores against); "
         f"{names(quirks.VLLM_SINGLE_RANK)} run with `tensor_parallel_size=1` only (attention and MLP are summed "
         "before one all-reduce, so no rank holds `attn_out` or `mlp_out`); `falcon` is served in its parallel "

@@ -233,6 +233,7 @@ class _Operations:
                 gen.get("stop"),
                 0,
                 gen.get("ignore_eos", False),
+                None if gen.get("ignore_eos", False) else stop_ids_for(self.lm, prompt, set()),  # as generate stops
             )
         else:
             params = SamplingParams(max_tokens=1, temperature=0.0)

@@ -142,8 +142,9 @@ CAPABILITIES: dict[str, str] = {
     + "; others are refused at load (docs/VLLM.md lists the limits)",
     "points absent on a family": "refused the same way",
     "attn_scores on families that compute attention in their own module (Bloom, Falcon, GPT-J)": (
-        "no: transformers never hands these scores out, so scores rebuilt from vLLM's q and k would have "
-        "nothing to be checked against"
+        "GPT-J's are served, rebuilt from vLLM's post-RoPE q and k and checked against eager's (read from GPT-J's "
+        "own attention step); Falcon's are refused: transformers never hands them out, so scores rebuilt from vLLM's "
+        "q and k would have nothing to be checked against (Bloom is not served on vLLM)"
     ),
     "attn_probs on those families running sdpa": "yes (rebuilt from q and k, checked against transformers' eager path)",
 }

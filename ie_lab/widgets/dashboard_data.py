@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from ..corpus.features import sae_identity
 from ..errors import CapabilityUnsupported, InputError, plural
 
 MAX_TOP = 64  # contexts per feature
@@ -153,8 +154,26 @@ class EncodedCorpus:
         return out.scatter_reduce(0, feat, self.vals, "amax", include_self=True)
 
 
+def holds_features_of(acts: Any, sae: Any) -> bool:
+    """Whether `acts` is a harvest that kept this SAE's features (harvested with sae=): every directory's manifest
+    names the SAE by its point, width, activation and the hash of its encoder's numbers (corpus/features.py
+    sae_identity), so features of another SAE, or of this one since changed, are never read as its own."""
+    manifests = getattr(acts, "manifests", None)
+    if not callable(getattr(acts, "features", None)) or not isinstance(manifests, list) or not manifests:
+        return False
+    try:
+        want = sae_identity(sae)
+    except (InputError, AttributeError, TypeError):  # not an ie_lab SAE (a transcoder read as one): encode it
+        return False
+    return all(
+        isinstance(m, dict) and isinstance(m.get("sae"), dict) and all(m["sae"].get(k) == v for k, v in want.items())
+        for m in manifests
+    )
+
+
 def encode_corpus(session: Any, sae: Any, acts: Any) -> EncodedCorpus:
-    """Encode a corpus (an ActivationCorpus, or a list of texts captured here) with the SAE, once."""
+    """Encode a corpus (an ActivationCorpus, or a list of texts captured here) with the SAE, once. A harvest that
+    kept this SAE's features (``harvest(..., sae=sae)``) is read, not encoded again."""
     addr = sae.address
     if addr is None:
         raise InputError(
@@ -167,19 +186,24 @@ def encode_corpus(session: Any, sae: Any, acts: Any) -> EncodedCorpus:
         raise InputError(
             f"acts must be an ie_lab.Activations (a harvest) or a list of texts, got {type(acts).__name__}."
         )
-    have = [str(a) for a in acts.addresses]
-    if key not in have:
-        raise InputError(
-            f"the corpus holds no activations at {key}, the SAE's point (it holds {', '.join(have) or 'none'}): "
-            f"harvest {key}, or pass a list of texts to capture there."
-        )
-    x = acts[key]
-    if len(x.shape) != 2 or x.shape[1] != sae.d_in:  # a harvest's Rows is lazy: a shape, no dim()
-        raise InputError(
-            f"acts[{key!r}] has shape {list(x.shape)}; the SAE reads [rows, {sae.d_in}]: it was harvested at another "
-            "point or model."
-        )
-    n = int(x.shape[0])
+    stored: Any = acts if holds_features_of(acts, sae) else None  # an Activations whose features are this SAE's
+    x: Any = None
+    if stored is not None:  # read, not encoded: the harvest's rows of the point may even be absent
+        n = len(acts)
+    else:
+        have = [str(a) for a in acts.addresses]
+        if key not in have:
+            raise InputError(
+                f"the corpus holds no activations at {key}, the SAE's point (it holds {', '.join(have) or 'none'}): "
+                f"harvest {key}, or pass a list of texts to capture there."
+            )
+        x = acts[key]
+        if len(x.shape) != 2 or x.shape[1] != sae.d_in:  # a harvest's Rows is lazy: a shape, no dim()
+            raise InputError(
+                f"acts[{key!r}] has shape {list(x.shape)}; the SAE reads [rows, {sae.d_in}]: it was harvested at "
+                "another point or model."
+            )
+        n = int(x.shape[0])
     token_ids, prompt_ids, positions = (
         torch.as_tensor(t).long().reshape(-1) for t in (acts.token_ids, acts.prompt_ids, acts.positions)
     )
@@ -190,7 +214,8 @@ def encode_corpus(session: Any, sae: Any, acts: Any) -> EncodedCorpus:
         )
     r_all, f_all, v_all = [], [], []
     for a in range(0, n, ENCODE_ROWS):
-        z = sae.encode(x[a : a + ENCODE_ROWS].float())
+        b = min(a + ENCODE_ROWS, n)
+        z = stored.features(range(a, b)) if stored is not None else sae.encode(x[a:b].float())
         nz = (z > 0).nonzero()
         r_all.append(nz[:, 0] + a)
         f_all.append(nz[:, 1])
