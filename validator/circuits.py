@@ -21,6 +21,7 @@ ranks errors with features and may drop them, ie_lab keeps every error and bias 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
