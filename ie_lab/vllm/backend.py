@@ -57,13 +57,13 @@ from .startup import _config_keys, _Startup  # noqa: F401 - tests import _config
 
 
 class VLLMBackend(_Startup, _Requests, _Operations, _Results):
-    """The vLLM backend. Extra Session keywords: tensor_parallel_size, data_parallel_size (engines, each a whole copy
-of the model, that vLLM balances requests over; hook mode on the async engine, see docs/VLLM.md), engine ('auto' | 'inproc' | 'async'),
-    enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs), graph_points
-    (graph mode: a compiled trunk with static taps for these points only; see docs/VLLM.md), steer_points (graph
-    mode: the sites the compiled trunk may steer), mode ('hooks', the default: eager engine, every operation;
-    'generate': compiled, plain generation only; 'graph': implied by graph_points or steer_points). s.set_mode()
-    switches, reloading the weights when asked (reload=True)."""
+    """The vLLM backend. Extra Session keywords: tensor_parallel_size, data_parallel_size (engines, each a whole
+    copy of the model, that requests are spread over; hook mode on the async engine, see docs/VLLM.md), engine
+    ('auto' | 'inproc' | 'async'), enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's
+    EngineArgs), graph_points (graph mode: a compiled trunk with static taps for these points only; see
+    docs/VLLM.md), steer_points (graph mode: the sites the compiled trunk may steer), mode ('hooks', the default:
+    eager engine, every operation; 'generate': compiled, plain generation only; 'graph': implied by graph_points or
+    steer_points). s.set_mode() switches, reloading the weights when asked (reload=True)."""
 
     name = "vllm"
     on_loop = True

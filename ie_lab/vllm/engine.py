@@ -348,9 +348,7 @@ class InprocDriver:
     async def rpc_for(self, key: str, method: str, *args: Any) -> Any:
         return (await self.rpc(method, *args))[0]
 
-    async def generate(
-        self, prompt: Any, params: Any, request_id: str, key: str | None = None
-    ) -> AsyncIterator[Any]:
+    async def generate(self, prompt: Any, params: Any, request_id: str, key: str | None = None) -> AsyncIterator[Any]:
         if self._error is not None:
             raise RuntimeError(f"the vLLM engine stopped: {self._error!r}")
         q: asyncio.Queue = asyncio.Queue()
@@ -426,9 +424,7 @@ class AsyncDriver:
         if rank is not None:
             self.busy[rank] -= 1
 
-    async def generate(
-        self, prompt: Any, params: Any, request_id: str, key: str | None = None
-    ) -> AsyncIterator[Any]:
+    async def generate(self, prompt: Any, params: Any, request_id: str, key: str | None = None) -> AsyncIterator[Any]:
         finished = False
         rank = self.rank_of.get(key) if key is not None else None
         kw = {} if rank is None else {"data_parallel_rank": rank}
