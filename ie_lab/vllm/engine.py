@@ -13,8 +13,10 @@ deltas), ``await rpc(method, *args)`` (one result per worker, every data-paralle
 ``await shutdown()``.
 
 Data parallelism (``AsyncDriver(args, dp=2)``): vLLM runs one engine core per rank, each with its own workers, and its
-client's ``collective_rpc`` reaches rank 0's workers only. So every ie_* call goes to every rank (vLLM's
-``call_utility_all_async``: the hooks are installed, and a request registered and released, everywhere), a registered
+client's ``collective_rpc`` hands back rank 0's workers' answers only (with vLLM's own balancer the call reaches every
+rank; with an external one, rank 0 alone): a request rank 1 ran would read back empty. So every ie_* call goes to
+every rank through ``call_utility_all_async``, one answer per rank (the hooks are installed, and a request registered
+and released, everywhere), a registered
 request is pinned to the rank ie_lab picks for it (``data_parallel_rank``, the least busy; a capture's follow-up
 forward runs where its request ran), and its rows are read from that rank's worker.
 """
@@ -438,7 +440,7 @@ class AsyncDriver:
                     await self.engine.abort(request_id)
 
     async def _per_rank(self, method: str, *args: Any) -> list[list]:
-        """Every data-parallel rank's workers' results, in rank order (vLLM's own collective_rpc reaches rank 0's)."""
+        """Every data-parallel rank's workers' results, in rank order (vLLM's own collective_rpc answers rank 0's)."""
         if self.ranks == 1:
             return [await self.engine.collective_rpc(method, args=args)]
         core = self.engine.engine_core
