@@ -80,6 +80,23 @@ def test_refused_combinations_name_the_fix(tmp_path):
         ie_lab.Session(saved_model_dir("mixtral", tmp_path), backend="vllm", progress=False, data_parallel_size=2)
 
 
+def test_requests_go_to_the_least_busy_rank_and_in_turn_when_tied():
+    from ie_lab.vllm.engine import AsyncDriver
+
+    d = AsyncDriver(None, dp=2)  # no engine: the bookkeeping alone
+    one_at_a_time = []
+    for i in range(4):
+        d.assign(f"s{i}")
+        one_at_a_time.append(d.rank_of[f"s{i}"])
+        d.release(f"s{i}")
+    assert one_at_a_time == [0, 1, 0, 1] and d.busy == [0, 0] and d.rank_of == {}
+    for i in range(3):
+        d.assign(f"c{i}")
+    d.release("c1")  # rank 1 now has none in flight, rank 0 two
+    d.assign("c3")
+    assert [d.rank_of[k] for k in ("c0", "c2", "c3")] == [0, 0, 1] and d.busy == [2, 1]
+
+
 def test_harvest_on_two_ranks_equals_eager_prompt_by_prompt(dp, tmp_path_factory):
     s, _ = dp
     assert s.engine_kind == "async" and "data parallel 2" in s.describe()

@@ -408,6 +408,7 @@ class AsyncDriver:
         self.ranks = dp
         self.busy = [0] * dp  # registered requests in flight per data-parallel rank
         self.rank_of: dict[str, int] = {}
+        self._next = 0  # where the next tie-break starts
 
     async def build(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -416,9 +417,12 @@ class AsyncDriver:
             self.engine = AsyncLLM.from_engine_args(self.args)
 
     def assign(self, key: str) -> None:
-        """Pin a registered request (and its follow-up forward) to the least busy rank (ties: the lowest)."""
+        """Pin a registered request (and its follow-up forward) to the least busy rank; ties go round the ranks, so
+        one request at a time alternates too."""
         if self.ranks > 1:
-            rank = min(range(self.ranks), key=lambda r: self.busy[r])
+            order = [(self._next + i) % self.ranks for i in range(self.ranks)]
+            rank = min(order, key=lambda r: self.busy[r])
+            self._next = (rank + 1) % self.ranks
             self.busy[rank] += 1
             self.rank_of[key] = rank
 
