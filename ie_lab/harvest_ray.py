@@ -6,9 +6,8 @@ so features and top_rows equal a one-process harvest's.
 
 Each task opens its own Session on the node Ray places it on (the model path must be readable there, and out_dir
 shared by every node: a network filesystem, or one machine). Ray is optional (`pip install ie_lab[ray]`) and imported
-only when this runs. Why parts and not vLLM's own data parallelism: vLLM 0.32's offline `LLM` refuses
-data_parallel_size > 1, and its AsyncLLM sends `collective_rpc` (which ie_lab's worker installation and capture
-registration ride on) to data-parallel rank 0 only, so a request the balancer gives rank 1 would run without hooks.
+only when this runs. On one machine, vLLM's own data parallelism serves one Session from several engines
+(Session(..., backend="vllm", data_parallel_size=N), docs/VLLM.md); parts reach past one machine.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class Session(_Lifecycle, _Operations, _Streaming, _Panels):
     tokenizer=, the way TransformerLens and nnsight users hold one).
     prepend_bos: None keeps the tokenizer's own choice; True / False put a BOS token first or not, as
     TransformerLens' switch does (core/inputs.py text_ids; docs/PORTING.md); every operation also takes it per call.
-    backend="vllm" takes further keywords (tensor_parallel_size, engine, graph_points, mode, ...: see
+    backend="vllm" takes further keywords (tensor_parallel_size, data_parallel_size, engine, graph_points, mode, ...: see
     ie_lab.vllm.backend.VLLMBackend); `s.set_mode`, `s.mode`, `s.worker_state()` exist there.
 
     The Session is the concurrency and the lifecycle; the model and the operations are its backend's

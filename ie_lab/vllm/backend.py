@@ -41,6 +41,7 @@ from .checks import (
     GENERATE_ONLY_WHY,
     VLLMModel,
     _resolve_mode,
+    check_data_parallel,
     check_served,
     graph_point_names,
     steer_point_names,
@@ -56,12 +57,13 @@ from .startup import _config_keys, _Startup  # noqa: F401 - tests import _config
 
 
 class VLLMBackend(_Startup, _Requests, _Operations, _Results):
-    """The vLLM backend. Extra Session keywords: tensor_parallel_size, engine ('auto' | 'inproc' | 'async'),
-    enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's EngineArgs), graph_points
-    (graph mode: a compiled trunk with static taps for these points only; see docs/VLLM.md), steer_points (graph
-    mode: the sites the compiled trunk may steer), mode ('hooks', the default: eager engine, every operation;
-    'generate': compiled, plain generation only; 'graph': implied by graph_points or steer_points). s.set_mode()
-    switches, reloading the weights when asked (reload=True)."""
+    """The vLLM backend. Extra Session keywords: tensor_parallel_size, data_parallel_size (engines, each a whole
+    copy of the model, that requests are spread over; hook mode on the async engine, see docs/VLLM.md), engine
+    ('auto' | 'inproc' | 'async'), enable_prefix_caching, max_model_len, seed, engine_kwargs (passed to vLLM's
+    EngineArgs), graph_points (graph mode: a compiled trunk with static taps for these points only; see
+    docs/VLLM.md), steer_points (graph mode: the sites the compiled trunk may steer), mode ('hooks', the default:
+    eager engine, every operation; 'generate': compiled, plain generation only; 'graph': implied by graph_points or
+    steer_points). s.set_mode() switches, reloading the weights when asked (reload=True)."""
 
     name = "vllm"
     on_loop = True
@@ -87,8 +89,10 @@ class VLLMBackend(_Startup, _Requests, _Operations, _Results):
         graph_points: Iterable[Any] | None = None,
         mode: str | None = None,
         steer_points: Iterable[Any] | None = None,
+        data_parallel_size: int = 1,
     ):
         mode = _resolve_mode(mode, graph_points, steer_points)
+        check_data_parallel(data_parallel_size, tensor_parallel_size, engine, mode)
         if mode != "hooks" and (engine_kwargs or {}).get("enforce_eager") is True:
             raise InputError(
                 f"engine_kwargs={{'enforce_eager': True}} contradicts mode={mode!r}, which compiles the "
@@ -118,7 +122,8 @@ class VLLMBackend(_Startup, _Requests, _Operations, _Results):
             inproc_ok = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" or (
                 on_cpu and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
             )
-            engine = "inproc" if tensor_parallel_size == 1 and inproc_ok else "async"
+            one_engine = tensor_parallel_size == 1 and data_parallel_size == 1
+            engine = "inproc" if one_engine and inproc_ok else "async"
             if engine == "inproc":
                 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if engine == "inproc" and tensor_parallel_size != 1:
@@ -126,6 +131,7 @@ class VLLMBackend(_Startup, _Requests, _Operations, _Results):
                 "engine='inproc' runs one worker in this process; tensor parallelism needs engine='async'."
             )
         self.engine_kind = engine
+        self._dp = data_parallel_size
         self.lm: Any = None  # a VLLMModel once loaded
         self._inflight: set[str] = set()
         self._driver: Any = None
@@ -226,6 +232,7 @@ class VLLMBackend(_Startup, _Requests, _Operations, _Results):
             )
         check_flag("reload", reload)
         target = _resolve_mode(mode, graph_points, steer_points)
+        check_data_parallel(self._dp, 1, "async", target)
         names = steers = None
         if target == "graph":
             names = graph_point_names(self.lm.facts, list(graph_points or ()), allow_empty=steer_points is not None)
@@ -297,9 +304,10 @@ class VLLMBackend(_Startup, _Requests, _Operations, _Results):
                 mode += f", {len(info['steer_points'])} steering sites"
         if info.get("mode") == "generate":
             mode = ", generation-only mode: compiled, no hooks"
+        dp = f", data parallel {self._dp}" if self._dp > 1 else ""
         return (
             f"{f.model_type} on vLLM ({info['model_class']}, {self.engine_kind} engine{mode}, tensor parallel "
-            f"{info['tp_size']}): {plural(f.n_layers, 'layer')}, d_model {f.d_model}, {plural(f.n_heads, 'head')} x "
+            f"{info['tp_size']}{dp}): {plural(f.n_layers, 'layer')}, d_model {f.d_model}, {plural(f.n_heads, 'head')} x "
             f"{f.head_dim} ({plural(f.n_kv_heads, 'key/value head')}), d_mlp {f.d_mlp}, vocabulary {f.vocab_size}."
         )
 
@@ -325,7 +333,7 @@ class VLLMBackend(_Startup, _Requests, _Operations, _Results):
         f = self.lm.facts
         return (
             f"backend=vllm, engine={self.engine_kind}, family={f.model_type}, layers={f.n_layers}, "
-            f"d_model={f.d_model}, tp={self.lm.info['tp_size']}, dtype={str(self.lm.dtype).replace('torch.', '')}"
+            f"d_model={f.d_model}, tp={self.lm.info['tp_size']}, dp={self._dp}, dtype={str(self.lm.dtype).replace('torch.', '')}"
         )
 
     def headline(self) -> str:
@@ -342,10 +350,12 @@ class VLLMBackend(_Startup, _Requests, _Operations, _Results):
 
     # ---- for tests and tools ---------------------------------------------------------------------------
     def worker_state(self) -> list[dict]:
-        """What each worker holds (registered requests, steering entries, hooks): empty when idle."""
+        """What each worker holds (registered requests, steering entries, hooks): empty when idle; with data
+        parallelism, every rank's workers in rank order, each with its dp_rank and the requests it ran."""
         self._check_open()
         if self._mode == "generate":  # nothing was installed in the worker: no request can register there
-            return [{"specs": [], "rows_in_flight": False, "steering": 0, "hooks": 0, "installed": False}]
+            idle = {"specs": [], "rows_in_flight": False, "steering": 0, "hooks": 0, "installed": False}
+            return [{**idle, "dp_rank": 0, "pid": None, "requests_run": 0}]
         return self._call(self._driver.rpc("ie_state"))
 
 

@@ -116,6 +116,37 @@ def _resolve_mode(mode: Any, graph_points: Any, steer_points: Any = None) -> str
     return mode or "hooks"
 
 
+def check_data_parallel(dp: Any, tp: int, engine: str, mode: str) -> None:
+    """data_parallel_size= checked before anything starts: a positive integer; above 1, the async engine in hook mode
+    with one worker per engine (the combination checked against eager, tests/test_vllm_data_parallel.py)."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise InputError(f"data_parallel_size must be a positive integer (how many engines), got {dp!r}.")
+    if dp == 1:
+        return
+    if engine == "inproc":
+        raise InputError(
+            f"engine='inproc' runs one engine in this process; data_parallel_size={dp} runs {dp} engine processes: "
+            "use engine='auto' (or 'async')."
+        )
+    if tp != 1:
+        raise CapabilityUnsupported(
+            f"data_parallel_size={dp} with tensor_parallel_size={tp} on backend='vllm'",
+            "ie_lab has checked data parallelism with one worker per engine only: how a request's rows are gathered "
+            "across one engine's tensor-parallel workers while another engine runs other requests is not checked.",
+            "use one of the two: data_parallel_size for throughput on a model one device holds, tensor_parallel_size "
+            "for a model that needs several; or ie_lab.harvest_on_ray, one tensor-parallel Session per part "
+            "(docs/HARVEST.md).",
+        )
+    if mode != "hooks":
+        raise CapabilityUnsupported(
+            f"data_parallel_size={dp} in mode={mode!r}",
+            "ie_lab has checked data parallelism in hook mode only (each engine's eager trunk with ie_lab's hooks); "
+            "graph mode's static taps and generation-only mode's compiled model are not checked across engines.",
+            "use mode='hooks' (the default) with data_parallel_size, or data_parallel_size=1 for graph or "
+            "generation-only mode.",
+        )
+
+
 def steer_point_names(facts: Any, names: Iterable[Any]) -> list[str]:
     """Validate steer_points= before the engine starts: layer points steering can edit on this model, as base
     addresses; each gets static steering buffers in the compiled trunk (static_steer.py)."""

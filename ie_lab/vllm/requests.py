@@ -271,7 +271,14 @@ class _Requests:
                 "project": work.project,
                 "special_ids": sorted(getattr(self.lm.tokenizer, "all_special_ids", []) or []),
             }
-            await self._driver.rpc("ie_register", rid, spec)
+            self._driver.assign(rid)  # data parallel: the rank it runs on, and where its rows are read
+            try:
+                await self._driver.rpc("ie_register", rid, spec)  # on every rank
+            except BaseException:  # a rank that did register forgets it again
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._driver.rpc("ie_release", rid))
+                self._driver.release(rid)
+                raise
             registered = True
             params.extra_args = {"ie_lab": rid}
             prompt["cache_salt"] = rid  # never share KV blocks with other requests: they are read or edited
@@ -279,7 +286,7 @@ class _Requests:
         box["rid"] = rid
         done = False
         try:
-            async with contextlib.aclosing(self._driver.generate(prompt, params, rid)) as stream:
+            async with contextlib.aclosing(self._driver.generate(prompt, params, rid, key=rid)) as stream:
                 async for out in stream:
                     yield out
                     done = out.finished
@@ -290,13 +297,13 @@ class _Requests:
                 fid = uuid.uuid4().hex
                 self._inflight.add(fid)
                 try:
-                    async with contextlib.aclosing(self._driver.generate(follow, fparams, fid)) as stream:
+                    async with contextlib.aclosing(self._driver.generate(follow, fparams, fid, key=rid)) as stream:
                         async for _ in stream:
                             pass
                 finally:
                     self._inflight.discard(fid)
             if registered:
-                res = (await self._driver.rpc("ie_collect", rid))[0]
+                res = await self._driver.rpc_for(rid, "ie_collect", rid)
                 registered = False
                 _raise_if_failed(res)
                 box["collected"] = res
@@ -305,6 +312,7 @@ class _Requests:
             if registered:  # aborted, failed or abandoned: the worker forgets the request
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._driver.rpc("ie_release", rid))
+            self._driver.release(rid)
             box["done"] = done
 
     def _ids(self, prompt: Any) -> torch.Tensor:

@@ -36,7 +36,7 @@ class _StepRows:
         self.parts: dict[Address, list[torch.Tensor]] = {a: [] for a in addrs if a.name not in RECOMPUTED}
 
     async def drain(self, rid: str) -> None:
-        res = (await self.s._driver.rpc("ie_drain", rid))[0]
+        res = await self.s._driver.rpc_for(rid, "ie_drain", rid)
         _raise_if_failed(res)
         for base, d in res.get("points", {}).items():
             self.buffer.setdefault(base, []).append((unpack(d["positions"]), unpack(d["rows"])))

@@ -51,6 +51,7 @@ class _Startup:
     _engine_auto: Any
     engine_kind: str
     _mode: Any
+    _dp: int
 
     async def _aload(self, path, tokenizer, tp, prefix, max_model_len, seed, trust_remote_code, extra):
         if os.path.isdir(os.path.expanduser(path)):
@@ -153,6 +154,7 @@ class _Startup:
                 tokenizer=tok_src,
                 dtype=str(dtype).replace("torch.", ""),
                 tensor_parallel_size=tp,
+                data_parallel_size=self._dp,
                 enable_prefix_caching=prefix,
                 max_model_len=max_model_len or facts.max_positions,
                 seed=seed,
@@ -166,10 +168,19 @@ class _Startup:
             )
 
         args = make_args()
-        if args.create_model_config().using_transformers_backend():  # vLLM's own choice, before it builds anything
+        model_config = args.create_model_config()
+        if model_config.using_transformers_backend():  # vLLM's own choice, before it builds anything
             self._transformers_backend(facts.model_type, tp)
             args = make_args()
-        self._driver = (InprocDriver if self.engine_kind == "inproc" else AsyncDriver)(args)
+        if self._dp > 1 and model_config.is_moe:
+            raise CapabilityUnsupported(
+                f"data_parallel_size={self._dp} on {facts.model_type} (a mixture of experts)",
+                "vLLM's data-parallel engines run a mixture of experts' layers together (the experts sharded across "
+                "ranks, each forward's tokens gathered from every rank, idle ranks stepping dummy batches), which "
+                "ie_lab has not checked against eager; dense models' ranks run independently.",
+                "use data_parallel_size=1, or ie_lab.harvest_on_ray, one Session per part (docs/HARVEST.md).",
+            )
+        self._driver = InprocDriver(args) if self.engine_kind == "inproc" else AsyncDriver(args, dp=self._dp)
         await self._driver.build()
         if self._mode == "generate":
             # nothing is installed: a Python hook inside the compiled model would run only while it is traced
@@ -182,7 +193,7 @@ class _Startup:
                 "mode": "generate",
             }
         else:
-            info = (await self._driver.rpc("ie_install"))[0]
+            info = (await self._driver.rpc("ie_install"))[0]  # every worker of every data-parallel rank installs
         return VLLMModel(path, facts, tok, dtype, info)
 
     def _transformers_backend(self, model_type: str, tp: int) -> None:
@@ -192,6 +203,13 @@ class _Startup:
         forward ('...Model' object has no attribute 'do_not_compile') and no new one can be built (vLLM's config
         is not set). The engine therefore runs in a process of its own, where the decorated class stays. Its
         points are checked against eager on one rank only (tests/test_vllm_transformers_backend.py)."""
+        if self._dp > 1:
+            raise CapabilityUnsupported(
+                f"data_parallel_size={self._dp} for {model_type}",
+                "vLLM runs this family through its Transformers modeling backend, whose points ie_lab has checked "
+                "against eager in one engine only.",
+                "use data_parallel_size=1, or ie_lab.harvest_on_ray for a harvest in parts (docs/HARVEST.md).",
+            )
         if tp > 1:
             raise CapabilityUnsupported(
                 f"tensor_parallel_size={tp} for {model_type}",

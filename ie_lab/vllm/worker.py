@@ -24,6 +24,7 @@ This module installs the hooks and runs them; what is kept per request is in wor
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +82,7 @@ class IELabWorker(WorkerReadout):
         model = runner.model if hasattr(runner, "model") else runner.get_model()
         self._ie_model = model
         self._ie_specs: dict[str, Spec] = {}
+        self._ie_ran = 0
         self._ie_rows: list[Row] | None = None
         self._ie_ids: torch.Tensor | None = None
         self._ie_busy = False  # inside our own read-out (lens): hooks stand aside
@@ -535,7 +537,10 @@ class IELabWorker(WorkerReadout):
         return out, None
 
     def ie_release(self, key: str) -> bool:
-        return self._ie_specs.pop(key, None) is not None
+        spec = self._ie_specs.pop(key, None)
+        if spec is not None and spec.forwards:
+            self._ie_ran += 1
+        return spec is not None
 
     def ie_state(self) -> dict:
         """What the worker holds: for tests that an abort leaves nothing behind."""
@@ -545,6 +550,12 @@ class IELabWorker(WorkerReadout):
             "steering": sum(len(s.steer) for s in self._ie_specs.values()),
             "hooks": len(self._ie_handles),
             "installed": bool(getattr(self, "_ie_installed", False)),
+            # which engine this worker serves, and how many registered requests it ran: with data parallelism, the
+            # proof that every rank served requests with ie_lab's hooks in place
+            # (vLLM renumbers a dense model's independent ranks to 0 inside each engine; data_parallel_index keeps it)
+            "dp_rank": int(getattr(getattr(self, "parallel_config", None), "data_parallel_index", 0) or 0),
+            "pid": os.getpid(),
+            "requests_run": getattr(self, "_ie_ran", 0),
         }
 
 

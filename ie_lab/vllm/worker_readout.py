@@ -24,6 +24,7 @@ class WorkerReadout:
 
     _ie_specs: dict[str, Spec]
     _ie_layers: list[LayerSites]
+    _ie_ran: int  # registered requests this worker ran a forward of, collected or released since install
 
     def ie_drain(self, key: str) -> dict:
         """The point rows filed for a request since the last drain (a streamed capture), handed over and
@@ -83,6 +84,8 @@ class WorkerReadout:
 
     def ie_collect(self, key: str) -> dict:
         spec = self._ie_specs.pop(key, None)
+        if spec is not None and spec.forwards:  # this worker ran it (with data parallelism, one rank of several)
+            self._ie_ran += 1
         if spec is None or tp_rank() != 0:
             return {}
         if spec.error is not None:
