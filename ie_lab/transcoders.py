@@ -383,10 +383,11 @@ def load_transcoders(
     Published transcoders by name instead of path, from the Hugging Face cache (ie_lab/transcoder_release.py):
     release= a circuit-tracer set ('gemma', 'llama', 'org/name[/subfolder][@revision]', 'hf://org/name/...'), or a
     SAELens release (its registry's name; sae_id= one id, a list, or None for all of them); repo_id= with sae_id=
-    the SAELens folders in that repo. revision= and cache_dir= as for load_sae."""
+    the SAELens folders in that repo. revision= and cache_dir= as for load_sae (cache_dir= with a path: where the
+    hf:// files its config.yaml lists are cached)."""
     if model is None:
         raise InputError("load_transcoders needs the model (a Session) to attach the transcoders to its points.")
-    if any(v is not None for v in (release, sae_id, repo_id, revision, cache_dir)):
+    if any(v is not None for v in (release, sae_id, repo_id, revision)) or (cache_dir is not None and path is None):
         return _load_published(path, model, engine, release, sae_id, repo_id, revision, cache_dir)
     try:
         path = os.fsdecode(os.fspath(path))
@@ -414,7 +415,7 @@ def load_transcoders(
     from .circuit_tracer_files import is_circuit_tracer_folder
 
     if not folders and is_circuit_tracer_folder(path):
-        return _from_circuit_tracer(path, model, engine)
+        return _from_circuit_tracer(path, model, engine, cache_dir)
     if not folders:
         raise InputError(
             f"{path}: no cfg.json here nor in any subfolder; a transcoder folder holds cfg.json and "

@@ -106,6 +106,8 @@ def test_a_config_with_hf_references_loads_as_the_files_do(lm, tmp_path, monkeyp
     local.mkdir()
     (local / "config.yaml").write_text(config + "transcoders:\n" + listed)
     assert_same(ie_lab.load_transcoders(str(local), lm), want)
+    monkeypatch.delenv("HF_HUB_CACHE")
+    assert_same(ie_lab.load_transcoders(str(local), lm, cache_dir=cache), want)
 
 
 def test_a_clt_in_a_subfolder_loads_as_the_files_do(lm, tmp_path):
