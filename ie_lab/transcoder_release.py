@@ -50,7 +50,14 @@ def parse_hf_uri(uri: str, where: str = "") -> HubRef:
     if u.scheme != "hf" or not u.netloc or not parts[0]:
         raise InputError(f"{where}{shown(uri)}: an hf:// URI is hf://org/name[/path][?revision=...].")
     rev = (parse_qs(u.query).get("revision") or [None])[0] or None
-    return HubRef(f"{u.netloc}/{parts[0]}", parts[1] if len(parts) > 1 else "", rev)
+    return _checked(HubRef(f"{u.netloc}/{parts[0]}", parts[1] if len(parts) > 1 else "", rev), uri, where)
+
+
+def _checked(ref: HubRef, text: str, where: str) -> HubRef:
+    """A path inside the repo: '..' would leave the snapshot folder the cache resolves it in."""
+    if any(p in ("..", ".") for p in ref.repo_id.split("/") + ref.path.split("/")):
+        raise InputError(f"{where}{shown(text)}: a path inside the repo, without '.' or '..' components.")
+    return ref
 
 
 def parse_ref(release: str) -> HubRef:
@@ -65,7 +72,7 @@ def parse_ref(release: str) -> HubRef:
             f"release={release!r}: a circuit-tracer transcoder set is named 'org/name' (optionally '/subfolder' and "
             f"'@revision'), 'hf://org/name/subfolder', or a preset ({', '.join(map(repr, PRESETS))})."
         )
-    return HubRef("/".join(parts[:2]), "/".join(parts[2:]), rev or None)
+    return _checked(HubRef("/".join(parts[:2]), "/".join(parts[2:]), rev or None), release, "release=")
 
 
 def _joined(folder: str, name: str) -> str:

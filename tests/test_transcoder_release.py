@@ -153,6 +153,8 @@ def test_what_is_not_cached_names_the_path_and_the_command(lm, tmp_path):
         ({"release": "lama"}, "sae-lens is not installed.*a circuit-tracer set is named"),
         ({"release": "hf://ie-lab"}, "hf://org/name"),
         ({"release": 3}, "non-empty string"),
+        ({"release": "ie-lab/set/../../x"}, "without '.' or '..'"),
+        ({"path": "llama"}, "not a folder.*release='llama'"),
     ],
 )
 def test_bad_names_are_refused(lm, kwargs, match):
