@@ -10,7 +10,8 @@ A folder holds either
 and optionally ``config.yaml`` (what circuit-tracer's hub configs hold): ``model_kind`` (``transcoder_set`` or
 ``cross_layer_transcoder``), ``feature_input_hook`` and ``feature_output_hook`` (TransformerLens hook names without
 the ``blocks.L.`` prefix, such as ``mlp.hook_in`` / ``hook_resid_mid`` and ``hook_mlp_out``), ``transcoders`` (a
-list of per-layer files, local paths only). Without a config a CLT reads ``hook_resid_mid`` and writes
+list of per-layer files: local paths, relative to the folder, or hf://org/name/file?revision=... entries found in the
+Hugging Face cache by transcoder_release.py). Without a config a CLT reads ``hook_resid_mid`` and writes
 ``hook_mlp_out`` (circuit-tracer's load_clt defaults); per-layer files need the config's hooks.
 
 Every tensor is checked (present, floating, finite, its shape against the others and the model's width) before a
@@ -41,7 +42,7 @@ def is_circuit_tracer_folder(path: str) -> bool:
     return "config.yaml" in names or any(PER_LAYER.match(n) or CLT_ENC.match(n) for n in names)
 
 
-def _config(path: str) -> dict:
+def config_of(path: str) -> dict:
     f = os.path.join(path, "config.yaml")
     if not os.path.exists(f):
         return {}
@@ -127,10 +128,11 @@ def _check_width(a: Any, d: int, model: Any, where: str) -> Any:
     return a
 
 
-def load_circuit_tracer(path: str, model: Any, make: Any, resolve: Any) -> list:
+def load_circuit_tracer(path: str, model: Any, make: Any, resolve: Any, fetch: Any) -> list:
     """The transcoders of a folder in circuit-tracer's layout (per-layer or cross-layer), each built by make
-    (transcoders.py's Transcoder) on the points resolve(hook name, model, where, field) names."""
-    cfg = _config(path)
+    (transcoders.py's Transcoder) on the points resolve(hook name, model, where, field) names; the hf:// files its
+    config.yaml lists are fetch(uris, where)'s local paths ({uri: path}; transcoder_release.hub_files)."""
+    cfg = config_of(path)
     names = os.listdir(path)
     clt = any(CLT_ENC.match(n) for n in names)
     per_layer = any(PER_LAYER.match(n) for n in names) or "transcoders" in cfg
@@ -148,7 +150,9 @@ def load_circuit_tracer(path: str, model: Any, make: Any, resolve: Any) -> list:
         )
     hooks = _hooks(cfg, f"{path}/config.yaml", kind)
     return (
-        _load_clt(path, model, make, resolve, hooks) if clt else _load_per_layer(path, cfg, model, make, resolve, hooks)
+        _load_clt(path, model, make, resolve, hooks)
+        if clt
+        else _load_per_layer(path, cfg, model, make, resolve, hooks, fetch)
     )
 
 
@@ -156,19 +160,37 @@ def _activation(th: torch.Tensor | None) -> str:
     return "relu" if th is None else "jumprelu"
 
 
-def _load_per_layer(path: str, cfg: dict, model: Any, make: Any, resolve: Any, hooks: tuple[str, str]) -> list:
+def refuse_conversions(cfg: dict, repo_id: str, where: str) -> None:
+    """What circuit-tracer converts on load (by the repo's name and the listed files' kind), refused with the fix."""
+    listed = cfg.get("transcoders")
+    if "gemma-scope-2" in repo_id and listed is not None:
+        raise InputError(
+            f"{where}: a Gemma Scope 2 set, which circuit-tracer converts from its own checkpoint format on load; "
+            "ie_lab reads circuit-tracer's safetensors layout as saved. Save the converted transcoders as "
+            "layer_<L>.safetensors (W_enc [d_sae, d], W_dec [d_sae, d], b_enc, b_dec, activation_function.threshold) "
+            "with a config.yaml, and load that folder."
+        )
+    if isinstance(listed, list) and any(isinstance(p, str) and p.endswith(".npz") for p in listed):
+        raise InputError(
+            f"{where}: lists .npz files (Gemma Scope's params.npz, which circuit-tracer converts on load: it "
+            "transposes W_enc); ie_lab reads safetensors as saved and never guesses a conversion. Save them as "
+            "layer_<L>.safetensors in circuit-tracer's layout (W_enc [d_sae, d]) and load that folder."
+        )
+
+
+def _load_per_layer(
+    path: str, cfg: dict, model: Any, make: Any, resolve: Any, hooks: tuple[str, str], fetch: Any
+) -> list:
     listed = cfg.get("transcoders")
     if listed is None:
         files = _numbered(path, PER_LAYER, "layer_<L>.safetensors")
     else:
         if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
             raise InputError(f"{path}/config.yaml: 'transcoders' is {found_text(listed)}, expected a list of paths.")
-        if any(p.startswith("hf://") for p in listed):
-            raise InputError(
-                f"{path}/config.yaml: 'transcoders' names hub files (hf://...); ie_lab reads local files only: "
-                "download them and list their paths (or drop the list and keep layer_<L>.safetensors here)."
-            )
-        files = [p if os.path.isabs(p) else os.path.join(path, p) for p in listed]
+        refuse_conversions(cfg, "", f"{path}/config.yaml")
+        uris = [p for p in listed if p.startswith("hf://")]
+        hub: dict[str, str] = fetch(uris, f"{path}/config.yaml") if uris else {}
+        files = [hub[p] if p in hub else p if os.path.isabs(p) else os.path.join(path, p) for p in listed]
     out = []
     for L, f in enumerate(files):
         w = load_weights(f)

@@ -135,8 +135,9 @@ def _listed(names: list[str], n: int = 8) -> str:
     return ", ".join(map(repr, names[:n])) + (f" ... ({len(names)} in all)" if len(names) > n else "")
 
 
-def lookup(release: str, sae_id: str, path: str | None = None) -> tuple[str, str]:
-    """(repo_id, folder) of one SAE of a release, or an InputError saying why ie_lab will not load it."""
+def lookup(release: str, sae_id: str, path: str | None = None, loader: str = "load_sae") -> tuple[str, str]:
+    """(repo_id, folder) of one SAE of a release, or an InputError saying why ie_lab will not load it (loader: the
+    ie_lab function its advice names, load_sae or load_transcoders)."""
     table = releases(path)
     where = path or registry_file()
     if release not in table:
@@ -158,14 +159,14 @@ def lookup(release: str, sae_id: str, path: str | None = None) -> tuple[str, str
             f"release {release!r} is stored as {r.conversion_func!r} files that SAELens converts on load "
             f"(conversion_func: {r.conversion_func}), not as a SAELens folder (cfg.json + sae_weights.safetensors); "
             "ie_lab loads files as saved and does not guess a conversion. Convert it once with SAELens: "
-            f"`SAE.from_pretrained({release!r}, {sae_id!r}).save_model('folder')`, then `load_sae('folder', s)`."
+            f"`SAE.from_pretrained({release!r}, {sae_id!r}).save_model('folder')`, then `{loader}('folder', s)`."
         )
     touched = sorted(set(r.config_overrides) & ENCODER_FIELDS)
     if touched:
         raise InputError(
             f"release {release!r}: SAELens' registry overrides {touched} of its cfg.json on load, which changes the "
             "SAE ie_lab would build from the files as saved. Save it with SAELens "
-            f"(`SAE.from_pretrained({release!r}, {sae_id!r}).save_model('folder')`), then `load_sae('folder', s)`."
+            f"(`SAE.from_pretrained({release!r}, {sae_id!r}).save_model('folder')`), then `{loader}('folder', s)`."
         )
     if sae_id in r.norm_scaling_factor:
         raise InputError(
@@ -198,35 +199,59 @@ def _repo_folder(cache: str, repo_id: str) -> str:
     return os.path.join(cache, "models--" + repo_id.replace("/", "--"))
 
 
-def cached_folder(repo_id: str, folder: str, revision: str | None = None, cache_dir: Any = None) -> str:
-    """The snapshot folder holding `folder`'s cfg.json and weights: from the hub cache offline when both are there,
-    else downloaded; when neither works, an InputError naming the cache path and the download command."""
+def cached_files(
+    repo_id: str,
+    names: list[str],
+    revision: str | None = None,
+    cache_dir: Any = None,
+    *,
+    command: str | None = None,
+) -> list[str]:
+    """The local paths of files `names` of repo_id: from the hub cache offline when all are there, else downloaded;
+    when neither works, an InputError naming the cache path and the download command (`hf download repo_id names`,
+    or `hf download repo_id` + command where the caller knows a pattern that fetches the whole set)."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     cache = cache_dir_of(cache_dir)
-    names = [f"{folder.strip('/')}/{f}" if folder.strip("/") else f for f in FILES]
     found = [try_to_load_from_cache(repo_id, n, cache_dir=cache, revision=revision) for n in names]
     if all(isinstance(p, str) for p in found):
-        return os.path.dirname(str(found[0]))
+        return [str(p) for p in found]
     cause = "HF_HUB_OFFLINE is set"
     if not _offline():
         try:
-            got = [hf_hub_download(repo_id, n, cache_dir=cache, revision=revision) for n in names]
-            return os.path.dirname(got[0])
+            return [hf_hub_download(repo_id, n, cache_dir=cache, revision=revision) for n in names]
         except Exception as e:  # noqa: BLE001 - any failure to fetch (no network, no repo, no file) ends in the same advice
             cause = f"the hub did not answer: {type(e).__name__}: {shown(str(e), 200)}"
     missing = [n for n, p in zip(names, found, strict=True) if not isinstance(p, str)]
+    raise not_cached(repo_id, missing, revision, cache_dir, cause, command)
+
+
+def not_cached(
+    repo_id: str, missing: list[str], revision: str | None, cache_dir: Any, cause: str, command: str | None = None
+) -> InputError:
+    """The refusal for files of repo_id that are neither in the cache nor downloadable: where it looked, and the
+    `hf download` command that fills the cache."""
+    cache = cache_dir_of(cache_dir)
     rev = revision or "main"
-    where = os.path.join(_repo_folder(cache, repo_id), "snapshots", "<revision>", folder.strip("/"))
-    cmd = f"hf download {repo_id} {' '.join(names)}" + (f" --revision {revision}" if revision else "")
+    folder = os.path.commonpath([os.path.dirname(n) or "." for n in missing])
+    folder = "" if folder == "." else folder
+    where = os.path.join(_repo_folder(cache, repo_id), "snapshots", "<revision>", folder)
+    cmd = f"hf download {repo_id} " + (command if command is not None else " ".join(missing))
+    cmd = cmd.rstrip() + (f" --revision {revision}" if revision else "")
     if cache_dir is not None or os.environ.get("HF_HUB_CACHE"):
         cmd += f" --cache-dir {cache}"
-    raise InputError(
+    return InputError(
         f"{repo_id} ({rev}): {', '.join(missing)} not in the Hugging Face cache (looked in {where}) and not "
         f"downloaded ({cause}). Download it where the hub is reachable: `{cmd}` (huggingface_hub before 1.0: "
         f"`huggingface-cli download` with the same arguments), then copy {_repo_folder(cache, repo_id)} into this "
         "machine's cache (HF_HUB_CACHE) and load again."
     )
+
+
+def cached_folder(repo_id: str, folder: str, revision: str | None = None, cache_dir: Any = None) -> str:
+    """The snapshot folder holding `folder`'s cfg.json and weights (cached_files' rules)."""
+    names = [f"{folder.strip('/')}/{f}" if folder.strip("/") else f for f in FILES]
+    return os.path.dirname(cached_files(repo_id, names, revision, cache_dir)[0])
 
 
 def resolve(

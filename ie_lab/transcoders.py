@@ -362,52 +362,123 @@ def _load_one(folder: str, model: Any, engine: str) -> Transcoder:
     )
 
 
-def load_transcoders(path: Any, model: Any, *, engine: str = "auto") -> Transcoders:
+def load_transcoders(
+    path: Any = None,
+    model: Any = None,
+    *,
+    engine: str = "auto",
+    release: Any = None,
+    sae_id: Any = None,
+    repo_id: Any = None,
+    revision: Any = None,
+    cache_dir: Any = None,
+) -> Transcoders:
     """Transcoders from a SAELens transcoder folder (cfg.json + sae_weights.safetensors), a folder of such folders
     (one per layer), or a folder in circuit-tracer's layout (per-layer layer_<L>.safetensors, or a cross-layer
     transcoder's W_enc_<L> / W_dec_<L>.safetensors; config.yaml), attached to the points their hook names mean on
     model (a Session or a loaded model). engine: the library whose hook names the configs use ('transformerlens', 'transformerlens_bridge'), or
     'auto' (each name read in both, refused if the two disagree). Every field and tensor is checked first (the
-    SAE's checks, ie_lab/sae_files.py; circuit_tracer_files.py's)."""
+    SAE's checks, ie_lab/sae_files.py; circuit_tracer_files.py's).
+
+    Published transcoders by name instead of path, from the Hugging Face cache (ie_lab/transcoder_release.py):
+    release= a circuit-tracer set ('gemma', 'llama', 'org/name[/subfolder][@revision]', 'hf://org/name/...'), or a
+    SAELens release (its registry's name; sae_id= one id, a list, or None for all of them); repo_id= with sae_id=
+    the SAELens folders in that repo. revision= and cache_dir= as for load_sae (cache_dir= with a path: where the
+    hf:// files its config.yaml lists are cached)."""
+    if model is None:
+        raise InputError("load_transcoders needs the model (a Session) to attach the transcoders to its points.")
+    if any(v is not None for v in (release, sae_id, repo_id, revision)) or (cache_dir is not None and path is None):
+        return _load_published(path, model, engine, release, sae_id, repo_id, revision, cache_dir)
     try:
         path = os.fsdecode(os.fspath(path))
     except TypeError:
         raise InputError(
-            f"path={found_text(path)}: pass the path of a transcoder folder (str or pathlib.Path)."
+            f"path={found_text(path)}: pass the path of a transcoder folder (str or pathlib.Path), or release= "
+            "for a published set."
         ) from None
-    if model is None:
-        raise InputError("load_transcoders needs the model (a Session) to attach the transcoders to its points.")
     if not os.path.isdir(path):
         raise InputError(
-            f"{path!r}: not a folder; pass a SAELens transcoder folder or a folder of them (one per layer)."
+            f"{path!r}: not a folder; pass a SAELens transcoder folder or a folder of them (one per layer)"
+            + (
+                f", or release={path!r} for the published set of that name."
+                if "/" in path or path in _presets()
+                else "."
+            )
         )
     if os.path.lexists(os.path.join(path, "cfg.json")):
-        folders = [path]
-    else:
-        folders = sorted(
-            os.path.join(path, n)
-            for n in os.listdir(path)
-            if os.path.isdir(os.path.join(path, n)) and os.path.lexists(os.path.join(path, n, "cfg.json"))
+        return _from_folders([path], model, engine)
+    folders = sorted(
+        os.path.join(path, n)
+        for n in os.listdir(path)
+        if os.path.isdir(os.path.join(path, n)) and os.path.lexists(os.path.join(path, n, "cfg.json"))
+    )
+    from .circuit_tracer_files import is_circuit_tracer_folder
+
+    if not folders and is_circuit_tracer_folder(path):
+        return _from_circuit_tracer(path, model, engine, cache_dir)
+    if not folders:
+        raise InputError(
+            f"{path}: no cfg.json here nor in any subfolder; a transcoder folder holds cfg.json and "
+            "sae_weights.safetensors (a parent folder: one such folder per layer)."
         )
-        from .circuit_tracer_files import is_circuit_tracer_folder, load_circuit_tracer
+    return _from_folders(folders, model, engine)
 
-        if not folders and is_circuit_tracer_folder(path):
 
-            def resolve(name: str, m: Any, where: str, field_name: str) -> Address:
-                return _resolve(name, m, engine, where, field_name)
+def _presets() -> dict:
+    from .transcoder_release import PRESETS
 
-            return Transcoders(load_circuit_tracer(path, model, Transcoder, resolve))
-        if not folders:
-            raise InputError(
-                f"{path}: no cfg.json here nor in any subfolder; a transcoder folder holds cfg.json and "
-                "sae_weights.safetensors (a parent folder: one such folder per layer)."
-            )
+    return PRESETS
+
+
+def _from_circuit_tracer(path: str, model: Any, engine: str, cache_dir: Any = None) -> Transcoders:
+    from .circuit_tracer_files import load_circuit_tracer
+    from .transcoder_release import hub_files
+
+    def resolve(name: str, m: Any, where: str, field_name: str) -> Address:
+        return _resolve(name, m, engine, where, field_name)
+
+    def fetch(uris: list[str], where: str) -> dict[str, str]:  # config.yaml's hf:// files, from the hub cache
+        return hub_files(uris, cache_dir, where)
+
+    return Transcoders(load_circuit_tracer(path, model, Transcoder, resolve, fetch))
+
+
+def _from_folders(folders: list[str], model: Any, engine: str) -> Transcoders:
     items = [_load_one(f, model, engine) for f in folders]
     seen: dict[int, str] = {}
     for t in items:
         if t.layer in seen:
             raise InputError(
-                f"{seen[t.layer]} and {t.source} both replace layer {t.layer}'s MLP: keep one transcoder per layer."
+                f"{seen[t.layer]} and {t.source} both replace layer {t.layer}'s MLP: keep one transcoder per layer"
+                " (a release's sae_id= picks which)."
             )
         seen[t.layer] = t.source
     return Transcoders(items)
+
+
+def _load_published(
+    path: Any, model: Any, engine: str, release: Any, sae_id: Any, repo_id: Any, revision: Any, cache_dir: Any
+) -> Transcoders:
+    from . import transcoder_release as tr
+
+    if path is not None:
+        raise InputError(
+            "load_transcoders: pass a path, or release= (or repo_id=), not both: the path is already the transcoders "
+            "(revision= and cache_dir= belong to a published set's lookup)."
+        )
+    for name, v in (("release", release), ("repo_id", repo_id), ("revision", revision)):
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise InputError(f"{name}={v!r}: a non-empty string.")
+    if (release is None) == (repo_id is None):
+        raise InputError(
+            "load_transcoders: name the published transcoders with release= (a circuit-tracer set such as 'llama' or "
+            "'org/name', or a SAELens release) or with repo_id= and sae_id= (SAELens folders in that repo): one of them."
+        )
+    if release is not None and tr.is_circuit_tracer_ref(release):
+        if sae_id is not None:
+            raise InputError(
+                f"release={release!r} is a circuit-tracer set, which names all its layers; sae_id= belongs to SAELens "
+                "releases (a subfolder of the repo goes in the name: 'org/name/subfolder')."
+            )
+        return _from_circuit_tracer(tr.circuit_tracer_folder(release, revision, cache_dir), model, engine, cache_dir)
+    return _from_folders(tr.saelens_folders(release, sae_id, repo_id, revision, cache_dir), model, engine)

@@ -184,14 +184,16 @@ def test_the_graph_panels_data_and_dashboards_take_a_clt_feature(demo):
         ("no_dec", "W_dec_<L>.safetensors"),
         ("shape", "has shape"),
         ("kind", "keep one kind per folder"),
-        ("hub", "local files only"),
+        ("hub", "layer_0.safetensors not in the Hugging Face cache.*`hf download someone/tcs layer_0.safetensors"),
     ],
 )
-def test_bad_circuit_tracer_folders_are_refused_with_the_reason(llama, tmp_path, damage, match):
+def test_bad_circuit_tracer_folders_are_refused_with_the_reason(llama, tmp_path, damage, match, monkeypatch):
     lm = llama[0]
     d, N = lm.facts.d_model, lm.facts.n_layers
     root = str(tmp_path)
-    if damage == "hub":
+    if damage == "hub":  # hf:// files come from the hub cache (tests/test_transcoder_release.py); this one is empty
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
         write_circuit_tracer(root, d, N, clt=False)
         with open(os.path.join(root, "config.yaml"), "a") as fh:
             fh.write("transcoders:\n- hf://someone/tcs/layer_0.safetensors\n")

@@ -81,6 +81,7 @@ LAYERS = {
     "ie_lab.sae_release": "tools",
     "ie_lab.transcoders": "tools",
     "ie_lab.circuit_tracer_files": "tools",
+    "ie_lab.transcoder_release": "tools",
     "ie_lab.saelens_export": "tools",
     "ie_lab.coverage": "tools",
     "ie_lab.toy": "tools",
