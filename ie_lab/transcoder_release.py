@@ -49,7 +49,8 @@ def parse_hf_uri(uri: str, where: str = "") -> HubRef:
     parts = u.path.strip("/").split("/", 1)
     if u.scheme != "hf" or not u.netloc or not parts[0]:
         raise InputError(f"{where}{shown(uri)}: an hf:// URI is hf://org/name[/path][?revision=...].")
-    rev = (parse_qs(u.query).get("revision") or [None])[0] or None
+    revs = parse_qs(u.query).get("revision")
+    rev = revs[0] if revs else None
     return _checked(HubRef(f"{u.netloc}/{parts[0]}", parts[1] if len(parts) > 1 else "", rev), uri, where)
 
 
@@ -151,6 +152,7 @@ def saelens_folders(
                 f"is named 'org/name[/subfolder]' or a preset: {', '.join(map(repr, PRESETS))}.)"
             ) from None
     if sae_id is None:
+        assert release is not None  # (refused above when both are None)
         if release not in table:
             lookup(release, "", loader="load_transcoders")  # raises: the name is not in the registry, and the nearest
         ids = sorted(table[release].saes)

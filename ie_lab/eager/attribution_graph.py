@@ -240,7 +240,7 @@ def _build(
         for p, i in act.nonzero().tolist():
             feats.append((L, p, i, float(act[p, i]), float(pre[p, i])))
     if max_features is not None and len(feats) > max_features:  # a CLT feature's size: all its decoders together
-        size = {L: sum(W.pow(2).sum(1) for _, W in _writes(t)).sqrt() for L, t in by_layer.items()}
+        size = {L: torch.stack([W.pow(2).sum(1) for _, W in _writes(t)]).sum(0).sqrt() for L, t in by_layer.items()}
         order = sorted(range(len(feats)), key=lambda j: -abs(feats[j][3]) * float(size[feats[j][0]][feats[j][2]]))
         feats = sorted(feats[j] for j in order[:max_features])
     # each layer's error: its output less every kept feature's write into it (a CLT's earlier layers' too), its

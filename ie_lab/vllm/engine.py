@@ -498,11 +498,11 @@ def _dp_environment(ranks: int):
     try:
         yield
     finally:
-        for k, v in before.items():
-            if v is None:
+        for k, was in before.items():
+            if was is None:
                 os.environ.pop(k, None)
             else:
-                os.environ[k] = v
+                os.environ[k] = was
 
 
 _SHUTDOWN_LOCK = threading.Lock()

@@ -197,7 +197,7 @@ def _torchao(qc: dict, cfg: Any, dtype: torch.dtype, graph: bool) -> list[str]:
         )
     if graph:
         _refuse_graph(what)
-    return [f"torchao {_TORCHAO_SERVED[kind]}"]
+    return [f"torchao {_TORCHAO_SERVED[str(kind)]}"]
 
 
 def _name(field: Any) -> str | None:

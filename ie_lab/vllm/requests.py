@@ -376,7 +376,7 @@ class _Requests:
             check_served(self.lm, a, steering=True)
         return _VLLMSteer(spec, self)
 
-    def splice(self, sae: Any, *, error: bool = False) -> SpliceSpec:
+    def splice(self, sae: Any, *, error: bool = False) -> SpliceSpec | TranscoderSplice:
         """An SAE spliced in at its point (docs/SAE.md, "Splicing"): the worker replaces the point's rows by the
         SAE's reconstruction, as the eager hooks do (ops/splice.py). `with spec:` or splice=spec."""
         self._check_open()
