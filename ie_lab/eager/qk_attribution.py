@@ -134,6 +134,7 @@ def qk_attribution(
     a feature a pruned graph dropped joins its layer's error node, as max_features does); top: how many pairs to
     list; batch_size: query and key coordinates per backward pass."""
     lm = lm_of(model)
+    _check_family(lm)
     if not isinstance(graph, Graph):
         raise InputError(f"graph must be what ie_lab.attribution_graph returns, got {type(graph).__name__}.")
     origin = next((n.origin for n in graph.nodes if n.origin is not None), None)
@@ -155,21 +156,28 @@ def qk_attribution(
     query_pos = _check_int("query_pos", query_pos, S)
     key_pos = _check_int("key_pos", key_pos, S)
     by_layer = _check_model(lm, _Collection(origin.transcoders))
-    lb = lm.binding.layers[layer]
+    ids = torch.tensor([list(origin.tokens)], device=lm.device)  # the graph's prompt, as it tokenised it
+    with lm.lock:
+        return _attribute(lm, graph, ids, by_layer, layer, head, query_pos, key_pos, top, batch_size)
+
+
+def _check_family(lm: Any) -> None:
+    """The family's refusals, before any graph is read: attribution_graph's own (through _check_model with no
+    transcoders: ALiBi's families on this transformers, Bloom and MPT, compute attention in their own module and are
+    refused there), then what makes a score no sum over pairs."""
+    _check_model(lm, _Collection({}))
     why = None
-    if f.attn_logit_softcap:
+    if lm.facts.attn_logit_softcap:
         why = "its attention scores are soft-capped (softcap x tanh(q.k / softcap)), which is not bilinear in q and k"
-    elif lb.kernel_calls > 1 and not lb.kernel_same_qk:
-        why = f"layer {layer} calls the attention kernel {lb.kernel_calls} times with different queries or keys"
+    for lb in lm.binding.layers:
+        if lb.kernel_calls > 1 and not lb.kernel_same_qk:
+            why = f"layer {lb.index} calls the attention kernel {lb.kernel_calls} times with different queries or keys"
     if why is not None:
         raise CapabilityUnsupported(
             f"qk_attribution on {lm.binding.family}",
             f"{why}, so its score is no sum over pairs of nodes",
             "the graph's edges (attribution_graph) still work on it",
         )
-    ids = torch.tensor([list(origin.tokens)], device=lm.device)  # the graph's prompt, as it tokenised it
-    with lm.lock:
-        return _attribute(lm, graph, ids, by_layer, layer, head, query_pos, key_pos, top, batch_size)
 
 
 class _Collection(list):
@@ -191,7 +199,10 @@ def _attribute(
     kp: int,
     top: int,
     batch_size: int,
+    freeze_qk_norms: bool = True,
 ) -> QKAttribution:
+    """The record, computed under the model's lock; freeze_qk_norms off: the query and key norms left live (the
+    tests' wrong answer, which the completeness check must refuse)."""
     n_layers, S = len(lm.binding.layers), ids.shape[1]
     lb = lm.binding.layers[layer]
     ins = {L: by_layer[L].address_in if L in by_layer else Address.parse(f"mlp_in.{L}") for L in range(n_layers)}
@@ -241,6 +252,8 @@ def _attribute(
                 "a family whose query and key norms are RMSNorm or LayerNorm (or have none)",
             )
         qk_frozen[id(m)] = fz
+    if not freeze_qk_norms:
+        qk_norms = []
     feats = [(n.layer, n.position, n.index, n.activation, n.value) for n in graph.of_kind("feature")]
     errors = _errors(clean, by_layer, feats, n_layers, S)
     bias_names, bias_rows = _bias_names(lm, by_layer)
