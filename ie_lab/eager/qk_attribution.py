@@ -307,8 +307,10 @@ def _source_nodes(graph: Graph, feats: list, n_layers: int, S: int, bias_names: 
     them (a bias under frozen patterns, such as q_proj's, is no node of the graph: made here)."""
 
     def own(kind: str, *key: Any, **fields: Any) -> Node:
-        i = graph._index.get((kind, *key))
-        return graph.nodes[i] if i is not None else Node(kind, **fields)
+        try:
+            return graph.node(kind, *key)
+        except InputError:
+            return Node(kind, **fields)
 
     toks = graph.str_tokens
     nodes = [own("feature", L, p, i) for (L, p, i, _, _) in feats]
