@@ -2,7 +2,8 @@
 graph's nodes. Completeness against the score eager's attn_scores point reads (1e-4 relative) on tiny Llama, tiny
 Qwen 3 (its q_norm / k_norm frozen) and the demo model, with the neighbouring head's and key position's scores
 failing it; one feature's query and key contributions against a hand-written forward from the weights (rotary
-applied by hand: the unrotated vector fails); the query norms left live fail the check; the refusals (soft-capped
+applied by hand: the unrotated vector fails); the query norms left live fail the check; ALiBi in the additive mask
+is the position_bias term (leaving it out fails); the refusals (soft-capped
 scores, ALiBi's own-module attention, a masked entry, a graph without a model or of another model, bad indices),
 no hook left after any of them."""
 
@@ -42,8 +43,8 @@ def _check_complete(r: QKAttribution, scores: torch.Tensor) -> None:
     assert r.score == pytest.approx(read, rel=1e-5, abs=1e-7)
     assert r.total == pytest.approx(read, rel=1e-4)
     assert float(r.matrix().sum()) + r.position_bias == pytest.approx(read, rel=1e-4)
-    assert sum(r.query_marginals.values()) == pytest.approx(read - r.position_bias, rel=1e-4)
-    assert sum(r.key_marginals.values()) == pytest.approx(read - r.position_bias, rel=1e-4)
+    assert sum(r.query_marginals.values()) == pytest.approx(r.total - r.position_bias, rel=1e-5)
+    assert sum(r.key_marginals.values()) == pytest.approx(r.total - r.position_bias, rel=1e-5)
     # the plausible wrong answers: the neighbouring head's score, the neighbouring key position's
     for wrong in (
         scores[(r.head + 1) % scores.shape[0], r.query_pos, r.key_pos],
@@ -161,3 +162,34 @@ def test_refusals_leave_the_model_clean(llama, tmp_path):
         qk_attribution(lm_for("bloom"), g, 1, 0, S - 1, 1)
     for m in (lm, other, gemma):
         assert_clean(m)
+
+
+def test_alibi_in_the_additive_mask_is_the_position_bias_term(monkeypatch, tmp_path):
+    """No ALiBi family reaches transformers' attention interface on this transformers (Bloom, MPT, Falcon-RW run
+    attention in their own module: refused above), so ALiBi is put where such a family puts it: into the additive
+    mask the kernel adds to q . k (a tiny Llama running eager attention, its mask builder wrapped to add -slope x
+    distance per head). The pairs then sum to the score less the bias, and the bias is the record's position_bias."""
+    from transformers.models.llama import modeling_llama
+
+    lm = lm_for("llama", attn_implementation="eager")
+    H = lm.facts.n_heads
+    slopes = torch.tensor([2.0 ** -(h + 1) for h in range(H)])
+    original = modeling_llama.create_causal_mask
+
+    def with_alibi(*args, **kwargs):
+        m = original(*args, **kwargs)
+        assert m is not None and m.dtype != torch.bool and m.dim() == 4  # eager's additive float mask
+        S = m.shape[-1]
+        dist = (torch.arange(S)[:, None] - torch.arange(S)[None, :]).float()
+        return m + (-slopes[:, None, None] * dist).to(m.dtype)[None]
+
+    monkeypatch.setattr(modeling_llama, "create_causal_mask", with_alibi)
+    tcs = ie_lab.load_transcoders(write_transcoders(str(tmp_path), lm.facts.d_model, [0, 1]), lm)
+    g = ie_lab.attribution_graph(lm, PROMPT, tcs, batch_size=64)
+    S = len(g.tokens)
+    r = qk_attribution(lm, g, 1, 1, S - 1, 2)
+    assert r.position_bias == pytest.approx(-float(slopes[1]) * (S - 1 - 2), rel=1e-6)
+    _check_complete(r, _scores(lm, PROMPT, 1))
+    read = float(_scores(lm, PROMPT, 1)[1, S - 1, 2])
+    assert abs((r.total - r.position_bias) - read) > 1e-2 * abs(read)  # the bias left out is a wrong answer
+    assert_clean(lm)
