@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time __getattr__
     from .eager.attribution_graph import attribution_graph
     from .eager.lens import fit_tuned_lens
     from .eager.patching import attribution_patch, logit_diff, run_with_patches
+    from .eager.qk_attribution import QKAttribution, qk_attribution
     from .harvest_ray import harvest_on_ray  # a harvest split over a Ray cluster: docs/HARVEST.md
     from .loading import load  # an EagerModel whatever the backend: see its docstring
     from .remote.connect import connect  # a Session on a model served by `ie-lab serve`: docs/REMOTE.md
@@ -66,6 +67,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "attribution_patch": (".eager.patching", "attribution_patch"),
     "logit_diff": (".eager.patching", "logit_diff"),
     "run_with_patches": (".eager.patching", "run_with_patches"),
+    "QKAttribution": (".eager.qk_attribution", "QKAttribution"),
+    "qk_attribution": (".eager.qk_attribution", "qk_attribution"),
     "harvest_on_ray": (".harvest_ray", "harvest_on_ray"),
     "load": (".loading", "load"),
     "Activations": (".corpus", "Activations"),
@@ -195,8 +198,10 @@ __all__ = [
     "DEMO_SAE",
     "DEMO_TRANSCODERS",
     "Graph",
+    "QKAttribution",
     "Transcoders",
     "attribution_graph",
+    "qk_attribution",
     "apply_chat_template",
     "attention",
     "attribution_patch",

@@ -243,19 +243,7 @@ def _build(
         size = {L: torch.stack([W.pow(2).sum(1) for _, W in _writes(t)]).sum(0).sqrt() for L, t in by_layer.items()}
         order = sorted(range(len(feats)), key=lambda j: -abs(feats[j][3]) * float(size[feats[j][0]][feats[j][2]]))
         feats = sorted(feats[j] for j in order[:max_features])
-    # each layer's error: its output less every kept feature's write into it (a CLT's earlier layers' too), its
-    # b_dec and its skip path's write
-    errors = {L: clean["mlp_out"][L].float().clone() for L in range(n_layers)}
-    for L, t in by_layer.items():
-        acts = torch.zeros(S, t.d_sae, device=errors[L].device)
-        for fl, p, i, a, _ in feats:
-            if fl == L:
-                acts[p, i] = a
-        for L2, W in _writes(t):
-            errors[L2] -= acts @ W.to(acts.device).float()
-        errors[L] -= t.b_dec.to(acts.device).float()
-        if getattr(t, "W_skip", None) is not None:
-            errors[L] -= t.skip(clean["mlp_in"][L].float())
+    errors = _errors(clean, by_layer, feats, n_layers, S)
     # logit nodes
     last = clean["logits"].float()
     probs = last.softmax(-1)
@@ -318,6 +306,23 @@ def _build(
         "frozen": {"norms": freeze_norms, "patterns": freeze_patterns},
     }
     return Graph(nodes, adj, ids[0].tolist(), toks, info)
+
+
+def _errors(clean: dict, by_layer: dict[int, Any], feats: list, n_layers: int, S: int) -> dict[int, torch.Tensor]:
+    """Each layer's error node [S, d]: its output less every kept feature's write into it (a CLT's earlier layers'
+    too), its b_dec and its skip path's write."""
+    errors = {L: clean["mlp_out"][L].float().clone() for L in range(n_layers)}
+    for L, t in by_layer.items():
+        acts = torch.zeros(S, t.d_sae, device=errors[L].device)
+        for fl, p, i, a, _ in feats:
+            if fl == L:
+                acts[p, i] = a
+        for L2, W in _writes(t):
+            errors[L2] -= acts @ W.to(acts.device).float()
+        errors[L] -= t.b_dec.to(acts.device).float()
+        if getattr(t, "W_skip", None) is not None:
+            errors[L] -= t.skip(clean["mlp_in"][L].float())
+    return errors
 
 
 def _last_only(lm: Any) -> dict[str, int]:
@@ -439,10 +444,12 @@ def _frozen_forward(
     ins: dict[int, Address],
     outs: dict[int, Address],
     by_layer: dict[int, Any],
+    qk_layer: int | None = None,
 ) -> dict[str, Any]:
     """One forward of B copies of the prompt through the frozen model, its autograd graph kept for every batch's
     backward: the logits, each MLP's live input, the leaves (the stack's input, each MLP's output) and each bias
-    module's output. Every hook and edit is gone when this returns or raises (the backward needs none of them)."""
+    module's output; with qk_layer, that layer's live query and key too ("qk", qk_attribution's targets; its pattern
+    stays frozen). Every hook and edit is gone when this returns or raises (the backward needs none of them)."""
     S = ids.shape[1]
     n_layers = len(lm.binding.layers)
     leaves: dict[Any, torch.Tensor] = {}
@@ -492,10 +499,17 @@ def _frozen_forward(
 
         return record
 
-    editors = {}
-    if freeze_patterns:
-        for lb in lm.binding.layers:
-            editors[id(lb.attn)] = lambda q, k, v: (q.detach(), k.detach(), v)
+    qk: dict[str, torch.Tensor] = {}
+
+    def detach(L: int) -> Callable:
+        def edit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+            if L == qk_layer:
+                qk.update(q=q, k=k)
+            return q.detach(), k.detach(), v
+
+        return edit
+
+    editors = {id(lb.attn): detach(lb.index) for lb in lm.binding.layers} if freeze_patterns else {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
         try:
@@ -510,7 +524,7 @@ def _frozen_forward(
         finally:
             for h in handles:
                 h.remove()
-    return {"logits": logits, "live_in": live_in, "leaves": leaves, "bias_out": bias_out, "copies": B}
+    return {"logits": logits, "live_in": live_in, "leaves": leaves, "bias_out": bias_out, "copies": B, "qk": qk}
 
 
 def _edges(
@@ -537,6 +551,8 @@ def _edges(
             if tgt[0] == "logit":
                 row = logits[b, -1].float()
                 total = total + row[tgt[1]] - row.mean()
+            elif tgt[0] in ("q", "k"):  # qk_attribution: (side, head, position, dim) of the live query or key
+                total = total + fwd["qk"][tgt[0]][b, tgt[1], tgt[2], tgt[3]].float()
             else:
                 _, L, p, i = tgt
                 W = by_layer[L].W_enc[:, i].to(live_in[L].device)
