@@ -34,11 +34,16 @@ from ..ops import steering as steer_ops
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
 from ..ops.splice import splice as splice_rows
+from . import child_exit
 from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, hook_targets, site_table
 from .static_steer import METHOD_INDEX, StaticSteer, params_of
 from .wire import RECOMPUTED, unpack  # what crosses to the client: plain data (vllm/wire.py)
 from .worker_readout import WorkerReadout
 from .worker_requests import GraphSteer, Row, Spec, layer_of, non_finite, position_mask, scrub, tp_rank
+
+# Imported in each process that runs a worker: vLLM's engine core (one rank) or its workers (tensor parallelism) end
+# without the interpreter's teardown once their shutdown is done (child_exit.py; nothing in any other process).
+child_exit.install()
 
 
 def _gather(t: torch.Tensor) -> torch.Tensor:
@@ -507,6 +512,9 @@ class IELabWorker(WorkerReadout):
             "steering": sum(len(s.steer) for s in self._ie_specs.values()),
             "hooks": len(self._ie_handles),
             "installed": bool(getattr(self, "_ie_installed", False)),
+            # which of vLLM's processes this worker runs in, where it ends without the interpreter's teardown
+            # (child_exit.py): 'engine core', 'worker', or None (in the client's process)
+            "fast_exit": child_exit.installed_role(),
         }
 
 
