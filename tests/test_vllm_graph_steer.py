@@ -210,6 +210,22 @@ def assert_unfused_sites_steer_like_eager(s, eager, family: str) -> None:
         assert not close(want.cache[READ], plain.cache[READ]), (family, a, m)  # the steering did something
 
 
+def test_graph_mode_projects_declared_points(graph, eager):
+    """project() in graph mode (tests/test_vllm_projection.py checks hooks mode): scores computed in the worker from
+    a declared tap equal eager's, on the prompt and during generation; an undeclared point is refused."""
+    from ie_lab.errors import CapabilityUnsupported
+
+    D = torch.randn(5, eager.facts.d_model, generator=torch.Generator().manual_seed(11))
+    v = graph.project(TEXT, READ, D)
+    e = ie_lab.project(eager, TEXT, READ, D)
+    assert close(v.scores, e.scores)
+    g = graph.project(TEXT, READ, D, max_new_tokens=4, ignore_eos=True)
+    ge = ie_lab.project(eager, TEXT, READ, D, max_new_tokens=4, ignore_eos=True)
+    assert g.generated == ge.generated and close(g.scores, ge.scores)
+    with pytest.raises(CapabilityUnsupported, match="graph"):
+        graph.project(TEXT, "resid_post.0", D)  # a steering site here, not a declared tap
+
+
 def test_an_sae_in_graph_mode_projects_and_steers_along_its_features(graph, eager, tmp_path):
     """load_sae on a graph-mode Session (the mapper reads the config's facts): its encoder runs in the worker on the
     declared point, and steering along a decoder direction runs in the compiled trunk at a declared site."""
