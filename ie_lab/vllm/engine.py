@@ -406,8 +406,17 @@ class AsyncDriver:
     async def shutdown(self) -> None:
         if self.engine is not None:
             with contextlib.suppress(Exception):
-                self.engine.shutdown()
+                try:
+                    self.engine.shutdown(timeout=SHUTDOWN_GRACE_S)
+                except TypeError:  # a vLLM whose shutdown takes no timeout: its own 5 s
+                    self.engine.shutdown()
         self.engine = None
+
+
+# How long vLLM's process manager waits for the engine core to end after SIGTERM before it kills it, logging a warning
+# (its default: 5 s). The engine core ends right after its own teardown (vllm/child_exit.py), about a second here, so
+# a longer grace costs nothing when it is healthy, and on a loaded machine its teardown is not cut short by a kill.
+SHUTDOWN_GRACE_S = 15.0
 
 
 _SHUTDOWN_LOCK = threading.Lock()
