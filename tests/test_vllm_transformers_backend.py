@@ -26,6 +26,7 @@ pytest.importorskip("vllm")
 import ie_lab  # noqa: E402
 from ie_lab.arch import quirks  # noqa: E402
 from ie_lab.errors import CapabilityUnsupported  # noqa: E402
+from ie_lab.vllm import engine  # noqa: E402
 from tests.vllm_helpers import (  # noqa: E402
     TEXT,
     assert_steering_equals_eager,
@@ -73,6 +74,7 @@ def served(request, tmp_path_factory):
             assert [lb.sparse_moe for lb in eager.binding.layers] == SERVED[family][0]
             # the engine core (the worker runs in it) ends without the interpreter's teardown once closed
             assert [w["fast_exit"] for w in s.worker_state()] == ["engine core"]
+            assert s._backend._driver.grace == engine.SHUTDOWN_GRACE_S  # so vLLM waits for it, not 5 s then a kill
             yield family, s, eager, path
 
 

@@ -383,11 +383,20 @@ class AsyncDriver:
     def __init__(self, args: Any):
         self.args = args
         self.engine: Any = None
+        self.grace: float | None = None  # vLLM's own (5 s) unless the engine core runs the worker (below)
 
     async def build(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.engine = AsyncLLM.from_engine_args(self.args)
+        # Where the worker runs inside the engine core (one rank, vLLM's in-process executor), that process ends right
+        # after its own teardown (child_exit.py), and shutdown gives it SHUTDOWN_GRACE_S. Where the engine core only
+        # drives worker processes (tensor parallelism, or VLLM_ENABLE_V1_MULTIPROCESSING=1 on CPU), it still ends
+        # through Python's finalisation, which vLLM's 5 s cut short is quicker than waiting for.
+        with contextlib.suppress(Exception):
+            roles = await self.engine.collective_rpc("ie_exit_role", timeout=60)
+            if roles and all(r == "engine core" for r in roles):
+                self.grace = SHUTDOWN_GRACE_S
 
     async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
         finished = False
@@ -407,15 +416,16 @@ class AsyncDriver:
         if self.engine is not None:
             with contextlib.suppress(Exception):
                 try:
-                    self.engine.shutdown(timeout=SHUTDOWN_GRACE_S)
+                    self.engine.shutdown(timeout=self.grace)
                 except TypeError:  # a vLLM whose shutdown takes no timeout: its own 5 s
                     self.engine.shutdown()
         self.engine = None
 
 
-# How long vLLM's process manager waits for the engine core to end after SIGTERM before it kills it, logging a warning
-# (its default: 5 s). The engine core ends right after its own teardown (vllm/child_exit.py), about a second here, so
-# a longer grace costs nothing when it is healthy, and on a loaded machine its teardown is not cut short by a kill.
+# How long vLLM's process manager waits for an engine core that runs the worker to end after SIGTERM before it kills
+# it, logging a warning (its default: 5 s). That engine core ends right after its own teardown (vllm/child_exit.py),
+# about a second here, so a longer grace costs nothing when it is healthy, and a loaded machine's teardown is not cut
+# short by a kill.
 SHUTDOWN_GRACE_S = 15.0
 
 

@@ -504,6 +504,11 @@ class IELabWorker(WorkerReadout):
     def ie_release(self, key: str) -> bool:
         return self._ie_specs.pop(key, None) is not None
 
+    def ie_exit_role(self) -> str | None:
+        """Which of vLLM's processes this worker runs in, where that process ends without the interpreter's teardown
+        (child_exit.py): 'engine core', 'worker', or None (the client's own process). Any mode, before ie_install."""
+        return child_exit.installed_role()
+
     def ie_state(self) -> dict:
         """What the worker holds: for tests that an abort leaves nothing behind."""
         return {
