@@ -21,6 +21,7 @@ from ie_lab.arch.config_facts import ArchFacts  # noqa: E402
 from ie_lab.vllm.checks import graph_point_names  # noqa: E402
 from ie_lab.vllm.static_taps import StaticTaps  # noqa: E402
 from tests.families import make_model  # noqa: E402
+from tests.test_vllm_graph_steer import UNFUSED_SITES, assert_unfused_sites_steer_like_eager  # noqa: E402
 from tests.vllm_helpers import TEXT, close, eager_for, vllm_session  # noqa: E402
 
 LAYER_POINTS = [
@@ -160,9 +161,11 @@ def test_a_forward_whose_taps_did_not_run_raises():
 
 
 def test_gpt2_unfused_blocks_in_graph_mode(tmp_path_factory):
+    # steering sites declared beside the taps: unused, they leave every tap equal to eager's; used, they steer as
+    # eager does (tests/test_vllm_graph_steer.py's check, on this engine)
     eager = eager_for("gpt2")
     pts = _declared("gpt2")
-    with vllm_session("gpt2", tmp_path_factory.mktemp("graph_gpt2"), graph_points=pts) as s:
+    with vllm_session("gpt2", tmp_path_factory.mktemp("graph_gpt2"), graph_points=pts, steer_points=UNFUSED_SITES) as s:
         c = s.capture(TEXT, pts)
         ce = ie_lab.capture(eager, TEXT, pts)
         bad = [p for p in pts if not close(c[p], ce[p])]
@@ -170,6 +173,7 @@ def test_gpt2_unfused_blocks_in_graph_mode(tmp_path_factory):
         g = s.generate(TEXT, 5, capture=["resid_post.1"])
         ge = ie_lab.generate(eager, TEXT, 5, capture=["resid_post.1"])
         assert g.ids == ge.ids and close(g.cache["resid_post.1"], ge.cache["resid_post.1"])
+        assert_unfused_sites_steer_like_eager(s, eager, "gpt2")
         compile_dir = s._backend._graph_dir
         assert os.path.isdir(compile_dir)
     assert not os.path.exists(compile_dir), "close() leaves the private compile cache behind"
@@ -188,7 +192,12 @@ def test_unfused_layers_in_graph_mode(family, tmp_path_factory):
         pts = ["attn_in.0", "attn_out.0", "mlp_in.1", "mlp_pre.1", "mlp_act.0", "mlp_out.0", "resid_post.1"]
         with pytest.raises(ie_lab.PointAbsent, match="parallel block"):  # before any engine starts
             vllm_session(family, tmp_path_factory.mktemp(f"graph_{family}_bad"), graph_points=pts + ["resid_mid.1"])
-    with vllm_session(family, tmp_path_factory.mktemp(f"graph_{family}"), graph_points=pts) as s:
+    # Granite's engine also serves tests/test_vllm_graph_steer.py's steering check (its steering sites declared
+    # beside the taps: unused, they leave the taps equal to eager's)
+    steer = {"steer_points": UNFUSED_SITES} if family == "granite" else {}
+    with vllm_session(family, tmp_path_factory.mktemp(f"graph_{family}"), graph_points=pts, **steer) as s:
         c = s.capture(TEXT, pts)
         ce = ie_lab.capture(eager, TEXT, pts)
         assert [p for p in pts if not close(c[p], ce[p])] == []
+        if steer:
+            assert_unfused_sites_steer_like_eager(s, eager, family)

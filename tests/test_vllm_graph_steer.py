@@ -191,25 +191,39 @@ def test_a_forward_whose_steering_did_not_run_raises():
     st.check()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "granite"])
-def test_unfused_layers_steer_in_graph_mode_like_eager(family, tmp_path_factory):
+UNFUSED_SITES = ["resid_pre.1", "resid_mid.1", "mlp_in.1", "attn_out_post.0", "mlp_out.0"]
+
+
+def assert_unfused_sites_steer_like_eager(s, eager, family: str) -> None:
     """Explicit residual adds: resid_mid is edited in place (the norm's input is the layer's residual), *_out_post
-    on Granite is the sublayer output times residual_multiplier (handed back divided), mlp_in is the norm's output."""
-    sites = ["resid_pre.1", "resid_mid.1", "mlp_in.1", "attn_out_post.0", "mlp_out.0"]
-    eager = eager_for(family)
-    path = saved_model_dir(family, tmp_path_factory.mktemp(f"graph_steer_{family}"))
-    with ie_lab.Session(
-        path, backend="vllm", progress=False, replace=False, graph_points=[READ], steer_points=sites
-    ) as s:
-        plan = [(PROMPTS[i], site, _vec(50 + i), *METHODS[i]) for i, site in enumerate(sites)]
-        jobs = [(p, s.steer(a, v, method=m, positions=MASKS.get(a, "all"), **kw)) for p, a, v, m, kw in plan]
-        got = _together(s, jobs)
-        for (p, a, v, m, kw), g in zip(plan, got):
-            spec = make_spec(eager, a, v, method=m, positions=MASKS.get(a, "all"), **kw)
-            want = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True, steer=spec)
-            assert g.ids == want.ids and close(g.cache[READ], want.cache[READ]), (family, a, m)
-            plain = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True)
-            assert not close(want.cache[READ], plain.cache[READ]), (family, a, m)  # the steering did something
+    on Granite is the sublayer output times residual_multiplier (handed back divided), mlp_in is the norm's output.
+    Run by tests/test_vllm_graph.py on its GPT-2 and Granite engines (declared with these steering sites beside its
+    taps: one engine per family serves both modules' checks)."""
+    plan = [(PROMPTS[i], site, _vec(50 + i), *METHODS[i]) for i, site in enumerate(UNFUSED_SITES)]
+    jobs = [(p, s.steer(a, v, method=m, positions=MASKS.get(a, "all"), **kw)) for p, a, v, m, kw in plan]
+    got = _together(s, jobs)
+    for (p, a, v, m, kw), g in zip(plan, got):
+        spec = make_spec(eager, a, v, method=m, positions=MASKS.get(a, "all"), **kw)
+        want = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True, steer=spec)
+        assert g.ids == want.ids and close(g.cache[READ], want.cache[READ]), (family, a, m)
+        plain = ie_lab.generate(eager, p, N, capture=[READ], ignore_eos=True)
+        assert not close(want.cache[READ], plain.cache[READ]), (family, a, m)  # the steering did something
+
+
+def test_graph_mode_projects_declared_points(graph, eager):
+    """project() in graph mode (tests/test_vllm_projection.py checks hooks mode): scores computed in the worker from
+    a declared tap equal eager's, on the prompt and during generation; an undeclared point is refused."""
+    from ie_lab.errors import CapabilityUnsupported
+
+    D = torch.randn(5, eager.facts.d_model, generator=torch.Generator().manual_seed(11))
+    v = graph.project(TEXT, READ, D)
+    e = ie_lab.project(eager, TEXT, READ, D)
+    assert close(v.scores, e.scores)
+    g = graph.project(TEXT, READ, D, max_new_tokens=4, ignore_eos=True)
+    ge = ie_lab.project(eager, TEXT, READ, D, max_new_tokens=4, ignore_eos=True)
+    assert g.generated == ge.generated and close(g.scores, ge.scores)
+    with pytest.raises(CapabilityUnsupported, match="graph"):
+        graph.project(TEXT, "resid_post.0", D)  # a steering site here, not a declared tap
 
 
 def test_an_sae_in_graph_mode_projects_and_steers_along_its_features(graph, eager, tmp_path):

@@ -2,7 +2,8 @@
 probes and ReLU / JumpReLU / TopK encoders, on the prompt, during generation, for concurrent requests and in
 graph mode; only the scores come back; bad inputs are refused before a request is made.
 
-One engine per mode for the whole module (vLLM engines are slow to start here)."""
+One engine for the whole module (vLLM engines are slow to start here); graph mode's projection is checked in
+tests/test_vllm_graph_steer.py, on the graph-mode engine of the same model that module starts."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 import ie_lab  # noqa: E402
-from ie_lab.errors import CapabilityUnsupported, IELabError  # noqa: E402
+from ie_lab.errors import IELabError  # noqa: E402
 from tests.vllm_helpers import TEXT, close, eager_for, vllm_session  # noqa: E402
 
 FAMILY = "llama"
@@ -125,17 +126,3 @@ def test_bad_inputs_refused_before_a_request(session, eager):
         session.project(TEXT, "attn_probs.0", torch.randn(3, d))
     st = session.worker_state()[0]
     assert st["specs"] == [] and st["steering"] == 0
-
-
-def test_graph_mode_projects_declared_points(eager, tmp_path_factory):
-    d = eager.facts.d_model
-    D = torch.randn(5, d, generator=_g(11))
-    with vllm_session(FAMILY, tmp_path_factory.mktemp("vllm_proj_graph"), graph_points=["resid_post.1"]) as s:
-        v = s.project(TEXT, "resid_post.1", D)
-        e = ie_lab.project(eager, TEXT, "resid_post.1", D)
-        assert close(v.scores, e.scores)
-        g = s.project(TEXT, "resid_post.1", D, max_new_tokens=4, ignore_eos=True)
-        ge = ie_lab.project(eager, TEXT, "resid_post.1", D, max_new_tokens=4, ignore_eos=True)
-        assert g.generated == ge.generated and close(g.scores, ge.scores)
-        with pytest.raises(CapabilityUnsupported, match="graph"):
-            s.project(TEXT, "resid_post.0", D)

@@ -130,3 +130,45 @@ def assert_steering_equals_eager(s, eager, addrs, last: str, same=close) -> None
         assert same(got, want), addr
         assert not same(got, plain), addr  # the steering did change it
     assert s.worker_state()[0]["specs"] == []
+
+
+@contextlib.contextmanager
+def ends_cleanly():
+    """The processes a Session starts inside the block are gone when it has closed (Python's resource tracker, which
+    lives as long as this process, aside), and vLLM logged no process it had to kill (its process manager waits 5 s
+    for an engine core to end, then kills it with a warning; tests/test_vllm_child_exit.py)."""
+    import logging
+
+    import psutil
+
+    def children() -> set[tuple[int, str]]:
+        out = set()
+        for p in psutil.Process().children(recursive=True):
+            try:
+                cmd = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+            if "resource_tracker" not in cmd:
+                out.add((p.pid, cmd[:120]))
+        return out
+
+    class Kills(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.seen: list[str] = []
+
+        def emit(self, record):
+            text = record.getMessage()
+            if "force killing" in text or "still running" in text:
+                self.seen.append(text)
+
+    before = children()
+    kills = Kills()
+    log = logging.getLogger("vllm")
+    log.addHandler(kills)
+    try:
+        yield
+    finally:
+        log.removeHandler(kills)
+    assert kills.seen == [], kills.seen
+    assert children() - before == set(), "processes left after Session.close()"

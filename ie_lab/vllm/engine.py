@@ -411,12 +411,21 @@ class AsyncDriver:
         self.busy = [0] * dp  # registered requests in flight per data-parallel rank
         self.rank_of: dict[str, int] = {}
         self._next = 0  # where the next tie-break starts
+        self.grace: float | None = None  # vLLM's own (5 s) unless the engine core runs the worker (below)
 
     async def build(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         with _dp_environment(self.ranks):
             self.engine = AsyncLLM.from_engine_args(self.args)
+        # Where the worker runs inside the engine core (one rank, vLLM's in-process executor), that process ends right
+        # after its own teardown (child_exit.py), and shutdown gives it SHUTDOWN_GRACE_S. Where the engine core only
+        # drives worker processes (tensor parallelism, or VLLM_ENABLE_V1_MULTIPROCESSING=1 on CPU), it still ends
+        # through Python's finalisation, which vLLM's 5 s cut short is quicker than waiting for.
+        with contextlib.suppress(Exception):
+            roles = await self.engine.collective_rpc("ie_exit_role", timeout=60)
+            if roles and all(r == "engine core" for r in roles):
+                self.grace = SHUTDOWN_GRACE_S
 
     def assign(self, key: str) -> None:
         """Pin a registered request (and its follow-up forward) to the least busy rank; ties go round the ranks, so
@@ -465,12 +474,22 @@ class AsyncDriver:
     async def shutdown(self) -> None:
         if self.engine is not None:
             with contextlib.suppress(Exception):
-                self.engine.shutdown()
+                try:
+                    self.engine.shutdown(timeout=self.grace)
+                except TypeError:  # a vLLM whose shutdown takes no timeout: its own 5 s
+                    self.engine.shutdown()
             # vLLM stops (or kills) its engine processes without joining them: reaped here, none is left a zombie
             import multiprocessing
 
             multiprocessing.active_children()
         self.engine = None
+
+
+# How long vLLM's process manager waits for an engine core that runs the worker to end after SIGTERM before it kills
+# it, logging a warning (its default: 5 s). That engine core ends right after its own teardown (vllm/child_exit.py),
+# about a second here, so a longer grace costs nothing when it is healthy, and a loaded machine's teardown is not cut
+# short by a kill.
+SHUTDOWN_GRACE_S = 15.0
 
 
 def _on_gpu() -> bool:

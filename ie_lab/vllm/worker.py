@@ -35,11 +35,16 @@ from ..ops import steering as steer_ops
 from ..ops.projection import from_plain
 from ..ops.projection import scores as project_scores
 from ..ops.splice import splice as splice_rows
+from . import child_exit
 from .sites import LayerSites, Site, _first, _tp_size, bind_vllm, hook_targets, site_table
 from .static_steer import METHOD_INDEX, StaticSteer, params_of
 from .wire import RECOMPUTED, unpack  # what crosses to the client: plain data (vllm/wire.py)
 from .worker_readout import WorkerReadout
 from .worker_requests import GraphSteer, Row, Spec, layer_of, non_finite, position_mask, scrub, tp_rank
+
+# Imported in each process that runs a worker: vLLM's engine core (one rank) or its workers (tensor parallelism) end
+# without the interpreter's teardown once their shutdown is done (child_exit.py; nothing in any other process).
+child_exit.install()
 
 
 def _gather(t: torch.Tensor) -> torch.Tensor:
@@ -542,6 +547,11 @@ class IELabWorker(WorkerReadout):
             self._ie_ran += 1
         return spec is not None
 
+    def ie_exit_role(self) -> str | None:
+        """Which of vLLM's processes this worker runs in, where that process ends without the interpreter's teardown
+        (child_exit.py): 'engine core', 'worker', or None (the client's own process). Any mode, before ie_install."""
+        return child_exit.installed_role()
+
     def ie_state(self) -> dict:
         """What the worker holds: for tests that an abort leaves nothing behind."""
         return {
@@ -556,6 +566,9 @@ class IELabWorker(WorkerReadout):
             "dp_rank": int(getattr(getattr(self, "parallel_config", None), "data_parallel_index", 0) or 0),
             "pid": os.getpid(),
             "requests_run": getattr(self, "_ie_ran", 0),
+            # which of vLLM's processes this worker runs in, where it ends without the interpreter's teardown
+            # (child_exit.py): 'engine core', 'worker', or None (in the client's process)
+            "fast_exit": child_exit.installed_role(),
         }
 
 
