@@ -17,6 +17,12 @@ Per setup and prompt: the logit tokens equal; the active feature sets equal (pos
 max abs difference; the edges' max |diff| / max |w| over every (target, source) pair of common nodes (EDGE_TOL); the
 pruned feature sets at the default thresholds (0.8, 0.98), each with its own rule (they differ: circuit-tracer
 ranks errors with features and may drop them, ie_lab keeps every error and bias node), reported as an overlap.
+
+And the graph files both ways (issue 32: "the export opens in circuit-tracer's reader"): ie_lab's pruned graph
+written by Graph.to_json is listed, served and parsed as circuit-tracer's viewer gets it (its add_graph_metadata,
+local_server, frontend graph_models.Model), every parsed node field and link equal to the file and to the graph;
+circuit-tracer's create_graph_files output for the same prompt is read by ie_lab.Graph.from_json, every node and
+link as the file has it, and the links both files have (each pruned by its own rule) agree within EDGE_TOL.
 """
 
 from __future__ import annotations
@@ -64,10 +70,13 @@ def ct_python() -> tuple[str | None, str]:
     return CHECK.python()
 
 
+def worker_env() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+
+
 def run_worker(py: str, job: dict, work: str, timeout: int = 1800) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
     path = os.path.join(work, "attribute.json")
-    return call_worker(py, WORKER, "attribute", {**job, "work": work}, path, timeout, env)
+    return call_worker(py, WORKER, "attribute", {**job, "work": work}, path, timeout, worker_env())
 
 
 def setups(work: str, which: tuple[str, ...] | None = None) -> list[dict]:
@@ -148,7 +157,108 @@ def folders(root: str) -> list[str]:
     )
 
 
-def compare(g: Any, ct: dict, ref: dict) -> dict:
+def node_key(d: dict) -> tuple:
+    """A graph file's node as ie_lab's node key, read as circuit-tracer's create_nodes writes it: a feature's layer
+    and index from its node_id "L_index_pos", an error's layer from its layer field (its node_id, "0_L_pos" in
+    circuit-tracer's files, "L_-1_pos" in ie_lab's, is not read), a logit's token id from its feature field."""
+    kind, pos = d["feature_type"], int(d["ctx_idx"])
+    if kind == "embedding":
+        return ("embedding", pos)
+    if kind == "mlp reconstruction error":
+        return ("error", int(d["layer"]), pos)
+    if kind == "logit":
+        return ("logit", int(d["feature"]))
+    layer, index, _ = str(d["node_id"]).split("_")
+    return ("feature", int(layer), pos, int(index))
+
+
+def _edge(g: Any, target: tuple, source: tuple) -> float:
+    return float(g.adjacency[g.index(g.node(*target)), g.index(g.node(*source))])
+
+
+def check_graph_files(small: Any, ie_path: str, seen: dict, ct_path: str) -> dict:
+    """The graph files both ways. seen: ie_lab's file (small.to_json) as circuit-tracer's viewer got it (the
+    worker's read_graph_files: listed, served, parsed by its frontend models). ct_path: circuit-tracer's
+    create_graph_files output for the same prompt, read by ie_lab.Graph.from_json."""
+    import torch
+
+    from ie_lab.core.graph import Graph
+
+    # ie_lab's file, read by circuit-tracer: every node and link, each field as written, and the same as the graph
+    with open(ie_path) as f:
+        doc = json.load(f)
+    nodes, links = seen["nodes"], seen["links"]
+    ids = [n["node_id"] for n in nodes]
+    mine = [n for n in small.nodes if n.kind != "bias"]
+    keys = [node_key(n) for n in nodes]
+    cols = [i for i, n in enumerate(small.nodes) if n.kind != "bias"]
+    fields_equal = len(nodes) == len(doc["nodes"]) and all(
+        m == {k: d[k] for k in m} for m, d in zip(nodes, doc["nodes"])
+    )
+    feats_equal = all(m["activation"] == small.node(*k).activation for m, k in zip(nodes, keys) if k[0] == "feature")
+    at = dict(zip(ids, keys))
+    links_equal = links == doc["links"] and all(
+        x["source"] in at and x["target"] in at and _edge(small, at[x["target"]], at[x["source"]]) == x["weight"]
+        for x in links
+    )
+    ie_ok = (
+        seen["listed"]
+        and seen["served_equal"]
+        and fields_equal
+        and feats_equal
+        and links_equal
+        and len(set(ids)) == len(ids)  # the viewer looks nodes up by node_id
+        and sorted(keys) == sorted(n.key for n in mine)
+        and len(links) == int((small.adjacency[cols][:, cols] != 0).sum())
+    )
+    # circuit-tracer's file, read by ie_lab: every node (by its key), every link whose ends' node_ids are unique in
+    # the file (circuit-tracer's error ids "0_L_pos" can equal a layer-0 feature's "0_index_pos"), the same weight
+    with open(ct_path) as f:
+        cdoc = json.load(f)
+    back = Graph.from_json(ct_path)
+    ckeys = [node_key(d) for d in cdoc["nodes"]]
+    by_id: dict[str, list[tuple]] = {}
+    for d, k in zip(cdoc["nodes"], ckeys):
+        by_id.setdefault(d["node_id"], []).append(k)
+    plain = [x for x in cdoc["links"] if len(by_id[x["source"]]) == 1 and len(by_id[x["target"]]) == 1]
+    read_equal = all(
+        _edge(back, by_id[x["target"]][0], by_id[x["source"]][0]) == float(torch.tensor(x["weight"])) for x in plain
+    )
+    acts_equal = all(
+        back.node(*k).activation == float(d["activation"]) for d, k in zip(cdoc["nodes"], ckeys) if k[0] == "feature"
+    )
+    ct_ok = (
+        len(back) == len(ckeys)
+        and sorted(n.key for n in back.nodes) == sorted(ckeys)
+        and read_equal
+        and acts_equal
+        and (len(plain) < len(cdoc["links"]) or int((back.adjacency != 0).sum()) == len(cdoc["links"]))
+        and {k for k in ckeys if k[0] == "logit"} == {n.key for n in small.of_kind("logit")}
+    )
+    # the links both files have (each pruned by its own rule): the same edge of the same model
+    mine_keys = {n.key for n in small.nodes}
+    both = [
+        (float(torch.tensor(x["weight"])), _edge(small, by_id[x["target"]][0], by_id[x["source"]][0]))
+        for x in plain
+        if by_id[x["target"]][0] in mine_keys and by_id[x["source"]][0] in mine_keys
+    ]
+    both = [(a, b) for a, b in both if b != 0.0]
+    scale = max((abs(b) for _, b in both), default=0.0)
+    common_rel = max((abs(a - b) for a, b in both), default=0.0) / scale if scale else 0.0
+    return {
+        "export_nodes": len(nodes),
+        "export_links": len(links),
+        "export_read_by_circuit_tracer": bool(ie_ok),
+        "ct_file_nodes": len(ckeys),
+        "ct_file_links": len(cdoc["links"]),
+        "ct_file_links_ambiguous": len(cdoc["links"]) - len(plain),
+        "ct_file_read_by_ie_lab": bool(ct_ok),
+        "files_common_links": len(both),
+        "files_common_links_rel": common_rel,
+    }
+
+
+def compare(g: Any, ct: dict, ref: dict, small: Any = None) -> dict:
     """One prompt: ie_lab's Graph g against circuit-tracer's graph (ct: the worker's tensors, ref: its record)."""
     import torch
 
@@ -195,7 +305,8 @@ def compare(g: Any, ct: dict, ref: dict) -> dict:
     infl_rel = float((infl_ie - infl_ct).abs().max() / infl_ie.abs().max().clamp_min(1e-30))
     kept_sub = {n.key[1:] for n in sub.prune(SETTINGS["node_threshold"], SETTINGS["edge_threshold"]).of_kind("feature")}
     # pruning, each with its own rule
-    small = g.prune(SETTINGS["node_threshold"], SETTINGS["edge_threshold"])
+    if small is None:
+        small = g.prune(SETTINGS["node_threshold"], SETTINGS["edge_threshold"])
     kept_ie = {n.key[1:] for n in small.of_kind("feature")}
     mask = ct["node_mask"].bool()
     kept_ct = {f for j, f in enumerate(feats_ct) if bool(mask[j])}
@@ -241,7 +352,9 @@ def run(
     if py is None:
         raise RuntimeError(why)
     work = tempfile.mkdtemp(prefix="ie_lab_validator_circuits_")
-    rows, versions = [], {}
+    ie_dir = os.path.join(work, "ie-files")
+    os.makedirs(ie_dir)
+    rows, versions, exported = [], {}, []
     for st in setups(work, which):
         st["prompts"], st["texts"] = st["prompts"][:n_prompts], st["texts"][:n_prompts]
         res = run_worker(
@@ -250,6 +363,7 @@ def run(
                 "model": st["model"],
                 "transcoders": st["transcoders"] if st.get("own_layout") else folders(st["transcoders"]),
                 "prompts": st["prompts"],
+                "graph_files": os.path.join(work, "ct-files", st["name"]),
                 **SETTINGS,
             },
             work,
@@ -258,7 +372,7 @@ def run(
         s = ie_lab.Session(st["model"], device="cpu", progress=False)
         try:
             tcs = ie_lab.load_transcoders(st["transcoders"], s)
-            for text, ref in zip(st["texts"], res["graphs"]):
+            for k, (text, ref) in enumerate(zip(st["texts"], res["graphs"])):
                 ids = torch.tensor([ref["input_tokens"]])
                 g = ie_lab.attribution_graph(
                     s,
@@ -268,24 +382,37 @@ def run(
                     desired_logit_prob=SETTINGS["desired_logit_prob"],
                     batch_size=SETTINGS["batch_size"],
                 )
-                r = {"setup": st["name"], "prompt": text, **compare(g, load_file(ref["file"]), ref)}
-                r["verdict"] = (
-                    "PASS"
-                    if r["logits_equal"]
-                    and r["feature_sets_equal"]
-                    and r["edge_rel"] <= EDGE_TOL
-                    and r["activation_max_abs"] <= ACT_TOL
-                    and r["influence_rel"] <= EDGE_TOL
-                    else "FAIL"
+                small = g.prune(SETTINGS["node_threshold"], SETTINGS["edge_threshold"])
+                r = {"setup": st["name"], "prompt": text, **compare(g, load_file(ref["file"]), ref, small)}
+                slug = f"{st['name']}-{k}"
+                exported.append(
+                    (r, small, small.to_json(os.path.join(ie_dir, f"{slug}.json"), slug), ref["graph_file"])
                 )
                 rows.append(r)
-                log(
-                    f"{st['name']:11s} {text[:40]!r:44s} feats {r['features_circuit_tracer']:4d} "
-                    f"edges {r['edges_compared']:7d} rel {r['edge_rel']:.2g} pruned overlap {r['pruned_overlap']:.3f} "
-                    f"{r['verdict']}"
-                )
         finally:
             s.close()
+    # ie_lab's files as circuit-tracer's viewer gets them, all in one worker run
+    job = {"files": [e[2] for e in exported]}
+    seen = call_worker(py, WORKER, "read_graph_files", job, os.path.join(work, "read.json"), 600, worker_env())["files"]
+    for (r, small, ie_path, ct_path), got in zip(exported, seen):
+        r.update(check_graph_files(small, ie_path, got, ct_path))
+        r["verdict"] = (
+            "PASS"
+            if r["logits_equal"]
+            and r["feature_sets_equal"]
+            and r["edge_rel"] <= EDGE_TOL
+            and r["activation_max_abs"] <= ACT_TOL
+            and r["influence_rel"] <= EDGE_TOL
+            and r["export_read_by_circuit_tracer"]
+            and r["ct_file_read_by_ie_lab"]
+            and r["files_common_links_rel"] <= EDGE_TOL
+            else "FAIL"
+        )
+        log(
+            f"{r['setup']:11s} {r['prompt'][:40]!r:44s} feats {r['features_circuit_tracer']:4d} "
+            f"edges {r['edges_compared']:7d} rel {r['edge_rel']:.2g} pruned overlap {r['pruned_overlap']:.3f} "
+            f"files {r['export_read_by_circuit_tracer']}/{r['ct_file_read_by_ie_lab']} {r['verdict']}"
+        )
     doc = {
         "what": "ie_lab.attribution_graph vs circuit-tracer attribute() (nnsight backend), same model, transcoders, ids",
         "settings": SETTINGS,
@@ -315,12 +442,19 @@ def table(doc: dict) -> str:
         f"{doc['tolerance_activation_max_abs']:g}. Pruning at node {st['node_threshold']}, edge "
         f"{st['edge_threshold']}, each with its own rule: overlap = |both| / |either| of the kept features (positions "
         ">= 1); \"c-t's nodes\": ie_lab's rule on its graph cut to circuit-tracer's nodes. Influence rel: max |diff| / "
-        "max of each common node's influence on the logits (normalised logit weights).",
+        "max of each common node's influence on the logits (normalised logit weights). Graph files: ie_lab's pruned "
+        "`Graph.to_json` listed (add_graph_metadata), served (local_server) and parsed (frontend graph_models.Model) "
+        "by circuit-tracer, every node field and link as written and as in the graph; circuit-tracer's "
+        "create_graph_files output read by `ie_lab.Graph.from_json`, every node and every link whose ends' node_ids "
+        "are unique in the file (\"ambiguous\": circuit-tracer's error id `0_L_pos` equals layer-0 feature L's) with "
+        "the file's weight; common links: those in both files, max |diff| / max |w|.",
         "",
         "| setup | prompt | tokens | logits equal | features (+ ie_lab's at pos 0) | feature sets equal | edges | "
         "edge rel | act max abs | influence rel | pruned features ie_lab / c-t (c-t within ie_lab) | overlap | "
-        "overlap, c-t's nodes | verdict |",
-        "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "overlap, c-t's nodes | ie_lab's file read by c-t (nodes / links) | c-t's file read by ie_lab (nodes / "
+        "links, ambiguous) | common links (rel) | verdict |",
+        "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | "
+        "--- |",
     ]
     for r in doc["rows"]:
         lines.append(
@@ -329,7 +463,10 @@ def table(doc: dict) -> str:
             f"{r['edges_compared']} | {r['edge_rel']:.2g} | {r['activation_max_abs']:.2g} | {r['influence_rel']:.2g} | "
             f"{r['pruned_features_ie_lab']} / {r['pruned_features_circuit_tracer']} "
             f"({r['pruned_circuit_tracer_within_ie_lab']}) | {r['pruned_overlap']:.3f} | "
-            f"{r['pruned_same_nodes_overlap']:.3f} | {r['verdict']} |"
+            f"{r['pruned_same_nodes_overlap']:.3f} | {r['export_read_by_circuit_tracer']} ({r['export_nodes']} / "
+            f"{r['export_links']}) | {r['ct_file_read_by_ie_lab']} ({r['ct_file_nodes']} / {r['ct_file_links']}, "
+            f"{r['ct_file_links_ambiguous']}) | {r['files_common_links']} ({r['files_common_links_rel']:.2g}) | "
+            f"{r['verdict']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,10 @@
 """Runs in .venvs/circuit_tracer only: circuit-tracer's attribute() on a saved HF Llama with transcoders read from
 SAELens transcoder folders, for validator/circuits.py and benchmarks/attribution_graph.py.
 
-    python circuit_tracer_worker.py attribute JOB.json    -> JOB.json.out (+ one safetensors file per prompt)
+    python circuit_tracer_worker.py attribute JOB.json    -> JOB.json.out (+ one safetensors file per prompt, and
+                                                            with "graph_files": create_graph_files' JSON per prompt)
+    python circuit_tracer_worker.py read_graph_files JOB.json -> JOB.json.out (each graph file as circuit-tracer's
+                                                            frontend reads it)
 
 The converter: each SAELens folder (cfg.json + sae_weights.safetensors: W_enc [d_in, d_sae], W_dec [d_sae, d_out],
 b_enc, b_dec, threshold) becomes circuit-tracer's SingleLayerTranscoder (W_enc stored [d_sae, d_in], W_dec
@@ -139,6 +142,19 @@ def attribute(job: dict) -> dict:
         weights[-len(graph.logit_targets) :] = graph.logit_probabilities
         influence = compute_node_influence(graph.adjacency_matrix, weights)
         pr = prune_graph(graph, node_threshold=job["node_threshold"], edge_threshold=job["edge_threshold"])
+        graph_file = None
+        if job.get("graph_files"):
+            from circuit_tracer.utils.create_graph_files import create_graph_files
+
+            create_graph_files(
+                graph,
+                slug=f"ct{k}",
+                output_path=job["graph_files"],
+                scan="ie_lab-validator",
+                node_threshold=job["node_threshold"],
+                edge_threshold=job["edge_threshold"],
+            )
+            graph_file = os.path.join(job["graph_files"], f"ct{k}.json")
         path = os.path.join(job["work"], f"ct{k}.safetensors")
         save_file(
             {
@@ -158,9 +174,49 @@ def attribute(job: dict) -> dict:
                 "input_tokens": [int(t) for t in graph.input_tokens.tolist()],
                 "logit_tokens": [int(t.vocab_idx) for t in graph.logit_targets],
                 "seconds": times,
+                "graph_file": graph_file,
             }
         )
     return {"graphs": outs, "threads": torch.get_num_threads(), "versions": versions()}
+
+
+def read_graph_files(job: dict) -> dict:
+    """Each graph file (its folder, its slug: <slug>.json) as circuit-tracer's viewer gets it: listed in the folder's
+    graph-metadata.json by circuit-tracer's add_graph_metadata, served by its local_server (the viewer fetches
+    ./data/graph-metadata.json and ./graph_data/<slug>.json), and parsed by its frontend models (graph_models.Model).
+    Returns what the parse holds: metadata, nodes (every field), links."""
+    import urllib.request
+
+    from circuit_tracer.frontend.graph_models import Model
+    from circuit_tracer.frontend.local_server import serve
+    from circuit_tracer.frontend.utils import add_graph_metadata
+
+    out = []
+    for path in job["files"]:
+        folder, slug = os.path.dirname(path), os.path.basename(path)[: -len(".json")]
+        with open(path) as f:
+            model = Model.model_validate_json(f.read())
+        add_graph_metadata(model.metadata.model_dump(), folder)
+        server = serve(data_dir=folder, port=0)  # port 0: any free port
+        try:
+            base = f"http://127.0.0.1:{server.httpd.server_address[1]}"
+            with urllib.request.urlopen(f"{base}/data/graph-metadata.json", timeout=30) as r:
+                listed = [g["slug"] for g in json.load(r)["graphs"]]
+            with urllib.request.urlopen(f"{base}/graph_data/{slug}.json", timeout=30) as r:
+                served = Model.model_validate_json(r.read())
+        finally:
+            server.stop()
+        out.append(
+            {
+                "file": path,
+                "listed": slug in listed and served.metadata.slug == model.metadata.slug,
+                "served_equal": served == model,
+                "metadata": served.metadata.model_dump(),
+                "nodes": [n.model_dump() for n in served.nodes],
+                "links": served.links,
+            }
+        )
+    return {"files": out, "versions": versions()}
 
 
 def versions() -> dict:
@@ -173,9 +229,10 @@ def main() -> None:
     cmd, path = sys.argv[1], sys.argv[2]
     with open(path) as f:
         job = json.load(f)
-    if cmd != "attribute":
+    commands = {"attribute": attribute, "read_graph_files": read_graph_files}
+    if cmd not in commands:
         raise SystemExit(f"unknown command {cmd}")
-    out = attribute(job)
+    out = commands[cmd](job)
     with open(path + ".out", "w") as f:
         json.dump(out, f)
 
