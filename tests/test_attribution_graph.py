@@ -213,8 +213,16 @@ def test_the_graph_file_has_circuit_tracers_layout_and_reads_back(llama_graph, t
     assert (d["feature_type"], d["layer"], d["ctx_idx"]) == ("cross layer transcoder", str(f.layer), f.position)
     logits = [n for n in doc["nodes"] if n["feature_type"] == "logit"]
     assert logits[0]["is_target_logit"] and logits[0]["layer"] == str(len(g.info["transcoder_layers"]) + 1)
-    back = ie_lab.Graph.from_json(path)
+    # influence as circuit-tracer's viewer reads it: the cumulative share of influence down the ranking (its pruning
+    # slider compares it with a threshold), so the most influential node holds the smallest value and the least 1.0
+    raw = g.influence()
     plain = [n for n in g.nodes if n.kind != "bias"]
+    mine = torch.tensor([float(raw[g.index(n)]) for n in plain], dtype=torch.float64)
+    share = torch.tensor([byid_n["influence"] for byid_n in doc["nodes"]], dtype=torch.float64)
+    order = torch.sort(mine, descending=True, stable=True).indices
+    assert torch.allclose(share[order], torch.cumsum(mine[order], 0) / mine.sum(), rtol=1e-6, atol=1e-9)
+    assert float(share.max()) == pytest.approx(1.0) and int(share.argmin()) == int(mine.argmax())
+    back = ie_lab.Graph.from_json(path)
     assert [n.key for n in back.nodes] == [n.key for n in plain]
     assert [n.value for n in back.nodes] == pytest.approx([n.value for n in plain])
     keep = [g.index(n) for n in plain]

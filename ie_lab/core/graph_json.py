@@ -45,7 +45,20 @@ def _ids(graph: Any, n_layers: int) -> list[str | None]:
 def write(graph: Any, path: Any, slug: str | None = None, scan: str = "ie_lab") -> str:
     n_layers = int(graph.info.get("n_layers", 0))
     ids = _ids(graph, n_layers)
-    infl = graph.influence()
+    # The viewer's pruning slider compares a node's `influence` with a threshold as circuit-tracer writes it: the
+    # share of all influence held by the nodes ranked at or above it (a cumulative rank score in (0, 1], 1 for the
+    # least influential), not the raw influence. Ranked here over the nodes the file holds (bias nodes have no id).
+    raw = graph.influence()
+    written = [i for i, nid in enumerate(ids) if nid is not None]
+    infl = torch.zeros_like(raw)
+    if written:
+        sub = raw[written].clamp_min(0)
+        order = torch.sort(sub, descending=True, stable=True).indices
+        total = float(sub.sum())
+        ranked = torch.cumsum(sub[order], 0) / total if total > 0 else torch.ones(len(written), dtype=raw.dtype)
+        shares = torch.empty_like(sub)
+        shares[order] = ranked
+        infl[written] = shares
     last = len(graph.tokens) - 1
     nodes = []
     first_logit = True
