@@ -19,6 +19,7 @@ Writes benchmarks/results/harvest-cpu.json.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import statistics
@@ -116,6 +117,7 @@ def main() -> int:
     tokens = sum(lens)
     result = {
         "model": "random Llama, hidden 512, 8 layers, fp32 (capture_overhead.build_model)",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "prompts": len(prompts),
         "tokens": tokens,
         "batch_size": args.batch,

@@ -715,12 +715,43 @@ def readme_attribution_graph() -> list[str]:
     return out
 
 
+def readme_harvest() -> list[str]:
+    r = _result("harvest-cpu")
+    if r is None:
+        return ["No harvest results yet: `python benchmarks/harvest.py`."]
+    q, tps, split = r["throughput_ratio_to_bare"], r["tokens_per_s"], r["time_split"]
+    out = [
+        "| what runs | tokens/s | throughput / bare forward | time outside the forward | target |",
+        "| --- | ---: | ---: | ---: | --- |",
+        f"| bare batched transformers forward | {tps['bare_forward']:.0f} | 1.00x | | |",
+    ]
+    for key, what in (("harvest_1_point", "one point"), ("harvest_8_points", "every layer's resid_post")):
+        out.append(
+            f"| `ie_lab.harvest`, {what} | {tps[key]:.0f} | {_x(q[key])} | "
+            f"{split[key]['outside_forward_share'] * 100:.1f}% | >= 0.85x: "
+            + ("met" if q[key] >= 0.85 else "**missed**")
+            + " |"
+        )
+    la = r.get("load_average") or []
+    load = f", load average {la[0]:.1f} (1 min) and {la[1]:.1f} (5 min) at the end" if len(la) > 1 else ""
+    v = ", ".join(f"{k} {x}" for k, x in (r.get("versions") or {}).items())
+    out += [
+        "",
+        f"`benchmarks/harvest.py`: {r['model']}; {r['prompts']} ragged prompts, {r['tokens']:,} tokens in batches of "
+        f"{r['batch_size']}, shards written to disk; medians of {r['repeats']} interleaved rounds, rows checked "
+        "against a capture first; the time outside the forward is timed inside one harvest. "
+        f"Measured {r.get('date', '?')} on {r.get('machine', '?')}, {r['threads']} thread(s){load}; {v}.",
+    ]
+    return out
+
+
 README_BLOCKS = {
     "attribution-graph": readme_attribution_graph,
     "remote": readme_remote,
     "projection": readme_projection,
     "vllm-modes": readme_vllm_modes,
     "eager-batching": readme_eager_batching,
+    "harvest": readme_harvest,
 }
 
 
