@@ -232,6 +232,15 @@ def check_feature(spec: TranscoderSplice, layer: Any, feature: Any, what: str) -
     return int(layer), int(feature)
 
 
+def replaces_mlp(t: Any) -> bool:
+    """Whether transcoder t stands in for its layer's MLP: it reads mlp_in.L (or resid_mid.L, before the MLP's norm)
+    and predicts mlp_out.L (or mlp_out_post.L, the MLP with its post-norm). The splice and the attribution graph
+    both replace MLPs, so both take only these."""
+    L = t.layer
+    reads = t.address_in in (Address.parse(f"mlp_in.{L}"), Address.parse(f"resid_mid.{L}"))
+    return reads and t.address_out in (Address.parse(f"mlp_out.{L}"), Address.parse(f"mlp_out_post.{L}"))
+
+
 def make_transcoder_splice(lm: Any, transcoders: Any, *, error: bool = False) -> TranscoderSplice:
     """A splice of a transcoder (or of every transcoder of a collection) on lm, checked against the model's facts
     before anything is placed."""
@@ -252,8 +261,7 @@ def make_transcoder_splice(lm: Any, transcoders: Any, *, error: bool = False) ->
     held = []
     for t in sorted(items, key=lambda t: t.layer):
         L = t.layer
-        ok_out = t.address_out in (Address.parse(f"mlp_out.{L}"), Address.parse(f"mlp_out_post.{L}"))
-        if t.address_in not in (Address.parse(f"mlp_in.{L}"), Address.parse(f"resid_mid.{L}")) or not ok_out:
+        if not replaces_mlp(t):
             raise InputError(
                 f"splice: the transcoder at layer {L} reads {t.address_in} and predicts {t.address_out}; a transcoder "
                 f"splice replaces an MLP: it reads mlp_in.{L} (or resid_mid.{L}) and predicts mlp_out.{L} (or "

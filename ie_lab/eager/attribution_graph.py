@@ -38,6 +38,7 @@ from ..address import Address
 from ..arch.attention_tap import editing
 from ..core.graph import Graph, GraphOrigin, Node, completeness
 from ..core.inputs import prepare, prepare_prompts, str_tokens
+from ..core.transcoder_splice import replaces_mlp
 from ..errors import CapabilityUnsupported, InputError, shown_value
 from ..ops.attribution import FrozenNorm, freeze_norm
 from .attribution import _norm_forms, _param
@@ -130,8 +131,7 @@ def _check_model(lm: Any, transcoders: Any) -> dict[int, Any]:
     by_layer = {}
     for t in transcoders:
         L = t.layer
-        ok_out = t.address_out in (Address.parse(f"mlp_out.{L}"), Address.parse(f"mlp_out_post.{L}"))
-        if t.address_in not in (Address.parse(f"mlp_in.{L}"), Address.parse(f"resid_mid.{L}")) or not ok_out:
+        if not replaces_mlp(t):
             raise InputError(
                 f"the transcoder at layer {L} reads {t.address_in} and predicts {t.address_out}; an attribution graph "
                 f"replaces each MLP, so its transcoder reads mlp_in.{L} (or resid_mid.{L}, before the MLP's norm) and "
