@@ -227,12 +227,7 @@ def _capture_many(lm: Any, rows: list[torch.Tensor], addrs: list[Address], grad:
     # a mixer's final state would take in the pads after a shorter prompt: each prompt runs alone then
     if grad or any(mixer_state.is_state(a) for a in addrs):
         return [_capture_ids(lm, r, None, addrs, grad) for r in rows]
-    lens = [r.shape[1] for r in rows]
-    width = max(lens)
-    ids = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)  # id 0: masked, never read
-    for i, r in enumerate(rows):
-        ids[i, : lens[i]] = r[0]
-    mask = (torch.arange(width, device=ids.device)[None] < torch.tensor(lens, device=ids.device)[:, None]).long()
+    ids, mask, lens = right_padded(rows)
     both = _capture_ids(lm, ids, mask, addrs, grad)
     out = []
     for i, (r, n) in enumerate(zip(rows, lens)):
@@ -245,6 +240,19 @@ def _capture_many(lm: Any, rows: list[torch.Tensor], addrs: list[Address], grad:
                 got[a] = t[:, :n]
         out.append(Cache(got, tokens=r, str_tokens=str_tokens(lm, r)))
     return out
+
+
+def right_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Prompts ([1, n] each) as one right-padded batch: ids [batch, width], its attention mask, and each prompt's n.
+    Each keeps its positions 0..n-1; the mask hides the pads, and a causal model's real tokens never read the pads
+    after them."""
+    lens = [r.shape[1] for r in rows]
+    width = max(lens)
+    ids = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)  # id 0: masked, never read
+    for i, r in enumerate(rows):
+        ids[i, : lens[i]] = r[0]
+    mask = (torch.arange(width, device=ids.device)[None] < torch.tensor(lens, device=ids.device)[:, None]).long()
+    return ids, mask, lens
 
 
 def _capture_ids(lm: Any, ids: torch.Tensor, mask: torch.Tensor | None, addrs: list[Address], grad: bool) -> Cache:

@@ -13,7 +13,7 @@ from ..address import AddressLike
 from ..core.addresses import parse_addresses
 from ..corpus import Activations
 from ..corpus.run import DEFAULT_MAX_TOKENS, DEFAULT_SHARD_ROWS, Harvester
-from .capture import _capture_ids
+from .capture import _capture_ids, right_padded
 from .means import auto_batch_size, check_batch_size
 from .model import lm_of
 
@@ -72,12 +72,7 @@ def harvest(
 def _batch_rows(lm: Any, rows: list[torch.Tensor], addrs: list) -> list[dict[str, torch.Tensor]]:
     """One right-padded forward over the prompts (each keeps its positions 0..n-1; the mask hides the pads and a
     causal model's real tokens never read the pads after them), then each prompt's [n, width] rows per point."""
-    lens = [r.shape[1] for r in rows]
-    width = max(lens)
-    ids = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)  # id 0: masked, never read
-    for i, r in enumerate(rows):
-        ids[i, : lens[i]] = r[0]
-    mask = (torch.arange(width, device=ids.device)[None] < torch.tensor(lens, device=ids.device)[:, None]).long()
+    ids, mask, lens = right_padded(rows)
     cache = _capture_ids(lm, ids, mask, addrs, False)
     on_cpu = {str(a): cache[a].to("cpu") for a in addrs}  # [batch, seq, width]: one copy per point
     return [{name: t[i, :n] for name, t in on_cpu.items()} for i, n in enumerate(lens)]
